@@ -1,0 +1,763 @@
+"""A strict fake OpenAI-compatible model server for tests and demos.
+
+Stdlib only.  ``FakeProvider().start()`` serves, on a background thread,
+
+* ``GET  /v1/models``            every chat and summary model (OpenAI list format)
+* ``POST /v1/chat/completions``  JSON, or SSE with ``"stream": true``
+* ``GET  /health``               ``{"status": "ok"}``
+* ``GET  /control``              the current configuration
+* ``POST /control``              JSON with any of summary_delay, summary_fail,
+                                 chat_delay, context_window, reply_text
+                                 (a key given as null resets that setting)
+* ``GET  /control/requests``     the request log (see :attr:`FakeProvider.requests`)
+* ``POST /control/clear``        empty the request log
+
+Every chat-completion request is validated with
+:func:`devkit.provider_rules.check_openai`; a violation is answered with HTTP
+400 and OpenAI's error body carrying the provider's own text.  With a
+``context_window`` a prompt that is too long is answered 400
+``context_length_exceeded``.
+
+Summary requests (model in ``summary_models``, or a system message containing
+"running summary") get a deterministic summary that repeats every
+``MK-<alnum>`` marker of the input, first seen first.  Chat requests get a
+deterministic echo of the message count and of the markers found in system
+messages holding ``<conversation_summary``; ``CALL_TOOL:<name>`` in the last
+user message of a request with ``tools`` yields a tool call.
+
+Run standalone: ``python -m devkit.fake_provider --port 8099 --mode friendly``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Optional
+
+if __package__ in (None, ""):  # run as a script: make the package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from devkit.provider_rules import check_openai, content_text  # type: ignore
+    from devkit.tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k  # type: ignore
+else:
+    from .provider_rules import check_openai, content_text
+    from .tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k
+
+__all__ = ["FakeProvider", "count_tokens", "token_counter_name", "find_markers", "MARKER_RE"]
+
+MARKER_RE = re.compile(r"\bMK-[A-Za-z0-9]+\b")
+SUMMARY_PHRASE = "running summary"
+SUMMARY_FAILS = (None, "500", "timeout", "empty", "reasoning")
+MODES = ("strict", "friendly")
+_CALL_TOOL_RE = re.compile(r"CALL_TOOL:([A-Za-z0-9_-]{1,64})")
+_UNSET: Any = object()
+_IMAGE_TOKENS = 85  # what OpenAI charges for a low-detail image
+
+# --------------------------------------------------------------------------
+# token counting
+# --------------------------------------------------------------------------
+
+_encoder_lock = threading.Lock()
+_encoder: Any = _UNSET
+
+
+def _load_encoder() -> Any:
+    """cl100k_base if it loads from a local file, else None (never the network)."""
+    try:
+        import hashlib
+        import tempfile
+
+        try:
+            ensure_offline_cl100k()
+        except Exception:
+            pass
+        if os.environ.get("TIKTOKEN_CACHE_DIR"):
+            blob = cl100k_cache_path(os.environ["TIKTOKEN_CACHE_DIR"])
+        else:  # tiktoken's own default cache location
+            blob = os.path.join(
+                os.environ.get("DATA_GYM_CACHE_DIR")
+                or os.path.join(tempfile.gettempdir(), "data-gym-cache"),
+                hashlib.sha1(CL100K_URL.encode()).hexdigest(),
+            )
+        if not os.path.isfile(blob):
+            return None
+        import tiktoken
+
+        return tiktoken.get_encoding("cl100k_base")
+    except Exception:
+        return None
+
+
+def _get_encoder() -> Any:
+    global _encoder
+    with _encoder_lock:
+        if _encoder is _UNSET:
+            _encoder = _load_encoder()
+        return _encoder
+
+
+def token_counter_name() -> str:
+    """``"tiktoken:cl100k_base"`` or ``"chars/4"``: what :func:`count_tokens` uses."""
+    return "tiktoken:cl100k_base" if _get_encoder() is not None else "chars/4"
+
+
+def _message_pieces(msg: Any) -> tuple[list[str], int]:
+    """(strings to tokenize, fixed extra tokens) of one message."""
+    if not isinstance(msg, dict):
+        return [json.dumps(msg, default=str)], 0
+    pieces: list[str] = []
+    extra = 0
+    role = msg.get("role")
+    if isinstance(role, str):
+        pieces.append(role)
+    content = msg.get("content")
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                extra += _IMAGE_TOKENS
+    text = content_text(content)
+    if text:
+        pieces.append(text)
+    name = msg.get("name")
+    if isinstance(name, str) and name:
+        pieces.append(name)
+        extra += 1
+    calls = msg.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                for key in ("name", "arguments"):
+                    if isinstance(fn.get(key), str):
+                        pieces.append(fn[key])
+    if isinstance(msg.get("tool_call_id"), str):
+        pieces.append(msg["tool_call_id"])
+    return pieces, extra
+
+
+def count_tokens(messages: Any) -> int:
+    """Prompt tokens the OpenAI way: 3 per message + its text + 3 for the reply priming.
+
+    Text is counted with cl100k_base when it loads offline, else as
+    ``len(text) // 4`` per message.  ``tools`` definitions are not counted.
+    """
+    if not isinstance(messages, list):
+        return 0
+    enc = _get_encoder()
+    total = 3
+    for msg in messages:
+        pieces, extra = _message_pieces(msg)
+        total += 3 + extra
+        if enc is not None:
+            total += sum(len(enc.encode(p, disallowed_special=())) for p in pieces)
+        else:
+            total += len("".join(pieces)) // 4
+    return total
+
+
+# --------------------------------------------------------------------------
+# deterministic replies
+# --------------------------------------------------------------------------
+
+
+def _all_texts(msg: Any) -> list[str]:
+    if not isinstance(msg, dict):
+        return []
+    out = [content_text(msg.get("content"))]
+    calls = msg.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                out.append(fn["arguments"])
+    return out
+
+
+def find_markers(messages: Any, predicate: Optional[Callable[[dict], bool]] = None) -> list[str]:
+    """Every ``MK-`` marker in ``messages`` (those matching ``predicate``), deduplicated."""
+    seen: dict = {}
+    for msg in messages if isinstance(messages, list) else []:
+        if predicate is not None and not (isinstance(msg, dict) and predicate(msg)):
+            continue
+        for text in _all_texts(msg):
+            for m in MARKER_RE.findall(text):
+                seen.setdefault(m, None)
+    return list(seen)
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    m = re.search(r"(?<=[.!?])\s", text)
+    sentence = text[: m.start()] if m else text
+    return sentence if len(sentence) <= limit else sentence[: limit - 1] + "…"
+
+
+def _is_summary_holder(msg: dict) -> bool:
+    return msg.get("role") in ("system", "developer") and "<conversation_summary" in content_text(
+        msg.get("content")
+    )
+
+
+def _summary_text(messages: list, mode: str) -> str:
+    lines = [f"Summary of {len(messages)} messages."]
+    if mode == "friendly":
+        for msg in messages:
+            if isinstance(msg, dict) and msg.get("role") == "user":
+                gist = _first_sentence(content_text(msg.get("content")))
+                if gist:
+                    lines.append(f"- {gist}")
+    markers = find_markers(messages)
+    if markers:
+        lines.append("Markers: " + " ".join(markers))
+    return "\n".join(lines)
+
+
+def _chat_text(messages: list, mode: str) -> str:
+    markers = find_markers(messages, _is_summary_holder)
+    has_summary = any(isinstance(m, dict) and _is_summary_holder(m) for m in messages)
+    if mode == "friendly":
+        last_user = next(
+            (
+                content_text(m.get("content"))
+                for m in reversed(messages)
+                if isinstance(m, dict) and m.get("role") == "user"
+            ),
+            "",
+        )
+        gist = _first_sentence(last_user, 120)
+        text = "Happy to help with that. "
+        if gist:
+            text += f'You asked: "{gist}" '
+        text += (
+            f"I'm a fake model, so here is a friendly placeholder answer; I can see "
+            f"{len(messages)} message{'' if len(messages) == 1 else 's'}"
+        )
+        text += " and a conversation summary." if has_summary else "."
+        return text
+    return f"[fake-chat] {len(messages)} messages; summary markers: " + (
+        " ".join(markers) if markers else "none"
+    )
+
+
+def _tool_call_request(body: dict, messages: list) -> Optional[str]:
+    """The tool name to call, when the request asks for one."""
+    if not body.get("tools") or not messages:
+        return None
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None  # after a tool result the model answers text
+    m = _CALL_TOOL_RE.search(content_text(last.get("content")))
+    return m.group(1) if m else None
+
+
+def _error_body(message: str, etype: str, param: Any = None, code: Any = None) -> dict:
+    return {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+# --------------------------------------------------------------------------
+# the server
+# --------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "FakeProvider/1.0"
+    provider: "FakeProvider"  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    # -- plumbing --------------------------------------------------------
+    def _send_json(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_json(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw.decode("utf-8")) if raw else {}
+
+    def _path(self) -> str:
+        return self.path.split("?", 1)[0].rstrip("/") or "/"
+
+    # -- routes ----------------------------------------------------------
+    def do_GET(self) -> None:
+        p = self.provider
+        path = self._path()
+        try:
+            if path in ("/v1/models", "/models"):
+                self._send_json(200, p._models_payload())
+            elif path == "/health":
+                self._send_json(200, {"status": "ok"})
+            elif path == "/control":
+                self._send_json(200, p.config)
+            elif path == "/control/requests":
+                self._send_json(200, p.requests)
+            else:
+                self._send_json(404, _error_body(f"Unknown path {path}", "invalid_request_error"))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_POST(self) -> None:
+        p = self.provider
+        path = self._path()
+        try:
+            if path in ("/v1/chat/completions", "/chat/completions"):
+                p._handle_chat(self)
+            elif path == "/control":
+                try:
+                    body = self._read_json()
+                    if not isinstance(body, dict):
+                        raise ValueError("expected a JSON object")
+                    p.configure(**body)
+                except (ValueError, TypeError) as exc:
+                    self._send_json(400, _error_body(str(exc), "invalid_request_error"))
+                    return
+                self._send_json(200, p.config)
+            elif path == "/control/clear":
+                self._read_json()
+                p.clear()
+                self._send_json(200, {"ok": True})
+            else:
+                self._send_json(404, _error_body(f"Unknown path {path}", "invalid_request_error"))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+class FakeProvider:
+    """A strict fake OpenAI-compatible server; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        mode: str = "strict",
+        context_window: Optional[int] = None,
+        chat_models: tuple = ("fake-chat",),
+        summary_models: tuple = ("fake-summary",),
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        self.host = host
+        self.port = port
+        self.mode = mode
+        self.chat_models = tuple(chat_models)
+        self.summary_models = tuple(summary_models)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._log: list[dict] = []
+        self._ids = itertools.count(1)
+        self._cfg: dict = {
+            "summary_delay": None,
+            "summary_fail": None,
+            "chat_delay": None,
+            "context_window": None,
+            "reply_text": None,
+        }
+        self.configure(context_window=context_window)
+        self._server: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> "FakeProvider":
+        if self._server is not None:
+            return self
+        _get_encoder()  # load the tokenizer now, not inside the first timed request
+        handler = type("FakeProviderHandler", (_Handler,), {"provider": self})
+        server = ThreadingHTTPServer((self.host, self.port), handler)
+        server.daemon_threads = True
+        self._server = server
+        self.port = server.server_address[1]
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+            name=f"fake-provider-{self.port}",
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; handlers sleeping in a delay or "timeout" wake up at once."""
+        self._stop.set()
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> "FakeProvider":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    # -- control ---------------------------------------------------------
+    def configure(
+        self,
+        *,
+        summary_delay: Any = _UNSET,
+        summary_fail: Any = _UNSET,
+        chat_delay: Any = _UNSET,
+        context_window: Any = _UNSET,
+        reply_text: Any = _UNSET,
+    ) -> None:
+        """Change behaviour; an argument left out is unchanged, ``None`` resets it.
+
+        summary_delay / chat_delay: seconds to sleep before answering.
+        summary_fail: None, "500", "timeout", "empty" or "reasoning".
+        context_window: max prompt tokens, None for unlimited.
+        reply_text: fixed content for chat replies, None for the default echo.
+        """
+        updates = {
+            "summary_delay": summary_delay,
+            "summary_fail": summary_fail,
+            "chat_delay": chat_delay,
+            "context_window": context_window,
+            "reply_text": reply_text,
+        }
+        updates = {k: v for k, v in updates.items() if v is not _UNSET}
+        for key in ("summary_delay", "chat_delay"):
+            if key in updates and updates[key] is not None:
+                updates[key] = float(updates[key])
+                if updates[key] < 0:
+                    raise ValueError(f"{key} must be >= 0")
+        if "context_window" in updates and updates["context_window"] is not None:
+            updates["context_window"] = int(updates["context_window"])
+        if "summary_fail" in updates:
+            fail = updates["summary_fail"]
+            if fail is not None:
+                fail = str(fail)
+            if fail not in SUMMARY_FAILS:
+                raise ValueError(f"summary_fail must be one of {SUMMARY_FAILS}")
+            updates["summary_fail"] = fail
+        if "reply_text" in updates and updates["reply_text"] is not None:
+            updates["reply_text"] = str(updates["reply_text"])
+        with self._lock:
+            self._cfg.update(updates)
+
+    @property
+    def config(self) -> dict:
+        with self._lock:
+            return dict(self._cfg, mode=self.mode)
+
+    @property
+    def requests(self) -> list[dict]:
+        """Every chat-completion request so far (copies), oldest first.
+
+        Keys: model, kind ("chat"|"summary"), messages, stream, status (None
+        while still being handled), error (text or None), rules (rule ids of
+        a validation failure), tokens, time (epoch seconds at arrival),
+        duration (seconds, None while handled).
+        """
+        with self._lock:
+            return copy.deepcopy(self._log)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._log.clear()
+
+    def wait_for_requests(self, count: int, *, kind: Optional[str] = None, timeout: float = 5.0) -> list[dict]:
+        """Wait until at least ``count`` finished requests (of ``kind``) are logged."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [
+                r for r in self.requests if r["status"] is not None and (kind is None or r["kind"] == kind)
+            ]
+            if len(done) >= count or time.monotonic() >= deadline:
+                return done
+            time.sleep(0.02)
+
+    # -- internals -------------------------------------------------------
+    def _models_payload(self) -> dict:
+        models = list(dict.fromkeys(self.chat_models + self.summary_models))
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake-provider"} for m in models
+            ],
+        }
+
+    def _sleep(self, seconds: Optional[float]) -> bool:
+        """Sleep unless stopped; True when the server is stopping."""
+        if seconds:
+            return self._stop.wait(seconds)
+        return self._stop.is_set()
+
+    def _is_summary(self, model: Any, messages: Any) -> bool:
+        if model in self.summary_models:
+            return True
+        if not isinstance(messages, list):
+            return False
+        return any(
+            isinstance(m, dict)
+            and m.get("role") in ("system", "developer")
+            and SUMMARY_PHRASE in content_text(m.get("content")).lower()
+            for m in messages
+        )
+
+    def _handle_chat(self, h: _Handler) -> None:
+        started = time.time()
+        t0 = time.monotonic()
+        entry: dict = {
+            "model": None,
+            "kind": "chat",
+            "messages": None,
+            "stream": False,
+            "status": None,
+            "error": None,
+            "rules": [],
+            "tokens": None,
+            "time": started,
+            "duration": None,
+        }
+
+        def finish(status: int, error: Optional[str] = None) -> None:
+            with self._lock:
+                entry["status"] = status
+                entry["error"] = error
+                entry["duration"] = time.monotonic() - t0
+
+        def fail(status: int, message: str, etype: str, param: Any = None, code: Any = None) -> None:
+            finish(status, message)
+            h._send_json(status, _error_body(message, etype, param, code))
+
+        try:
+            body = h._read_json()
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        with self._lock:
+            self._log.append(entry)
+            cfg = dict(self._cfg)
+        if not isinstance(body, dict):
+            fail(
+                400,
+                "We could not parse the JSON body of your request. (HINT: This likely means you "
+                "aren't using your HTTP library correctly.)",
+                "invalid_request_error",
+            )
+            return
+        model = body.get("model")
+        messages = body.get("messages")
+        stream = bool(body.get("stream"))
+        with self._lock:
+            entry["model"] = model
+            entry["messages"] = copy.deepcopy(messages)
+            entry["stream"] = stream
+            entry["kind"] = "summary" if self._is_summary(model, messages) else "chat"
+        kind = entry["kind"]
+
+        if model not in self.chat_models + self.summary_models:
+            fail(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                None,
+                "model_not_found",
+            )
+            return
+        violations = check_openai(messages)
+        if violations:
+            with self._lock:
+                entry["rules"] = [v.rule for v in violations]
+            fail(400, violations[0].message, "invalid_request_error", "messages")
+            return
+        tokens = count_tokens(messages)
+        with self._lock:
+            entry["tokens"] = tokens
+        window = cfg["context_window"]
+        if window is not None and tokens > window:
+            fail(
+                400,
+                f"This model's maximum context length is {window} tokens. However, your messages "
+                f"resulted in {tokens} tokens. Please reduce the length of the messages.",
+                "invalid_request_error",
+                "messages",
+                "context_length_exceeded",
+            )
+            return
+
+        tool_name: Optional[str] = None
+        if kind == "summary":
+            if self._sleep(cfg["summary_delay"]):
+                return finish(503, "server stopped")
+            failure = cfg["summary_fail"]
+            if failure == "500":
+                fail(
+                    500,
+                    "The server had an error while processing your request. Sorry about that!",
+                    "server_error",
+                )
+                return
+            if failure == "timeout":
+                self._stop.wait(600)
+                finish(503, "server stopped")
+                return
+            if failure == "empty":
+                content = ""
+            elif failure == "reasoning":
+                content = "<think>I should summarize the conversation so far.</think>"
+            else:
+                content = _summary_text(messages, self.mode)
+        else:
+            if self._sleep(cfg["chat_delay"]):
+                return finish(503, "server stopped")
+            tool_name = _tool_call_request(body, messages)
+            if tool_name:
+                content = ""
+            elif cfg["reply_text"] is not None:
+                content = cfg["reply_text"]
+            else:
+                content = _chat_text(messages, self.mode)
+
+        n = next(self._ids)
+        tool_calls = None
+        if tool_name:
+            # 9 alphanumerics: acceptable to every provider, Mistral included
+            tool_calls = [
+                {
+                    "id": f"call{n:05d}"[-9:],
+                    "type": "function",
+                    "function": {"name": tool_name, "arguments": "{}"},
+                }
+            ]
+        completion_tokens = max(1, len(content) // 4) if content else (1 if tool_calls else 0)
+        usage = {
+            "prompt_tokens": tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": tokens + completion_tokens,
+        }
+        reply_id = f"chatcmpl-fake{n}"
+        created = int(started)
+        finish_reason = "tool_calls" if tool_calls else "stop"
+        if stream:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._send_stream(h, reply_id, created, model, content, tool_calls, finish_reason,
+                              usage if include_usage else None)
+        else:
+            message: dict = {"role": "assistant", "content": None if tool_calls else content}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            h._send_json(
+                200,
+                {
+                    "id": reply_id,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+                    "usage": usage,
+                },
+            )
+        finish(200)
+
+    @staticmethod
+    def _send_stream(
+        h: _Handler,
+        reply_id: str,
+        created: int,
+        model: str,
+        content: str,
+        tool_calls: Optional[list],
+        finish_reason: str,
+        usage: Optional[dict],
+    ) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        h.end_headers()
+
+        def chunk(delta: dict, reason: Optional[str] = None, **extra: Any) -> None:
+            payload = {
+                "id": reply_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+            }
+            payload.update(extra)
+            h.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            h.wfile.flush()
+
+        chunk({"role": "assistant", "content": ""})
+        if tool_calls:
+            for i, call in enumerate(tool_calls):
+                head = {"index": i, "id": call["id"], "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""}}
+                chunk({"tool_calls": [head]})
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
+        else:
+            words = re.findall(r"\S+\s*|\s+", content)
+            for i in range(0, len(words), 3):
+                chunk({"content": "".join(words[i : i + 3])})
+        chunk({}, finish_reason)
+        if usage is not None:
+            payload = {
+                "id": reply_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            h.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        h.wfile.write(b"data: [DONE]\n\n")
+        h.wfile.flush()
+
+
+# --------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(description="Strict fake OpenAI-compatible server")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8099)
+    ap.add_argument("--mode", choices=MODES, default="strict")
+    ap.add_argument("--context-window", type=int, default=None)
+    ap.add_argument("--chat-model", action="append", dest="chat_models",
+                    help="chat model id (repeatable; default fake-chat)")
+    ap.add_argument("--summary-model", action="append", dest="summary_models",
+                    help="summary model id (repeatable; default fake-summary)")
+    args = ap.parse_args(argv)
+    provider = FakeProvider(
+        host=args.host,
+        port=args.port,
+        mode=args.mode,
+        context_window=args.context_window,
+        chat_models=tuple(args.chat_models or ("fake-chat",)),
+        summary_models=tuple(args.summary_models or ("fake-summary",)),
+    ).start()
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    print(provider.base_url, flush=True)
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        provider.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

