@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit and property tests, the summary store on
+# SQLite and a throwaway PostgreSQL, and the end-to-end suite inside a real
+# Open WebUI from PyPI. Works on a fresh machine: everything it needs is
+# installed here and cached outside the checkout for the next run.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k repair).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="$(bash scripts/setup_openwebui.sh | tail -n 1)"
+STAMP="$(dirname "$PY")/../.dev-requirements-$(sha256sum requirements-dev.txt | cut -c1-16)"
+if [ ! -f "$STAMP" ]; then
+  "$PY" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+  touch "$STAMP"
+fi
+
+export PYTHONDONTWRITEBYTECODE=1
+export ACC_OPENWEBUI_PYTHON="$PY"
+exec "$PY" -m pytest "$@"
