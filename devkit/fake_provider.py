@@ -649,24 +649,26 @@ class FakeProvider:
         finish_reason = "tool_calls" if tool_calls else "stop"
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._send_stream(h, reply_id, created, model, content, tool_calls, finish_reason,
-                              usage if include_usage else None)
+            try:
+                # the log is complete before the client can see the end of the reply
+                self._send_stream(h, reply_id, created, model, content, tool_calls, finish_reason,
+                                  usage if include_usage else None, before_done=lambda: finish(200))
+            except (BrokenPipeError, ConnectionResetError):
+                finish(499, "client disconnected")
         else:
             message: dict = {"role": "assistant", "content": None if tool_calls else content}
             if tool_calls:
                 message["tool_calls"] = tool_calls
-            h._send_json(
-                200,
-                {
-                    "id": reply_id,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-                    "usage": usage,
-                },
-            )
-        finish(200)
+            payload = {
+                "id": reply_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+                "usage": usage,
+            }
+            finish(200)  # logged before the client can read the reply
+            h._send_json(200, payload)
 
     @staticmethod
     def _send_stream(
@@ -678,6 +680,7 @@ class FakeProvider:
         tool_calls: Optional[list],
         finish_reason: str,
         usage: Optional[dict],
+        before_done: Callable[[], None],
     ) -> None:
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -719,6 +722,7 @@ class FakeProvider:
                 "usage": usage,
             }
             h.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        before_done()
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()
 

@@ -327,7 +327,7 @@ def test_summary_timeout_is_released_by_stop():
 
 
 def test_summary_delay_does_not_block_chat(provider):
-    provider.configure(summary_delay=0.6)
+    provider.configure(summary_delay=1.0)
     result = {}
 
     def slow():
@@ -338,11 +338,11 @@ def test_summary_delay_does_not_block_chat(provider):
     time.sleep(0.1)
     t0 = time.monotonic()
     assert chat(provider, [U("hi")])[0] == 200
-    assert time.monotonic() - t0 < 0.4
+    assert time.monotonic() - t0 < 0.8  # answered while the summary still sleeps
     th.join(5)
     assert result["summary"][0] == 200
     summary = [r for r in provider.requests if r["kind"] == "summary"][0]
-    assert summary["duration"] >= 0.6
+    assert summary["duration"] >= 1.0
 
 
 def test_chat_delay(provider):
