@@ -1,0 +1,143 @@
+"""Fixtures of the end-to-end suite: ONE strict fake provider and ONE real
+Open WebUI (from the cached venv, started as a subprocess) for the whole
+session, with the filter installed from the repo file through the REST API.
+
+``ACC_SKIP_E2E=1`` skips the suite. Without it, an Open WebUI that cannot be
+found or started is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from devkit.fake_provider import FakeProvider
+from devkit.openwebui import (
+    REPO_ROOT,
+    OpenWebUIClient,
+    OpenWebUIServer,
+    ensure_offline_tiktoken,
+    find_openwebui_python,
+)
+
+from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, SUMMARY_MODEL
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SKIP_E2E = os.environ.get("ACC_SKIP_E2E", "").strip() == "1"
+ADMIN_EMAIL = "e2e-admin@example.com"
+ADMIN_PASSWORD = "E2e-Passw0rd!"
+FILTER_FILE = os.path.join(REPO_ROOT, "async_context_compression.py")
+
+_LATENCY_KEY = pytest.StashKey[list]()
+_SERVER_KEY = pytest.StashKey[object]()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if str(item.fspath).startswith(HERE):
+            item.add_marker(pytest.mark.e2e)
+            if SKIP_E2E:
+                item.add_marker(pytest.mark.skip(reason="ACC_SKIP_E2E=1: end-to-end suite skipped on request"))
+
+
+@pytest.fixture(scope="session")
+def owui_python():
+    # A missing Open WebUI is an error here, not a skip: this builds the
+    # cached venv when it is absent (minutes) and raises when that fails.
+    return find_openwebui_python(install=True)
+
+
+@pytest.fixture(scope="session")
+def provider():
+    fake = FakeProvider(mode="strict").start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="session")
+def owui_server(owui_python, provider, request):
+    tiktoken_dir = ensure_offline_tiktoken(owui_python)
+    server = OpenWebUIServer(python=owui_python, provider_url=provider.base_url, tiktoken_cache_dir=tiktoken_dir)
+    started = time.monotonic()
+    server.start(timeout=240)
+    print(f"\n[e2e] Open WebUI up at {server.base_url} in {time.monotonic() - started:.1f}s; log {server.log_path}")
+    request.config.stash[_SERVER_KEY] = server
+    yield server
+    server.stop()
+    failed = request.session.testsfailed
+    if failed or os.environ.get("ACC_KEEP_E2E_DATA"):
+        print(f"\n[e2e] server data and log kept in {server.data_dir}")
+    else:
+        shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def admin(owui_server):
+    client = OpenWebUIClient(owui_server.base_url, timeout=180)
+    client.signup(ADMIN_EMAIL, ADMIN_PASSWORD, "E2E Admin")
+    client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=60)
+    return client
+
+
+@pytest.fixture(scope="session")
+def filter_source():
+    if not os.path.isfile(FILTER_FILE):
+        pytest.fail(f"{FILTER_FILE} is missing")
+    with open(FILTER_FILE, encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="session")
+def installed_filter(admin, filter_source):
+    """The repo's filter, installed through the REST API, active and global, with the e2e valves."""
+    function = admin.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True)
+    assert function["is_active"] and function["is_global"], function
+    assert function.get("type") == "filter", function
+    return function
+
+
+@pytest.fixture
+def acc(admin, installed_filter, provider, owui_server):
+    """Per test: the filter active with the e2e valves, the provider in its default behaviour."""
+    admin.set_function_state(FILTER_ID, active=True, is_global=True)
+    admin.set_valves(FILTER_ID, dict(E2E_VALVES))
+    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    yield admin
+    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+
+
+@pytest.fixture
+def latency_log(request):
+    rows = request.config.stash.setdefault(_LATENCY_KEY, [])
+    return rows
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or not str(item.fspath).startswith(HERE):
+        return
+    server = item.config.stash.get(_SERVER_KEY, None)
+    if server is None:
+        return
+    lines = [
+        line
+        for line in server.log_text().splitlines()
+        if "async_context_compression" in line or "ERROR" in line or "Traceback" in line or "Error" in line
+    ]
+    if lines:
+        report.sections.append(("Open WebUI log (filter and error lines, last 40)", "\n".join(lines[-40:])))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = config.stash.get(_LATENCY_KEY, None)
+    if not rows:
+        return
+    tr = terminalreporter
+    tr.section("reply latency with a 5 s summarizer (same chat, same run)")
+    for row in rows:
+        tr.write_line(row)

@@ -1,0 +1,371 @@
+"""Helpers for the end-to-end suite: chats driven turn by turn through a real
+Open WebUI, with every provider request checked against what the user sent.
+
+Every user message (and every tool result) carries a unique ``MK-<hex>``
+marker; the strict fake summarizer repeats each marker it is shown. A request
+to the chat model must therefore contain every marker of its branch: verbatim
+where the message was kept, inside the ``<conversation_summary`` system text
+where it was dropped. Markers of messages on other branches must not appear.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from devkit.openwebui import ChatHistory, OpenWebUIClient, new_id
+
+MARKER_RE = re.compile(r"\bMK-[A-Za-z0-9]+\b")
+SUMMARY_TAG = "<conversation_summary"
+CHAT_MODEL = "fake-chat"
+SUMMARY_MODEL = "fake-summary"
+FILTER_ID = "async_context_compression"
+
+# Low thresholds so a few turns of ~250 tokens cross them.
+E2E_VALVES = {
+    "compression_threshold_tokens": 1500,
+    "max_context_tokens": 3000,
+    "keep_last": 4,
+    "keep_first": 1,
+    "summary_model": SUMMARY_MODEL,
+    "summary_timeout_seconds": 30,
+    "debug": True,
+}
+
+_WORDS = (
+    "alpha budget cache deploy engine filter gateway handler index journal kernel ledger metric network "
+    "option parser queue record schema token update vector window yield zone archive backlog cluster "
+    "dataset export feature graph header input join key label model node output payload query region "
+    "sample table upload value worker layout branch commit review release version migrate rollback"
+).split()
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or part.get("content") or ""))
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return "" if content is None else str(content)
+
+
+def message_texts(message: dict) -> str:
+    out = [text_of(message.get("content"))]
+    for call in message.get("tool_calls") or []:
+        fn = (call or {}).get("function") or {}
+        out.append(str(fn.get("arguments") or ""))
+    return "\n".join(out)
+
+
+def markers_in(text: str) -> set:
+    return set(MARKER_RE.findall(text or ""))
+
+
+def new_marker() -> str:
+    return "MK-" + secrets.token_hex(4)
+
+
+def filler(rng: random.Random, words: int) -> str:
+    picked = [rng.choice(_WORDS) for _ in range(words)]
+    sentences = []
+    for i in range(0, len(picked), 12):
+        chunk = picked[i : i + 12]
+        sentences.append(" ".join(chunk).capitalize() + ".")
+    return " ".join(sentences)
+
+
+def user_text(marker: str, rng: random.Random, words: int = 170) -> str:
+    """A user message: its marker first, then filler (~1.3 tokens a word)."""
+    return f"{marker} Please keep note of {marker}. {filler(rng, words)}"
+
+
+def request_markers(req: dict) -> set:
+    found: set = set()
+    for m in req.get("messages") or []:
+        if isinstance(m, dict):
+            found |= markers_in(message_texts(m))
+    return found
+
+
+def summary_text(req: dict) -> str:
+    return "\n".join(
+        text_of(m.get("content"))
+        for m in req.get("messages") or []
+        if isinstance(m, dict) and m.get("role") in ("system", "developer") and SUMMARY_TAG in text_of(m.get("content"))
+    )
+
+
+def has_summary(req: dict) -> bool:
+    return bool(summary_text(req))
+
+
+def last_user_text(req: dict) -> Optional[str]:
+    for m in reversed(req.get("messages") or []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return text_of(m.get("content"))
+    return None
+
+
+def first_system_text(req: dict) -> str:
+    msgs = req.get("messages") or []
+    if msgs and isinstance(msgs[0], dict) and msgs[0].get("role") == "system":
+        return text_of(msgs[0].get("content"))
+    return ""
+
+
+def brief(req: dict, width: int = 70) -> str:
+    rows = []
+    for m in req.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        extra = ""
+        if m.get("tool_calls"):
+            extra = " calls=" + ",".join(str((c or {}).get("id")) for c in m["tool_calls"])
+        if m.get("tool_call_id"):
+            extra = f" answers={m['tool_call_id']}"
+        rows.append(f"    {m.get('role')}{extra}: {text_of(m.get('content'))[:width]!r}")
+    head = f"  [{req.get('kind')} {req.get('model')} status={req.get('status')} tokens={req.get('tokens')}]"
+    if req.get("error"):
+        head += f" error={req['error']!r}"
+    return head + "\n" + "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------
+# waiting for background work
+# ---------------------------------------------------------------------------
+
+
+def settle(provider, since: int, quiet: float = 0.8, deadline: float = 60.0) -> list:
+    """Wait until every request logged since ``since`` is finished and none arrived for ``quiet`` s.
+
+    Background summaries start right after outlet returns; polling the
+    provider's log (not sleeping a fixed time) tells when they are done.
+    """
+    end = time.monotonic() + deadline
+    seen = -1
+    changed = time.monotonic()
+    while True:
+        reqs = provider.requests[since:]
+        now = time.monotonic()
+        if len(reqs) != seen:
+            seen, changed = len(reqs), now
+        pending = [r for r in reqs if r["status"] is None]
+        if not pending and now - changed >= quiet:
+            return reqs
+        if now > end:
+            raise AssertionError(
+                f"background work did not settle within {deadline}s: {len(pending)} request(s) still running "
+                f"({[r['kind'] for r in pending]})"
+            )
+        time.sleep(0.1)
+
+
+def wait_for(predicate, deadline: float, interval: float = 0.1, what: str = "condition"):
+    end = time.monotonic() + deadline
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------
+# a chat driven turn by turn
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    marker: str
+    text: str
+    user_id: str
+    assistant_id: str
+    elapsed: float
+    response: Any
+    requests: list = field(default_factory=list)  # chat requests this turn made (request hook: one per model call)
+    expected: set = field(default_factory=set)  # markers of the branch up to this turn
+    forbidden: set = field(default_factory=set)  # markers only on other branches
+
+
+class Conversation:
+    """A saved chat: a local mirror of its history plus the provider requests of each turn."""
+
+    def __init__(self, client: OpenWebUIClient, provider, *, system: Optional[str] = None, seed: int = 0,
+                 model: str = CHAT_MODEL) -> None:
+        self.client = client
+        self.provider = provider
+        self.model = model
+        self.rng = random.Random(seed)
+        self.system = system or f"You are the e2e assistant. Prompt id SYS-{secrets.token_hex(4)}."
+        self.history = ChatHistory(model)
+        self.marker_of: dict = {}  # message id -> markers it carries
+        self.chat_id: Optional[str] = None
+        self.turns: list = []
+
+    # -- building the stored part -------------------------------------------
+    def add_user(self, words: int = 170, parent_id: Any = "current") -> str:
+        marker = new_marker()
+        kwargs = {} if parent_id == "current" else {"parent_id": parent_id}
+        mid = self.history.user(user_text(marker, self.rng, words), **kwargs)
+        self.marker_of[mid] = {marker}
+        return mid
+
+    def add_assistant(self, words: int = 30) -> str:
+        return self.history.assistant(f"Noted. {filler(self.rng, words)}")
+
+    def add_tools(self, rounds: list, final: str = "Done with the tools.") -> str:
+        """``rounds``: list of lists of tool names; each call's result carries a marker."""
+        steps, markers = [], set()
+        for names in rounds:
+            calls = []
+            for name in names:
+                marker = new_marker()
+                markers.add(marker)
+                result = f"{marker} result of {name}: {filler(self.rng, 40)}"
+                calls.append((name, {"query": f"{name} {filler(self.rng, 3)}"}, result))
+            steps.append(calls)
+        mid = self.history.assistant_tools(steps, final + " " + filler(self.rng, 10))
+        self.marker_of[mid] = markers
+        return mid
+
+    def add_turns(self, count: int, words: int = 170) -> None:
+        for _ in range(count):
+            self.add_user(words)
+            self.add_assistant()
+
+    def store(self, title: str = "e2e") -> str:
+        self.chat_id = self.client.create_chat(self.history, title=title)
+        return self.chat_id
+
+    # -- markers ---------------------------------------------------------------
+    def branch_ids(self, leaf: Optional[str]) -> list:
+        return [m["id"] for m in self.history.branch(leaf)] if leaf else []
+
+    def branch_markers(self, leaf: Optional[str]) -> set:
+        out: set = set()
+        for mid in self.branch_ids(leaf):
+            out |= self.marker_of.get(mid, set())
+        return out
+
+    def all_markers(self) -> set:
+        out: set = set()
+        for markers in self.marker_of.values():
+            out |= markers
+        return out
+
+    # -- live turns ------------------------------------------------------------
+    def turn(
+        self,
+        *,
+        parent_id: Any = "current",
+        words: int = 170,
+        regenerate_of: Optional[str] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> Turn:
+        """One user turn through POST /api/chat/completions (blocking, no session_id).
+
+        ``regenerate_of``: id of an existing user message whose reply is
+        generated again (a sibling of the old reply).
+        """
+        assert self.chat_id, "store() the chat first"
+        start = len(self.provider.requests)
+        if regenerate_of:
+            user_id = regenerate_of
+            text = self.history.messages[user_id]["content"]
+            marker = sorted(self.marker_of[user_id])[0]
+            parent = self.history.messages[user_id]["parentId"]
+        else:
+            parent = self.history.current_id if parent_id == "current" else parent_id
+            marker = new_marker()
+            text = user_text(marker, self.rng, words)
+            user_id = new_id()
+        result = self.client.chat_completion(
+            text,
+            model=self.model,
+            chat_id=self.chat_id,
+            parent_id=parent,
+            user_message_id=user_id,
+            system=self.system,
+            timeout=timeout,
+        )
+        reply = ""
+        try:
+            reply = result["response"]["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            pass
+        # mirror what the server stored
+        if not regenerate_of:
+            self.history.user(text, parent_id=parent, message_id=user_id)
+            self.marker_of[user_id] = {marker}
+        self.history.assistant(reply, parent_id=user_id, message_id=result["assistant_id"])
+        expected = self.branch_markers(user_id)
+        forbidden = self.all_markers() - expected
+        reqs = [
+            r
+            for r in self.provider.requests[start:]
+            if r["kind"] == "chat" and last_user_text(r) == text
+        ]
+        turn = Turn(marker, text, user_id, result["assistant_id"], result["elapsed"], result["response"], reqs,
+                    expected, forbidden)
+        self.turns.append(turn)
+        if wait:
+            settle(self.provider, start)
+            # the request list is complete only now for tool loops; refresh it
+            turn.requests = [
+                r
+                for r in self.provider.requests[start:]
+                if r["kind"] == "chat" and last_user_text(r) == text
+            ]
+        return turn
+
+
+# ---------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------
+
+
+def check_turn(conv: Conversation, turn: Turn, cap: int, *, markers: bool = True) -> list:
+    """Problems with the provider requests of one turn (empty list = fine)."""
+    problems = []
+    if not turn.requests:
+        problems.append(f"turn {turn.marker}: no chat request reached the provider")
+    for req in turn.requests:
+        where = f"turn {turn.marker}"
+        if req["status"] != 200:
+            problems.append(f"{where}: provider answered {req['status']}: {req.get('error')}")
+        if req.get("tokens") is not None and req["tokens"] > cap:
+            problems.append(f"{where}: {req['tokens']} tokens sent, over the cap {cap}")
+        if conv.system not in first_system_text(req):
+            problems.append(f"{where}: the system prompt did not reach the provider as the leading system message")
+        if last_user_text(req) != turn.text:
+            problems.append(f"{where}: the latest user message is not the last user message sent")
+        if markers:
+            seen = request_markers(req)
+            missing = turn.expected - seen
+            if missing:
+                in_summary = markers_in(summary_text(req))
+                problems.append(
+                    f"{where}: {len(missing)} marker(s) of dropped messages reached the provider neither verbatim "
+                    f"nor through the summary: {sorted(missing)[:8]}"
+                    + (" (the request had no summary)" if not has_summary(req) else f" (summary had {len(in_summary)} markers)")
+                )
+            leaked = turn.forbidden & seen
+            if leaked:
+                problems.append(f"{where}: markers of other branches reached the provider: {sorted(leaked)[:8]}")
+    return problems
+
+
+def provider_errors(reqs: list) -> list:
+    return [r for r in reqs if r["status"] is not None and r["status"] >= 400]

@@ -1,0 +1,447 @@
+"""End-to-end scenarios inside a real Open WebUI 0.12.4 with the strict fake provider.
+
+Histories are stored the way Open WebUI stores them (ids, parentId,
+childrenIds, currentId; native tool calls in the assistant's ``output``), then
+driven turn by turn through ``POST /api/chat/completions`` (no session_id: the
+call blocks until inlet, the model and outlet ran). Every provider request is
+checked: no 400, under the cap, system prompt and latest user message present,
+every marker of the branch present verbatim or through the summary, no marker
+of another branch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+from devkit.fake_provider import count_tokens
+from e2e_support import (
+    CHAT_MODEL,
+    E2E_VALVES,
+    FILTER_ID,
+    SUMMARY_MODEL,
+    SUMMARY_TAG,
+    Conversation,
+    brief,
+    check_turn,
+    first_system_text,
+    has_summary,
+    last_user_text,
+    markers_in,
+    new_marker,
+    provider_errors,
+    request_markers,
+    settle,
+    summary_text,
+    text_of,
+    user_text,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+CAP = E2E_VALVES["max_context_tokens"]
+THRESHOLD = E2E_VALVES["compression_threshold_tokens"]
+
+
+def raw_branch_tokens(conv: Conversation, leaf: str) -> int:
+    """What the branch would cost sent whole (tool outputs flattened into text)."""
+    msgs = [{"role": "system", "content": conv.system}]
+    for m in conv.history.branch(leaf):
+        text = m.get("content") or ""
+        for item in m.get("output") or []:
+            if item.get("type") == "function_call":
+                text += " " + item.get("name", "") + " " + item.get("arguments", "")
+            elif item.get("type") == "function_call_output":
+                text += " " + " ".join(p.get("text", "") for p in item.get("output", []))
+        msgs.append({"role": m["role"], "content": text})
+    return count_tokens(msgs)
+
+
+def summaries_since(provider, start: int) -> list:
+    return [r for r in provider.requests[start:] if r["kind"] == "summary"]
+
+
+def fail_with(problems: list, conv: Conversation = None, extra: str = "") -> None:
+    if not problems:
+        return
+    detail = "\n".join(f"- {p}" for p in problems[:25])
+    if conv is not None:
+        bad = [r for t in conv.turns for r in t.requests if any(t.marker in p for p in problems)]
+        if bad:
+            detail += "\nfirst failing request:\n" + brief(bad[0])
+    pytest.fail(f"{len(problems)} problem(s):\n{detail}{extra}")
+
+
+# ---------------------------------------------------------------------------
+# plumbing: a trivial filter of our own proves install / valves / inlet / outlet
+# ---------------------------------------------------------------------------
+
+PROBE_SOURCE = '''"""
+title: E2E Probe
+id: e2e_probe
+version: 0.0.1
+description: proves the harness plumbing (install, valves, inlet, outlet)
+"""
+from pydantic import BaseModel
+
+
+class Filter:
+    class Valves(BaseModel):
+        priority: int = 0
+        tag: str = "PROBE"
+
+    def __init__(self):
+        self.valves = self.Valves()
+
+    async def inlet(self, body: dict, __metadata__: dict = None) -> dict:
+        chat = (__metadata__ or {}).get("chat_id") or "none"
+        body["messages"].insert(0, {"role": "system", "content": f"{self.valves.tag}-INLET chat={chat}"})
+        return body
+
+    async def outlet(self, body: dict) -> dict:
+        last = body["messages"][-1]
+        last["content"] = (last.get("content") or "") + f" [{self.valves.tag}-OUTLET n={len(body['messages'])}]"
+        return body
+'''
+
+
+def test_harness_plumbing_with_a_probe_filter(admin, installed_filter, provider):
+    admin.set_function_state(FILTER_ID, active=False)
+    try:
+        probe = admin.install_function("e2e_probe", PROBE_SOURCE, valves={"tag": "ZED"}, enable_global=True)
+        assert probe["is_active"] and probe["is_global"] and probe["type"] == "filter"
+        assert admin.get_valves("e2e_probe") == {"tag": "ZED"}
+        # install again = update; the toggles must stay on (they flip, so the client checks first)
+        probe = admin.install_function("e2e_probe", PROBE_SOURCE, enable_global=True)
+        assert probe["is_active"] and probe["is_global"]
+        assert admin.get_valves("e2e_probe") == {"tag": "ZED"}
+
+        conv = Conversation(admin, provider, seed=99)
+        conv.add_turns(1, words=20)
+        conv.store("probe")
+        turn = conv.turn(words=20)
+        assert len(turn.requests) == 1, [brief(r) for r in turn.requests]
+        req = turn.requests[0]
+        assert req["status"] == 200
+        system = first_system_text(req)
+        assert f"ZED-INLET chat={conv.chat_id}" in system, system
+        assert conv.system in system  # the client's system prompt is kept (merged into one system message)
+        assert [m["role"] for m in req["messages"]] == ["system", "user", "assistant", "user"]
+        stored = admin.get_chat(conv.chat_id)["chat"]["history"]["messages"][turn.assistant_id]
+        assert stored["content"].endswith("[ZED-OUTLET n=4]"), stored["content"]
+        assert stored.get("done") is True
+        # an API call without a chat id runs inlet too
+        start = len(provider.requests)
+        admin.chat_completion("api probe", model=CHAT_MODEL)
+        api_req = provider.requests[start]
+        assert "ZED-INLET chat=none" in first_system_text(api_req)
+    finally:
+        admin.delete_function("e2e_probe")
+        admin.set_function_state(FILTER_ID, active=True, is_global=True)
+    assert admin.get_function("e2e_probe") is None
+
+
+# ---------------------------------------------------------------------------
+# scenarios with the real filter
+# ---------------------------------------------------------------------------
+
+
+def test_long_chat_summaries_are_made_in_background_and_used(acc, provider):
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=1)
+    conv.add_turns(3)
+    conv.store("long chat")
+    problems = []
+    for _ in range(14):
+        problems += check_turn(conv, conv.turn(), CAP)
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    raw = raw_branch_tokens(conv, conv.history.current_id)
+    assert raw > 2.5 * THRESHOLD, f"scenario too short: the whole branch is only {raw} tokens"
+    summaries = summaries_since(provider, start)
+    assert summaries, "no summary was requested although the chat went well past the threshold"
+    assert all(s["status"] == 200 for s in summaries)
+    done_at = summaries[0]["time"] + summaries[0]["duration"]
+    later = [r for t in conv.turns for r in t.requests if r["time"] > done_at]
+    assert later, "no turn came after the first summary"
+    assert all(has_summary(r) for r in later), "a turn after the first summary was made did not carry a summary"
+    assert max(r["tokens"] for t in conv.turns for r in t.requests) <= CAP
+    # summaries are incremental, not re-made every turn
+    assert len(summaries) < len(conv.turns), f"{len(summaries)} summaries for {len(conv.turns)} turns"
+    fail_with(problems, conv)
+
+
+def test_parallel_and_multi_step_tool_calls(acc, provider):
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=2)
+    conv.add_user()
+    conv.add_tools([["get_weather", "get_time"]])  # parallel calls in one round
+    conv.add_user()
+    conv.add_tools([["search_docs"], ["fetch_page"], ["fetch_page", "summarize_page"]])  # multi-step
+    conv.add_user(words=60)
+    conv.add_assistant()
+    conv.store("tools")
+    problems = []
+    for _ in range(10):
+        problems += check_turn(conv, conv.turn(), CAP)
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    chat_reqs = [r for t in conv.turns for r in t.requests]
+    with_tools = [r for r in chat_reqs if any(m.get("role") == "tool" for m in r["messages"])]
+    assert with_tools, "no request carried the stored tool calls: the scenario did not exercise them"
+    n_calls = max(sum(len(m.get("tool_calls") or []) for m in r["messages"]) for r in with_tools)
+    assert n_calls == 6, f"expected the 6 stored calls while they fit, saw at most {n_calls}"
+    without = [r for r in chat_reqs if not any(m.get("role") == "tool" for m in r["messages"])]
+    assert without and all(has_summary(r) for r in without), (
+        "the tool turns were never folded into a summary, or were dropped without one"
+    )
+    assert summaries_since(provider, start)
+    fail_with(problems, conv)
+
+
+def _user_ids(conv: Conversation, leaf: str) -> list:
+    return [m["id"] for m in conv.history.branch(leaf) if m["role"] == "user"]
+
+
+def test_edited_earlier_message(acc, provider):
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=3)
+    conv.add_turns(2)
+    conv.store("edit")
+    problems = []
+    for _ in range(6):
+        problems += check_turn(conv, conv.turn(), CAP)
+    assert summaries_since(provider, start), "no summary before the edit: the scenario needs one"
+    assert has_summary(conv.turns[-1].requests[0])
+    # edit the 2nd user message: a sibling with the same parent, as the UI stores an edit
+    edited = _user_ids(conv, conv.history.current_id)[1]
+    old_marker = sorted(conv.marker_of[edited])[0]
+    parent = conv.history.messages[edited]["parentId"]
+    turn = conv.turn(parent_id=parent)
+    assert old_marker in turn.forbidden
+    problems += check_turn(conv, turn, CAP)
+    for _ in range(5):
+        problems += check_turn(conv, conv.turn(), CAP)
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    fail_with(problems, conv)
+
+
+def test_regenerated_reply(acc, provider):
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=4)
+    conv.add_turns(2)
+    conv.store("regenerate")
+    problems = []
+    for _ in range(6):
+        problems += check_turn(conv, conv.turn(), CAP)
+    assert summaries_since(provider, start)
+    last = conv.turns[-1]
+    regen = conv.turn(regenerate_of=last.user_id)
+    assert regen.assistant_id != last.assistant_id
+    problems += check_turn(conv, regen, CAP)
+    stored = acc.get_chat(conv.chat_id)["chat"]["history"]["messages"]
+    assert set(stored[last.user_id]["childrenIds"]) >= {last.assistant_id, regen.assistant_id}
+    # a second regeneration right away, then the chat goes on from the new reply
+    problems += check_turn(conv, conv.turn(regenerate_of=last.user_id), CAP)
+    for _ in range(2):
+        problems += check_turn(conv, conv.turn(), CAP)
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    fail_with(problems, conv)
+
+
+def test_branch_switch(acc, provider):
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=5)
+    conv.add_turns(2)
+    fork = conv.history.current_id
+    conv.add_turns(2)  # branch A
+    leaf_a = conv.history.current_id
+    conv.add_user(parent_id=fork)  # branch B starts as an edit of A's first message
+    conv.add_assistant()
+    conv.store("branches")
+    problems = []
+    for _ in range(6):  # grow B until it is summarized
+        problems += check_turn(conv, conv.turn(), CAP)
+    assert summaries_since(provider, start), "branch B was never summarized: the scenario needs it"
+    leaf_b = conv.history.current_id
+    b_only = conv.branch_markers(leaf_b) - conv.branch_markers(leaf_a)
+    # switch back to A the way the UI does (currentId), then continue A
+    acc.set_current_message(conv.chat_id, leaf_a)
+    assert acc.get_chat(conv.chat_id)["chat"]["history"]["currentId"] == leaf_a
+    first_a = conv.turn(parent_id=leaf_a)
+    assert b_only <= first_a.forbidden
+    problems += check_turn(conv, first_a, CAP)
+    for _ in range(5):
+        problems += check_turn(conv, conv.turn(), CAP)
+    # and back to B once more
+    problems += check_turn(conv, conv.turn(parent_id=leaf_b), CAP)
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    fail_with(problems, conv)
+
+
+def test_failing_summarizer_never_breaks_the_chat_and_recovers(acc, provider):
+    start = len(provider.requests)
+    provider.configure(summary_fail="500")
+    conv = Conversation(acc, provider, seed=6)
+    conv.add_turns(2)
+    conv.store("failing summarizer")
+    problems = []
+    for _ in range(12):
+        turn = conv.turn()
+        assert "[fake-chat]" in text_of(turn.response["choices"][0]["message"]["content"])
+        # with no summary possible, dropped markers cannot survive: check the rest
+        problems += check_turn(conv, turn, CAP, markers=False)
+    failed = summaries_since(provider, start)
+    assert failed, "the filter never tried to summarize"
+    assert all(s["status"] == 500 for s in failed)
+    assert max(r["tokens"] for t in conv.turns for r in t.requests) <= CAP
+    assert raw_branch_tokens(conv, conv.history.current_id) > CAP, "the cap was never needed"
+    # the summarizer comes back: a later turn gets a summary (after the filter's back-off)
+    provider.configure(summary_fail=None)
+    recovered_at = None
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        turn = conv.turn()
+        problems += check_turn(conv, turn, CAP, markers=False)
+        try:  # give the filter's back-off a few seconds before the next turn
+            ok = wait_for(
+                lambda: [s for s in summaries_since(provider, start) if s["status"] == 200],
+                deadline=4, what="a successful summary",
+            )
+        except AssertionError:
+            continue
+        recovered_at = ok[0]["time"]
+        settle(provider, start)
+        break
+    assert recovered_at, "no successful summary within 150 s after the summarizer recovered"
+    after = conv.turn()
+    problems += check_turn(conv, after, CAP)  # now every dropped marker must come through the summary
+    assert has_summary(after.requests[0])
+    errors = [r for r in provider.requests[start:] if r["status"] and r["status"] >= 400 and r["kind"] == "chat"]
+    assert not errors, [brief(r) for r in errors][:3]
+    assert not [r for r in provider.requests[start:] if r["status"] == 400]
+    fail_with(problems, conv)
+
+
+def test_api_call_without_chat_id(acc, provider):
+    start = len(provider.requests)
+    import random
+
+    rng = random.Random(8)
+    system = "You are the e2e API assistant. Prompt id SYS-API."
+    messages = [{"role": "system", "content": system}]
+    for i in range(16):
+        messages.append({"role": "user", "content": user_text(new_marker(), rng)})
+        if i == 4:
+            messages.append({
+                "role": "assistant", "content": None,
+                "tool_calls": [
+                    {"id": "call_api_a", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}},
+                    {"id": "call_api_b", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 2}"}},
+                ],
+            })
+            messages.append({"role": "tool", "tool_call_id": "call_api_a", "content": "result a " * 40})
+            messages.append({"role": "tool", "tool_call_id": "call_api_b", "content": "result b " * 40})
+        messages.append({"role": "assistant", "content": "Noted."})
+    last = user_text(new_marker(), rng)
+    messages.append({"role": "user", "content": last})
+    assert count_tokens(messages) > CAP
+    results = [acc.chat_completion(model=CHAT_MODEL, messages=[dict(m) for m in messages]) for _ in range(2)]
+    settle(provider, start)
+    reqs = provider.requests[start:]
+    chat_reqs = [r for r in reqs if r["kind"] == "chat"]
+    assert len(chat_reqs) == 2
+    for result in results:
+        assert result["response"]["choices"][0]["message"]["content"]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    for r in chat_reqs:
+        assert r["tokens"] <= CAP, f"{r['tokens']} tokens over the cap {CAP}"
+        assert system in first_system_text(r)
+        assert last_user_text(r) == last
+
+
+def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider, latency_log):
+    """Same chat three times in one run: no filter, the filter, Open WebUI's built-in compaction."""
+    provider.configure(summary_delay=5.0)
+    delay = 5.0
+    turns = 5
+
+    def run(label: str, seed: int) -> tuple:
+        start = len(provider.requests)
+        conv = Conversation(acc, provider, seed=seed)
+        conv.add_turns(5)
+        conv.store(f"latency {label}")
+        times = []
+        for i in range(turns):
+            if i == turns - 1:
+                settle(provider, start, deadline=60)  # let background work finish before the last turn
+            times.append(conv.turn(wait=False).elapsed)
+        settle(provider, start, deadline=60)
+        return conv, times, provider.requests[start:]
+
+    problems = []
+    try:
+        acc.set_function_state(FILTER_ID, active=False)
+        _, base, base_reqs = run("baseline", 11)
+        acc.set_function_state(FILTER_ID, active=True, is_global=True)
+        conv_f, filt, filt_reqs = run("filter", 11)
+        acc.set_function_state(FILTER_ID, active=False)
+        acc.enable_builtin_compaction(token_threshold=THRESHOLD, model=SUMMARY_MODEL)
+        _, builtin, builtin_reqs = run("builtin", 11)
+    finally:
+        acc.disable_builtin_compaction()
+        acc.set_function_state(FILTER_ID, active=True, is_global=True)
+
+    f_extra = [f - b for f, b in zip(filt, base)]
+    b_extra = [x - b for x, b in zip(builtin, base)]
+    fmt = lambda xs: " ".join(f"{x:5.2f}" for x in xs)  # noqa: E731
+    latency_log.extend([
+        f"turn                      {' '.join(f'{i + 1:>5}' for i in range(turns))}",
+        f"no filter (s)             {fmt(base)}",
+        f"with the filter (s)       {fmt(filt)}   max extra {max(f_extra):+.2f}s",
+        f"built-in compaction (s)   {fmt(builtin)}   max extra {max(b_extra):+.2f}s",
+        f"summarizer delay {delay:.0f}s; filter summaries: "
+        f"{len([r for r in filt_reqs if r['kind'] == 'summary'])}, built-in summaries: "
+        f"{len([r for r in builtin_reqs if r['kind'] == 'summary'])}",
+    ])
+    print("\n".join(latency_log[-5:]))
+    f_summaries = [r for r in filt_reqs if r["kind"] == "summary"]
+    assert f_summaries, "the filter made no summary in the latency run"
+    assert all(s["duration"] >= delay - 0.1 for s in f_summaries if s["status"] == 200)
+    assert max(f_extra) <= 1.0, f"the filter added {max(f_extra):.2f}s to a reply (turns {fmt(filt)} vs {fmt(base)})"
+    assert has_summary(conv_f.turns[-1].requests[0]), "the summary made in the background was not used"
+    assert [r for r in builtin_reqs if r["kind"] == "summary"], "the built-in compaction never ran"
+    assert max(b_extra) >= delay - 0.5, f"built-in compaction added only {max(b_extra):.2f}s"
+    for reqs in (base_reqs, filt_reqs, builtin_reqs):
+        assert not [r for r in reqs if r["status"] == 400], [brief(r) for r in reqs if r["status"] == 400][:2]
+
+
+def test_coexists_with_builtin_compaction(acc, provider):
+    start = len(provider.requests)
+    acc.enable_builtin_compaction(token_threshold=THRESHOLD, model=SUMMARY_MODEL)
+    try:
+        conv = Conversation(acc, provider, seed=9)
+        conv.add_turns(2)
+        conv.store("both compactions")
+        problems = []
+        for _ in range(8):
+            problems += check_turn(conv, conv.turn(), CAP)
+    finally:
+        acc.disable_builtin_compaction()
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    fail_with(problems, conv)
+
+
+def test_zz_no_provider_400_in_the_whole_run(provider, installed_filter):
+    """Across every scenario above: the strict provider never answered 400."""
+    reqs = provider.requests
+    bad = [r for r in reqs if r["status"] == 400]
+    assert reqs, "no request reached the provider"
+    assert not bad, f"{len(bad)} request(s) answered 400:\n" + "\n".join(brief(r) for r in bad[:3])
