@@ -1,0 +1,106 @@
+"""scripts/deploy_filter.py against the session's real Open WebUI, and scripts/demo.sh --check."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from devkit.openwebui import REPO_ROOT
+
+from e2e_support import FILTER_ID
+
+pytestmark = pytest.mark.e2e
+
+DEPLOY = os.path.join(REPO_ROOT, "scripts", "deploy_filter.py")
+DEMO = os.path.join(REPO_ROOT, "scripts", "demo.sh")
+PROBE_ID = "acc_deploy_probe"
+
+
+def deploy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, DEPLOY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout
+    )
+
+
+def probe_copy(tmp_path, source: str, version: str = "1.0.0") -> str:
+    """The real filter under another id, so deploying it leaves the session's filter alone."""
+    text = re.sub(r"(?m)^id:\s*\S+\s*$", f"id: {PROBE_ID}", source, count=1)
+    text = re.sub(r"(?m)^title:.*$", "title: ACC Deploy Probe", text, count=1)
+    text = re.sub(r"(?m)^version:.*$", f"version: {version}", text, count=1)
+    path = tmp_path / f"probe-{version}.py"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_deploy_creates_then_updates_keeping_valves(admin, installed_filter, owui_server, filter_source, tmp_path):
+    key = admin.create_api_key()
+    assert key.startswith("sk-")
+    url = owui_server.base_url
+    admin.delete_function(PROBE_ID)
+    try:
+        first = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source),
+                       "--valves", json.dumps({"max_context_tokens": 32000}))
+        assert first.returncode == 0, first.stderr + first.stdout
+        assert f"created function {PROBE_ID}" in first.stdout, first.stdout
+        fn = admin.get_function(PROBE_ID)
+        assert fn and fn["type"] == "filter" and fn["is_active"] and not fn["is_global"], fn
+        assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000}
+
+        second = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source, "1.0.1"),
+                        "--global", "--valves", json.dumps({"keep_last": 3}))
+        assert second.returncode == 0, second.stderr + second.stdout
+        assert f"updated function {PROBE_ID}" in second.stdout and "1.0.0 -> 1.0.1" in second.stdout, second.stdout
+        assert "kept: max_context_tokens" in second.stdout
+        assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": 3}
+        fn = admin.get_function(PROBE_ID)
+        assert fn["is_active"] and fn["is_global"]
+        assert "version: 1.0.1" in fn["content"]
+
+        # an update without --valves keeps every stored valve; --global again does not flip it off
+        third = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source, "1.0.2"), "--global")
+        assert third.returncode == 0, third.stderr + third.stdout
+        assert "valves kept: keep_last, max_context_tokens" in third.stdout, third.stdout
+        assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": 3}
+        fn = admin.get_function(PROBE_ID)
+        assert fn["is_active"] and fn["is_global"] and "version: 1.0.2" in fn["content"]
+
+        # refusals are explained, with the HTTP status, and exit non-zero
+        bad_key = deploy("--url", url, "--api-key", "sk-not-a-key", "--file", probe_copy(tmp_path, filter_source))
+        assert bad_key.returncode == 1 and "HTTP 401" in bad_key.stderr, bad_key.stderr
+        bad_valve = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source),
+                           "--valves", json.dumps({"keep_last": -1}))
+        assert bad_valve.returncode == 1 and "HTTP 400" in bad_valve.stderr, bad_valve.stderr
+        assert "keep_last must be >= 0" in bad_valve.stderr, bad_valve.stderr
+        assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": 3}
+        not_json = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source), "--valves", "{")
+        assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr
+        unreachable = deploy("--url", "http://127.0.0.1:9", "--api-key", key)
+        assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr
+    finally:
+        admin.delete_function(PROBE_ID)
+
+    # the real file by default: updates the session's filter in place, merging valves
+    before = admin.get_valves(FILTER_ID)
+    real = deploy("--url", url, "--api-key", key, "--global", "--valves", json.dumps({"show_status": False}))
+    assert real.returncode == 0, real.stderr + real.stdout
+    assert f"updated function {FILTER_ID}" in real.stdout
+    assert admin.get_valves(FILTER_ID) == {**before, "show_status": False}
+    fn = admin.get_function(FILTER_ID)
+    assert fn["is_active"] and fn["is_global"] and fn["content"] == filter_source
+
+
+def test_demo_check_passes():
+    """The README's demo, in its self-testing form: its own fake provider and Open WebUI, a scripted chat."""
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    proc = subprocess.run(
+        ["bash", DEMO, "--check"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, env=env
+    )
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "CHECK PASSED" in proc.stdout
