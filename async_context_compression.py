@@ -850,12 +850,20 @@ def expand_output_items(output: list) -> Messages:
     return messages
 
 
+_OWUI_CONVERTER: list = []  # [converter or None], looked up once
+
+
 def _owui_output_converter() -> Optional[Callable]:
-    try:
-        from open_webui.utils.misc import convert_output_to_messages  # type: ignore
-    except Exception:
-        return None
-    return lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
+    if not _OWUI_CONVERTER:
+        try:
+            from open_webui.utils.misc import convert_output_to_messages  # type: ignore
+        except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
+            _OWUI_CONVERTER.append(None)
+        else:
+            _OWUI_CONVERTER.append(
+                lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
+            )
+    return _OWUI_CONVERTER[0]
 
 
 def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
@@ -876,7 +884,7 @@ def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
                 out.extend(expanded)
                 ids.extend([message.get("id")] * len(expanded))
                 continue
-        if message.get("role") == "assistant" and not message.get("content"):
+        if message.get("role") == "assistant" and not message.get("content") and not message.get("tool_calls"):
             continue  # Open WebUI sends no empty assistant message to the model
         clean = {
             k: v for k, v in message.items()
@@ -1418,7 +1426,7 @@ def _tables() -> dict:
 def _owui_async_engine() -> Any:
     try:
         from open_webui.internal.db import async_engine  # type: ignore
-    except Exception:
+    except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
         return None
     return async_engine
 
@@ -1482,9 +1490,11 @@ class SummaryStore:
         from sqlalchemy import case, or_, select
 
         t = _tables()["summary"]
+        # API calls have no chat id (''): only the anchor tells their conversations apart.
+        match = or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
         query = (
             select(t)
-            .where(t.c.user_id == user_id, or_(t.c.chat_id == chat_id, t.c.anchor == anchor))
+            .where(t.c.user_id == user_id, match)
             .order_by(case((t.c.chat_id == chat_id, 0), else_=1), t.c.covered_count.desc(), t.c.id.desc())
             .limit(limit)
         )
@@ -1503,24 +1513,20 @@ class SummaryStore:
         t = _tables()["summary"]
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
+        # Pruned per chat; per conversation (anchor) for API calls, which share chat id ''.
+        same = [t.c.user_id == record.user_id, t.c.chat_id == record.chat_id]
+        if not record.chat_id:
+            same.append(t.c.anchor == record.anchor)
 
         async def op(engine):
             async with engine.begin() as conn:
                 await conn.execute(insert(t).values(**values))
-                keep = (
-                    select(t.c.id)
-                    .where(t.c.user_id == record.user_id, t.c.chat_id == record.chat_id)
-                    .order_by(t.c.id.desc())
-                    .limit(SUMMARIES_KEPT_PER_CHAT)
-                )
+                keep = select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(SUMMARIES_KEPT_PER_CHAT)
                 kept = [row[0] for row in (await conn.execute(keep)).all()]
-                await conn.execute(
-                    delete(t).where(
-                        t.c.user_id == record.user_id,
-                        t.c.chat_id == record.chat_id,
-                        t.c.id.not_in(kept),
-                    )
-                )
+                if len(kept) == SUMMARIES_KEPT_PER_CHAT:
+                    # Only rows older than the kept ones: a row another worker
+                    # committed after the SELECT above is never deleted.
+                    await conn.execute(delete(t).where(*same, t.c.id < min(kept)))
 
         await self._run(op)
 
@@ -2202,6 +2208,7 @@ class Filter:
         try:
             plan = await self._plan(turn, canon, digests, anchor)  # it may have finished meanwhile
             if plan is None:
+                await self.store.release(scope, holder)  # else the chat waits for the lease to expire
                 return
             previous, start, target = plan
             await _emit(turn.emitter, status_text(turn.language, "summarizing", count=target - start), done=False)

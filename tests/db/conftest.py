@@ -1,0 +1,130 @@
+"""Databases for the summary-store tests: a SQLite file per test and a
+throwaway PostgreSQL server per test session (a fresh schema per test).
+
+The PostgreSQL server is started by ``scripts/start_postgres.sh`` (which
+installs PostgreSQL with apt-get when it is missing), or taken from
+``ACC_TEST_PG_DSN`` (``postgresql://user@host:port/db``) when that is set.
+Tests get a :class:`Database` through the ``db`` fixture, parametrized over
+both back ends, and make as many async engines on it as they need (each one
+is like a separate Open WebUI worker's engine); all are disposed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+START_POSTGRES = os.path.join(ROOT, "scripts", "start_postgres.sh")
+
+pytest.importorskip("sqlalchemy", reason="the store tests need SQLAlchemy 2 (pip install 'sqlalchemy>=2')")
+
+
+def async_pg_url(dsn: str) -> str:
+    """Any PostgreSQL DSN as the URL of Open WebUI's async engine (psycopg 3)."""
+    for prefix in ("postgresql+psycopg2://", "postgresql+psycopg://", "postgresql://", "postgres://"):
+        if dsn.startswith(prefix):
+            return "postgresql+psycopg://" + dsn[len(prefix):]
+    raise ValueError(f"not a PostgreSQL DSN: {dsn!r}")
+
+
+def libpq_dsn(url: str) -> str:
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+@pytest.fixture(scope="session")
+def pg_url():
+    """The async URL of a PostgreSQL database for this test session."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.fail("psycopg is not installed: pip install 'psycopg[binary]'")
+    given = os.environ.get("ACC_TEST_PG_DSN", "").strip()
+    if given:
+        yield async_pg_url(given)
+        return
+    proc = subprocess.run(
+        ["bash", START_POSTGRES, "start"], capture_output=True, text=True, timeout=900
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"could not start PostgreSQL:\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    pg_dir = next(line[len("PGDIR="):] for line in lines if line.startswith("PGDIR="))
+    try:
+        yield async_pg_url(lines[-1])
+    finally:
+        subprocess.run(["bash", START_POSTGRES, "stop", pg_dir], capture_output=True, timeout=120)
+
+
+@dataclass
+class Database:
+    """One empty database: a SQLite file, or a fresh PostgreSQL schema."""
+
+    kind: str
+    url: str
+    connect_args: dict = field(default_factory=dict)
+    schema: Optional[str] = None
+    engines: list = field(default_factory=list)
+
+    def engine(self) -> Any:
+        """A new async engine on this database (a new 'worker')."""
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        if self.kind == "sqlite":
+            engine = create_async_engine(self.url, connect_args=dict(self.connect_args))
+        else:
+            engine = create_async_engine(self.url, connect_args=dict(self.connect_args), pool_pre_ping=True)
+        self.engines.append(engine)
+        return engine
+
+    def store(self, engine: Any = None) -> Any:
+        """A SummaryStore on ``engine`` (a new engine when not given)."""
+        import async_context_compression as acc
+
+        engine = engine if engine is not None else self.engine()
+        return acc.SummaryStore(lambda: engine)
+
+    def worker_args(self) -> list:
+        """Command-line arguments that let another process open the same database."""
+        return [self.kind, self.url, self.schema or ""]
+
+    async def dispose(self) -> None:
+        for engine in self.engines:
+            await engine.dispose()
+        self.engines.clear()
+
+
+def _new_pg_schema(url: str) -> str:
+    import psycopg
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return schema
+
+
+def make_database(kind: str, tmp_path, request) -> Database:
+    if kind == "sqlite":
+        path = tmp_path / "webui.db"
+        return Database(kind, f"sqlite+aiosqlite:///{path}", {"timeout": 10})
+    url = request.getfixturevalue("pg_url")
+    schema = _new_pg_schema(url)
+    return Database(kind, url, {"options": f"-csearch_path={schema}"}, schema)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def db(request, tmp_path):
+    database = make_database(request.param, tmp_path, request)
+    try:
+        yield database
+    finally:
+        await database.dispose()
