@@ -196,6 +196,7 @@ class Turn:
     requests: list = field(default_factory=list)  # chat requests this turn made (request hook: one per model call)
     expected: set = field(default_factory=set)  # markers of the branch up to this turn
     forbidden: set = field(default_factory=set)  # markers only on other branches
+    ended: float = 0.0  # wall clock when the reply came back (epoch seconds, like the provider log)
 
 
 class Conversation:
@@ -318,7 +319,7 @@ class Conversation:
             if r["kind"] == "chat" and last_user_text(r) == text
         ]
         turn = Turn(marker, text, user_id, result["assistant_id"], result["elapsed"], result["response"], reqs,
-                    expected, forbidden)
+                    expected, forbidden, time.time())
         self.turns.append(turn)
         if wait:
             settle(self.provider, start)

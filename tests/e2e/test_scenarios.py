@@ -414,6 +414,10 @@ def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider
     f_summaries = [r for r in filt_reqs if r["kind"] == "summary"]
     assert f_summaries, "the filter made no summary in the latency run"
     assert all(s["duration"] >= delay - 0.1 for s in f_summaries if s["status"] == 200)
+    overlapping = [
+        t for t in conv_f.turns for s in f_summaries if s["duration"] and s["time"] < t.ended < s["time"] + s["duration"]
+    ]
+    assert overlapping, "no reply came back while a summary was running: summaries did not run in the background"
     assert max(f_extra) <= 1.0, f"the filter added {max(f_extra):.2f}s to a reply (turns {fmt(filt)} vs {fmt(base)})"
     assert has_summary(conv_f.turns[-1].requests[0]), "the summary made in the background was not used"
     assert [r for r in builtin_reqs if r["kind"] == "summary"], "the built-in compaction never ran"
