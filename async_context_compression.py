@@ -649,13 +649,22 @@ def fit_to_budget(
 
 
 def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int:
+    # What is kept before a run of dropped turns does not change while the
+    # run grows: remembered, so dropping many old turns stays linear.
+    dropped_end, kept_before_dropped = -1, None
     for start, end in turns:
         if total <= cap:
             break
         if not any(keep[start:end]):
             continue
-        if strict and not _joinable(_kept_before(messages, keep, start), _kept_from(messages, keep, end)):
-            continue
+        if strict:
+            before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
+            if not (
+                _joinable(before, _kept_from(messages, keep, end))
+                and _opens_with_user(messages, keep, start, end)
+            ):
+                continue
+            dropped_end, kept_before_dropped = end, before
         for i in range(start, end):
             if keep[i]:
                 keep[i] = False
@@ -679,15 +688,29 @@ def _kept_from(messages, keep, index):
     return None
 
 
+def _opens_with_user(messages, keep, start, end) -> bool:
+    """False when dropping [start, end) would make an assistant message the
+    first non-system one: Anthropic and Gemini lift system messages out of
+    the turns, so past a late system message that assistant would open the
+    conversation (Anthropic rejects it)."""
+    following = next((i for i in range(end, len(messages)) if keep[i] and _role(messages[i]) != "system"), None)
+    if following is None or _role(messages[following]) == "user":
+        return True
+    return any(keep[i] and _role(messages[i]) != "system" for i in range(start))
+
+
 def _shrinkable_order(messages: Messages) -> list[int]:
     """Which messages may be shortened, best candidates first: old tool
     outputs, then images, then other old messages. System messages and the
-    last user message stay verbatim; so does the last assistant message,
-    whose signed reasoning some providers verify."""
+    last user message stay verbatim; so does the last assistant message of
+    the current turn (after the last user message), whose signed reasoning
+    some providers verify. An older one is shortened like any other."""
     last_user = _last_user_index(messages)
     last_assistant = max(
         (i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1
     )
+    if last_assistant < last_user:
+        last_assistant = -1
     tools, others = [], []
     for i, message in enumerate(messages):
         role = _role(message)
@@ -761,9 +784,17 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
     if len(text) <= _MIN_KEEP_CHARS or tokens <= 0:
         return message
     chars_per_token = len(text) / tokens
-    keep = max(_MIN_KEEP_CHARS, int(max(target_tokens, 0) * chars_per_token * 0.9))
+    # the cut's own marker (and its line breaks) takes room in the target too
+    keep = max(_MIN_KEEP_CHARS, int(max(target_tokens, 0) * chars_per_token * 0.9) - len(TRIM_MARKER) - 8)
     if keep >= len(text):
         return message
+    if is_summary_message(message):
+        # cut the summary's body only: its preamble and markers must survive
+        body = text[len(SUMMARY_PREAMBLE) + len(SUMMARY_OPEN) + 2 : len(text) - len(SUMMARY_CLOSE) - 1]
+        body_keep = max(_MIN_KEEP_CHARS, keep - (len(text) - len(body)))
+        if body_keep >= len(body):
+            return message
+        return {**message, "content": build_summary_message(clip_text(body, body_keep))["content"]}
     clipped = clip_text(text, keep)
     content = message.get("content")
     if isinstance(content, list):
