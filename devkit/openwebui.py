@@ -188,6 +188,7 @@ class OpenWebUIServer:
         self.api_key = api_key
         self.env_extra = dict(env_extra or {})
         self.tiktoken_cache_dir = tiktoken_cache_dir
+        self.secret_key = self.env_extra.get("WEBUI_SECRET_KEY") or "acc-devkit-" + secrets.token_hex(16)
         self._own_data_dir = data_dir is None
         self.data_dir = data_dir
         self.log_path = log_path
@@ -209,7 +210,7 @@ class OpenWebUIServer:
         env.update(
             {
                 "DATA_DIR": self.data_dir or "",
-                "WEBUI_SECRET_KEY": self.env_extra.get("WEBUI_SECRET_KEY") or "acc-devkit-" + secrets.token_hex(16),
+                "WEBUI_SECRET_KEY": self.secret_key,
                 "ENABLE_OLLAMA_API": "false",
                 "ENABLE_OPENAI_API": "true",
                 "OPENAI_API_BASE_URLS": self.provider_url,
@@ -264,6 +265,8 @@ class OpenWebUIServer:
             self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
         cmd = self.command()
         self._log_file = open(self.log_path, "ab", buffering=0)
+        if self.workers > 1:
+            self._prepare_shared_database(timeout)
         self._log_file.write(f"$ {' '.join(cmd)}\n".encode())
         self.proc = subprocess.Popen(
             cmd,
@@ -296,6 +299,39 @@ class OpenWebUIServer:
                     f"log {self.log_path}:\n{tail}"
                 )
             time.sleep(0.5)
+
+    def _prepare_shared_database(self, timeout: float) -> None:
+        """Migrate and seed the database in one process before several workers start.
+
+        Open WebUI 0.12.4 seeds its config rows in every worker's start-up; on a
+        fresh database two workers race (``UNIQUE constraint failed:
+        config.key``), the loser exits with a start-up failure and uvicorn then
+        stops the whole server. Seeding once beforehand leaves the workers
+        nothing to insert. Falls back to one single-worker start and stop.
+        """
+        code = (
+            "import asyncio; from open_webui.config import seed_registered_defaults as seed; asyncio.run(seed())"
+        )
+        self._log_file.write(b"$ (one process) migrate and seed the shared database\n")
+        env = self.environment()
+        proc = subprocess.run(
+            [self.python or find_openwebui_python(), "-c", code],
+            cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL,
+            stdout=self._log_file, stderr=subprocess.STDOUT, timeout=timeout,
+        )
+        if proc.returncode == 0:
+            return
+        self._log_file.write(b"$ seeding failed; initializing with one worker instead\n")
+        single = OpenWebUIServer(
+            python=self.python, host=self.host, port=free_port(self.host), data_dir=self.data_dir,
+            provider_url=self.provider_url, api_key=self.api_key,
+            env_extra={**self.env_extra, "WEBUI_SECRET_KEY": self.secret_key},
+            workers=1, log_path=self.log_path + ".init", tiktoken_cache_dir=self.tiktoken_cache_dir,
+        )
+        try:
+            single.start(timeout=timeout)
+        finally:
+            single.stop()
 
     def healthy(self) -> bool:
         try:
