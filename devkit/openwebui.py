@@ -314,6 +314,7 @@ class OpenWebUIServer:
         )
         self._log_file.write(b"$ (one process) migrate and seed the shared database\n")
         env = self.environment()
+        env["FROM_INIT_PY"] = "true"  # what `open-webui serve` sets: package paths, not a source checkout
         proc = subprocess.run(
             [self.python or find_openwebui_python(), "-c", code],
             cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL,
