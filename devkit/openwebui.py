@@ -455,6 +455,7 @@ def start_replicas(
     Started one after the other so only the first runs the database migrations.
     The secret key is shared so a token from one replica is valid on all.
     """
+    own = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="acc-openwebui-replicas-")
     env = {"WEBUI_SECRET_KEY": "acc-devkit-" + secrets.token_hex(16), **(env_extra or {})}
     servers = []
@@ -463,6 +464,7 @@ def start_replicas(
             server = OpenWebUIServer(
                 python=python, data_dir=data_dir, provider_url=provider_url, env_extra=env, **kwargs
             )
+            server._own_data_dir = own  # cleanup() of any replica removes a dir made here
             servers.append(server.start(timeout=timeout))
     except Exception:
         for server in servers:
