@@ -138,6 +138,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not rows:
         return
     tr = terminalreporter
-    tr.section("reply latency with a 5 s summarizer (same chat, same run)")
+    tr.section("e2e: reply latency with a 5 s summarizer (same chat, same run) and provider totals")
     for row in rows:
         tr.write_line(row)

@@ -443,9 +443,20 @@ def test_coexists_with_builtin_compaction(acc, provider):
     fail_with(problems, conv)
 
 
-def test_zz_no_provider_400_in_the_whole_run(provider, installed_filter):
-    """Across every scenario above: the strict provider never answered 400."""
+def test_zz_no_provider_400_in_the_whole_run(provider, installed_filter, latency_log):
+    """Across every scenario above: the strict provider never answered 400, and summaries fit their window."""
     reqs = provider.requests
     bad = [r for r in reqs if r["status"] == 400]
+    chats = [r for r in reqs if r["kind"] == "chat"]
+    summaries = [r for r in reqs if r["kind"] == "summary"]
+    latency_log.append(
+        f"provider log: {len(reqs)} requests ({len(chats)} chat, {len(summaries)} summary), "
+        f"{len(bad)} answered 400, {len([r for r in reqs if (r['status'] or 0) >= 500])} answered 5xx (injected); "
+        f"largest chat request {max((r['tokens'] or 0) for r in chats)} tokens, "
+        f"largest summary request {max((r['tokens'] or 0 for r in summaries), default=0)} tokens"
+    )
     assert reqs, "no request reached the provider"
     assert not bad, f"{len(bad)} request(s) answered 400:\n" + "\n".join(brief(r) for r in bad[:3])
+    # summary_model_max_context 0 = max_context_tokens: the summarizer's prompt must fit that window too
+    over = [r for r in summaries if (r["tokens"] or 0) > CAP]
+    assert not over, f"{len(over)} summary request(s) over the summarizer window {CAP}: {[r['tokens'] for r in over]}"
