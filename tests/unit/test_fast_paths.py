@@ -1,0 +1,179 @@
+"""The request path's shortcuts (issue 5's performance work) change no result.
+
+* ``repair_transcript`` skips its seven passes when ``_needs_repair`` finds
+  nothing to do: that must never skip a list a pass would have changed, and
+  should not miss lists no pass changes (else the shortcut is lost).
+* inlet's summary lookup fingerprints only as much history as a stored
+  summary can cover: it must choose exactly what a full fingerprint would.
+* ``_drop_turns`` remembers what is kept before a run of dropped turns: the
+  same drops as scanning back every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import async_context_compression as acc
+
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def all_passes(messages):
+    report = acc.RepairReport()
+    out = list(messages)
+    for step in acc._REPAIR_STEPS:
+        out = step(out, report)
+    return out, report
+
+
+def unchanged(messages, out, report) -> bool:
+    return not report.changed() and len(out) == len(messages) and all(a is b for a, b in zip(out, messages))
+
+
+ids = st.sampled_from(["c0", "c1", "c2", "x" * 41, "", None, 7])
+names = st.sampled_from(["search", "bad name", "", None, "x" * 65])
+calls = st.one_of(
+    st.fixed_dictionaries({"id": ids, "type": st.just("function"),
+                           "function": st.one_of(st.fixed_dictionaries({"name": names, "arguments": st.just("{}")}), st.none())}),
+    st.none(), st.just("junk"),
+)
+any_message = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer", 3])},
+        optional={
+            "content": st.sampled_from(["hi", "", None, [{"type": "text", "text": "x"}]]),
+            "tool_calls": st.one_of(st.lists(calls, max_size=3), st.none(), st.just([])),
+            "tool_call_id": ids, "name": st.sampled_from(["ok", "bad name", None, 5]),
+            "stopReason": st.sampled_from(["error", "stop"]), "error": st.sampled_from([None, "boom"]),
+        },
+    ),
+    st.none(), st.just("text"),
+)
+
+
+@st.composite
+def near_valid_chats(draw):
+    """Valid chats (tool chains, late system messages), then 0-2 mutations."""
+    out = [{"role": "system", "content": "s"}] if draw(st.booleans()) else []
+    count = 0
+    for _ in range(draw(st.integers(0, 5))):
+        out.append({"role": "user", "content": "u"})
+        if draw(st.booleans()):
+            k = draw(st.integers(1, 3))
+            call_ids = [f"c{count + i}" for i in range(k)]
+            count += k
+            out.append({"role": "assistant", "content": draw(st.sampled_from([None, "", "t"])), "tool_calls": [
+                {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}} for c in call_ids]})
+            out += [{"role": "tool", "tool_call_id": c, "content": "r"} for c in call_ids]
+            if draw(st.booleans()):
+                out.append({"role": "system", "content": "late"})
+        out.append({"role": "assistant", "content": "a"})
+    for _ in range(draw(st.integers(0, 2))):
+        if not out:
+            break
+        i = draw(st.integers(0, len(out) - 1))
+        kind = draw(st.integers(0, 6))
+        if kind == 0:
+            j = draw(st.integers(0, len(out) - 1))
+            out[i], out[j] = out[j], out[i]
+        elif kind == 1:
+            del out[i]
+        elif kind == 2:
+            out.insert(i, dict(out[i]))
+        else:
+            changed = dict(out[i])
+            key, value = {3: ("tool_call_id", draw(st.sampled_from(["c0", "c1", "zz", None]))), 4: ("content", None),
+                          5: ("stopReason", "error"), 6: ("name", draw(st.sampled_from(["bad name", "ok"])))}[kind]
+            changed[key] = value
+            out[i] = changed
+    return out
+
+
+@SETTINGS
+@given(st.one_of(st.lists(any_message, max_size=8), near_valid_chats()))
+def test_the_repair_shortcut_is_taken_exactly_when_no_pass_changes_anything(messages):
+    out, report = all_passes(messages)
+    assert acc._needs_repair(messages) == (not unchanged(messages, out, report))
+
+
+@SETTINGS
+@given(near_valid_chats())
+def test_repair_transcript_returns_what_the_passes_return(messages):
+    fast, fast_report = acc.repair_transcript(messages)
+    slow, slow_report = all_passes(messages)
+    assert fast == slow and fast_report == slow_report
+
+
+_FILTERS: list = []
+
+
+def _shared_filter() -> "acc.Filter":
+    if not _FILTERS:
+        _FILTERS.append(acc.Filter())
+    return _FILTERS[0]
+
+
+class _Store:
+    def __init__(self, records):
+        self.records = records
+
+    async def find(self, user_id, chat_id, anchor, limit=16):
+        return list(self.records)
+
+
+@SETTINGS
+@given(st.integers(3, 12), st.lists(st.tuples(st.integers(-1, 14), st.integers(-1, 14), st.booleans()), max_size=4))
+def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(length, specs):
+    messages = [{"role": "system", "content": "s"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(length)
+    ]
+    canon, digests = acc.canonical_view(messages)
+    records = []
+    for head, covered, matches in specs:
+        fingerprint = acc.prefix_fingerprint(digests, max(0, covered)) if matches else "0" * 64
+        records.append(acc.SummaryRecord(user_id="u", chat_id="c", anchor=acc.conversation_anchor(digests),
+                                         head_count=head, covered_count=covered, fingerprint=fingerprint, summary="s"))
+    f = _shared_filter()
+    f.store = _Store(records)
+    turn = acc.Turn(user={"id": "u"}, user_id="u", chat_id="c", model_id="m", language="en",
+                    settings=acc.resolve_settings(f.valves, "m"))
+    chosen = asyncio.run(f._lookup_summary(turn, messages))
+    assert chosen is acc.choose_summary(records, digests)
+
+
+def _drop_turns_by_scanning(messages, sizes, keep, turns, total, cap, report, strict):
+    """``_drop_turns`` as it was before the shortcut: scan back every time."""
+    for start, end in turns:
+        if total <= cap:
+            break
+        if not any(keep[start:end]):
+            continue
+        if strict and not (
+            acc._joinable(acc._kept_before(messages, keep, start), acc._kept_from(messages, keep, end))
+            and acc._opens_with_user(messages, keep, start, end)
+        ):
+            continue
+        for i in range(start, end):
+            if keep[i]:
+                keep[i] = False
+                total -= sizes[i]
+                report.dropped_messages += 1
+        report.dropped_turns += 1
+    return total
+
+
+@SETTINGS
+@given(near_valid_chats(), st.integers(0, 40), st.integers(0, 3))
+def test_dropping_turns_remembers_what_scanning_would_find(messages, cap, keep_first):
+    messages, _ = acc.repair_transcript(messages)
+    sizes = [3 + len(str(m.get("content") or "")) for m in messages]
+    lo = acc.protected_head_end(messages, keep_first)
+    turns = acc._droppable_turns(messages, lo, max(0, acc._last_user_index(messages)))
+    for strict in (True, False):
+        keep_a, keep_b = [True] * len(messages), [True] * len(messages)
+        report_a, report_b = acc.FitReport(), acc.FitReport()
+        total_a = acc._drop_turns(messages, sizes, keep_a, turns, sum(sizes), cap, report_a, strict)
+        total_b = _drop_turns_by_scanning(messages, sizes, keep_b, turns, sum(sizes), cap, report_b, strict)
+        assert (total_a, keep_a, report_a) == (total_b, keep_b, report_b)
