@@ -65,6 +65,8 @@ __all__ = [
     "parse_frontmatter",
     "free_port",
     "start_replicas",
+    "new_id",
+    "new_marker",
 ]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -690,6 +692,35 @@ class OpenWebUIClient:
             valves = {**self.get_valves(function_id), **valves}
         return self.post(f"/api/v1/functions/id/{function_id}/valves/update", valves) or {}
 
+    # -- tools (workspace tools the model may call natively) ----------------------------
+    def install_tool(self, tool_id: str, source: str, name: Optional[str] = None) -> dict:
+        """Create or update a workspace tool (a ``class Tools`` source)."""
+        meta = parse_frontmatter(source)
+        form = {
+            "id": tool_id,
+            "name": name or meta.get("title") or tool_id,
+            "content": source,
+            "meta": {"description": meta.get("description", "")},
+        }
+        try:
+            self.get(f"/api/v1/tools/id/{tool_id}")
+            exists = True
+        except OpenWebUIError as exc:
+            if exc.status not in (401, 404):
+                raise
+            exists = False
+        if exists:
+            return self.post(f"/api/v1/tools/id/{tool_id}/update", form)
+        return self.post("/api/v1/tools/create", form)
+
+    def delete_tool(self, tool_id: str) -> bool:
+        try:
+            return bool(self.request("DELETE", f"/api/v1/tools/id/{tool_id}/delete"))
+        except OpenWebUIError as exc:
+            if exc.status in (401, 404):
+                return False
+            raise
+
     # -- chats ---------------------------------------------------------------------
     def create_chat(self, history: "ChatHistory | dict", title: Optional[str] = None) -> str:
         """Store a chat (a :class:`ChatHistory` or a ready ``chat`` dict); returns its id."""
@@ -773,9 +804,20 @@ class OpenWebUIClient:
         if extra:
             body.update(extra)
         started = time.monotonic()
+        response: Any
         if stream:
             text = self.request("POST", "/api/chat/completions", body, timeout=timeout, raw=True)
-            response: Any = _collect_sse(text)
+            if chat_id and text.strip() in ("", "null"):
+                # A saved chat's stream is consumed server-side (stored, outlet run) and the
+                # answer is `null`: the reply is read back from the chat, as the UI does.
+                stored = (self.get_chat(chat_id)["chat"].get("history") or {}).get("messages", {})
+                reply = stored.get(assistant_id) or {}
+                response = {
+                    "choices": [{"message": {"role": "assistant", "content": reply.get("content", "")}}],
+                    "stored_message": reply,
+                }
+            else:
+                response = _collect_sse(text)
         else:
             response = self.request("POST", "/api/chat/completions", body, timeout=timeout)
         elapsed = time.monotonic() - started

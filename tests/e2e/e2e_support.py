@@ -274,6 +274,9 @@ class Conversation:
         regenerate_of: Optional[str] = None,
         wait: bool = True,
         timeout: float = 120.0,
+        stream: bool = False,
+        extra: Optional[dict] = None,
+        prefix: str = "",
     ) -> Turn:
         """One user turn through POST /api/chat/completions (blocking, no session_id).
 
@@ -290,7 +293,7 @@ class Conversation:
         else:
             parent = self.history.current_id if parent_id == "current" else parent_id
             marker = new_marker()
-            text = user_text(marker, self.rng, words)
+            text = prefix + user_text(marker, self.rng, words)
             user_id = new_id()
         result = self.client.chat_completion(
             text,
@@ -300,6 +303,8 @@ class Conversation:
             user_message_id=user_id,
             system=self.system,
             timeout=timeout,
+            stream=stream,
+            extra=extra,
         )
         reply = ""
         try:
@@ -310,9 +315,23 @@ class Conversation:
         if not regenerate_of:
             self.history.user(text, parent_id=parent, message_id=user_id)
             self.marker_of[user_id] = {marker}
-        self.history.assistant(reply, parent_id=user_id, message_id=result["assistant_id"])
+        stored = (result["response"] or {}).get("stored_message") if isinstance(result["response"], dict) else None
+        output = stored.get("output") if isinstance(stored, dict) else None
+        self.history.assistant(reply, parent_id=user_id, message_id=result["assistant_id"],
+                               output=output if any(i.get("type") == "function_call" for i in output or []) else None)
+        if output:
+            # markers returned by tools called live in this turn belong to the branch from now on
+            found = set()
+            for item in output:
+                if item.get("type") == "function_call_output":
+                    for part in item.get("output") or []:
+                        found |= markers_in(str(part.get("text", "")))
+            if found:
+                self.marker_of[result["assistant_id"]] = found
         expected = self.branch_markers(user_id)
-        forbidden = self.all_markers() - expected
+        # the turn's own live tool results are neither expected (the first model call
+        # precedes them) nor foreign
+        forbidden = self.all_markers() - self.branch_markers(result["assistant_id"])
         reqs = [
             r
             for r in self.provider.requests[start:]

@@ -443,6 +443,79 @@ def test_coexists_with_builtin_compaction(acc, provider):
     fail_with(problems, conv)
 
 
+def test_streamed_replies(acc, provider):
+    """The same guarantees when the client streams (SSE): outlet runs at the end of the stream."""
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=10)
+    conv.add_turns(3)
+    conv.store("streaming")
+    problems = []
+    for _ in range(8):
+        turn = conv.turn(stream=True)
+        assert turn.response["choices"][0]["message"]["content"].startswith("[fake-chat]"), turn.response
+        problems += check_turn(conv, turn, CAP)
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    assert all(r["stream"] for t in conv.turns for r in t.requests)
+    assert summaries_since(provider, start), "no summary after streamed replies: outlet did not schedule one"
+    assert has_summary(conv.turns[-1].requests[0])
+    stored = acc.get_chat(conv.chat_id)["chat"]["history"]["messages"]
+    assert all(stored[t.assistant_id].get("done") for t in conv.turns)
+    fail_with(problems, conv)
+
+
+TOOL_SOURCE = '''"""
+title: E2E Tools
+id: e2e_tools
+version: 0.0.1
+description: returns a record carrying a fresh marker
+"""
+import uuid
+
+
+class Tools:
+    def __init__(self):
+        pass
+
+    def lookup_record(self, query: str = "") -> str:
+        """
+        Look up a record.
+        :param query: what to look up
+        """
+        return f"MK-t{uuid.uuid4().hex[:8]} record for {query or 'everything'}: " + "detail " * 60
+'''
+
+
+def test_live_native_tool_loop(acc, provider):
+    """Tools called live (Open WebUI's native loop runs the `request` hook before each model call)."""
+    start = len(provider.requests)
+    acc.install_tool("e2e_tools", TOOL_SOURCE)
+    try:
+        conv = Conversation(acc, provider, seed=12)
+        conv.add_turns(3)
+        conv.store("live tools")
+        problems = []
+        for i in range(9):
+            prefix = "CALL_TOOL:lookup_record " if i % 2 == 0 else ""
+            turn = conv.turn(stream=True, extra={"tool_ids": ["e2e_tools"]}, prefix=prefix)
+            problems += check_turn(conv, turn, CAP)
+    finally:
+        acc.delete_tool("e2e_tools")
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    loops = [t for t in conv.turns if len(t.requests) >= 2]
+    assert len(loops) >= 4, f"expected a live tool loop on every other turn, saw {len(loops)}"
+    for t in loops:
+        follow_up = t.requests[-1]["messages"]
+        assert follow_up[-1]["role"] == "tool" and follow_up[-2].get("tool_calls"), brief(t.requests[-1])
+        assert follow_up[-1]["tool_call_id"] == follow_up[-2]["tool_calls"][0]["id"]
+    tool_markers = set().union(*(conv.marker_of.get(t.assistant_id, set()) for t in loops))
+    assert len(tool_markers) == len(loops), "the stored replies do not hold the tool results"
+    assert summaries_since(provider, start)
+    assert has_summary(conv.turns[-1].requests[0])
+    fail_with(problems, conv)
+
+
 def test_zz_no_provider_400_in_the_whole_run(provider, installed_filter, latency_log):
     """Across every scenario above: the strict provider never answered 400, and summaries fit their window."""
     reqs = provider.requests
