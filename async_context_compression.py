@@ -444,9 +444,15 @@ def _valid_function_name(call: dict) -> bool:
 
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
-    assistant message that carries tool calls."""
+    assistant message that carries tool calls. A user message with no content
+    at all says nothing and would become an empty block Anthropic rejects, so
+    it goes, except the latest one, which is the request itself."""
+    last_user = _last_user_index(messages)
     out = []
-    for message in messages:
+    for i, message in enumerate(messages):
+        if message.get("content") is None and _role(message) == "user" and i != last_user:
+            report.fixed_null_content += 1
+            continue
         if message.get("content") is None and not _is_tool_call_turn(message):
             message = {**message, "content": ""}
             report.fixed_null_content += 1
@@ -597,7 +603,7 @@ def apply_summary(
 
 TRIM_MARKER = "[… {n} characters trimmed to fit the context window …]"
 _IMAGE_MARKER = "[image omitted to fit the context window]"
-_MIN_KEEP_CHARS = 200
+_MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
 
 
 @dataclass
@@ -694,14 +700,31 @@ def fit_to_budget(
     keep = [True] * len(messages)
     turns = _droppable_turns(messages, max(0, protected_prefix), max(0, last_user))
     total = _drop_turns(messages, sizes, keep, turns, total, cap, report, strict=True)
+    out, total, report = _shrink_if_over(messages, keep, token_of, total, cap, report)
     if total > cap:
-        total = _drop_turns(messages, sizes, keep, turns, total, cap, report, strict=False)
-    out = [m for m, k in zip(messages, keep) if k]
-    if total > cap:
-        out, total = _shrink_protected(out, token_of, total, cap, report)
+        # Last resort, cap before order: drop the turns the strict pass kept
+        # for the sake of role order, but only if that reaches the cap.
+        keep2, report2 = list(keep), replace(report)
+        total2 = _drop_turns(messages, sizes, keep2, turns, _kept_total(sizes, keep2, fixed_tokens), cap, report2, strict=False)
+        out2, total2, report2 = _shrink_if_over(messages, keep2, token_of, total2, cap, report2)
+        if total2 <= cap:
+            out, total, report = out2, total2, report2
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
+
+
+def _kept_total(sizes: list, keep: list, fixed_tokens: int) -> int:
+    return fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
+
+
+def _shrink_if_over(messages, keep, token_of, total, cap, report):
+    out = [m for m, k in zip(messages, keep) if k]
+    if total <= cap:
+        return out, total, report
+    report = replace(report)
+    out, total = _shrink_protected(out, token_of, total, cap, report)
+    return out, total, report
 
 
 def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int:
@@ -796,7 +819,10 @@ def _shrink_protected(messages, token_of, total, cap, report):
                 if shorter is not out[i]:
                     report.dropped_images += 1
             else:
-                shorter = _shortened(out[i], before, before - (total - cap))
+                # aim the text alone at the target: names, arguments and
+                # per-message overhead are not shortened
+                frame = token_of({**out[i], "content": ""})
+                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
             if shorter is out[i]:
                 continue
             after = token_of(shorter)
@@ -836,18 +862,21 @@ def clip_text(text: str, keep_chars: int) -> str:
 
 
 def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
+    """``message`` with its text cut from ``tokens`` to about
+    ``target_tokens`` (never below a small floor), the cut marked."""
     text = _text_of(message.get("content"))
-    if len(text) <= _MIN_KEEP_CHARS or tokens <= 0:
+    if tokens <= _MIN_KEEP_TOKENS or not text:
         return message
     chars_per_token = len(text) / tokens
+    floor = max(16, int(_MIN_KEEP_TOKENS * chars_per_token))
     # the cut's own marker (and its line breaks) takes room in the target too
-    keep = max(_MIN_KEEP_CHARS, int(max(target_tokens, 0) * chars_per_token * 0.9) - len(TRIM_MARKER) - 8)
+    keep = max(floor, int(max(target_tokens, 0) * chars_per_token * 0.9) - len(TRIM_MARKER) - 8)
     if keep >= len(text):
         return message
     if is_summary_message(message):
         # cut the summary's body only: its preamble and markers must survive
         body = text[len(SUMMARY_PREAMBLE) + len(SUMMARY_OPEN) + 2 : len(text) - len(SUMMARY_CLOSE) - 1]
-        body_keep = max(_MIN_KEEP_CHARS, keep - (len(text) - len(body)))
+        body_keep = max(floor, keep - (len(text) - len(body)))
         if body_keep >= len(body):
             return message
         return {**message, "content": build_summary_message(clip_text(body, body_keep))["content"]}
@@ -1083,6 +1112,10 @@ LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
 # text unlike the corpus. Strings of random letters or punctuation, and
 # languages with long words the corpus lacks, can still need more.
 ESTIMATE_MARGIN = 0.15
+# Per request, up to this many (estimated) tokens of not yet counted
+# messages are counted exactly before any estimate is trusted: a turn's new
+# messages, at a cost of a few milliseconds.
+PREFLIGHT_EXACT_TOKENS = 16_000
 
 _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)",
@@ -1331,6 +1364,7 @@ class TokenCounter:
         loaded = name in self._encodings
         known = estimated = 0
         exact_sizes: dict = {}
+        uncounted: list = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
@@ -1348,6 +1382,18 @@ class TokenCounter:
             else:
                 if entry[0] is None:
                     entry[0] = self._count_message(message, name, False)
+                uncounted.append((message, entry))
+        # The messages new since the last request are few: count them exactly
+        # (newest first), so estimates, with their rare large errors, only
+        # stand in for the cold bulk of a chat seen for the first time.
+        budget = PREFLIGHT_EXACT_TOKENS if loaded else 0
+        for message, entry in reversed(uncounted):
+            if budget > 0 and entry[0] <= budget:
+                budget -= entry[0]
+                entry[1] = self._count_message(message, name, True)
+                known += entry[1]
+                exact_sizes[id(message)] = entry[1]
+            else:
                 estimated += entry[0]
         return known, estimated, exact_sizes
 
@@ -1664,12 +1710,17 @@ def _tables() -> dict:
     return _TABLES
 
 
+_OWUI_ENGINE: list = []  # [engine or None], looked up once: a failed import is slow
+
+
 def _owui_async_engine() -> Any:
-    try:
-        from open_webui.internal.db import async_engine  # type: ignore
-    except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
-        return None
-    return async_engine
+    if not _OWUI_ENGINE:
+        try:
+            from open_webui.internal.db import async_engine  # type: ignore
+        except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
+            async_engine = None
+        _OWUI_ENGINE.append(async_engine)
+    return _OWUI_ENGINE[0]
 
 
 def _is_transient_db_error(exc: Exception) -> bool:
@@ -2445,6 +2496,9 @@ class Filter:
             return  # this worker is already summarizing the chat
         async with lock:
             try:
+                if await _builtin_compaction_enabled():
+                    _warn_once(["Open WebUI's built-in context compaction is on: this filter only repairs and caps; disable one of the two"])
+                    return
                 await self._summarize_if_needed(turn, canon, ids, digests, anchor, scope)
             except StoreUnavailable:
                 return
@@ -2556,7 +2610,9 @@ class Filter:
         """The longest run of whole units from ``start`` whose rendering fits
         the summary model's window (at least one unit, clipped if need be)."""
         budget = s.summary_window - s.max_summary_tokens - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.encoding) - 200
-        spans = [(a, b) for a, b in atomic_spans(canon[:target]) if a >= start]
+        # a unit begun before ``start`` (a branch that grew a chain past an
+        # old boundary) contributes its remaining messages, never none
+        spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]
         blocks, end, used = [], start, 0
         for a, b in spans:
             unit = render_for_summary(canon[a:b], ids[a:b])
@@ -2581,6 +2637,26 @@ async def _emit(emitter: Optional[Callable], description: str, done: bool) -> No
         await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
     except Exception as exc:  # a closed socket must not break the request
         log.debug("status event not delivered: %s", exc)
+
+
+_OWUI_CONFIG: list = []
+
+
+async def _builtin_compaction_enabled() -> bool:
+    """Whether Open WebUI 0.12's own (blocking) compaction is switched on;
+    then summarizing here as well would summarize its summaries again."""
+    if not _OWUI_CONFIG:
+        try:
+            from open_webui.models.config import Config  # type: ignore
+        except (Exception, SystemExit):  # looked up once: a failed import is slow
+            Config = None
+        _OWUI_CONFIG.append(Config)
+    if _OWUI_CONFIG[0] is None:
+        return False
+    try:
+        return bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+    except Exception:
+        return False
 
 
 def _has_builtin_summary(messages: Messages) -> bool:

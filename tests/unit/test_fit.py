@@ -164,12 +164,6 @@ def test_fit_skips_a_turn_whose_drop_would_break_the_order():
     assert check_openai(out) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design question: when no turn can go without an order some provider rejects, fit_to_budget "
-    "drops one anyway (cap before order) although shortening it would keep both; here dropping u2 "
-    "puts a1 -> late system (Mistral M1) instead of shortening u2",
-)
 def test_fit_shortens_rather_than_break_the_role_order():
     messages = [S(), U("u1"), AS("a1"), U("u2" * 400), S("late"), AS("a3"), U("u4")]
     out, report = fit(messages, cap=total(messages) - 100, keep_first=2)
@@ -177,11 +171,6 @@ def test_fit_shortens_rather_than_break_the_role_order():
     assert violations_added(messages, out) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design question: the last-resort pass (drop turns whatever the order) runs even when the "
-    "list stays over the cap anyway, so the order is broken for nothing (a1 -> late system, Mistral M1)",
-)
 def test_fit_does_not_break_the_order_when_the_cap_is_out_of_reach():
     messages = [U("u1"), AS("a1"), U("u2"), S("late"), AS("a3"), U("u4")]
     out, report = fit(messages, cap=1, keep_first=2)
@@ -283,12 +272,6 @@ def test_last_assistant_before_the_last_user_can_be_shortened():
     assert out[3] == U("q2")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design question: issue 2's budget allows 64 tokens per protected-head message, but a "
-    "message is never cut below 200 characters plus the cut's marker (68 tokens here, about 200+ "
-    "for CJK text with a real tokenizer): should the floor be in tokens?",
-)
 def test_protected_head_message_shrinks_to_64_tokens():
     messages = [S(), U("x" * 1000), AS("a"), U("q")]
     cap = tok(S()) + 64 + tok(AS("a")) + tok(U("q"))

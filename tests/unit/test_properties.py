@@ -212,25 +212,22 @@ def last_user_index(messages: list) -> int:
     return len(messages)
 
 
-def shortest_form(message: dict) -> dict:
-    """The message as far as fit_to_budget promises to shorten it: images
-    replaced by their marker, text cut to the product's minimum (200
-    characters) plus the cut's marker. Tool-call arguments are never cut."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = [TXT(acc._IMAGE_MARKER) if isinstance(p, dict) and p.get("type") == "image_url" else p for p in content]
-    text = acc._text_of(content)
-    if len(text) > acc._MIN_KEEP_CHARS:
-        content = acc.clip_text(text, acc._MIN_KEEP_CHARS)
-    return {**message, "content": content}
+HEAD_MESSAGE_FLOOR = 64  # issue 2: tokens each shortened protected-head message may still need
+
+
+def floor_cost(message: dict, cost) -> int:
+    """What a protected-head message may still cost once fit_to_budget has
+    shortened it: issue 2's 64 tokens, plus its tool-call names and
+    arguments, which are never cut."""
+    if message.get("tool_calls"):
+        return cost({**message, "content": ""}) + HEAD_MESSAGE_FLOOR
+    return HEAD_MESSAGE_FLOOR
 
 
 def irreducible(messages: list, keep_first: int, cost) -> int:
     """What fit_to_budget can never remove: the systems, the last user
     message and what follows it (the current turn is never dropped), and
-    each other message of the protected head in its shortest form. (The
-    issue's rough figure of 64 tokens per head message is below the
-    product's 200-character floor: see test_fit's xfail.)"""
+    each other message of the protected head at its floor."""
     prefix = acc.protected_head_end(messages, keep_first)
     lu = last_user_index(messages)
     need = 0
@@ -238,7 +235,7 @@ def irreducible(messages: list, keep_first: int, cost) -> int:
         if m.get("role") == "system" or i >= lu:
             need += cost(m)
         elif i < prefix:
-            need += min(cost(m), cost(shortest_form(m)))
+            need += min(cost(m), floor_cost(m, cost))
     return need
 
 
@@ -514,12 +511,6 @@ def test_inlet_output_is_safe_and_fits(mode, case):
         assert used <= cap, f"sent {used} tokens over the cap {cap} (irreducible {need})"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inlet trusts the estimate of uncached messages when it is ESTIMATE_MARGIN below the cap; "
-    "text the estimator underrates (single letters between spaces: about 3x more tokens than "
-    "estimated) is then sent over the hard cap without an exact count",
-)
 def test_estimate_below_exact_does_not_break_the_cap():
     filter_for("exact")  # skips when cl100k is not available offline
     f = acc.Filter()  # a fresh one: no exact count of this text cached yet

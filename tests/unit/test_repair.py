@@ -497,12 +497,6 @@ def test_adversarial_transcripts(name):
     assert again == out and not second.changed()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design question: fix_null_content turns a user message's null content into '', "
-    "which a gateway sends to Anthropic as an empty text block (A7, 'text content blocks must be "
-    "non-empty'); the null message itself converted to nothing. Drop it, or keep it as ''?",
-)
 def test_null_user_content_creates_no_anthropic_violation():
     messages = [S(), U("q"), AS("r"), U(None), AS("r2"), U("q3")]
     out, _ = repair(messages)

@@ -299,6 +299,7 @@ def test_inlet_does_not_wait_for_the_encoding_either(monkeypatch, tiktoken_cl100
 
     real = tiktoken.get_encoding
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (time.sleep(2), real(name))[1])
+    acc._owui_async_engine()  # outside a server, the failed Open WebUI import is slow: once per process
     f = acc.Filter()  # starts loading both encodings, in the background
     f.valves.max_context_tokens = 300  # forces the fitting path, on estimates
     body = {"model": "llama3:8b", "messages": [
@@ -391,13 +392,27 @@ def test_estimates_and_exact_counts_are_cached_apart(monkeypatch, counter):
     assert len(calls) == 2
 
 
-def test_preflight_uses_exact_counts_it_already_has(counter):
+def test_preflight_uses_exact_counts_it_already_has(counter, monkeypatch):
     cached = {"role": "user", "content": "already counted exactly " * 20}
     fresh = {"role": "user", "content": "never counted before " * 20}
     exact = counter.message_tokens(cached, ENC)
+    monkeypatch.setattr(acc, "PREFLIGHT_EXACT_TOKENS", 0)  # no new exact counts this time
     known, estimated, sizes = counter.preflight([cached, fresh], ENC)
     assert known == exact and sizes == {id(cached): exact}
     assert estimated == counter.message_tokens(fresh, ENC, exact=False)
+
+
+def test_preflight_counts_the_newest_uncounted_messages_exactly(counter, monkeypatch):
+    old = {"role": "user", "content": "old bulk " * 400}
+    new = {"role": "user", "content": "a b c d e f g h " * 50}  # the estimator underrates this
+    probe = acc.TokenCounter()  # counts on the side, leaving counter's cache alone
+    assert probe.wait_ready(ENC, timeout=30)
+    exact_new = probe.message_tokens(new, ENC)
+    assert exact_new > counter.message_tokens(new, ENC, exact=False) * 2  # really underrated
+    monkeypatch.setattr(acc, "PREFLIGHT_EXACT_TOKENS", counter.message_tokens(new, ENC, exact=False))
+    known, estimated, sizes = counter.preflight([old, new], ENC)
+    assert sizes == {id(new): exact_new} and known == exact_new
+    assert estimated == counter.message_tokens(old, ENC, exact=False)
 
 
 def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
