@@ -1767,6 +1767,15 @@ class SummaryStore:
                 log.debug("schema creation retry: %s", exc)
                 await asyncio.sleep(0.05 * (attempt + 1))
 
+    async def _sql(self) -> Any:
+        """SQLAlchemy, once the store is usable: raises StoreUnavailable
+        (before any import can fail) where there is no database."""
+        await self._engine()
+        import sqlalchemy
+        import sqlalchemy.exc
+
+        return sqlalchemy
+
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         engine = await self._engine()
         for attempt in range(6):
@@ -1778,16 +1787,15 @@ class SummaryStore:
                 await asyncio.sleep(0.05 * (2 ** attempt))
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
-        await self._engine()  # fails fast, as StoreUnavailable, where there is no database
-        from sqlalchemy import case, or_, select
+        sa = await self._sql()
 
         t = _tables()["summary"]
         # API calls have no chat id (''): only the anchor tells their conversations apart.
-        match = or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
+        match = sa.or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
         query = (
-            select(t)
+            sa.select(t)
             .where(t.c.user_id == user_id, match)
-            .order_by(case((t.c.chat_id == chat_id, 0), else_=1), t.c.covered_count.desc(), t.c.id.desc())
+            .order_by(sa.case((t.c.chat_id == chat_id, 0), else_=1), t.c.covered_count.desc(), t.c.id.desc())
             .limit(limit)
         )
 
@@ -1799,8 +1807,7 @@ class SummaryStore:
         return [SummaryRecord(**dict(row)) for row in rows]
 
     async def save(self, record: SummaryRecord) -> None:
-        await self._engine()  # fails fast, as StoreUnavailable, where there is no database
-        from sqlalchemy import delete, insert, select
+        sa = await self._sql()
 
         t = _tables()["summary"]
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
@@ -1812,13 +1819,13 @@ class SummaryStore:
 
         async def op(engine):
             async with engine.begin() as conn:
-                await conn.execute(insert(t).values(**values))
-                keep = select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(SUMMARIES_KEPT_PER_CHAT)
+                await conn.execute(sa.insert(t).values(**values))
+                keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(SUMMARIES_KEPT_PER_CHAT)
                 kept = [row[0] for row in (await conn.execute(keep)).all()]
                 if len(kept) == SUMMARIES_KEPT_PER_CHAT:
                     # Only rows older than the kept ones: a row another worker
                     # committed after the SELECT above is never deleted.
-                    await conn.execute(delete(t).where(*same, t.c.id < min(kept)))
+                    await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
 
         await self._run(op)
 
@@ -1826,9 +1833,7 @@ class SummaryStore:
         """Atomically take the chat's lease, or fail when a live one (or a
         failure back-off) is held. The conditional UPDATE and the primary key
         make this safe across workers and replicas sharing the database."""
-        await self._engine()  # fails fast, as StoreUnavailable, where there is no database
-        from sqlalchemy import insert, update
-        from sqlalchemy.exc import IntegrityError
+        sa = await self._sql()
 
         t = _tables()["lease"]
         now = time.time()
@@ -1836,7 +1841,7 @@ class SummaryStore:
         async def op(engine):
             async with engine.begin() as conn:
                 result = await conn.execute(
-                    update(t)
+                    sa.update(t)
                     .where(t.c.scope == scope, t.c.expires_at < now)
                     .values(holder=holder, expires_at=now + ttl, note="running")
                 )
@@ -1845,41 +1850,39 @@ class SummaryStore:
             try:
                 async with engine.begin() as conn:
                     await conn.execute(
-                        insert(t).values(scope=scope, holder=holder, expires_at=now + ttl, failures=0, note="running")
+                        sa.insert(t).values(scope=scope, holder=holder, expires_at=now + ttl, failures=0, note="running")
                     )
                 return True
-            except IntegrityError:
+            except sa.exc.IntegrityError:
                 return False
 
         return await self._run(op)
 
     async def release(self, scope: str, holder: str) -> None:
-        await self._engine()  # fails fast, as StoreUnavailable, where there is no database
-        from sqlalchemy import delete
+        sa = await self._sql()
 
         t = _tables()["lease"]
 
         async def op(engine):
             async with engine.begin() as conn:
-                await conn.execute(delete(t).where(t.c.scope == scope, t.c.holder == holder))
+                await conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder))
 
         await self._run(op)
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         """Turn our lease into a back-off hold that grows with each failure;
         returns its length in seconds."""
-        await self._engine()  # fails fast, as StoreUnavailable, where there is no database
-        from sqlalchemy import select, update
+        sa = await self._sql()
 
         t = _tables()["lease"]
 
         async def op(engine):
             async with engine.begin() as conn:
-                row = (await conn.execute(select(t.c.failures).where(t.c.scope == scope))).first()
+                row = (await conn.execute(sa.select(t.c.failures).where(t.c.scope == scope))).first()
                 failures = (row[0] if row else 0) + 1
                 delay = min(ceiling, base * (2 ** (failures - 1)))
                 await conn.execute(
-                    update(t)
+                    sa.update(t)
                     .where(t.c.scope == scope, t.c.holder == holder)
                     .values(holder="back-off", expires_at=time.time() + delay, failures=failures, note=reason[:255])
                 )
@@ -1888,14 +1891,13 @@ class SummaryStore:
         return await self._run(op)
 
     async def lease(self, scope: str) -> Optional[dict]:
-        await self._engine()  # fails fast, as StoreUnavailable, where there is no database
-        from sqlalchemy import select
+        sa = await self._sql()
 
         t = _tables()["lease"]
 
         async def op(engine):
             async with engine.connect() as conn:
-                row = (await conn.execute(select(t).where(t.c.scope == scope))).mappings().first()
+                row = (await conn.execute(sa.select(t).where(t.c.scope == scope))).mappings().first()
                 return dict(row) if row else None
 
         return await self._run(op)
