@@ -150,6 +150,26 @@ def ensure_offline_tiktoken(python: str, cache_dir: Optional[str] = None, instal
     return attempt()
 
 
+def _load_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except Exception:
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved here, in the parent: the child only calls it (no import after fork)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -278,6 +298,7 @@ class OpenWebUIServer:
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() kills workers too
+            preexec_fn=_die_with_parent if _PRCTL is not None else None,  # and no orphan when this process is killed (atexit won't run)
         )
         if not self._atexit_registered:
             atexit.register(self.stop)
