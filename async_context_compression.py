@@ -1541,6 +1541,7 @@ class Settings:
     show_status: bool
     debug: bool
     warnings: tuple = ()
+    summary_encoding: str = "cl100k_base"
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
@@ -1636,6 +1637,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         show_status=show,
         debug=bool(valves.debug),
         warnings=tuple(warnings),
+        summary_encoding=encoding_for_model(summary_model, summary_own.get("encoding", "")),
     )
 
 
@@ -2611,14 +2613,14 @@ class Filter:
     def _summary_input(self, canon, ids, start, target, summary, s: Settings) -> tuple[int, list]:
         """The longest run of whole units from ``start`` whose rendering fits
         the summary model's window (at least one unit, clipped if need be)."""
-        budget = s.summary_window - s.max_summary_tokens - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.encoding) - 200
+        budget = s.summary_window - s.max_summary_tokens - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding) - 200
         # a unit begun before ``start`` (a branch that grew a chain past an
         # old boundary) contributes its remaining messages, never none
         spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]
         blocks, end, used = [], start, 0
         for a, b in spans:
             unit = render_for_summary(canon[a:b], ids[a:b])
-            cost = sum(self.counter.text_tokens(block, s.encoding) + 4 for block in unit)
+            cost = sum(self.counter.text_tokens(block, s.summary_encoding) + 4 for block in unit)
             if blocks and used + cost > budget:
                 break
             if not blocks and cost > budget:
