@@ -1614,13 +1614,14 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         or max_context
         or 32000
     )
-    max_summary = int(valves.max_summary_tokens)
-    if max_summary * 2 > window:
-        warnings.append(f"max_summary_tokens ({max_summary}) leaves no room in a {window}-token summarizer window; using {window // 4}")
-        max_summary = max(64, window // 4)
-    if max_context and max_summary > max_context // 2:
-        warnings.append(f"max_summary_tokens ({max_summary}) is over half of max_context_tokens; using {max_context // 4}")
-        max_summary = max(64, max_context // 4)
+    wanted = int(valves.max_summary_tokens)
+    limit = min(window // 2, max_context // 2 if max_context else window // 2)
+    max_summary = wanted if wanted <= limit else max(16, limit // 2)
+    if max_summary != wanted:
+        warnings.append(
+            f"max_summary_tokens ({wanted}) leaves no room in a {window}-token summarizer window "
+            f"or a {max_context}-token cap; using {max_summary}"
+        )
     show = bool(valves.show_status) and (user_valves is None or bool(getattr(user_valves, "show_status", True)))
     return Settings(
         threshold=threshold,
@@ -2398,11 +2399,20 @@ class Filter:
         if known + estimated * (1 + ESTIMATE_MARGIN) < s.max_context:
             report = FitReport(tokens_before=known + estimated, tokens_after=known + estimated)
             return view, report
-        exact = counter.is_exact(s.encoding)
-        cap = s.max_context if exact else int(s.max_context / (1 + ESTIMATE_MARGIN))
-        return fit_to_budget(
-            view, lambda m: exact_sizes.get(id(m)) or counter.message_tokens(m, s.encoding), cap, prefix, fixed
-        )
+        def token_of(m):
+            return exact_sizes.get(id(m)) or counter.message_tokens(m, s.encoding)
+
+        if counter.is_exact(s.encoding):
+            return fit_to_budget(view, token_of, s.max_context, prefix, fixed)
+        # On estimates, aim lower by the estimator's margin; when even that
+        # cannot be reached, the cap itself is the target.
+        safe_cap = int(s.max_context / (1 + ESTIMATE_MARGIN))
+        out, report = fit_to_budget(view, token_of, safe_cap, prefix, fixed)
+        if report.over_budget:
+            out2, report2 = fit_to_budget(view, token_of, s.max_context, prefix, fixed)
+            if not report2.over_budget:
+                return out2, report2
+        return out, report
 
     async def _lookup_summary(self, turn: Turn, messages: Messages) -> Optional[SummaryRecord]:
         canon = [m for m in messages if m.get("role") != "system"]  # repaired: all dicts
@@ -2558,7 +2568,7 @@ class Filter:
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
             return None
-        fresh = self.counter.messages_tokens(canon[start:target], s.encoding)
+        fresh = self._tokens(canon[start:target], s.encoding)
         if fresh < s.threshold * HYSTERESIS and not (s.max_context and used > s.max_context):
             return None  # too little new to be worth another summary
         if s.debug:
@@ -2569,10 +2579,16 @@ class Filter:
         """Tokens of the list the next request would send: head, summary, tail."""
         enc = turn.settings.encoding
         kept = canon[:head] + canon[start:] if summary else canon
-        total = self.counter.messages_tokens(kept, enc) + self._overhead.get(turn.scope(""), 0)
         if summary:
-            total += self.counter.message_tokens(build_summary_message(summary), enc)
-        return total
+            kept = kept + [build_summary_message(summary)]
+        return self._tokens(kept, enc) + self._overhead.get(turn.scope(""), 0)
+
+    def _tokens(self, messages: Messages, encoding: str) -> int:
+        """Exact where counted before (and for a few new messages), estimated
+        with its margin for the rest: a chat seen for the first time after a
+        restart is not tokenized whole on the event loop."""
+        known, estimated, _ = self.counter.preflight(messages, encoding)
+        return TOKENS_PER_REQUEST + known + int(estimated * (1 + ESTIMATE_MARGIN))
 
     async def _fold(self, turn, canon, ids, digests, anchor, previous, start, target) -> SummaryRecord:
         """Fold canon[start:target] into the summary, in as many rounds as the
@@ -2584,7 +2600,8 @@ class Filter:
         for _ in range(_MAX_ROUNDS):
             if start >= target:
                 break
-            end, blocks = self._summary_input(canon, ids, start, target, summary, s)
+            # tokenizing up to a whole summarizer window: off the event loop
+            end, blocks = await asyncio.to_thread(self._summary_input, canon, ids, start, target, summary, s)
             request_messages = build_summarizer_messages(summary, blocks, s.max_summary_tokens)
             try:
                 answer = await asyncio.wait_for(
