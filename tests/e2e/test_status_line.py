@@ -1,0 +1,43 @@
+"""The status line as Open WebUI stores it: every status event the filter
+emits is saved in the assistant message's ``statusHistory``, which is what the
+chat shows under a reply."""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e_support import E2E_VALVES, Conversation, settle, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def status_lines(client, chat_id: str) -> list:
+    chat = client.get_chat(chat_id)["chat"]
+    lines = []
+    for message in (chat.get("history") or {}).get("messages", {}).values():
+        for status in message.get("statusHistory") or []:
+            if isinstance(status, dict) and status.get("description"):
+                lines.append(status["description"])
+    return lines
+
+
+def test_status_line_shows_usage_and_background_summaries(acc, provider):
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=11)
+    conv.add_turns(3)
+    conv.store("status line")
+    for _ in range(10):
+        conv.turn()
+    settle(provider, start)
+    cap = E2E_VALVES["max_context_tokens"]
+    cap_text = f"{cap / 1000:.1f}k" if cap < 10_000 else f"{cap // 1000}k"
+
+    def seen():
+        lines = status_lines(acc, conv.chat_id)
+        return lines if any(line.startswith("Summary updated") for line in lines) else None
+
+    lines = wait_for(seen, deadline=60, what="a 'Summary updated' status line")
+    assert any(line.startswith("Context ") and f"/ {cap_text} tokens" in line for line in lines), lines
+    assert any(line.startswith("Summarizing ") and "in the background" in line for line in lines), lines
+    assert any("older messages summarized" in line for line in lines), lines
+    assert not any("skipped" in line for line in lines), lines
