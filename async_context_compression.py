@@ -1513,7 +1513,9 @@ def _part_key(part: Any) -> tuple:
         image = part.get("image_url")
         if isinstance(image, dict):
             url = str(image.get("url", ""))
-            return ("i", hash(url), len(url), image.get("detail"))
+            # str(): a malformed detail (a list, an object) must not make
+            # the key unhashable; only detail == "low" changes the count
+            return ("i", hash(url), len(url), str(image.get("detail")))
         return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
     return ("s", hash(str(part)))
 

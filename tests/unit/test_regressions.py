@@ -1,0 +1,59 @@
+"""Regressions found by stress runs of the property tests and by an
+adversarial fuzz of ``Filter.inlet`` / ``Filter.request``: each is the
+minimized input of one failure, kept as a plain example."""
+
+from __future__ import annotations
+
+import asyncio
+
+import async_context_compression as acc
+from devkit.provider_rules import check_openai
+
+
+class _EstimateOnly(acc.TokenCounter):
+    """Never loads tiktoken: counts are the estimator's."""
+
+    def start_loading(self, name: str) -> None:
+        return None
+
+
+def _filter(cap: int, keep_first: int = 1) -> acc.Filter:
+    f = acc.Filter()
+    f.counter = _EstimateOnly()
+    f.valves.max_context_tokens = cap
+    f.valves.keep_first = keep_first
+    return f
+
+
+def _run(f: acc.Filter, body: dict, hook: str = "inlet") -> tuple[dict, list]:
+    events: list = []
+
+    async def emitter(event):
+        events.append(event)
+
+    method = f.inlet if hook == "inlet" else f.request
+    out = asyncio.run(method(body, __user__={"id": "u1"}, __metadata__={"chat_id": "c1"}, __event_emitter__=emitter))
+    return out, events
+
+
+def test_image_part_with_a_malformed_detail_is_counted_and_capped():
+    # Found by the inlet fuzz: an image part whose "detail" is an object (or
+    # a list) made the count cache's key unhashable; the TypeError sent the
+    # request through uncapped with a "skipped" status.
+    for detail in ({}, [1], {"level": "low"}):
+        image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": detail}}
+        counter = _EstimateOnly()
+        assert counter.message_tokens({"role": "user", "content": [image]}, "cl100k_base") == acc.TOKENS_PER_MESSAGE + 1 + acc.IMAGE_TOKENS_UNKNOWN
+        messages = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "a " * 2000},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": [image]},
+        ]
+        f = _filter(cap=1000, keep_first=0)
+        out, events = _run(f, {"model": "gpt-4o", "messages": messages})
+        sent = out["messages"]
+        assert sent[0] == messages[0] and sent[-1] == messages[-1]
+        assert f.counter.messages_tokens(sent, "o200k_base") <= 1000
+        assert not any("skipped" in str(e) for e in events), events
+        assert check_openai(sent) == []
