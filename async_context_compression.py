@@ -232,8 +232,14 @@ class RepairReport:
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: every message is a dict with a string role."""
-    out = [m for m in messages if isinstance(m, dict) and isinstance(m.get("role"), str)]
+    """Invariant: every message is a dict with a string role, and a tool
+    message has a string ``tool_call_id`` (no other can answer a call, and
+    an unhashable one would break the pairing steps)."""
+    out = [
+        m for m in messages
+        if isinstance(m, dict) and isinstance(m.get("role"), str)
+        and (m["role"] != "tool" or isinstance(m.get("tool_call_id"), str))
+    ]
     report.dropped_malformed += len(messages) - len(out)
     return out
 

@@ -57,3 +57,33 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
         assert f.counter.messages_tokens(sent, "o200k_base") <= 1000
         assert not any("skipped" in str(e) for e in events), events
         assert check_openai(sent) == []
+
+
+def test_tool_result_with_an_unhashable_id_inside_a_chain_is_dropped_not_raised():
+    # Found by the inlet fuzz: a tool message whose tool_call_id is a list or
+    # an object, after a tool-call turn, made repair_transcript raise
+    # TypeError (set membership); inlet then sent the body unrepaired and
+    # uncapped. Such a message can answer no call: it goes as malformed.
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for bad in ([], {}, ["a"], None, 7):
+        for errored in (False, True):
+            assistant = {"role": "assistant", "content": None, "tool_calls": [call]}
+            if errored:
+                assistant["stopReason"] = "error"
+            chat = [
+                {"role": "user", "content": "q"},
+                assistant,
+                {"role": "tool", "tool_call_id": bad, "content": "x"},
+                {"role": "tool", "tool_call_id": "a", "content": "r"},
+                {"role": "user", "content": "next"},
+            ]
+            out, report = acc.repair_transcript(chat)
+            assert check_openai(out) == []
+            assert out[0] == chat[0] and out[-1] == chat[-1]
+            assert report.dropped_malformed == 1
+            if not errored:
+                assert out[1:3] == [assistant, chat[3]]
+            f = _filter(cap=60, keep_first=0)
+            sent, events = _run(f, {"model": "gpt-4o", "messages": chat + [{"role": "assistant", "content": "z " * 400}, {"role": "user", "content": "last"}]})
+            assert not any("skipped" in str(e) for e in events), events
+            assert check_openai(sent["messages"]) == []
