@@ -55,6 +55,7 @@ _MAX_TOOL_CALL_ID = 40
 _FUNCTION_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _NAME_FIELD_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
 
 
 def _role(message: Any) -> Optional[str]:
@@ -232,12 +233,13 @@ class RepairReport:
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: every message is a dict with a string role, and a tool
-    message has a string ``tool_call_id`` (no other can answer a call, and
-    an unhashable one would break the pairing steps)."""
+    """Invariant: every message is a dict with a role OpenAI accepts (an
+    unknown one, or the legacy ``function``, is rejected with HTTP 400), and
+    a tool message has a string ``tool_call_id`` (no other can answer a
+    call, and an unhashable one would break the pairing steps)."""
     out = [
         m for m in messages
-        if isinstance(m, dict) and isinstance(m.get("role"), str)
+        if isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"] in _ROLES
         and (m["role"] != "tool" or isinstance(m.get("tool_call_id"), str))
     ]
     report.dropped_malformed += len(messages) - len(out)
@@ -503,7 +505,7 @@ def _needs_repair(messages: Messages) -> bool:
         if not isinstance(message, dict):
             return True
         role = message.get("role")
-        if not isinstance(role, str):
+        if not isinstance(role, str) or role not in _ROLES:
             return True
         name = message.get("name")
         if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):

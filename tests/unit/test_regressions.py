@@ -87,3 +87,26 @@ def test_tool_result_with_an_unhashable_id_inside_a_chain_is_dropped_not_raised(
             sent, events = _run(f, {"model": "gpt-4o", "messages": chat + [{"role": "assistant", "content": "z " * 400}, {"role": "user", "content": "last"}]})
             assert not any("skipped" in str(e) for e in events), events
             assert check_openai(sent["messages"]) == []
+
+
+def test_messages_with_a_role_openai_rejects_are_dropped():
+    # Found by the inlet fuzz: a message with an unknown role ("function",
+    # "bogus", "") survived repair, so a list the filter had changed (here:
+    # an errored tool turn dropped) was still rejected by OpenAI (O0).
+    call = {"id": "a", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    for role in ("function", "bogus", ""):
+        chat = [
+            {"role": role, "name": "f", "content": "x"},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": None, "tool_calls": [call], "stopReason": "error"},
+            {"role": "developer", "content": "kept"},
+            {"role": "user", "content": "again"},
+        ]
+        out, report = acc.repair_transcript(chat)
+        assert out == [chat[1], chat[3], chat[4]]
+        assert report.dropped_malformed == 1 and report.dropped_errored_turns == 1
+        assert check_openai(out) == []
+        sent, _ = _run(_filter(cap=0), {"model": "gpt-4o", "messages": chat})
+        assert check_openai(sent["messages"]) == []
+    # alone, such a message is enough for repair to act (the fast path agrees)
+    assert acc._needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
