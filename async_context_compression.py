@@ -219,6 +219,7 @@ class RepairReport:
     shortened_ids: int = 0
     renamed_functions: int = 0
     fixed_null_content: int = 0
+    fixed_call_shapes: int = 0
 
     def changed(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
@@ -450,6 +451,37 @@ def _valid_function_name(call: dict) -> bool:
     return isinstance(name, str) and bool(_FUNCTION_NAME_RE.match(name))
 
 
+def _call_shape_ok(call: dict) -> bool:
+    function = call.get("function")
+    return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
+
+
+def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (OpenAI O6): every call has ``type: function`` and string
+    ``arguments``. Arguments given as an object are sent as its JSON text,
+    missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
+    out = []
+    for message in messages:
+        calls = _tool_calls(message)
+        if calls and not all(_call_shape_ok(c) for c in calls):
+            fixed = []
+            for call in calls:
+                if not _call_shape_ok(call):
+                    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+                    arguments = function.get("arguments")
+                    if not isinstance(arguments, str):
+                        try:
+                            arguments = "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
+                        except (TypeError, ValueError):
+                            arguments = "{}"
+                    call = {**call, "type": "function", "function": {**function, "arguments": arguments}}
+                    report.fixed_call_shapes += 1
+                fixed.append(call)
+            message = {**message, "tool_calls": fixed}
+        out.append(message)
+    return out
+
+
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
@@ -475,6 +507,7 @@ _REPAIR_STEPS: tuple = (
     pair_tool_results,
     shorten_long_tool_call_ids,
     sanitize_names,
+    fix_call_shapes,
     fix_null_content,
 )
 
@@ -530,7 +563,7 @@ def _needs_repair(messages: Messages) -> bool:
             ids = []
             for call in calls:
                 cid = _call_id(call)
-                if cid is None or len(cid) > _MAX_TOOL_CALL_ID or not _valid_function_name(call):
+                if cid is None or len(cid) > _MAX_TOOL_CALL_ID or not _valid_function_name(call) or not _call_shape_ok(call):
                     return True
                 ids.append(cid)
             if role == "assistant":

@@ -1,6 +1,6 @@
 """The request path's shortcuts (issue 5's performance work) change no result.
 
-* ``repair_transcript`` skips its seven passes when ``_needs_repair`` finds
+* ``repair_transcript`` skips its passes when ``_needs_repair`` finds
   nothing to do: that must never skip a list a pass would have changed, and
   should not miss lists no pass changes (else the shortcut is lost).
 * inlet's summary lookup fingerprints only as much history as a stored

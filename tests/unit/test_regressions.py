@@ -110,3 +110,31 @@ def test_messages_with_a_role_openai_rejects_are_dropped():
         assert check_openai(sent["messages"]) == []
     # alone, such a message is enough for repair to act (the fast path agrees)
     assert acc._needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
+
+
+def test_tool_calls_missing_type_or_string_arguments_are_completed():
+    # Found by the inlet fuzz: a call {"id": "a"} (or one whose arguments are
+    # an object) was answered, so it survived repair; sanitize_names gave it
+    # a function name but it still lacked "type" and string "arguments",
+    # which OpenAI rejects (O6).
+    chat = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a"},
+            {"id": "b", "type": "function", "function": {"name": "search", "arguments": {"q": "x"}}},
+            {"id": "c", "function": {"name": "search", "arguments": '{"q": "y"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "a", "content": "ra"},
+        {"role": "tool", "tool_call_id": "b", "content": "rb"},
+        {"role": "tool", "tool_call_id": "c", "content": "rc"},
+        {"role": "user", "content": "next"},
+    ]
+    out, report = acc.repair_transcript(chat)
+    assert check_openai(out) == []
+    calls = out[1]["tool_calls"]
+    assert [c["type"] for c in calls] == ["function"] * 3
+    assert [c["function"]["arguments"] for c in calls] == ["{}", '{"q": "x"}', '{"q": "y"}']
+    assert report.fixed_call_shapes == 3
+    assert out[2:] == chat[2:]
+    once, again = acc.repair_transcript(out)
+    assert once == out and not again.changed()
