@@ -220,6 +220,7 @@ class RepairReport:
     renamed_functions: int = 0
     fixed_null_content: int = 0
     fixed_call_shapes: int = 0
+    fixed_content_shapes: int = 0
 
     def changed(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
@@ -482,6 +483,62 @@ def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
+_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
+
+
+def _part_ok(part: Any, role: Any) -> bool:
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    if kind == "text":
+        return isinstance(part.get("text"), str)
+    if kind == "image_url":
+        image = part.get("image_url")
+        return role == "user" and isinstance(image, dict) and isinstance(image.get("url"), str)
+    return isinstance(kind, str)
+
+
+def _content_ok(message: Message) -> bool:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return True
+    if not isinstance(content, list) or not content:
+        return False
+    role = message.get("role")
+    return all(_part_ok(p, role) for p in content)
+
+
+def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (OpenAI O7): ``content`` is a string, null (left to
+    fix_null_content) or a non-empty list of well-formed parts, with images
+    only in user messages. A bare string part becomes a text part, an image
+    elsewhere a marked text part, a single part object a list of it, any
+    other value its text; malformed parts go, and a list left empty counts
+    as no content."""
+    out = []
+    for message in messages:
+        if not _content_ok(message):
+            content = message.get("content")
+            if isinstance(content, dict):
+                content = [content]
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    if isinstance(part, str):
+                        part = {"type": "text", "text": part}
+                    elif isinstance(part, dict) and part.get("type") == "image_url" and message.get("role") != "user":
+                        part = {"type": "text", "text": _MISPLACED_IMAGE_MARKER}
+                    if _part_ok(part, message.get("role")):
+                        parts.append(part)
+                content = parts or None
+            else:
+                content = _text_of(content)
+            message = {**message, "content": content}
+            report.fixed_content_shapes += 1
+        out.append(message)
+    return out
+
+
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
@@ -508,6 +565,7 @@ _REPAIR_STEPS: tuple = (
     shorten_long_tool_call_ids,
     sanitize_names,
     fix_call_shapes,
+    fix_content_shapes,
     fix_null_content,
 )
 
@@ -542,6 +600,9 @@ def _needs_repair(messages: Messages) -> bool:
             return True
         name = message.get("name")
         if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
+            return True
+        content = message.get("content")
+        if content is not None and not isinstance(content, str) and not _content_ok(message):
             return True
         if role == "tool":
             if owed is None or answered >= len(owed) or message.get("tool_call_id") != owed[answered]:

@@ -138,3 +138,42 @@ def test_tool_calls_missing_type_or_string_arguments_are_completed():
     assert out[2:] == chat[2:]
     once, again = acc.repair_transcript(out)
     assert once == out and not again.changed()
+
+
+def test_content_of_a_shape_openai_rejects_is_normalized():
+    # Found by the inlet fuzz: content that is neither a string, null nor a
+    # non-empty list of well-formed parts (a number, [], a text part without
+    # text, a bare string part, an image in an assistant or tool message)
+    # survived repair, so a list the filter had changed was still rejected
+    # (O7).
+    call = {"id": "a", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    chat = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": 5},
+        {"role": "assistant", "content": [image, {"type": "text", "text": "see"}]},
+        {"role": "user", "content": []},
+        {"role": "assistant", "content": [], "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a", "content": ["plain", {"type": "text"}, 3, image]},
+        {"role": "assistant", "content": {"type": "text", "text": "one part"}},
+        {"role": "user", "content": [{"type": "text"}, image]},
+    ]
+    out, report = acc.repair_transcript(chat)
+    assert check_openai(out) == []
+    assert out == [
+        chat[0],
+        {"role": "user", "content": "5"},
+        {"role": "assistant", "content": [{"type": "text", "text": acc._MISPLACED_IMAGE_MARKER}, {"type": "text", "text": "see"}]},
+        # the empty user message says nothing: dropped like a null one
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "plain"}, {"type": "text", "text": acc._MISPLACED_IMAGE_MARKER}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "one part"}]},
+        {"role": "user", "content": [image]},
+    ]
+    assert report.fixed_content_shapes == 7
+    once, again = acc.repair_transcript(out)
+    assert once == out and not again.changed()
+    # the whole hook, with a cap that forces trimming
+    sent, events = _run(_filter(cap=40, keep_first=0), {"model": "gpt-4o", "messages": chat + [{"role": "assistant", "content": "z " * 300}, {"role": "user", "content": [{"type": "text", "text": "last"}]}]})
+    assert check_openai(sent["messages"]) == []
+    assert not any("skipped" in str(e) for e in events), events
