@@ -705,6 +705,7 @@ def apply_summary(
 
 TRIM_MARKER = "[… {n} characters trimmed to fit the context window …]"
 _IMAGE_MARKER = "[image omitted to fit the context window]"
+_ATTACHMENT_MARKER = "[attachment omitted to fit the context window]"
 _MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
 
 
@@ -941,9 +942,13 @@ def _without_images(message: Message) -> Message:
     content = message.get("content")
     if not isinstance(content, list):
         return message
+    # other non-text parts (audio, files) can be as large and cannot be
+    # shortened either: marked the same way (a refusal is the reply's text)
     parts = [
         {"type": "text", "text": _IMAGE_MARKER}
         if isinstance(p, dict) and p.get("type") == "image_url"
+        else {"type": "text", "text": _ATTACHMENT_MARKER}
+        if isinstance(p, dict) and p.get("type") not in ("text", "refusal")
         else p
         for p in content
     ]

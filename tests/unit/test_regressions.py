@@ -177,3 +177,22 @@ def test_content_of_a_shape_openai_rejects_is_normalized():
     sent, events = _run(_filter(cap=40, keep_first=0), {"model": "gpt-4o", "messages": chat + [{"role": "assistant", "content": "z " * 300}, {"role": "user", "content": [{"type": "text", "text": "last"}]}]})
     assert check_openai(sent["messages"]) == []
     assert not any("skipped" in str(e) for e in events), events
+
+
+def test_a_large_audio_part_in_the_protected_head_is_marked_to_fit():
+    # Found by the inlet fuzz (minimized): the protected head held a user
+    # message whose only part was input_audio (counted as its JSON, ~1800
+    # tokens). Fitting could shorten text and replace images but not that,
+    # so the request went out at 1831 tokens against a cap of 81 although
+    # the head at its floor and the last user message fit.
+    audio = {"type": "input_audio", "input_audio": {"data": "QUFB" * 400, "format": "wav"}}
+    chat = [{"role": "user", "content": [audio]}, {"role": "user", "content": "Hello, how are you?"}]
+    f = _filter(cap=81, keep_first=1)
+    out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
+    sent = out["messages"]
+    assert f.counter.messages_tokens(sent, "o200k_base") <= 81
+    assert sent == [{"role": "user", "content": [{"type": "text", "text": acc._ATTACHMENT_MARKER}]}, chat[1]]
+    assert check_openai(sent) == []
+    # a refusal part is the reply's own text, not an attachment
+    refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}
+    assert acc._without_images(refusal) is refusal
