@@ -576,6 +576,25 @@ def test_repair_and_fit_never_raise_on_garbage(messages):
     acc.fit_to_budget(out, lambda m: 5, 7, acc.protected_head_end(out, 1))
 
 
+@st.composite
+def chats_with_garbage(draw) -> list:
+    """A chat with garbage messages put anywhere, also inside tool chains,
+    where pairing reads them (a garbage-only list rarely has a chain)."""
+    messages = list(draw(any_chats))
+    for at, junk in draw(st.lists(st.tuples(st.integers(0, 10_000), garbage_messages), min_size=1, max_size=4)):
+        messages.insert(at % (len(messages) + 1), junk)
+    return messages
+
+
+@SLOW
+@given(chats_with_garbage())
+def test_repair_of_garbage_inside_chats_is_openai_valid_and_final(messages):
+    out, _ = acc.repair_transcript(messages)
+    assert out == [] or check_openai(out) == []
+    again, report = acc.repair_transcript(out)
+    assert again == out and not report.changed(), report.describe()
+
+
 @pytest.mark.parametrize("body", [None, [], "text", 3, {"messages": None}, {"nothing": 1}])
 def test_non_list_messages_pass_through(body):
     f = filter_for("estimate")
