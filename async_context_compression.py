@@ -701,6 +701,20 @@ def apply_summary(
     return [*systems, build_summary_message(summary_text), *head, *tail]
 
 
+def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
+    """Whether a summary of ``canon[head_count:covered_count]`` keeps a role
+    order every provider accepts where the verbatim tail begins: the head's
+    last message, or with no head the summary (a system message, which the
+    Anthropic and Gemini converters lift out), must be allowed right before
+    the tail's first message. A tail that opens with an assistant right
+    after the summary would open the conversation with it. Records of an
+    unusable shape are left to ``choose_summary``."""
+    if not (isinstance(head_count, int) and isinstance(covered_count, int) and 0 <= head_count < covered_count < len(canon)):
+        return True
+    before = canon[head_count - 1] if head_count > 0 else {"role": "system"}
+    return _joinable(before, canon[covered_count])
+
+
 # -- Budget fitting (the emergency path) -------------------------------------
 
 TRIM_MARKER = "[… {n} characters trimmed to fit the context window …]"
@@ -2537,7 +2551,9 @@ class Filter:
         except Exception as exc:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
             return None
-        records = list(records or ())
+        # a summary whose tail would open with an assistant is not used:
+        # the history, trimmed if need be, is sent instead
+        records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
             return None  # no summary yet: the history needs no fingerprint
         # Digests only as far as a record can reach (one more, so that

@@ -140,7 +140,8 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
     turn = acc.Turn(user={"id": "u"}, user_id="u", chat_id="c", model_id="m", language="en",
                     settings=acc.resolve_settings(f.valves, "m"))
     chosen = asyncio.run(f._lookup_summary(turn, messages))
-    assert chosen is acc.choose_summary(records, digests)
+    usable = [r for r in records if acc.summary_tail_joins(canon, r.head_count, r.covered_count)]
+    assert chosen is acc.choose_summary(usable, digests)
 
 
 def _drop_turns_by_scanning(messages, sizes, keep, turns, total, cap, report, strict):

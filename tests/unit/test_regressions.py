@@ -196,3 +196,52 @@ def test_a_large_audio_part_in_the_protected_head_is_marked_to_fit():
     # a refusal part is the reply's own text, not an attachment
     refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}
     assert acc._without_images(refusal) is refusal
+
+
+class _FakeStore:
+    def __init__(self, records):
+        self.records = records
+
+    async def find(self, user_id, chat_id, anchor, limit=16):
+        return list(self.records)
+
+
+def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
+    # Found by a fuzz of inlet with stored summaries (minimized): with
+    # keep_first=0, one request (a large pasted text) and an agent's tool
+    # chain, summary_target finds no user message to start the tail at and
+    # covers only the request. Applied, the view opened with the assistant's
+    # tool call right after the summary: Anthropic rejects a first turn that
+    # is not the user's (A5), Gemini a call turn that follows no user turn
+    # (G1); the chat as sent was fine for both.
+    from devkit.provider_rules import violations_added
+
+    call = {"id": "call_0", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    at_outlet = [
+        {"role": "user", "content": "Please summarize the report. " * 200},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "result"},
+        {"role": "assistant", "content": "Here it is."},
+    ]
+    canon, digests = acc.canonical_view(at_outlet)
+    head = acc._canonical_head(canon, 0)
+    covered = acc.summary_target(canon, head, 2)
+    assert (head, covered) == (0, 1)  # what the planner saves
+    record = acc.SummaryRecord(user_id="u1", chat_id="c1", anchor="a", head_count=head, covered_count=covered,
+                               fingerprint=acc.prefix_fingerprint(digests, covered), summary="The user sent a report.")
+    chat = [{"role": "system", "content": "s"}, *at_outlet, {"role": "user", "content": "Thanks. And now?"}]
+    assert not acc.summary_tail_joins(acc.canonical_view(chat)[0], head, covered)
+    f = _filter(cap=0, keep_first=0)
+    f.store = _FakeStore([record])
+    out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
+    sent = out["messages"]
+    assert check_openai(sent) == []
+    assert violations_added(chat, sent) == []
+    assert sent == chat  # nothing to fit: the history as it came
+    # a summary that leaves the tail opening with the user's message is used
+    ok = acc.SummaryRecord(user_id="u1", chat_id="c1", anchor="a", head_count=0, covered_count=4,
+                           fingerprint=acc.prefix_fingerprint(acc.canonical_view(chat)[1], 4), summary="Earlier: a report.")
+    f.store = _FakeStore([record, ok])
+    sent = _run(f, {"model": "gpt-4o", "messages": chat})[0]["messages"]
+    assert [m["role"] for m in sent] == ["system", "system", "user"] and acc.is_summary_message(sent[1])
+    assert violations_added(chat, sent) == []
