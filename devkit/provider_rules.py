@@ -65,8 +65,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 __all__ = [
     "Violation",
@@ -311,11 +312,7 @@ def check_openai(messages: Any) -> list[Violation]:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             close_run()
-            out.append(
-                Violation(
-                    "openai", "O0", i, f"Invalid type for 'messages[{i}]': expected an object."
-                )
-            )
+            out.append(Violation("openai", "O0", i, f"Invalid type for 'messages[{i}]': expected an object."))
             continue
         role = msg.get("role")
         if role not in OPENAI_ROLES:
@@ -377,8 +374,7 @@ def check_openai(messages: Any) -> list[Violation]:
                         "openai",
                         "O3",
                         i,
-                        f"Invalid parameter: 'tool_call_id' of '{tcid}' not found in "
-                        "'tool_calls' of previous message.",
+                        f"Invalid parameter: 'tool_call_id' of '{tcid}' not found in 'tool_calls' of previous message.",
                     )
                 )
             elif tcid in answered:
@@ -387,8 +383,7 @@ def check_openai(messages: Any) -> list[Violation]:
                         "openai",
                         "O5",
                         i,
-                        f"Invalid parameter: Duplicate value for 'tool_call_id' of '{tcid}' "
-                        f"in message[{i}]",
+                        f"Invalid parameter: Duplicate value for 'tool_call_id' of '{tcid}' in message[{i}]",
                     )
                 )
             else:
@@ -441,11 +436,7 @@ def check_mistral(messages: Any) -> list[Violation]:
         if len(turn_ids) != responses:
             # results before any assistant message are anchored at the first of them
             idx = turn_index if turn_index is not None else first_tool_index
-            out.append(
-                Violation(
-                    "mistral", "M2", idx, "Not the same number of function calls and responses"
-                )
-            )
+            out.append(Violation("mistral", "M2", idx, "Not the same number of function calls and responses"))
         turn_index, turn_ids, responses, seen = None, [], 0, set()
 
     first_tool_index: Optional[int] = None
@@ -454,9 +445,7 @@ def check_mistral(messages: Any) -> list[Violation]:
         if role == "developer":
             role = "system"
         if prev is not None and (prev not in _MISTRAL_NEXT or role not in _MISTRAL_NEXT[prev]):
-            out.append(
-                Violation("mistral", "M1", i, f"Unexpected role '{role}' after role '{prev}'")
-            )
+            out.append(Violation("mistral", "M1", i, f"Unexpected role '{role}' after role '{prev}'"))
         elif prev is None and role not in _MISTRAL_NEXT:
             out.append(Violation("mistral", "M1", i, f"Unexpected role '{role}'"))
         if role == "assistant":
@@ -469,15 +458,9 @@ def check_mistral(messages: Any) -> list[Violation]:
             responses += 1
             tcid = msg.get("tool_call_id")
             if tcid not in turn_ids:
-                out.append(
-                    Violation(
-                        "mistral", "M3", i, f"Unexpected tool call id {tcid} in tool results"
-                    )
-                )
+                out.append(Violation("mistral", "M3", i, f"Unexpected tool call id {tcid} in tool results"))
             elif tcid in seen:
-                out.append(
-                    Violation("mistral", "M3", i, f"Duplicate tool call id {tcid} in tool results")
-                )
+                out.append(Violation("mistral", "M3", i, f"Duplicate tool call id {tcid} in tool results"))
             seen.add(tcid)
         prev = role if isinstance(role, str) else str(role)
     close_turn()
@@ -584,11 +567,7 @@ def check_anthropic(messages: Any) -> list[Violation]:
         out.append(Violation("anthropic", "A5", None, "messages: at least one message is required"))
         return out
     if turns[0]["role"] != "user":
-        out.append(
-            Violation(
-                "anthropic", "A5", first_src, 'messages: first message must use the "user" role'
-            )
-        )
+        out.append(Violation("anthropic", "A5", first_src, 'messages: first message must use the "user" role'))
     for k in range(1, len(turns)):
         if turns[k]["role"] == turns[k - 1]["role"]:
             out.append(
@@ -611,22 +590,14 @@ def check_anthropic(messages: Any) -> list[Violation]:
         blocks = turn["content"]
         for b, block in enumerate(blocks):
             if block.get("type") == "text" and not block.get("text"):
-                out.append(
-                    Violation(
-                        "anthropic", "A7", srcs[k][b], "messages: text content blocks must be non-empty"
-                    )
-                )
+                out.append(Violation("anthropic", "A7", srcs[k][b], "messages: text content blocks must be non-empty"))
         if turn["role"] == "assistant":
             for b, block in enumerate(blocks):
                 if block.get("type") != "tool_use":
                     continue
                 bid = block.get("id")
                 if bid in use_seen:
-                    out.append(
-                        Violation(
-                            "anthropic", "A4", srcs[k][b], "messages: `tool_use` ids must be unique"
-                        )
-                    )
+                    out.append(Violation("anthropic", "A4", srcs[k][b], "messages: `tool_use` ids must be unique"))
                 use_seen.add(bid)
             # A8: a gateway must json-parse arguments into `input`
             for i in sorted(set(srcs[k])):
@@ -666,9 +637,7 @@ def check_anthropic(messages: Any) -> list[Violation]:
         else:
             prev_uses: set = set()
             if k > 0 and turns[k - 1]["role"] == "assistant":
-                prev_uses = {
-                    bl.get("id") for bl in turns[k - 1]["content"] if bl.get("type") == "tool_use"
-                }
+                prev_uses = {bl.get("id") for bl in turns[k - 1]["content"] if bl.get("type") == "tool_use"}
             got: set = set()
             for b, block in enumerate(blocks):
                 if block.get("type") != "tool_result":
@@ -815,8 +784,7 @@ def check_gemini(messages: Any) -> list[Violation]:
                     "gemini",
                     "G2",
                     turn["src"][0],
-                    "Please ensure that function response turn comes immediately after a "
-                    "function call turn.",
+                    "Please ensure that function response turn comes immediately after a function call turn.",
                 )
             )
     return out

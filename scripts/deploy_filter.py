@@ -183,8 +183,12 @@ def deploy(args: argparse.Namespace, out=print) -> dict:
         out("global: yes")
     else:
         out("global: no (enable it per model in Workspace -> Models, or rerun with --global)")
-    if not function.get("is_active") or (args.make_global is not None and bool(function.get("is_global")) != args.make_global):
-        raise DeployError(f"the function's state did not change as asked: {json.dumps({k: function.get(k) for k in ('is_active', 'is_global')})}")
+    if not function.get("is_active") or (
+        args.make_global is not None and bool(function.get("is_global")) != args.make_global
+    ):
+        raise DeployError(
+            f"the function's state did not change as asked: {json.dumps({k: function.get(k) for k in ('is_active', 'is_global')})}"
+        )
     report["is_active"] = bool(function.get("is_active"))
     report["is_global"] = bool(function.get("is_global"))
     return report
@@ -224,15 +228,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="Install or update the Async Context Compression filter on a running Open WebUI."
     )
     ap.add_argument("--url", required=True, help="Open WebUI base URL, e.g. http://localhost:8080")
-    ap.add_argument("--api-key", default=os.environ.get("OPENWEBUI_API_KEY"),
-                    help="an admin's API key (sk-...) or token; default $OPENWEBUI_API_KEY")
+    ap.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENWEBUI_API_KEY"),
+        help="an admin's API key (sk-...) or token; default $OPENWEBUI_API_KEY",
+    )
     ap.add_argument("--file", default=DEFAULT_FILE, help="the filter source (default: %(default)s)")
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--global", dest="make_global", action="store_const", const=True, default=None,
-                   help="enable the filter for every model")
-    g.add_argument("--no-global", dest="make_global", action="store_const", const=False,
-                   help="remove the global flag (enable it per model instead)")
-    ap.add_argument("--valves", help='JSON object merged over the stored valves, e.g. \'{"max_context_tokens": 32000}\'')
+    g.add_argument(
+        "--global",
+        dest="make_global",
+        action="store_const",
+        const=True,
+        default=None,
+        help="enable the filter for every model",
+    )
+    g.add_argument(
+        "--no-global",
+        dest="make_global",
+        action="store_const",
+        const=False,
+        help="remove the global flag (enable it per model instead)",
+    )
+    ap.add_argument(
+        "--valves", help="JSON object merged over the stored valves, e.g. '{\"max_context_tokens\": 32000}'"
+    )
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP request (default 60)")
     return ap
 

@@ -16,4 +16,8 @@ fi
 
 export PYTHONDONTWRITEBYTECODE=1
 export ACC_OPENWEBUI_PYTHON="$PY"
+# Lint and formatting first: cheap, and a failure names the line.
+RUFF="$(dirname "$PY")/ruff"
+"$RUFF" check --quiet .
+"$RUFF" format --check --quiet .
 exec "$PY" -m pytest "$@"

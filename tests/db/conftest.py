@@ -33,7 +33,7 @@ def async_pg_url(dsn: str) -> str:
     """Any PostgreSQL DSN as the URL of Open WebUI's async engine (psycopg 3)."""
     for prefix in ("postgresql+psycopg2://", "postgresql+psycopg://", "postgresql://", "postgres://"):
         if dsn.startswith(prefix):
-            return "postgresql+psycopg://" + dsn[len(prefix):]
+            return "postgresql+psycopg://" + dsn[len(prefix) :]
     raise ValueError(f"not a PostgreSQL DSN: {dsn!r}")
 
 
@@ -52,13 +52,11 @@ def pg_url():
     if given:
         yield async_pg_url(given)
         return
-    proc = subprocess.run(
-        ["bash", START_POSTGRES, "start"], capture_output=True, text=True, timeout=900
-    )
+    proc = subprocess.run(["bash", START_POSTGRES, "start"], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         pytest.fail(f"could not start PostgreSQL:\n{proc.stderr[-3000:]}")
     lines = proc.stdout.strip().splitlines()
-    pg_dir = next(line[len("PGDIR="):] for line in lines if line.startswith("PGDIR="))
+    pg_dir = next(line[len("PGDIR=") :] for line in lines if line.startswith("PGDIR="))
     try:
         yield async_pg_url(lines[-1])
     finally:

@@ -73,7 +73,10 @@ async def run_processes(db_args: list, mode: str, names: list, *extra: str, time
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), mode, *db_args, name, *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for name in names
     ]
@@ -81,7 +84,9 @@ async def run_processes(db_args: list, mode: str, names: list, *extra: str, time
         for proc in procs:
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
             if line.strip() != "ready":
-                raise AssertionError(f"worker did not start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}")
+                raise AssertionError(
+                    f"worker did not start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+                )
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()

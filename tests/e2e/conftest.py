@@ -13,6 +13,7 @@ import shutil
 import time
 
 import pytest
+from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, SUMMARY_MODEL
 
 from devkit.fake_provider import FakeProvider
 from devkit.openwebui import (
@@ -22,8 +23,6 @@ from devkit.openwebui import (
     ensure_offline_tiktoken,
     find_openwebui_python,
 )
-
-from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, SUMMARY_MODEL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SKIP_E2E = os.environ.get("ACC_SKIP_E2E", "").strip() == "1"

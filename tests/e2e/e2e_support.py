@@ -202,8 +202,9 @@ class Turn:
 class Conversation:
     """A saved chat: a local mirror of its history plus the provider requests of each turn."""
 
-    def __init__(self, client: OpenWebUIClient, provider, *, system: Optional[str] = None, seed: int = 0,
-                 model: str = CHAT_MODEL) -> None:
+    def __init__(
+        self, client: OpenWebUIClient, provider, *, system: Optional[str] = None, seed: int = 0, model: str = CHAT_MODEL
+    ) -> None:
         self.client = client
         self.provider = provider
         self.model = model
@@ -317,8 +318,12 @@ class Conversation:
             self.marker_of[user_id] = {marker}
         stored = (result["response"] or {}).get("stored_message") if isinstance(result["response"], dict) else None
         output = stored.get("output") if isinstance(stored, dict) else None
-        self.history.assistant(reply, parent_id=user_id, message_id=result["assistant_id"],
-                               output=output if any(i.get("type") == "function_call" for i in output or []) else None)
+        self.history.assistant(
+            reply,
+            parent_id=user_id,
+            message_id=result["assistant_id"],
+            output=output if any(i.get("type") == "function_call" for i in output or []) else None,
+        )
         if output:
             # markers returned by tools called live in this turn belong to the branch from now on
             found = set()
@@ -332,21 +337,25 @@ class Conversation:
         # the turn's own live tool results are neither expected (the first model call
         # precedes them) nor foreign
         forbidden = self.all_markers() - self.branch_markers(result["assistant_id"])
-        reqs = [
-            r
-            for r in self.provider.requests[start:]
-            if r["kind"] == "chat" and last_user_text(r) == text
-        ]
-        turn = Turn(marker, text, user_id, result["assistant_id"], result["elapsed"], result["response"], reqs,
-                    expected, forbidden, time.time())
+        reqs = [r for r in self.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
+        turn = Turn(
+            marker,
+            text,
+            user_id,
+            result["assistant_id"],
+            result["elapsed"],
+            result["response"],
+            reqs,
+            expected,
+            forbidden,
+            time.time(),
+        )
         self.turns.append(turn)
         if wait:
             settle(self.provider, start)
             # the request list is complete only now for tool loops; refresh it
             turn.requests = [
-                r
-                for r in self.provider.requests[start:]
-                if r["kind"] == "chat" and last_user_text(r) == text
+                r for r in self.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text
             ]
         return turn
 
@@ -379,7 +388,11 @@ def check_turn(conv: Conversation, turn: Turn, cap: int, *, markers: bool = True
                 problems.append(
                     f"{where}: {len(missing)} marker(s) of dropped messages reached the provider neither verbatim "
                     f"nor through the summary: {sorted(missing)[:8]}"
-                    + (" (the request had no summary)" if not has_summary(req) else f" (summary had {len(in_summary)} markers)")
+                    + (
+                        " (the request had no summary)"
+                        if not has_summary(req)
+                        else f" (summary had {len(in_summary)} markers)"
+                    )
                 )
             leaked = turn.forbidden & seen
             if leaked:

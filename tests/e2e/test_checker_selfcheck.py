@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from e2e_support import Conversation, Turn, check_turn
 
 pytestmark = pytest.mark.e2e
@@ -29,15 +28,26 @@ def _setup():
 
 
 def _req(messages, status=200, tokens=100):
-    return {"kind": "chat", "model": "fake-chat", "status": status, "tokens": tokens, "messages": messages, "error": None}
+    return {
+        "kind": "chat",
+        "model": "fake-chat",
+        "status": status,
+        "tokens": tokens,
+        "messages": messages,
+        "error": None,
+    }
 
 
 def test_a_good_request_passes():
     conv, turn, m1, text = _setup()
-    turn.requests = [_req([
-        {"role": "system", "content": f"SYS-x prompt\n<conversation_summary>{m1}</conversation_summary>"},
-        {"role": "user", "content": text},
-    ])]
+    turn.requests = [
+        _req(
+            [
+                {"role": "system", "content": f"SYS-x prompt\n<conversation_summary>{m1}</conversation_summary>"},
+                {"role": "user", "content": text},
+            ]
+        )
+    ]
     assert check_turn(conv, turn, cap=1000) == []
 
 
@@ -46,20 +56,26 @@ def test_a_good_request_passes():
     [
         (lambda r, m1, t: r.update(status=400, error="bad"), "provider answered 400"),
         (lambda r, m1, t: r.update(tokens=5000), "over the cap"),
-        (lambda r, m1, t: r["messages"].__setitem__(0, {"role": "system", "content": f"<conversation_summary>{m1}"}),
-         "system prompt"),
+        (
+            lambda r, m1, t: r["messages"].__setitem__(0, {"role": "system", "content": f"<conversation_summary>{m1}"}),
+            "system prompt",
+        ),
         (lambda r, m1, t: r["messages"].append({"role": "user", "content": "later"}), "latest user message"),
-        (lambda r, m1, t: r["messages"].__setitem__(0, {"role": "system", "content": "SYS-x prompt"}),
-         "neither verbatim nor through the summary"),
+        (
+            lambda r, m1, t: r["messages"].__setitem__(0, {"role": "system", "content": "SYS-x prompt"}),
+            "neither verbatim nor through the summary",
+        ),
         (lambda r, m1, t: r["messages"].insert(1, {"role": "user", "content": "MK-other"}), "other branches"),
     ],
 )
 def test_each_violation_is_reported(mutate, expected):
     conv, turn, m1, text = _setup()
-    req = _req([
-        {"role": "system", "content": f"SYS-x prompt\n<conversation_summary>{m1}</conversation_summary>"},
-        {"role": "user", "content": text},
-    ])
+    req = _req(
+        [
+            {"role": "system", "content": f"SYS-x prompt\n<conversation_summary>{m1}</conversation_summary>"},
+            {"role": "user", "content": text},
+        ]
+    )
     mutate(req, m1, text)
     turn.requests = [req]
     problems = check_turn(conv, turn, cap=1000)

@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from e2e_support import FILTER_ID
 
 from devkit.openwebui import REPO_ROOT
-
-from e2e_support import FILTER_ID
 
 pytestmark = pytest.mark.e2e
 
@@ -22,9 +21,7 @@ PROBE_ID = "acc_deploy_probe"
 
 
 def deploy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, DEPLOY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, DEPLOY, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def probe_copy(tmp_path, source: str, version: str = "1.0.0") -> str:
@@ -43,16 +40,33 @@ def test_deploy_creates_then_updates_keeping_valves(admin, installed_filter, owu
     url = owui_server.base_url
     admin.delete_function(PROBE_ID)
     try:
-        first = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source),
-                       "--valves", json.dumps({"max_context_tokens": 32000}))
+        first = deploy(
+            "--url",
+            url,
+            "--api-key",
+            key,
+            "--file",
+            probe_copy(tmp_path, filter_source),
+            "--valves",
+            json.dumps({"max_context_tokens": 32000}),
+        )
         assert first.returncode == 0, first.stderr + first.stdout
         assert f"created function {PROBE_ID}" in first.stdout, first.stdout
         fn = admin.get_function(PROBE_ID)
         assert fn and fn["type"] == "filter" and fn["is_active"] and not fn["is_global"], fn
         assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000}
 
-        second = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source, "1.0.1"),
-                        "--global", "--valves", json.dumps({"keep_last": 3}))
+        second = deploy(
+            "--url",
+            url,
+            "--api-key",
+            key,
+            "--file",
+            probe_copy(tmp_path, filter_source, "1.0.1"),
+            "--global",
+            "--valves",
+            json.dumps({"keep_last": 3}),
+        )
         assert second.returncode == 0, second.stderr + second.stdout
         assert f"updated function {PROBE_ID}" in second.stdout and "1.0.0 -> 1.0.1" in second.stdout, second.stdout
         assert "kept: max_context_tokens" in second.stdout
@@ -62,7 +76,9 @@ def test_deploy_creates_then_updates_keeping_valves(admin, installed_filter, owu
         assert "version: 1.0.1" in fn["content"]
 
         # an update without --valves keeps every stored valve; --global again does not flip it off
-        third = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source, "1.0.2"), "--global")
+        third = deploy(
+            "--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source, "1.0.2"), "--global"
+        )
         assert third.returncode == 0, third.stderr + third.stdout
         assert "valves kept: keep_last, max_context_tokens" in third.stdout, third.stdout
         assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": 3}
@@ -72,12 +88,22 @@ def test_deploy_creates_then_updates_keeping_valves(admin, installed_filter, owu
         # refusals are explained, with the HTTP status, and exit non-zero
         bad_key = deploy("--url", url, "--api-key", "sk-not-a-key", "--file", probe_copy(tmp_path, filter_source))
         assert bad_key.returncode == 1 and "HTTP 401" in bad_key.stderr, bad_key.stderr
-        bad_valve = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source),
-                           "--valves", json.dumps({"keep_last": -1}))
+        bad_valve = deploy(
+            "--url",
+            url,
+            "--api-key",
+            key,
+            "--file",
+            probe_copy(tmp_path, filter_source),
+            "--valves",
+            json.dumps({"keep_last": -1}),
+        )
         assert bad_valve.returncode == 1 and "HTTP 400" in bad_valve.stderr, bad_valve.stderr
         assert "keep_last must be >= 0" in bad_valve.stderr, bad_valve.stderr
         assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": 3}
-        not_json = deploy("--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source), "--valves", "{")
+        not_json = deploy(
+            "--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source), "--valves", "{"
+        )
         assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr
         unreachable = deploy("--url", "http://127.0.0.1:9", "--api-key", key)
         assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr

@@ -11,34 +11,29 @@ of another branch.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import pytest
-
-from devkit.fake_provider import count_tokens
 from e2e_support import (
     CHAT_MODEL,
     E2E_VALVES,
     FILTER_ID,
     SUMMARY_MODEL,
-    SUMMARY_TAG,
     Conversation,
     brief,
     check_turn,
     first_system_text,
     has_summary,
     last_user_text,
-    markers_in,
     new_marker,
     provider_errors,
-    request_markers,
     settle,
-    summary_text,
     text_of,
     user_text,
     wait_for,
 )
+
+from devkit.fake_provider import count_tokens
 
 pytestmark = pytest.mark.e2e
 
@@ -312,7 +307,8 @@ def test_failing_summarizer_never_breaks_the_chat_and_recovers(acc, provider):
         try:  # give the filter's back-off a few seconds before the next turn
             ok = wait_for(
                 lambda: [s for s in summaries_since(provider, start) if s["status"] == 200],
-                deadline=4, what="a successful summary",
+                deadline=4,
+                what="a successful summary",
             )
         except AssertionError:
             continue
@@ -339,13 +335,24 @@ def test_api_call_without_chat_id(acc, provider):
     for i in range(16):
         messages.append({"role": "user", "content": user_text(new_marker(), rng)})
         if i == 4:
-            messages.append({
-                "role": "assistant", "content": None,
-                "tool_calls": [
-                    {"id": "call_api_a", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}},
-                    {"id": "call_api_b", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 2}"}},
-                ],
-            })
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_api_a",
+                            "type": "function",
+                            "function": {"name": "lookup", "arguments": '{"q": 1}'},
+                        },
+                        {
+                            "id": "call_api_b",
+                            "type": "function",
+                            "function": {"name": "lookup", "arguments": '{"q": 2}'},
+                        },
+                    ],
+                }
+            )
             messages.append({"role": "tool", "tool_call_id": "call_api_a", "content": "result a " * 40})
             messages.append({"role": "tool", "tool_call_id": "call_api_b", "content": "result b " * 40})
         messages.append({"role": "assistant", "content": "Noted."})
@@ -385,7 +392,6 @@ def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider
         settle(provider, start, deadline=60)
         return conv, times, provider.requests[start:]
 
-    problems = []
     try:
         acc.set_function_state(FILTER_ID, active=False)
         _, base, base_reqs = run("baseline", 11)
@@ -401,21 +407,26 @@ def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider
     f_extra = [f - b for f, b in zip(filt, base)]
     b_extra = [x - b for x, b in zip(builtin, base)]
     fmt = lambda xs: " ".join(f"{x:5.2f}" for x in xs)  # noqa: E731
-    latency_log.extend([
-        f"turn                      {' '.join(f'{i + 1:>5}' for i in range(turns))}",
-        f"no filter (s)             {fmt(base)}",
-        f"with the filter (s)       {fmt(filt)}   max extra {max(f_extra):+.2f}s",
-        f"built-in compaction (s)   {fmt(builtin)}   max extra {max(b_extra):+.2f}s",
-        f"summarizer delay {delay:.0f}s; filter summaries: "
-        f"{len([r for r in filt_reqs if r['kind'] == 'summary'])}, built-in summaries: "
-        f"{len([r for r in builtin_reqs if r['kind'] == 'summary'])}",
-    ])
+    latency_log.extend(
+        [
+            f"turn                      {' '.join(f'{i + 1:>5}' for i in range(turns))}",
+            f"no filter (s)             {fmt(base)}",
+            f"with the filter (s)       {fmt(filt)}   max extra {max(f_extra):+.2f}s",
+            f"built-in compaction (s)   {fmt(builtin)}   max extra {max(b_extra):+.2f}s",
+            f"summarizer delay {delay:.0f}s; filter summaries: "
+            f"{len([r for r in filt_reqs if r['kind'] == 'summary'])}, built-in summaries: "
+            f"{len([r for r in builtin_reqs if r['kind'] == 'summary'])}",
+        ]
+    )
     print("\n".join(latency_log[-5:]))
     f_summaries = [r for r in filt_reqs if r["kind"] == "summary"]
     assert f_summaries, "the filter made no summary in the latency run"
     assert all(s["duration"] >= delay - 0.1 for s in f_summaries if s["status"] == 200)
     overlapping = [
-        t for t in conv_f.turns for s in f_summaries if s["duration"] and s["time"] < t.ended < s["time"] + s["duration"]
+        t
+        for t in conv_f.turns
+        for s in f_summaries
+        if s["duration"] and s["time"] < t.ended < s["time"] + s["duration"]
     ]
     assert overlapping, "no reply came back while a summary was running: summaries did not run in the background"
     assert max(f_extra) <= 1.0, f"the filter added {max(f_extra):.2f}s to a reply (turns {fmt(filt)} vs {fmt(base)})"

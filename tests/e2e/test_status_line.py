@@ -5,7 +5,6 @@ chat shows under a reply."""
 from __future__ import annotations
 
 import pytest
-
 from e2e_support import E2E_VALVES, Conversation, settle, wait_for
 
 pytestmark = pytest.mark.e2e

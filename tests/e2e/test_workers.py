@@ -12,9 +12,6 @@ import os
 import re
 
 import pytest
-
-from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken
-
 from e2e_support import (
     CHAT_MODEL,
     E2E_VALVES,
@@ -26,6 +23,8 @@ from e2e_support import (
     has_summary,
     provider_errors,
 )
+
+from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken
 
 pytestmark = pytest.mark.e2e
 
@@ -94,12 +93,7 @@ def _check_two_workers(server, client, provider):
         problems += check_turn(conv, conv.turn(), E2E_VALVES["max_context_tokens"])
     reqs = provider.requests[start:]
     assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
-    pids = {
-        m
-        for r in reqs
-        if r["kind"] == "chat"
-        for m in re.findall(r"served-by-pid-(\d+)", str(r["messages"]))
-    }
+    pids = {m for r in reqs if r["kind"] == "chat" for m in re.findall(r"served-by-pid-(\d+)", str(r["messages"]))}
     summaries = [r for r in reqs if r["kind"] == "summary"]
     assert summaries and all(s["status"] == 200 for s in summaries)
     assert any(has_summary(r) for t in conv.turns[-3:] for r in t.requests)

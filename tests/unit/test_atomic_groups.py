@@ -7,11 +7,10 @@ of its own, a stray tool message included.
 """
 
 import pytest
+from acc_builders import AS, A, S, T, U, frozen
 
 import async_context_compression as acc
-from acc_builders import AS, A, S, T, U, frozen
 from devkit.provider_rules import check_openai
-
 
 # -- get_atomic_groups / atomic_spans ------------------------------------------
 
@@ -65,11 +64,31 @@ def test_groups_of_empty_and_odd_lists():
     # non-dict entries and missing roles are units of their own, never a crash
     assert acc.get_atomic_groups(["x", {"content": "no role"}, None]) == [[0], [1], [2]]
     # tool_calls: [] is not a call turn
-    assert acc.get_atomic_groups([U(), {"role": "assistant", "content": "x", "tool_calls": []}, T("a")]) == [[0], [1], [2]]
+    assert acc.get_atomic_groups([U(), {"role": "assistant", "content": "x", "tool_calls": []}, T("a")]) == [
+        [0],
+        [1],
+        [2],
+    ]
 
 
 def test_groups_cover_every_index_once_in_order():
-    messages = [S(), T("o"), U(), A("a"), T("a"), S("mid"), U(), A("b", "c"), T("c"), T("b"), A("d"), T("d"), AS(), AS(), U()]
+    messages = [
+        S(),
+        T("o"),
+        U(),
+        A("a"),
+        T("a"),
+        S("mid"),
+        U(),
+        A("b", "c"),
+        T("c"),
+        T("b"),
+        A("d"),
+        T("d"),
+        AS(),
+        AS(),
+        U(),
+    ]
     groups = acc.get_atomic_groups(messages)
     assert [i for g in groups for i in g] == list(range(len(messages)))
     assert groups == [[0], [1], [2], [3, 4], [5], [6], [7, 8, 9, 10, 11, 12], [13], [14]]
@@ -219,4 +238,6 @@ def test_filter_methods_delegate():
     assert f._align_tail_start_to_atomic_boundary(messages, 3, 3) == 5
     for prefix in range(0, 7):
         for raw in range(-1, 8):
-            assert f._align_tail_start_to_atomic_boundary(messages, raw, prefix) == acc.align_tail_start_to_atomic_boundary(messages, raw, prefix)
+            assert f._align_tail_start_to_atomic_boundary(
+                messages, raw, prefix
+            ) == acc.align_tail_start_to_atomic_boundary(messages, raw, prefix)

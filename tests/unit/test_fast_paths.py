@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import async_context_compression as acc
 
@@ -35,21 +36,44 @@ def unchanged(messages, out, report) -> bool:
 ids = st.sampled_from(["c0", "c1", "c2", "x" * 41, "", None, 7])
 names = st.sampled_from(["search", "bad name", "", None, "x" * 65])
 calls = st.one_of(
-    st.fixed_dictionaries({"id": ids, "type": st.just("function"),
-                           "function": st.one_of(st.fixed_dictionaries({"name": names, "arguments": st.just("{}")}), st.none())}),
-    st.none(), st.just("junk"),
+    st.fixed_dictionaries(
+        {
+            "id": ids,
+            "type": st.sampled_from(["function", "function", "function", None]),
+            "function": st.one_of(
+                st.fixed_dictionaries({"name": names, "arguments": st.sampled_from(["{}", "{}", {"q": 1}])}), st.none()
+            ),
+        }
+    ),
+    st.none(),
+    st.just("junk"),
 )
 any_message = st.one_of(
     st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer", 3])},
+        {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer", 3, "function"])},
         optional={
-            "content": st.sampled_from(["hi", "", None, [{"type": "text", "text": "x"}]]),
+            "content": st.sampled_from(
+                [
+                    "hi",
+                    "",
+                    None,
+                    [{"type": "text", "text": "x"}],
+                    5,
+                    [],
+                    [{"type": "text"}],
+                    ["bare"],
+                    [{"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}],
+                ]
+            ),
             "tool_calls": st.one_of(st.lists(calls, max_size=3), st.none(), st.just([])),
-            "tool_call_id": ids, "name": st.sampled_from(["ok", "bad name", None, 5]),
-            "stopReason": st.sampled_from(["error", "stop"]), "error": st.sampled_from([None, "boom"]),
+            "tool_call_id": ids,
+            "name": st.sampled_from(["ok", "bad name", None, 5]),
+            "stopReason": st.sampled_from(["error", "stop"]),
+            "error": st.sampled_from([None, "boom"]),
         },
     ),
-    st.none(), st.just("text"),
+    st.none(),
+    st.just("text"),
 )
 
 
@@ -64,8 +88,15 @@ def near_valid_chats(draw):
             k = draw(st.integers(1, 3))
             call_ids = [f"c{count + i}" for i in range(k)]
             count += k
-            out.append({"role": "assistant", "content": draw(st.sampled_from([None, "", "t"])), "tool_calls": [
-                {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}} for c in call_ids]})
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": draw(st.sampled_from([None, "", "t"])),
+                    "tool_calls": [
+                        {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}} for c in call_ids
+                    ],
+                }
+            )
             out += [{"role": "tool", "tool_call_id": c, "content": "r"} for c in call_ids]
             if draw(st.booleans()):
                 out.append({"role": "system", "content": "late"})
@@ -84,8 +115,12 @@ def near_valid_chats(draw):
             out.insert(i, dict(out[i]))
         else:
             changed = dict(out[i])
-            key, value = {3: ("tool_call_id", draw(st.sampled_from(["c0", "c1", "zz", None]))), 4: ("content", None),
-                          5: ("stopReason", "error"), 6: ("name", draw(st.sampled_from(["bad name", "ok"])))}[kind]
+            key, value = {
+                3: ("tool_call_id", draw(st.sampled_from(["c0", "c1", "zz", None]))),
+                4: ("content", None),
+                5: ("stopReason", "error"),
+                6: ("name", draw(st.sampled_from(["bad name", "ok"]))),
+            }[kind]
             changed[key] = value
             out[i] = changed
     return out
@@ -133,12 +168,27 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
     records = []
     for head, covered, matches in specs:
         fingerprint = acc.prefix_fingerprint(digests, max(0, covered)) if matches else "0" * 64
-        records.append(acc.SummaryRecord(user_id="u", chat_id="c", anchor=acc.conversation_anchor(digests),
-                                         head_count=head, covered_count=covered, fingerprint=fingerprint, summary="s"))
+        records.append(
+            acc.SummaryRecord(
+                user_id="u",
+                chat_id="c",
+                anchor=acc.conversation_anchor(digests),
+                head_count=head,
+                covered_count=covered,
+                fingerprint=fingerprint,
+                summary="s",
+            )
+        )
     f = _shared_filter()
     f.store = _Store(records)
-    turn = acc.Turn(user={"id": "u"}, user_id="u", chat_id="c", model_id="m", language="en",
-                    settings=acc.resolve_settings(f.valves, "m"))
+    turn = acc.Turn(
+        user={"id": "u"},
+        user_id="u",
+        chat_id="c",
+        model_id="m",
+        language="en",
+        settings=acc.resolve_settings(f.valves, "m"),
+    )
     chosen = asyncio.run(f._lookup_summary(turn, messages))
     usable = [r for r in records if acc.summary_tail_joins(canon, r.head_count, r.covered_count)]
     assert chosen is acc.choose_summary(usable, digests)

@@ -5,10 +5,11 @@ token per character, 100 per image, 4 per message."""
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from acc_builders import AS, IMG, TXT, A, S, T, U, frozen, roles, systems, tok, total
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import async_context_compression as acc
-from acc_builders import AS, A, IMG, S, T, TXT, U, frozen, roles, systems, tok, total
 from devkit.provider_rules import check_openai, violations_added
 
 MARK = "characters trimmed to fit the context window"
@@ -83,7 +84,16 @@ def test_astrbot_system_only(cap):
 
 
 def test_system_messages_are_never_dropped_even_late_ones():
-    messages = [S(), U("u1" * 30), AS("a1" * 30), S("late rag context"), U("u2" * 30), AS("a2" * 30), S("late 2"), U("u3")]
+    messages = [
+        S(),
+        U("u1" * 30),
+        AS("a1" * 30),
+        S("late rag context"),
+        U("u2" * 30),
+        AS("a2" * 30),
+        S("late 2"),
+        U("u3"),
+    ]
     out, report = fit(messages, cap=10)
     assert out == [S(), S("late rag context"), S("late 2"), U("u3")]
     assert report.dropped_messages == 4
@@ -291,7 +301,18 @@ def test_last_assistant_of_the_current_tool_loop_stays_verbatim():
 
 
 def test_apply_summary_places_it_after_all_prefix_systems_before_the_head():
-    messages = [S("main"), U("head"), AS("a1"), S("late, covered"), U("u2"), AS("a2"), U("u3"), S("late, tail"), AS("a3"), U("u4")]
+    messages = [
+        S("main"),
+        U("head"),
+        AS("a1"),
+        S("late, covered"),
+        U("u2"),
+        AS("a2"),
+        U("u3"),
+        S("late, tail"),
+        AS("a3"),
+        U("u4"),
+    ]
     before = frozen(messages)
     out = acc.apply_summary(messages, "what happened", head_count=1, covered_count=4)
     assert messages == before
@@ -361,7 +382,13 @@ def test_summary_target(keep_last, head, floor, expected):
 def _stored_output():
     return [
         {"type": "message", "content": [{"type": "output_text", "text": "Let me search."}]},
-        {"type": "function_call", "call_id": "fc_1", "name": "web_search", "arguments": '{"q": "cats"}', "status": "completed"},
+        {
+            "type": "function_call",
+            "call_id": "fc_1",
+            "name": "web_search",
+            "arguments": '{"q": "cats"}',
+            "status": "completed",
+        },
         {"type": "function_call", "call_id": "fc_2", "name": "never_ran", "arguments": "{}", "status": "in_progress"},
         {"type": "function_call_output", "call_id": "fc_1", "output": [{"type": "input_text", "text": "3 results"}]},
         {"type": "message", "content": [{"type": "output_text", "text": "Cats are great."}]},
@@ -374,7 +401,9 @@ def test_expand_output_items():
         {
             "role": "assistant",
             "content": "Let me search.",
-            "tool_calls": [{"id": "fc_1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "cats"}'}}],
+            "tool_calls": [
+                {"id": "fc_1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "cats"}'}}
+            ],
         },
         {"role": "tool", "tool_call_id": "fc_1", "content": "3 results"},
         {"role": "assistant", "content": "Cats are great."},
@@ -388,7 +417,9 @@ def test_canonical_digest_equal_for_inlet_and_stored_views():
         {
             "role": "assistant",
             "content": '<details type="reasoning" done="true" duration="2">\n> thinking\n</details>\nLet me search.',
-            "tool_calls": [{"id": "call_xyz", "type": "function", "function": {"name": "web_search", "arguments": '{"q":"cats"}'}}],
+            "tool_calls": [
+                {"id": "call_xyz", "type": "function", "function": {"name": "web_search", "arguments": '{"q":"cats"}'}}
+            ],
         },
         {"role": "tool", "tool_call_id": "call_xyz", "content": "3 results"},
         {"role": "assistant", "content": "<think>hmm</think>Cats are great.  "},
@@ -419,8 +450,13 @@ def test_canonical_digest_tells_different_messages_apart():
 
 def _record(head, covered, digests, summary="s", fingerprint=None):
     return acc.SummaryRecord(
-        user_id="u", chat_id="c", anchor=acc.conversation_anchor(digests), head_count=head,
-        covered_count=covered, fingerprint=fingerprint or acc.prefix_fingerprint(digests, covered), summary=summary,
+        user_id="u",
+        chat_id="c",
+        anchor=acc.conversation_anchor(digests),
+        head_count=head,
+        covered_count=covered,
+        fingerprint=fingerprint or acc.prefix_fingerprint(digests, covered),
+        summary=summary,
     )
 
 

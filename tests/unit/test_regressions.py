@@ -43,7 +43,10 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
     for detail in ({}, [1], {"level": "low"}):
         image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": detail}}
         counter = _EstimateOnly()
-        assert counter.message_tokens({"role": "user", "content": [image]}, "cl100k_base") == acc.TOKENS_PER_MESSAGE + 1 + acc.IMAGE_TOKENS_UNKNOWN
+        assert (
+            counter.message_tokens({"role": "user", "content": [image]}, "cl100k_base")
+            == acc.TOKENS_PER_MESSAGE + 1 + acc.IMAGE_TOKENS_UNKNOWN
+        )
         messages = [
             {"role": "system", "content": "s"},
             {"role": "user", "content": "a " * 2000},
@@ -84,7 +87,14 @@ def test_tool_result_with_an_unhashable_id_inside_a_chain_is_dropped_not_raised(
             if not errored:
                 assert out[1:3] == [assistant, chat[3]]
             f = _filter(cap=60, keep_first=0)
-            sent, events = _run(f, {"model": "gpt-4o", "messages": chat + [{"role": "assistant", "content": "z " * 400}, {"role": "user", "content": "last"}]})
+            sent, events = _run(
+                f,
+                {
+                    "model": "gpt-4o",
+                    "messages": chat
+                    + [{"role": "assistant", "content": "z " * 400}, {"role": "user", "content": "last"}],
+                },
+            )
             assert not any("skipped" in str(e) for e in events), events
             assert check_openai(sent["messages"]) == []
 
@@ -119,11 +129,15 @@ def test_tool_calls_missing_type_or_string_arguments_are_completed():
     # which OpenAI rejects (O6).
     chat = [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "a"},
-            {"id": "b", "type": "function", "function": {"name": "search", "arguments": {"q": "x"}}},
-            {"id": "c", "function": {"name": "search", "arguments": '{"q": "y"}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "a"},
+                {"id": "b", "type": "function", "function": {"name": "search", "arguments": {"q": "x"}}},
+                {"id": "c", "function": {"name": "search", "arguments": '{"q": "y"}'}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "a", "content": "ra"},
         {"role": "tool", "tool_call_id": "b", "content": "rb"},
         {"role": "tool", "tool_call_id": "c", "content": "rc"},
@@ -163,10 +177,17 @@ def test_content_of_a_shape_openai_rejects_is_normalized():
     assert out == [
         chat[0],
         {"role": "user", "content": "5"},
-        {"role": "assistant", "content": [{"type": "text", "text": acc._MISPLACED_IMAGE_MARKER}, {"type": "text", "text": "see"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": acc._MISPLACED_IMAGE_MARKER}, {"type": "text", "text": "see"}],
+        },
         # the empty user message says nothing: dropped like a null one
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "plain"}, {"type": "text", "text": acc._MISPLACED_IMAGE_MARKER}]},
+        {
+            "role": "tool",
+            "tool_call_id": "a",
+            "content": [{"type": "text", "text": "plain"}, {"type": "text", "text": acc._MISPLACED_IMAGE_MARKER}],
+        },
         {"role": "assistant", "content": [{"type": "text", "text": "one part"}]},
         {"role": "user", "content": [image]},
     ]
@@ -174,7 +195,17 @@ def test_content_of_a_shape_openai_rejects_is_normalized():
     once, again = acc.repair_transcript(out)
     assert once == out and not again.changed()
     # the whole hook, with a cap that forces trimming
-    sent, events = _run(_filter(cap=40, keep_first=0), {"model": "gpt-4o", "messages": chat + [{"role": "assistant", "content": "z " * 300}, {"role": "user", "content": [{"type": "text", "text": "last"}]}]})
+    sent, events = _run(
+        _filter(cap=40, keep_first=0),
+        {
+            "model": "gpt-4o",
+            "messages": chat
+            + [
+                {"role": "assistant", "content": "z " * 300},
+                {"role": "user", "content": [{"type": "text", "text": "last"}]},
+            ],
+        },
+    )
     assert check_openai(sent["messages"]) == []
     assert not any("skipped" in str(e) for e in events), events
 
@@ -227,8 +258,15 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
     head = acc._canonical_head(canon, 0)
     covered = acc.summary_target(canon, head, 2)
     assert (head, covered) == (0, 1)  # what the planner saves
-    record = acc.SummaryRecord(user_id="u1", chat_id="c1", anchor="a", head_count=head, covered_count=covered,
-                               fingerprint=acc.prefix_fingerprint(digests, covered), summary="The user sent a report.")
+    record = acc.SummaryRecord(
+        user_id="u1",
+        chat_id="c1",
+        anchor="a",
+        head_count=head,
+        covered_count=covered,
+        fingerprint=acc.prefix_fingerprint(digests, covered),
+        summary="The user sent a report.",
+    )
     chat = [{"role": "system", "content": "s"}, *at_outlet, {"role": "user", "content": "Thanks. And now?"}]
     assert not acc.summary_tail_joins(acc.canonical_view(chat)[0], head, covered)
     f = _filter(cap=0, keep_first=0)
@@ -239,8 +277,15 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
     assert violations_added(chat, sent) == []
     assert sent == chat  # nothing to fit: the history as it came
     # a summary that leaves the tail opening with the user's message is used
-    ok = acc.SummaryRecord(user_id="u1", chat_id="c1", anchor="a", head_count=0, covered_count=4,
-                           fingerprint=acc.prefix_fingerprint(acc.canonical_view(chat)[1], 4), summary="Earlier: a report.")
+    ok = acc.SummaryRecord(
+        user_id="u1",
+        chat_id="c1",
+        anchor="a",
+        head_count=0,
+        covered_count=4,
+        fingerprint=acc.prefix_fingerprint(acc.canonical_view(chat)[1], 4),
+        summary="Earlier: a report.",
+    )
     f.store = _FakeStore([record, ok])
     sent = _run(f, {"model": "gpt-4o", "messages": chat})[0]["messages"]
     assert [m["role"] for m in sent] == ["system", "system", "user"] and acc.is_summary_message(sent[1])

@@ -5,9 +5,9 @@ openclaw errored-turn cases."""
 from dataclasses import asdict
 
 import pytest
+from acc_builders import AS, IMG, TXT, A, S, T, U, call, frozen, last_user, systems
 
 import async_context_compression as acc
-from acc_builders import AS, A, IMG, S, T, TXT, U, call, frozen, last_user, systems
 from devkit.provider_rules import check_anthropic, check_gemini, check_mistral, check_openai, violations_added
 
 LONG_A = "toolu_" + "a" * 60
@@ -108,7 +108,10 @@ def test_drop_errored_tool_turns_markers(marker):
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2}
 
 
-@pytest.mark.parametrize("marker", [{"stopReason": "stop"}, {"finish_reason": "tool_calls"}, {"error": None}, {"error": ""}, {"stop_reason": 1}])
+@pytest.mark.parametrize(
+    "marker",
+    [{"stopReason": "stop"}, {"finish_reason": "tool_calls"}, {"error": None}, {"error": ""}, {"stop_reason": 1}],
+)
 def test_drop_errored_tool_turns_keeps_healthy_turns(marker):
     report = acc.RepairReport()
     messages = [U(), A("a", **marker), T("a"), AS()]
@@ -195,15 +198,36 @@ def test_pair_dedupes_per_turn_not_globally():
     its own, not a duplicate of the previous turn's."""
     report = acc.RepairReport()
     messages = [
-        U("one"), A("exec_0"), T("exec_0", "r1"), AS("a1"),
-        U("two"), A("exec_0"), T("exec_0", "r2"), T("exec_0", "r2 again"), AS("a2"),
-        U("three"), A("exec_0", "exec_1"), T("exec_1", "r3b"), T("exec_0", "r3a"), AS("a3"),
+        U("one"),
+        A("exec_0"),
+        T("exec_0", "r1"),
+        AS("a1"),
+        U("two"),
+        A("exec_0"),
+        T("exec_0", "r2"),
+        T("exec_0", "r2 again"),
+        AS("a2"),
+        U("three"),
+        A("exec_0", "exec_1"),
+        T("exec_1", "r3b"),
+        T("exec_0", "r3a"),
+        AS("a3"),
     ]
     out = acc.pair_tool_results(messages, report)
     assert out == [
-        U("one"), A("exec_0"), T("exec_0", "r1"), AS("a1"),
-        U("two"), A("exec_0"), T("exec_0", "r2"), AS("a2"),
-        U("three"), A("exec_0", "exec_1"), T("exec_0", "r3a"), T("exec_1", "r3b"), AS("a3"),
+        U("one"),
+        A("exec_0"),
+        T("exec_0", "r1"),
+        AS("a1"),
+        U("two"),
+        A("exec_0"),
+        T("exec_0", "r2"),
+        AS("a2"),
+        U("three"),
+        A("exec_0", "exec_1"),
+        T("exec_0", "r3a"),
+        T("exec_1", "r3b"),
+        AS("a3"),
     ]
     assert counts(report) == {"dropped_duplicate_results": 1}
 
@@ -260,7 +284,9 @@ def test_sanitize_function_and_message_names():
 
 def test_sanitize_call_without_function_object():
     report = acc.RepairReport()
-    out = acc.sanitize_names([{"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function"}]}], report)
+    out = acc.sanitize_names(
+        [{"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function"}]}], report
+    )
     assert out[0]["tool_calls"] == [{"id": "a", "type": "function", "function": {"name": "tool"}}]
     assert counts(report) == {"renamed_functions": 1}
 
@@ -529,7 +555,14 @@ def test_openclaw_errored_turn_dropped_user_between_kept():
         U("thanks"),
     ]
     out, report = repair(messages)
-    assert out == [U("run the build"), U("stop, do X instead"), A("call_3"), T("call_3", "did X"), AS("Done X."), U("thanks")]
+    assert out == [
+        U("run the build"),
+        U("stop, do X instead"),
+        A("call_3"),
+        T("call_3", "did X"),
+        AS("Done X."),
+        U("thanks"),
+    ]
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2}
     assert check_openai(out) == []
     assert check_anthropic(out) == []
@@ -562,7 +595,17 @@ def test_openclaw_review_duplicate_of_dropped_result_after_a_later_turn_does_not
 
 
 def test_openclaw_review_duplicate_of_dropped_result_inside_a_healthy_turn_does_not_survive():
-    messages = [U("q"), A("x", finish_reason="error"), T("x", "r"), U("q2"), A("y"), T("y", "ry"), T("x", "r again"), AS("a2"), U("q3")]
+    messages = [
+        U("q"),
+        A("x", finish_reason="error"),
+        T("x", "r"),
+        U("q2"),
+        A("y"),
+        T("y", "ry"),
+        T("x", "r again"),
+        AS("a2"),
+        U("q3"),
+    ]
     out, report = repair(messages)
     assert out == [U("q"), U("q2"), A("y"), T("y", "ry"), AS("a2"), U("q3")]
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1, "dropped_orphan_results": 1}
@@ -571,7 +614,15 @@ def test_openclaw_review_duplicate_of_dropped_result_inside_a_healthy_turn_does_
 
 def test_openclaw_errored_turn_then_healthy_turn_reusing_its_id():
     """The healthy turn owns its own result even with the errored turn's id."""
-    messages = [U("q"), A("exec_0", stopReason="error"), T("exec_0", "bad"), U("q2"), A("exec_0"), T("exec_0", "good"), AS("a2")]
+    messages = [
+        U("q"),
+        A("exec_0", stopReason="error"),
+        T("exec_0", "bad"),
+        U("q2"),
+        A("exec_0"),
+        T("exec_0", "good"),
+        AS("a2"),
+    ]
     out, report = repair(messages)
     assert out == [U("q"), U("q2"), A("exec_0"), T("exec_0", "good"), AS("a2")]
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1}

@@ -51,11 +51,13 @@ def test_thresholds_stored_as_a_dict_by_older_versions_still_load():
 
 def test_per_model_overrides_exact_then_longest_prefix():
     v = acc.Filter.Valves(
-        model_thresholds=json.dumps({
-            "llama*": {"max_context_tokens": 7000},
-            "llama3*": {"max_context_tokens": 6000, "compression_threshold_tokens": 3000},
-            "llama3:8b": {"max_context_tokens": 5000, "encoding": "o200k_base"},
-        })
+        model_thresholds=json.dumps(
+            {
+                "llama*": {"max_context_tokens": 7000},
+                "llama3*": {"max_context_tokens": 6000, "compression_threshold_tokens": 3000},
+                "llama3:8b": {"max_context_tokens": 5000, "encoding": "o200k_base"},
+            }
+        )
     )
     assert acc.resolve_settings(v, "llama3:8b").max_context == 5000
     assert acc.resolve_settings(v, "llama3:8b").encoding == "o200k_base"
@@ -92,7 +94,13 @@ def test_user_can_hide_the_status_line_and_turn_the_filter_off():
     assert acc.resolve_settings(acc.Filter.Valves(), "m", user_valves).show_status is False
     f = acc.Filter()
     f.valves.max_context_tokens = 10
-    broken = {"model": "m", "messages": [{"role": "tool", "tool_call_id": "x", "content": "orphan"}, {"role": "user", "content": "hi " * 50}]}
+    broken = {
+        "model": "m",
+        "messages": [
+            {"role": "tool", "tool_call_id": "x", "content": "orphan"},
+            {"role": "user", "content": "hi " * 50},
+        ],
+    }
     off = {"id": "u", "valves": acc.Filter.UserValves(enabled=False)}
     assert run(f.inlet(broken, __user__=off)) is broken
     assert run(f.outlet(broken, __user__=off)) is broken
@@ -115,7 +123,14 @@ def test_inlet_shows_usage_in_the_status_line():
 
     f = acc.Filter()
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-    run(f.inlet(body, __user__={"id": "u"}, __event_emitter__=emitter, __metadata__={"variables": {"{{USER_LANGUAGE}}": "zh-CN"}}))
+    run(
+        f.inlet(
+            body,
+            __user__={"id": "u"},
+            __event_emitter__=emitter,
+            __metadata__={"variables": {"{{USER_LANGUAGE}}": "zh-CN"}},
+        )
+    )
     assert len(events) == 1 and events[0]["type"] == "status"
     assert events[0]["data"]["description"].startswith("上下文 ")
 
@@ -140,7 +155,9 @@ def test_inlet_never_raises_and_sends_the_safest_list(monkeypatch):
     assert run(f.inlet(body, __user__={"id": "u"}, __event_emitter__=emitter)) is body  # as it came
 
 
-@pytest.mark.parametrize("body", [None, 42, "text", {}, {"messages": None}, {"messages": "x"}, {"messages": [None, 3, "a"]}])
+@pytest.mark.parametrize(
+    "body", [None, 42, "text", {}, {"messages": None}, {"messages": "x"}, {"messages": [None, 3, "a"]}]
+)
 def test_inlet_request_and_outlet_accept_any_body(body):
     f = acc.Filter()
     for hook in (f.inlet, f.request, f.outlet):

@@ -50,19 +50,53 @@ def n(encoding, text: str) -> int:
 # -- encoding per model family ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", [
-    "gpt-4o", "gpt-4o-mini", "gpt-4o-2024-08-06", "chatgpt-4o-latest", "gpt-4.1", "gpt-4.1-nano",
-    "gpt-4.5-preview", "gpt-5", "gpt-5-mini", "o1", "o1-mini", "o3", "o3-mini", "o4-mini",
-    "openai/gpt-4o", "openai/o3-mini", "azure.gpt-4o", "gpt-oss-20b", "GPT-4O",
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "gpt-4o",
+        "gpt-4o-mini",
+        "gpt-4o-2024-08-06",
+        "chatgpt-4o-latest",
+        "gpt-4.1",
+        "gpt-4.1-nano",
+        "gpt-4.5-preview",
+        "gpt-5",
+        "gpt-5-mini",
+        "o1",
+        "o1-mini",
+        "o3",
+        "o3-mini",
+        "o4-mini",
+        "openai/gpt-4o",
+        "openai/o3-mini",
+        "azure.gpt-4o",
+        "gpt-oss-20b",
+        "GPT-4O",
+    ],
+)
 def test_o200k_for_gpt4o_and_o_series(model):
     assert acc.encoding_for_model(model) == "o200k_base"
 
 
-@pytest.mark.parametrize("model", [
-    "gpt-4", "gpt-4-turbo", "gpt-4-0613", "gpt-3.5-turbo", "llama3:8b", "llama3.1:70b", "mistral-large",
-    "claude-3-5-sonnet", "qwen2.5:7b", "gemma2:9b", "deepseek-r1", "phi3:mini", "yolo1", "",
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "gpt-4",
+        "gpt-4-turbo",
+        "gpt-4-0613",
+        "gpt-3.5-turbo",
+        "llama3:8b",
+        "llama3.1:70b",
+        "mistral-large",
+        "claude-3-5-sonnet",
+        "qwen2.5:7b",
+        "gemma2:9b",
+        "deepseek-r1",
+        "phi3:mini",
+        "yolo1",
+        "",
+    ],
+)
 def test_cl100k_otherwise(model):
     assert acc.encoding_for_model(model) == "cl100k_base"
 
@@ -74,10 +108,14 @@ def test_override_wins_and_unknown_override_is_ignored():
 
 
 def test_override_through_model_thresholds():
-    valves = acc.Filter.Valves(model_thresholds=json.dumps({
-        "llama3*": {"encoding": "o200k_base"},
-        "gpt-4o": {"encoding": "cl100k_base"},
-    }))
+    valves = acc.Filter.Valves(
+        model_thresholds=json.dumps(
+            {
+                "llama3*": {"encoding": "o200k_base"},
+                "gpt-4o": {"encoding": "cl100k_base"},
+            }
+        )
+    )
     assert acc.resolve_settings(valves, "llama3:8b").encoding == "o200k_base"
     assert acc.resolve_settings(valves, "gpt-4o").encoding == "cl100k_base"
     assert acc.resolve_settings(valves, "gpt-4o-mini").encoding == "o200k_base"  # not overridden
@@ -128,9 +166,13 @@ def test_tool_calls_cost_names_and_arguments(counter, tiktoken_cl100k):
 
 def test_non_string_arguments_are_counted_as_json(counter, tiktoken_cl100k):
     arguments = {"city": "Paris"}
-    message = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": arguments}},
-    ]}
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": arguments}},
+        ],
+    }
     text = json.dumps(arguments, ensure_ascii=False)
     assert counter.message_tokens(message, ENC) == 4 + acc.TOKENS_PER_TOOL_CALL + 2 + n(tiktoken_cl100k, text)
 
@@ -142,12 +184,15 @@ def test_tool_result_costs_its_text_and_the_call_reference(counter, tiktoken_cl1
 
 
 def test_image_parts_are_estimated_from_their_size(counter, tiktoken_cl100k):
-    message = {"role": "user", "content": [
-        {"type": "text", "text": "What is in this image?"},
-        {"type": "image_url", "image_url": {"url": png(1024, 1024), "detail": "high"}},
-        {"type": "image_url", "image_url": {"url": png(1024, 1024), "detail": "low"}},
-        {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
-    ]}
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is in this image?"},
+            {"type": "image_url", "image_url": {"url": png(1024, 1024), "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": png(1024, 1024), "detail": "low"}},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
+        ],
+    }
     assert n(tiktoken_cl100k, "What is in this image?") == 6
     assert counter.message_tokens(message, ENC) == 4 + 6 + 765 + 85 + acc.IMAGE_TOKENS_UNKNOWN
 
@@ -168,8 +213,11 @@ def test_tool_schemas_count(counter, tiktoken_cl100k):
 def _o200k_cached() -> bool:
     url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
     name = hashlib.sha1(url.encode()).hexdigest()
-    dirs = [os.environ.get("TIKTOKEN_CACHE_DIR"), os.environ.get("DATA_GYM_CACHE_DIR"),
-            os.path.join(tempfile.gettempdir(), "data-gym-cache")]
+    dirs = [
+        os.environ.get("TIKTOKEN_CACHE_DIR"),
+        os.environ.get("DATA_GYM_CACHE_DIR"),
+        os.path.join(tempfile.gettempdir(), "data-gym-cache"),
+    ]
     return any(d and os.path.isfile(os.path.join(d, name)) for d in dirs)
 
 
@@ -196,12 +244,19 @@ def png(width: int, height: int) -> str:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
-    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 8)) + chunk(b"IEND", b"")
+    data = (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 8)) + chunk(b"IEND", b"")
+    )
     return data_url("image/png", data)
 
 
 def gif(width: int, height: int) -> str:
-    data = b"GIF89a" + struct.pack("<HH", width, height) + b"\x00\x00\x00" + b",\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
+    data = (
+        b"GIF89a"
+        + struct.pack("<HH", width, height)
+        + b"\x00\x00\x00"
+        + b",\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
+    )
     return data_url("image/gif", data)
 
 
@@ -212,7 +267,13 @@ def jpeg(width: int, height: int) -> str:
 
 
 def webp_vp8x(width: int, height: int) -> str:
-    body = b"VP8X" + struct.pack("<I", 10) + b"\x00\x00\x00\x00" + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    body = (
+        b"VP8X"
+        + struct.pack("<I", 10)
+        + b"\x00\x00\x00\x00"
+        + (width - 1).to_bytes(3, "little")
+        + (height - 1).to_bytes(3, "little")
+    )
     return data_url("image/webp", b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
 
 
@@ -243,14 +304,17 @@ def tiles_by_hand(width: int, height: int) -> int:
     return -(-int(width) // 512) * -(-int(height) // 512)
 
 
-@pytest.mark.parametrize("size, expected", [
-    ((1024, 1024), 765),   # 768x768: 4 tiles
-    ((512, 512), 255),     # 1 tile
-    ((2048, 4096), 1105),  # 1024x2048 -> 768x1536: 6 tiles
-    ((4096, 8192), 1105),
-    ((640, 480), 425),     # 2 tiles
-    ((3000, 100), 765),    # 2048x68: 4 tiles
-])
+@pytest.mark.parametrize(
+    "size, expected",
+    [
+        ((1024, 1024), 765),  # 768x768: 4 tiles
+        ((512, 512), 255),  # 1 tile
+        ((2048, 4096), 1105),  # 1024x2048 -> 768x1536: 6 tiles
+        ((4096, 8192), 1105),
+        ((640, 480), 425),  # 2 tiles
+        ((3000, 100), 765),  # 2048x68: 4 tiles
+    ],
+)
 def test_openai_tile_formula(size, expected):
     assert 85 + 170 * tiles_by_hand(*size) == expected
     for make in (png, jpeg, webp_vp8x):
@@ -259,7 +323,9 @@ def test_openai_tile_formula(size, expected):
         assert acc.image_tokens(make(*size), "low") == 85
 
 
-@pytest.mark.parametrize("url", ["https://example.com/a.png", "data:image/png;base64,AAAA", "data:,", "", "data:image/png;base64,!!!"])
+@pytest.mark.parametrize(
+    "url", ["https://example.com/a.png", "data:image/png;base64,AAAA", "data:,", "", "data:image/png;base64,!!!"]
+)
 def test_unreadable_images_cost_a_full_high_detail_image(url):
     assert acc.image_tokens(url) == acc.IMAGE_TOKENS_UNKNOWN == 765
     assert acc.image_tokens(url, "low") == 85
@@ -302,11 +368,14 @@ def test_inlet_does_not_wait_for_the_encoding_either(monkeypatch, tiktoken_cl100
     acc._owui_async_engine()  # outside a server, the failed Open WebUI import is slow: once per process
     f = acc.Filter()  # starts loading both encodings, in the background
     f.valves.max_context_tokens = 300  # forces the fitting path, on estimates
-    body = {"model": "llama3:8b", "messages": [
-        {"role": "system", "content": "Be brief."},
-        *[{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 40} for i in range(20)],
-        {"role": "user", "content": "and now?"},
-    ]}
+    body = {
+        "model": "llama3:8b",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            *[{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 40} for i in range(20)],
+            {"role": "user", "content": "and now?"},
+        ],
+    }
     started = time.perf_counter()
     out = asyncio.run(f.inlet(body, {"id": "u"}, {"chat_id": "c"}))
     assert time.perf_counter() - started < 1.0
@@ -364,15 +433,35 @@ def test_cache_is_keyed_by_content_not_by_object(monkeypatch, counter):
     assert len(calls) == 2, "changed content must be recounted"
 
 
-@pytest.mark.parametrize("change", [
-    lambda m: {**m, "name": "bob"},
-    lambda m: {**m, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "other"}'}}]},
-    lambda m: {**m, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]},
-    lambda m: {**m, "content": [{"type": "text", "text": m["content"]}, {"type": "image_url", "image_url": {"url": png(64, 64)}}]},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: {**m, "name": "bob"},
+        lambda m: {
+            **m,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "other"}'}}
+            ],
+        },
+        lambda m: {
+            **m,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}],
+        },
+        lambda m: {
+            **m,
+            "content": [
+                {"type": "text", "text": m["content"]},
+                {"type": "image_url", "image_url": {"url": png(64, 64)}},
+            ],
+        },
+    ],
+)
 def test_whatever_the_count_depends_on_is_in_the_key(monkeypatch, counter, change):
-    base = {"role": "assistant", "content": "ok", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}]}
+    base = {
+        "role": "assistant",
+        "content": "ok",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}],
+    }
     calls = spy_counts(monkeypatch, counter)
     counter.message_tokens(base, ENC)
     other = change(base)
@@ -423,7 +512,10 @@ def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
     f.valves.max_context_tokens = 2000
     chat = [{"role": "system", "content": "Be brief."}]
     for i in range(30):
-        chat += [{"role": "user", "content": f"question {i} " * 20}, {"role": "assistant", "content": f"answer {i} " * 20}]
+        chat += [
+            {"role": "user", "content": f"question {i} " * 20},
+            {"role": "assistant", "content": f"answer {i} " * 20},
+        ]
     chat.append({"role": "user", "content": "next?"})
     asyncio.run(f.inlet(json.loads(json.dumps({"model": "llama3", "messages": chat})), {"id": "u"}, {"chat_id": "c"}))
     calls = spy_counts(monkeypatch, f.counter)
@@ -439,16 +531,25 @@ def test_digest_cache_is_bounded_and_never_changes_a_digest(monkeypatch):
         return acc.canonical_digest(message)
 
     messages = [{"role": "user", "content": f"text {i}"} for i in range(40)]
-    messages.append({"role": "assistant", "content": [{"type": "text", "text": "a"}, "b"], "tool_calls": [
-        {"id": "1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]})
+    messages.append(
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "a"}, "b"],
+            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "search", "arguments": "{}"}}],
+        }
+    )
     expected = [uncached(m) for m in messages]
     monkeypatch.setattr(acc, "_DIGESTS", acc.OrderedDict())
     monkeypatch.setattr(acc, "_DIGESTS_SIZE", 5)
     for _ in range(3):
         assert [acc.canonical_digest(json.loads(json.dumps(m))) for m in messages] == expected
         assert len(acc._DIGESTS) <= 5
-    assert acc.canonical_digest({"role": "user", "content": "text 1"}) != acc.canonical_digest({"role": "user", "content": "text 2"})
-    assert acc.canonical_digest({"role": "user", "content": "same"}) != acc.canonical_digest({"role": "assistant", "content": "same"})
+    assert acc.canonical_digest({"role": "user", "content": "text 1"}) != acc.canonical_digest(
+        {"role": "user", "content": "text 2"}
+    )
+    assert acc.canonical_digest({"role": "user", "content": "same"}) != acc.canonical_digest(
+        {"role": "assistant", "content": "same"}
+    )
 
 
 # -- the estimator: fast, high-side, and within its published error --------------------------
@@ -481,7 +582,7 @@ def test_estimator_error_stays_within_the_published_table(counter):
     published = calibrate.published_table()
     assert set(published) == set(calibrate.texts(10)), "the published table misses a category"
     data = calibrate.measurements(counter, per_category=100)
-    for name, _, median, low, high, *_ in calibrate.error_table(data):
+    for name, _, _median, low, high, *_ in calibrate.error_table(data):
         pub_low, pub_high = published[name]
         assert low >= pub_low - 0.0005, f"{name}: under-estimates by {low:.1%}, published worst {pub_low:.1%}"
         assert high <= pub_high + 0.0005, f"{name}: over-estimates by {high:.1%}, published worst {pub_high:.1%}"
