@@ -19,7 +19,8 @@ requirements: tiktoken
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
 #   7. Status texts per UI language.
-#   8. The Filter: thin wiring of the above to inlet / request / outlet.
+#   8. Background summaries: plan, lease, fold in rounds, save, back off.
+#   9. The Filter: thin wiring of the above to inlet / request / outlet.
 
 from __future__ import annotations
 
@@ -2325,15 +2326,22 @@ def status_text(language: str, key: str, **values: Any) -> str:
 
 
 # ---------------------------------------------------------------------------
-# 8. The Filter: thin wiring to Open WebUI's inlet / request / outlet
+# 8. Background summaries: plan, lease, fold in rounds, save, back off
 # ---------------------------------------------------------------------------
+# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
+# once. The summarizer decides whether the next request would be over the
+# trigger, takes the chat's lease (one worker per chat, across workers and
+# replicas), folds older messages into the summary in as many rounds as the
+# summary model's window needs, saves each round, and backs off after
+# failures. Every count here is in canonical coordinates (layer 2).
 
 BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
-HYSTERESIS = 0.10  # a new summary must fold at least this share of the threshold
+HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
+PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 
 
 class _BoundedDict(OrderedDict):
@@ -2351,9 +2359,10 @@ class _BoundedDict(OrderedDict):
 
 
 @dataclass
-class Turn:
-    """What one hook call knows about its request; lives only for that call
-    (and the background task it starts), never on the shared Filter."""
+class RequestContext:
+    """What one hook call knows about its request: who, which chat and
+    model, the settings resolved for them, where status lines go. Lives only
+    for that call and the background task it starts, never on the Filter."""
 
     user: dict
     user_id: str
@@ -2364,8 +2373,287 @@ class Turn:
     emitter: Optional[Callable] = None
     request: Any = None
 
-    def scope(self, anchor: str) -> str:
+    def chat_key(self, anchor: str = "") -> str:
+        """Key of this chat in leases, locks and the per-chat tables: the chat
+        id, or for API calls (no chat id) the conversation's anchor."""
         return f"{self.user_id}:{self.chat_id or 'api:' + anchor}"[:255]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The branch outlet saw, in canonical coordinates: the repaired
+    non-system messages, their stored ids and digests, and the anchor that
+    names the conversation."""
+
+    messages: Messages
+    ids: list
+    digests: list
+    anchor: str
+
+    @classmethod
+    def of(cls, canon: Messages, ids: list) -> "Branch":
+        digests = [canonical_digest(m) for m in canon]
+        return cls(canon, ids, digests, conversation_anchor(digests))
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """Fold canonical messages [start, target) into ``previous`` (None: the
+    first summary), keeping [0, head) verbatim. ``next_request`` is what the
+    next request would send without this fold, in tokens."""
+
+    previous: Optional[SummaryRecord]
+    head: int
+    start: int
+    target: int
+    next_request: int
+
+
+def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
+    """What every request of a chat sends besides its conversation: tool
+    schemas and framing (``fixed``) and the system prompts, never this
+    filter's own summary message, which the planner counts by itself."""
+    return fixed + sum(
+        counter.message_tokens(m, encoding, exact=False)
+        for m in messages
+        if _role(m) == "system" and not is_summary_message(m)
+    )
+
+
+class BackgroundSummarizer:
+    """Owns what summarizing needs: the store, the token counter, the
+    completion call, one lock per chat on this worker and the running tasks.
+    Shared by every request; per-chat tables are bounded."""
+
+    def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
+        self.store = store
+        self.counter = counter
+        self.complete = complete
+        self.worker = uuid.uuid4().hex[:12]
+        self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
+        self.tasks: set = set()
+        # chat key -> request_overhead_tokens() of its latest request
+        self.request_overhead = _BoundedDict(PER_CHAT_MEMORY)
+
+    # -- the next request, counted one way --------------------------------
+    def count(self, messages: Messages, encoding: str) -> int:
+        """Exact where counted before (and for a few new messages), estimated
+        with its margin for the rest: a chat seen for the first time after a
+        restart is not tokenized whole on the event loop."""
+        known, estimated, _ = self.counter.preflight(messages, encoding)
+        return known + int(estimated * (1 + ESTIMATE_MARGIN))
+
+    def next_request_tokens(
+        self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
+    ) -> int:
+        """Tokens of the request inlet would send next: head, summary, tail,
+        plus what the chat's requests carry besides the conversation."""
+        canon = branch.messages
+        kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
+        return self.count(kept, ctx.settings.encoding) + self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+
+    def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
+        """A cheap estimate, so that chats far below the trigger cost no
+        database read and no digests."""
+        s = ctx.settings
+        estimate = self.counter.messages_tokens(canon, s.encoding, exact=False)
+        overhead = self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+        return estimate + overhead > s.trigger_tokens * (1 - ESTIMATE_MARGIN)
+
+    # -- tasks ------------------------------------------------------------
+    def start(self, ctx: RequestContext, branch: Branch) -> None:
+        if len(self.tasks) >= MAX_BACKGROUND_TASKS:
+            log.warning(
+                "async_context_compression: %d summaries running; this one waits for a later turn", len(self.tasks)
+            )
+            return
+        task = asyncio.create_task(self._run(ctx, branch))
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: "asyncio.Task") -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("async_context_compression: background summary crashed", exc_info=task.exception())
+
+    async def wait(self, timeout: float = 60.0) -> None:
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
+
+    async def _run(self, ctx: RequestContext, branch: Branch) -> None:
+        key = ctx.chat_key(branch.anchor)
+        lock = self.locks.get(key)
+        if lock is None:
+            lock = self.locks[key] = asyncio.Lock()
+        if lock.locked():
+            return  # this worker is already summarizing the chat
+        async with lock:
+            try:
+                if await _builtin_compaction_enabled():
+                    _warn_once(
+                        [
+                            "Open WebUI's built-in context compaction is on: this filter only repairs and caps; disable one of the two"
+                        ]
+                    )
+                    return
+                await self._summarize_if_needed(ctx, branch, key)
+            except StoreUnavailable:
+                return
+            except Exception:
+                log.exception("async_context_compression: background summary failed")
+
+    # -- one summary --------------------------------------------------------
+    async def _summarize_if_needed(self, ctx: RequestContext, branch: Branch, key: str) -> None:
+        s = ctx.settings
+        if await self.plan(ctx, branch) is None:
+            return
+        holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
+        if not await self.store.try_claim(key, holder, ttl=s.summary_timeout * _MAX_ROUNDS + 60):
+            return  # another worker or replica has it, or failures are backing off
+        try:
+            plan = await self.plan(ctx, branch)  # it may have finished meanwhile
+            if plan is None:
+                await self.store.release(key, holder)  # else the chat waits for the lease to expire
+                return
+            await _emit(
+                ctx.emitter, status_text(ctx.language, "summarizing", count=plan.target - plan.start), done=False
+            )
+            record = await self._fold(ctx, branch, plan)
+            used = self.next_request_tokens(ctx, branch, record.summary, record.head_count, record.covered_count)
+            await _emit(
+                ctx.emitter,
+                status_text(
+                    ctx.language,
+                    "summary_done",
+                    count=record.covered_count - plan.start,
+                    used=used,
+                    budget=s.max_context,
+                ),
+                done=True,
+            )
+            await self.store.release(key, holder)
+        except SummaryError as exc:
+            delay = await self.store.back_off(key, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
+            log.warning(
+                "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
+                ctx.chat_id or "api",
+                exc,
+                delay,
+            )
+            await _emit(
+                ctx.emitter,
+                status_text(ctx.language, "summary_failed", reason=exc.reason, retry=f"{delay:.0f}s"),
+                done=True,
+            )
+        except BaseException:
+            await self.store.release(key, holder)
+            raise
+
+    async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
+        """A fold when the next request would be over the trigger and enough
+        is new to be worth rewriting the summary; else None."""
+        s, canon = ctx.settings, branch.messages
+        records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
+        previous = choose_summary(records, branch.digests, allow_full=True)
+        head = previous.head_count if previous else _canonical_head(canon, s.keep_first)
+        start = previous.covered_count if previous else head
+        used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
+        if used <= s.trigger_tokens:
+            return None
+        target = summary_target(canon, head, s.keep_last, floor=start)
+        if target <= start:
+            return None
+        fresh = self.count(canon[start:target], s.encoding)
+        if fresh < s.threshold * HYSTERESIS and not (s.max_context and used > s.max_context):
+            return None  # too little new to be worth another summary
+        if s.debug:
+            log.info(
+                "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s",
+                ctx.chat_id,
+                used,
+                s.trigger_tokens,
+                start,
+                target,
+            )
+        return FoldPlan(previous, head, start, target, used)
+
+    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan) -> SummaryRecord:
+        """Fold the plan's messages in as many rounds as the summary model's
+        window needs; each round is saved on its own."""
+        s = ctx.settings
+        summary = plan.previous.summary if plan.previous else ""
+        start, record = plan.start, None
+        for _ in range(_MAX_ROUNDS):
+            if start >= plan.target:
+                break
+            # tokenizing up to a whole summarizer window: off the event loop
+            end, blocks = await asyncio.to_thread(self._round_input, branch, start, plan.target, summary, s)
+            summary = await self._ask(ctx, build_summarizer_messages(summary, blocks, s.max_summary_tokens))
+            record = SummaryRecord(
+                user_id=ctx.user_id,
+                chat_id=ctx.chat_id,
+                anchor=branch.anchor,
+                head_count=plan.head,
+                covered_count=end,
+                fingerprint=prefix_fingerprint(branch.digests, end),
+                summary=summary,
+                summary_tokens=self.counter.text_tokens(summary, s.encoding),
+                model=s.summary_model,
+                created_at=time.time(),
+            )
+            await self.store.save(record)
+            start = end
+        if record is None:
+            raise SummaryError("nothing to fold")
+        return record
+
+    async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
+        s = ctx.settings
+        try:
+            answer = await asyncio.wait_for(
+                self.complete(
+                    ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature
+                ),
+                timeout=s.summary_timeout,
+            )
+        except TimeoutError:
+            raise SummaryError("timeout", f"no answer within {s.summary_timeout:.0f}s")
+        except SummaryError:
+            raise
+        except Exception as exc:
+            raise SummaryError("model error", str(exc)[:300])
+        return clean_summary_answer(answer)
+
+    def _round_input(self, branch: Branch, start: int, target: int, summary: str, s: Settings) -> tuple[int, list]:
+        """The longest run of whole units from ``start`` whose rendering fits
+        the summary model's window (at least one unit, clipped if need be)."""
+        canon, ids = branch.messages, branch.ids
+        budget = (
+            s.summary_window
+            - s.max_summary_tokens
+            - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding)
+            - 200
+        )
+        # a unit begun before ``start`` (a branch that grew a chain past an
+        # old boundary) contributes its remaining messages, never none
+        spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]
+        blocks, end, used = [], start, 0
+        for a, b in spans:
+            unit = render_for_summary(canon[a:b], ids[a:b])
+            cost = sum(self.counter.text_tokens(block, s.summary_encoding) + 4 for block in unit)
+            if blocks and used + cost > budget:
+                break
+            if not blocks and cost > budget:
+                unit = [clip_text(block, max(400, budget * 3 // max(1, len(unit)))) for block in unit]
+            blocks.extend(unit)
+            used += cost
+            end = b
+        return end, blocks
+
+
+# ---------------------------------------------------------------------------
+# 9. The Filter: thin wiring to Open WebUI's inlet / request / outlet
+# ---------------------------------------------------------------------------
 
 
 class Filter:
@@ -2459,15 +2747,34 @@ class Filter:
 
     def __init__(self):
         self.valves = self.Valves()
-        self.counter = TokenCounter()
-        self.store = SummaryStore()
-        self.complete: Callable[..., Awaitable[str]] = owui_complete
-        self._worker = uuid.uuid4().hex[:12]
-        self._chat_locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
-        self._tasks: set = set()
-        self._overhead = _BoundedDict(4096)  # scope -> tokens of system prompt and tools, seen by inlet
+        self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         for name in _ENCODINGS:
             self.counter.start_loading(name)
+
+    # The summarizer owns these; tests and benchmarks swap them through here.
+    @property
+    def counter(self) -> TokenCounter:
+        return self.summaries.counter
+
+    @counter.setter
+    def counter(self, value: TokenCounter) -> None:
+        self.summaries.counter = value
+
+    @property
+    def store(self) -> "SummaryStore":
+        return self.summaries.store
+
+    @store.setter
+    def store(self, value: "SummaryStore") -> None:
+        self.summaries.store = value
+
+    @property
+    def complete(self) -> Callable[..., Awaitable[str]]:
+        return self.summaries.complete
+
+    @complete.setter
+    def complete(self, value: Callable[..., Awaitable[str]]) -> None:
+        self.summaries.complete = value
 
     # Names kept for the seed fix and for readers who know the incumbent.
     def _get_atomic_groups(self, messages: Messages) -> list:
@@ -2513,16 +2820,16 @@ class Filter:
         safest list it can still build, at worst the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
-        turn = None
+        ctx = None
         try:
-            turn = self._turn(body, user, metadata, emitter, model, chat_id)
-            if turn is None:
+            ctx = self._context(body, user, metadata, emitter, model, chat_id)
+            if ctx is None:
                 return body
-            return await self._prepare(body, turn, summaries)
+            return await self._prepare(body, ctx, summaries)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
             safe = self._safest(body)
-            language = turn.language if turn else user_language(metadata, user)
+            language = ctx.language if ctx else user_language(metadata, user)
             await _emit(
                 emitter, status_text(language, "skipped", reason=f"{type(exc).__name__}: {exc}"[:200]), done=True
             )
@@ -2536,7 +2843,7 @@ class Filter:
             log.exception("async_context_compression: repair failed too; sending the request unchanged")
             return body
 
-    def _turn(self, body, user, metadata, emitter, model, chat_id) -> Optional[Turn]:
+    def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
         user = user if isinstance(user, dict) else {}
         user_valves = user.get("valves")
         if user_valves is not None and not getattr(user_valves, "enabled", True):
@@ -2544,7 +2851,7 @@ class Filter:
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         settings = resolve_settings(self.valves, model_id, user_valves)
-        return Turn(
+        return RequestContext(
             user=user,
             user_id=str(user.get("id") or "anonymous"),
             chat_id=str(chat_id or metadata.get("chat_id") or body.get("chat_id") or ""),
@@ -2554,22 +2861,20 @@ class Filter:
             emitter=emitter,
         )
 
-    async def _prepare(self, body: dict, turn: Turn, summaries: bool) -> dict:
-        s = turn.settings
+    async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
+        s = ctx.settings
         messages, repair = repair_transcript(body["messages"])
         fixed = self.counter.tools_tokens(body.get("tools"), s.encoding) + TOKENS_PER_REQUEST
         record = None
         if summaries and not _has_builtin_summary(messages):
-            record = await self._lookup_summary(turn, messages)
+            record = await self._lookup_summary(ctx, messages)
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = _index_after_head(view, record.head_count)
         else:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
-        self._overhead[turn.scope("")] = fixed + sum(
-            self.counter.message_tokens(m, s.encoding, exact=False) for m in view if m.get("role") == "system"
-        )
+        self.summaries.request_overhead[ctx.chat_key()] = request_overhead_tokens(self.counter, view, fixed, s.encoding)
         view, fit = self._fit(view, s, prefix, fixed)
         if fit.changed():
             view, again = repair_transcript(view)
@@ -2577,7 +2882,7 @@ class Filter:
         if repair.changed() or fit.changed() or s.debug:
             log.info(
                 "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
-                turn.chat_id or "api",
+                ctx.chat_id or "api",
                 repair.describe(),
                 fit.tokens_before,
                 fit.tokens_after,
@@ -2588,7 +2893,7 @@ class Filter:
             )
         _warn_once(s.warnings)
         if s.show_status and summaries:
-            await self._emit_usage(turn, fit, repair, record)
+            await self._emit_usage(ctx, fit, repair, record)
         return {**body, "messages": view}
 
     def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
@@ -2623,13 +2928,13 @@ class Filter:
                 return out2, report2
         return out, report
 
-    async def _lookup_summary(self, turn: Turn, messages: Messages) -> Optional[SummaryRecord]:
+    async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> Optional[SummaryRecord]:
         canon = [m for m in messages if m.get("role") != "system"]  # repaired: all dicts
         if len(canon) < 3:
             return None
         anchor = conversation_anchor([canonical_digest(m) for m in canon[:2]])
         try:
-            records = await asyncio.wait_for(self.store.find(turn.user_id, turn.chat_id, anchor), STORE_TIMEOUT)
+            records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
         except StoreUnavailable:
             return None
         except Exception as exc:
@@ -2646,8 +2951,8 @@ class Filter:
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
         return choose_summary(records, digests)
 
-    async def _emit_usage(self, turn: Turn, fit: FitReport, repair: RepairReport, record) -> None:
-        s, lang = turn.settings, turn.language
+    async def _emit_usage(self, ctx: RequestContext, fit: FitReport, repair: RepairReport, record) -> None:
+        s, lang = ctx.settings, ctx.language
         values = dict(used=fit.tokens_after, budget=s.max_context)
         if fit.over_budget:
             text = status_text(lang, "over", **values)
@@ -2661,7 +2966,7 @@ class Filter:
             text += " · " + status_text(lang, "repaired", what=repair.describe())
         if s.warnings:
             text += " · " + status_text(lang, "settings", reason=s.warnings[0])
-        await _emit(turn.emitter, text, done=True)
+        await _emit(ctx.emitter, text, done=True)
 
     # -- outlet ------------------------------------------------------------
     async def outlet(
@@ -2678,225 +2983,22 @@ class Filter:
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
-            turn = self._turn(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
-            if turn is None or _has_builtin_summary(body["messages"]):
+            ctx = self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
+            if ctx is None or _has_builtin_summary(body["messages"]):
                 return body
-            turn.request = __request__
+            ctx.request = __request__
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
-            canon = [m for m in messages if m.get("role") != "system"]  # canonical_view, digests later
-            estimate = self.counter.messages_tokens(canon, turn.settings.encoding, exact=False)
-            if estimate + self._overhead.get(turn.scope(""), 0) <= turn.settings.trigger_tokens * (1 - ESTIMATE_MARGIN):
-                return body  # far below the threshold: not worth a database read (nor a digest)
-            canon_ids = _ids_after_repair(expanded, ids, canon)
-            self._start_background(turn, canon, canon_ids, [canonical_digest(m) for m in canon])
+            canon = [m for m in messages if _role(m) != "system"]  # digests only once worth it
+            if self.summaries.may_need_summary(ctx, canon):
+                self.summaries.start(ctx, Branch.of(canon, _ids_after_repair(expanded, ids, canon)))
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
 
-    def _start_background(self, turn: Turn, canon: Messages, ids: list, digests: list) -> None:
-        if len(self._tasks) >= MAX_BACKGROUND_TASKS:
-            log.warning(
-                "async_context_compression: %d summaries running; this one waits for a later turn", len(self._tasks)
-            )
-            return
-        task = asyncio.create_task(self._summarize_in_background(turn, canon, ids, digests))
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: "asyncio.Task") -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("async_context_compression: background summary crashed", exc_info=task.exception())
-
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout)
-
-    async def _summarize_in_background(self, turn: Turn, canon: Messages, ids: list, digests: list) -> None:
-        anchor = conversation_anchor(digests)
-        scope = turn.scope(anchor)
-        lock = self._chat_locks.get(scope)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._chat_locks[scope] = lock
-        if lock.locked():
-            return  # this worker is already summarizing the chat
-        async with lock:
-            try:
-                if await _builtin_compaction_enabled():
-                    _warn_once(
-                        [
-                            "Open WebUI's built-in context compaction is on: this filter only repairs and caps; disable one of the two"
-                        ]
-                    )
-                    return
-                await self._summarize_if_needed(turn, canon, ids, digests, anchor, scope)
-            except StoreUnavailable:
-                return
-            except Exception:
-                log.exception("async_context_compression: background summary failed")
-
-    async def _summarize_if_needed(self, turn, canon, ids, digests, anchor, scope) -> None:
-        s = turn.settings
-        plan = await self._plan(turn, canon, digests, anchor)
-        if plan is None:
-            return
-        holder = f"{self._worker}:{uuid.uuid4().hex[:8]}"
-        if not await self.store.try_claim(scope, holder, ttl=s.summary_timeout * _MAX_ROUNDS + 60):
-            return  # another worker or replica has it, or failures are backing off
-        try:
-            plan = await self._plan(turn, canon, digests, anchor)  # it may have finished meanwhile
-            if plan is None:
-                await self.store.release(scope, holder)  # else the chat waits for the lease to expire
-                return
-            previous, start, target = plan
-            await _emit(turn.emitter, status_text(turn.language, "summarizing", count=target - start), done=False)
-            record = await self._fold(turn, canon, ids, digests, anchor, previous, start, target)
-            used = self._view_tokens(turn, canon, record.summary, record.head_count, record.covered_count)
-            await _emit(
-                turn.emitter,
-                status_text(
-                    turn.language, "summary_done", count=record.covered_count - start, used=used, budget=s.max_context
-                ),
-                done=True,
-            )
-            await self.store.release(scope, holder)
-        except SummaryError as exc:
-            delay = await self.store.back_off(scope, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
-            log.warning(
-                "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
-                turn.chat_id or "api",
-                exc,
-                delay,
-            )
-            await _emit(
-                turn.emitter,
-                status_text(turn.language, "summary_failed", reason=exc.reason, retry=f"{delay:.0f}s"),
-                done=True,
-            )
-        except BaseException:
-            await self.store.release(scope, holder)
-            raise
-
-    async def _plan(self, turn, canon, digests, anchor) -> Optional[tuple]:
-        """(previous summary or None, first message to fold, end) when the
-        next request would be over the trigger and enough is new; else None."""
-        s = turn.settings
-        records = await self.store.find(turn.user_id, turn.chat_id, anchor)
-        previous = choose_summary(records, digests, allow_full=True)
-        head = previous.head_count if previous else _canonical_head(canon, s.keep_first)
-        start = previous.covered_count if previous else head
-        used = self._view_tokens(turn, canon, previous.summary if previous else None, head, start)
-        if used <= s.trigger_tokens:
-            return None
-        target = summary_target(canon, head, s.keep_last, floor=start)
-        if target <= start:
-            return None
-        fresh = self._tokens(canon[start:target], s.encoding)
-        if fresh < s.threshold * HYSTERESIS and not (s.max_context and used > s.max_context):
-            return None  # too little new to be worth another summary
-        if s.debug:
-            log.info(
-                "async_context_compression plan chat=%s: view %s > trigger %s; fold %s..%s",
-                turn.chat_id,
-                used,
-                s.trigger_tokens,
-                start,
-                target,
-            )
-        return previous, start, target
-
-    def _view_tokens(self, turn: Turn, canon: Messages, summary: Optional[str], head: int, start: int) -> int:
-        """Tokens of the list the next request would send: head, summary, tail."""
-        enc = turn.settings.encoding
-        kept = canon[:head] + canon[start:] if summary else canon
-        if summary:
-            kept = kept + [build_summary_message(summary)]
-        return self._tokens(kept, enc) + self._overhead.get(turn.scope(""), 0)
-
-    def _tokens(self, messages: Messages, encoding: str) -> int:
-        """Exact where counted before (and for a few new messages), estimated
-        with its margin for the rest: a chat seen for the first time after a
-        restart is not tokenized whole on the event loop."""
-        known, estimated, _ = self.counter.preflight(messages, encoding)
-        return TOKENS_PER_REQUEST + known + int(estimated * (1 + ESTIMATE_MARGIN))
-
-    async def _fold(self, turn, canon, ids, digests, anchor, previous, start, target) -> SummaryRecord:
-        """Fold canon[start:target] into the summary, in as many rounds as the
-        summary model's window needs; each round is saved on its own."""
-        s = turn.settings
-        summary = previous.summary if previous else ""
-        head = previous.head_count if previous else _canonical_head(canon, s.keep_first)
-        record = None
-        for _ in range(_MAX_ROUNDS):
-            if start >= target:
-                break
-            # tokenizing up to a whole summarizer window: off the event loop
-            end, blocks = await asyncio.to_thread(self._summary_input, canon, ids, start, target, summary, s)
-            request_messages = build_summarizer_messages(summary, blocks, s.max_summary_tokens)
-            try:
-                answer = await asyncio.wait_for(
-                    self.complete(
-                        turn.request,
-                        turn.user,
-                        s.summary_model,
-                        request_messages,
-                        s.max_summary_tokens,
-                        s.summary_temperature,
-                    ),
-                    timeout=s.summary_timeout,
-                )
-            except TimeoutError:
-                raise SummaryError("timeout", f"no answer within {s.summary_timeout:.0f}s")
-            except SummaryError:
-                raise
-            except Exception as exc:
-                raise SummaryError("model error", str(exc)[:300])
-            summary = clean_summary_answer(answer)
-            record = SummaryRecord(
-                user_id=turn.user_id,
-                chat_id=turn.chat_id,
-                anchor=anchor,
-                head_count=head,
-                covered_count=end,
-                fingerprint=prefix_fingerprint(digests, end),
-                summary=summary,
-                summary_tokens=self.counter.text_tokens(summary, s.encoding),
-                model=s.summary_model,
-                created_at=time.time(),
-            )
-            await self.store.save(record)
-            start = end
-        if record is None:
-            raise SummaryError("nothing to fold")
-        return record
-
-    def _summary_input(self, canon, ids, start, target, summary, s: Settings) -> tuple[int, list]:
-        """The longest run of whole units from ``start`` whose rendering fits
-        the summary model's window (at least one unit, clipped if need be)."""
-        budget = (
-            s.summary_window
-            - s.max_summary_tokens
-            - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding)
-            - 200
-        )
-        # a unit begun before ``start`` (a branch that grew a chain past an
-        # old boundary) contributes its remaining messages, never none
-        spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]
-        blocks, end, used = [], start, 0
-        for a, b in spans:
-            unit = render_for_summary(canon[a:b], ids[a:b])
-            cost = sum(self.counter.text_tokens(block, s.summary_encoding) + 4 for block in unit)
-            if blocks and used + cost > budget:
-                break
-            if not blocks and cost > budget:
-                unit = [clip_text(block, max(400, budget * 3 // max(1, len(unit)))) for block in unit]
-            blocks.extend(unit)
-            used += cost
-            end = b
-        return end, blocks
+        await self.summaries.wait(timeout)
 
 
 # -- small helpers of the Filter -----------------------------------------------

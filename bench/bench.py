@@ -322,9 +322,9 @@ def table_sizes(f: "acc.Filter") -> dict:
     """Every table the filter keeps between requests, with its bound."""
     sizes = {
         "token count cache": (f.counter.cache_len(), f.counter._cache_size),
-        "overhead per chat": (len(f._overhead), f._overhead.limit),
-        "chat locks (weak)": (len(f._chat_locks), acc.MAX_BACKGROUND_TASKS),
-        "background tasks": (len(f._tasks), acc.MAX_BACKGROUND_TASKS),
+        "overhead per chat": (len(f.summaries.request_overhead), f.summaries.request_overhead.limit),
+        "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
+        "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),
         "settings warnings": (len(acc._WARNED), acc._WARNED.limit),
     }
     if hasattr(acc, "_DIGESTS"):
@@ -351,7 +351,7 @@ async def many_chats(count: int, checkpoints: int = 8) -> dict:
         messages = make_chat(8 + i % 7, seed=i, scale=0.1)
         await f.inlet(inlet_body(messages, chat_id), user, {"chat_id": chat_id})
         await f.outlet(outlet_body(messages, chat_id), user, {"chat_id": chat_id})
-        if f._tasks:
+        if f.summaries.tasks:
             await f.wait_for_background()
         if i + 1 == count:
             tables_at_count = table_sizes(f)

@@ -670,7 +670,7 @@ async def test_builtin_compaction_present_means_hands_off(db):
         __metadata__={"chat_id": "chat-1"},
         __event_emitter__=w._emit,
     )
-    assert not w.filter._tasks  # nothing scheduled
+    assert not w.filter.summaries.tasks  # nothing scheduled
     await w.filter.wait_for_background()
     assert w.summarizer.calls == [] and await w.records(chat) == []
 

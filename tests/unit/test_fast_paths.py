@@ -181,7 +181,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
         )
     f = _shared_filter()
     f.store = _Store(records)
-    turn = acc.Turn(
+    ctx = acc.RequestContext(
         user={"id": "u"},
         user_id="u",
         chat_id="c",
@@ -189,7 +189,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
         language="en",
         settings=acc.resolve_settings(f.valves, "m"),
     )
-    chosen = asyncio.run(f._lookup_summary(turn, messages))
+    chosen = asyncio.run(f._lookup_summary(ctx, messages))
     usable = [r for r in records if acc.summary_tail_joins(canon, r.head_count, r.covered_count)]
     assert chosen is acc.choose_summary(usable, digests)
 

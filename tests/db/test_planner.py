@@ -1,0 +1,60 @@
+"""The planner counts "the next request" exactly as inlet counts the request
+it sends: the summary once, the system prompt and tool schemas once."""
+
+from __future__ import annotations
+
+import copy
+
+from test_background_summary import ALICE, FILLER, MODEL, SYSTEM, FakeSummarizer, Worker, stored_chat
+
+import async_context_compression as acc
+
+
+async def _summarized(db, **valves):
+    w = Worker(db, summarizer=FakeSummarizer(padding=" " + FILLER * 20), **valves)
+    chat = stored_chat(range(8))
+    await w.outlet(chat)
+    [record] = await w.records(chat)
+    return w, chat, record
+
+
+async def test_next_request_counts_the_summary_once(db):
+    w, chat, record = await _summarized(db)
+    sent, view = await w.inlet(chat)
+    assert any(acc.is_summary_message(m) for m in view)
+    inlet_count = w.filter.counter.messages_tokens(view, "cl100k_base")
+
+    ctx = w.filter._context(
+        {"model": MODEL, "messages": sent}, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1"
+    )
+    canon = [m for m in sent if m["role"] != "system"]
+    branch = acc.Branch.of(canon, [None] * len(canon))
+    planned = w.filter.summaries.next_request_tokens(
+        ctx, branch, record.summary, record.head_count, record.covered_count
+    )
+    summary_tokens = w.filter.counter.text_tokens(record.summary, "cl100k_base")
+    assert summary_tokens > 300  # large enough that counting it twice shows
+    # estimates may add their margin, never a second summary
+    assert inlet_count <= planned <= inlet_count * (1 + acc.ESTIMATE_MARGIN)
+    assert planned < inlet_count + summary_tokens
+
+
+async def test_tool_schemas_seen_by_request_count_in_the_next_request(db):
+    w, chat, record = await _summarized(db)
+    sent, view = await w.inlet(chat)
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": FILLER, "parameters": {}}}
+        for i in range(6)
+    ]
+    body = {"model": MODEL, "messages": copy.deepcopy(view), "tools": tools}
+    await w.filter.request(body, __user__=dict(ALICE), __metadata__={"chat_id": "chat-1"}, __chat_id__="chat-1")
+    ctx = w.filter._context(body, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1")
+    canon = [m for m in sent if m["role"] != "system"]
+    planned = w.filter.summaries.next_request_tokens(
+        ctx, acc.Branch.of(canon, [None] * len(canon)), record.summary, record.head_count, record.covered_count
+    )
+    with_tools = w.filter.counter.messages_tokens(view, "cl100k_base") + w.filter.counter.tools_tokens(
+        tools, "cl100k_base"
+    )
+    assert with_tools <= planned <= with_tools * (1 + acc.ESTIMATE_MARGIN)
+    assert SYSTEM in view
