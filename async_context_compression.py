@@ -2564,8 +2564,8 @@ class BackgroundSummarizer:
         if target <= start:
             return None
         fresh = self.count(canon[start:target], s.encoding)
-        if fresh < s.threshold * HYSTERESIS and not (s.max_context and used > s.max_context):
-            return None  # too little new to be worth another summary
+        if fresh < self._worth_folding(s, previous) and not (s.max_context and used > s.max_context):
+            return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
                 "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s",
@@ -2576,6 +2576,16 @@ class BackgroundSummarizer:
                 target,
             )
         return FoldPlan(previous, head, start, target, used)
+
+    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord]) -> int:
+        """Fewest new tokens worth a summary call: a share of the trigger, and
+        twice what each call re-sends (instructions and previous summary), so
+        that the summarizer reads at most about 1.5x the chat over its life
+        and the prompt prefix, which providers cache, changes rarely."""
+        resent = self.counter.text_tokens(SUMMARIZER_PROMPT, s.summary_encoding)
+        if previous is not None:
+            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
+        return max(int(s.trigger_tokens * HYSTERESIS), 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan) -> SummaryRecord:
         """Fold the plan's messages in as many rounds as the summary model's

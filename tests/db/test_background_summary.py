@@ -380,7 +380,11 @@ async def test_hysteresis_no_resummary_right_after_a_summary(db):
     assert len(await w.records(chat)) == 1
 
     chat3 = chat2 + tiny_turn(8) + stored_chat(range(9, 11))
-    await w.outlet(chat3)  # now enough is new
+    await w.outlet(chat3)  # more, but less than twice the summary it would rewrite
+    assert len(w.summarizer.calls) == 1
+
+    chat4 = chat3 + stored_chat(range(11, 15), size=8)
+    await w.outlet(chat4)  # now enough is new
     assert len(w.summarizer.calls) == 2
 
 

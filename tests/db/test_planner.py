@@ -58,3 +58,21 @@ async def test_tool_schemas_seen_by_request_count_in_the_next_request(db):
     )
     assert with_tools <= planned <= with_tools * (1 + acc.ESTIMATE_MARGIN)
     assert SYSTEM in view
+
+
+async def test_summarizer_reads_at_most_one_and_a_half_times_the_chat_over_its_life(db):
+    # Every turn of a growing chat goes through outlet; each summary call
+    # re-sends the instructions and the previous summary, so without the
+    # rule that a rewrite needs twice that much new, input grows with turns
+    # squared.
+    w = Worker(db, summarizer=FakeSummarizer(padding=" " + FILLER * 6))
+    chat: list = []
+    for i in range(40):
+        chat = chat + stored_chat(range(i, i + 1))
+        await w.outlet(chat)
+    count = w.filter.counter.text_tokens
+    read = sum(count(m["content"], "cl100k_base") for call in w.summarizer.calls for m in call["messages"])
+    canon = [m for m in acc.expand_stored_messages(chat)[0] if m["role"] != "system"]
+    whole = w.filter.counter.messages_tokens(canon, "cl100k_base")
+    assert len(w.summarizer.calls) >= 3
+    assert read <= 1.5 * whole, (read, whole, len(w.summarizer.calls))
