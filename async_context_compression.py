@@ -213,6 +213,7 @@ class RepairReport:
     dropped_empty_assistants: int = 0
     moved_results: int = 0
     shortened_ids: int = 0
+    renamed_reused_ids: int = 0
     renamed_functions: int = 0
     fixed_null_content: int = 0
     fixed_call_shapes: int = 0
@@ -230,6 +231,37 @@ class RepairReport:
         return ", ".join(parts) if parts else "nothing to repair"
 
 
+@dataclass(frozen=True)
+class RepairStep:
+    """One repair invariant: ``broken(messages)``, a cheap check whether the
+    list breaks it, and ``fix(messages, report)``, which restores it. The
+    check may assume the invariants of the steps before it hold. Called, a
+    step returns its input untouched (the same list) when its check finds
+    nothing to do, so a list no check objects to costs one pass per step."""
+
+    broken: Callable[[Messages], bool]
+    fix: Callable[[Messages, RepairReport], Messages]
+
+    @property
+    def __name__(self) -> str:
+        return self.fix.__name__
+
+    def __call__(self, messages: Messages, report: RepairReport) -> Messages:
+        return self.fix(messages, report) if self.broken(messages) else messages
+
+
+def _has_malformed(messages: Messages) -> bool:
+    for m in messages:
+        if not isinstance(m, dict):
+            return True
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            return True
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            return True
+    return False
+
+
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: every message is a dict with a role OpenAI accepts (an
     unknown one, or the legacy ``function``, is rejected with HTTP 400), and
@@ -245,6 +277,18 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
     ]
     report.dropped_malformed += len(messages) - len(out)
     return out
+
+
+DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
+
+
+def _has_empty_tool_calls(messages: Messages) -> bool:
+    for m in messages:
+        if "tool_calls" in m:
+            calls = m["tool_calls"]
+            if not isinstance(calls, list) or not calls or not all(_call_id(c) for c in calls):
+                return True
+    return False
 
 
 def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Messages:
@@ -268,6 +312,9 @@ def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Message
     return out
 
 
+REMOVE_EMPTY_TOOL_CALLS = RepairStep(_has_empty_tool_calls, remove_empty_tool_calls)
+
+
 def _turn_span_end(messages: Messages, start: int) -> int:
     """End of the span that may hold the results of the assistant at
     ``start``: everything up to the next assistant message."""
@@ -275,6 +322,10 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     while j < len(messages) and _role(messages[j]) != "assistant":
         j += 1
     return j
+
+
+def _has_errored_tool_turn(messages: Messages) -> bool:
+    return any("tool_calls" in m and _is_tool_call_turn(m) and _is_errored_assistant(m) for m in messages)
 
 
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
@@ -300,6 +351,9 @@ def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Message
                 out.append(other)
         i = end
     return out
+
+
+DROP_ERRORED_TOOL_TURNS = RepairStep(_has_errored_tool_turn, drop_errored_tool_turns)
 
 
 def _dedupe_calls(message: Message, report: RepairReport) -> Message:
@@ -348,6 +402,28 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     return unit, rest
 
 
+def _pairing_broken(messages: Messages) -> bool:
+    """Whether some assistant's calls are not answered, in call order, by
+    exactly one tool message each right after it (or repeat an id), or a
+    tool message answers no call right before it."""
+    owed: Optional[list] = None  # call ids of the current run of results
+    answered = 0
+    for m in messages:
+        if m["role"] == "tool":
+            if owed is None or answered >= len(owed) or m["tool_call_id"] != owed[answered]:
+                return True
+            answered += 1
+            continue
+        if owed is not None and answered < len(owed):
+            return True  # unanswered calls, or a result displaced behind this message
+        owed = None
+        if "tool_calls" in m and m["role"] == "assistant":
+            owed, answered = [c["id"] for c in m["tool_calls"]], 0
+            if len(set(owed)) != len(owed):
+                return True
+    return owed is not None and answered < len(owed)
+
+
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each
     assistant's calls are answered exactly once, by a contiguous run of tool
@@ -385,8 +461,21 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
+PAIR_TOOL_RESULTS = RepairStep(_pairing_broken, pair_tool_results)
+
+
 def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
+
+
+def _has_long_tool_call_id(messages: Messages) -> bool:
+    for m in messages:
+        if m["role"] == "tool":
+            if len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID:
+                return True
+        elif "tool_calls" in m and any(len(c["id"]) > _MAX_TOOL_CALL_ID for c in m["tool_calls"]):
+            return True
+    return False
 
 
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
@@ -413,9 +502,92 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
     return out
 
 
+SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_tool_call_ids)
+
+
+def _has_reused_tool_call_id(messages: Messages) -> bool:
+    seen: set = set()
+    for m in messages:
+        if "tool_calls" in m and m["role"] == "assistant":
+            for c in m["tool_calls"]:
+                cid = c["id"]
+                if cid in seen:
+                    return True
+                seen.add(cid)
+    return False
+
+
+def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
+    """``call_id`` with a numeric suffix (``exec_0`` -> ``exec_0_2``), cut to
+    the 40-character limit, that no other id of the request uses."""
+    n = next_suffix.get(call_id, 2)
+    while True:
+        suffix = f"_{n}"
+        candidate = call_id[: _MAX_TOOL_CALL_ID - len(suffix)] + suffix
+        n += 1
+        if candidate not in taken:
+            next_suffix[call_id] = n
+            taken.add(candidate)
+            return candidate
+
+
+def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (Anthropic A4): no tool-call id is used by two assistant
+    turns of one request. Some providers reuse ids every round (``exec_0``);
+    pairing is per turn, so each turn's results are already its own. A
+    reused id is renamed on the call and its results alike, the same way on
+    every request of the chat (the n-th reuse gets suffix ``_n``, skipping
+    ids the request holds), and the first use keeps its id."""
+    taken: set = set()
+    for m in messages:
+        if m["role"] == "tool":
+            taken.add(m["tool_call_id"])
+        elif "tool_calls" in m:
+            taken.update(c["id"] for c in m["tool_calls"])
+    seen: set = set()
+    next_suffix: dict = {}
+    renamed: dict = {}  # old -> new id, for the results right after the current call turn
+    out = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            new_id = renamed.get(message["tool_call_id"])
+            if new_id is not None:
+                message = {**message, "tool_call_id": new_id}
+        else:
+            renamed = {}
+            if "tool_calls" in message and role == "assistant":
+                calls = []
+                for call in message["tool_calls"]:
+                    cid = call["id"]
+                    if cid in seen:
+                        new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
+                        call = {**call, "id": new_id}
+                        report.renamed_reused_ids += 1
+                    seen.add(call["id"])
+                    calls.append(call)
+                if renamed:
+                    message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
+MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique)
+
+
 def _safe_name(name: Any, limit: int = 64) -> str:
     cleaned = _INVALID_NAME_CHARS.sub("_", str(name or ""))[:limit]
     return cleaned or "tool"
+
+
+def _has_invalid_name(messages: Messages) -> bool:
+    for m in messages:
+        name = m.get("name")
+        if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
+            return True
+        if "tool_calls" in m and not all(_valid_function_name(c) for c in m["tool_calls"]):
+            return True
+    return False
 
 
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
@@ -452,6 +624,10 @@ def _call_shape_ok(call: dict) -> bool:
     return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
 
 
+def _has_bad_call_shape(messages: Messages) -> bool:
+    return any("tool_calls" in m and not all(_call_shape_ok(c) for c in m["tool_calls"]) for m in messages)
+
+
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): every call has ``type: function`` and string
     ``arguments``. Arguments given as an object are sent as its JSON text,
@@ -480,6 +656,10 @@ def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
+SANITIZE_NAMES = RepairStep(_has_invalid_name, sanitize_names)
+FIX_CALL_SHAPES = RepairStep(_has_bad_call_shape, fix_call_shapes)
+
+
 _MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 
 
@@ -503,6 +683,14 @@ def _content_ok(message: Message) -> bool:
         return False
     role = message.get("role")
     return all(_part_ok(p, role) for p in content)
+
+
+def _has_bad_content_shape(messages: Messages) -> bool:
+    for m in messages:
+        content = m.get("content")
+        if content is not None and content.__class__ is not str and not _content_ok(m):
+            return True
+    return False
 
 
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -536,6 +724,13 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
+FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
+
+
+def _has_null_content(messages: Messages) -> bool:
+    return any(m.get("content") is None and not _is_tool_call_turn(m) for m in messages)
+
+
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
@@ -554,89 +749,39 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
-_REPAIR_STEPS: tuple = (
-    drop_malformed_messages,
-    remove_empty_tool_calls,
-    drop_errored_tool_turns,
-    pair_tool_results,
-    shorten_long_tool_call_ids,
-    sanitize_names,
-    fix_call_shapes,
-    fix_content_shapes,
-    fix_null_content,
+FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content)
+
+# In an order where no later step can undo an earlier one; each step's check
+# may assume the invariants of the steps before it.
+_REPAIR_STEPS: tuple[RepairStep, ...] = (
+    DROP_MALFORMED,
+    REMOVE_EMPTY_TOOL_CALLS,
+    DROP_ERRORED_TOOL_TURNS,
+    PAIR_TOOL_RESULTS,
+    SHORTEN_LONG_TOOL_CALL_IDS,
+    MAKE_TOOL_CALL_IDS_UNIQUE,
+    SANITIZE_NAMES,
+    FIX_CALL_SHAPES,
+    FIX_CONTENT_SHAPES,
+    FIX_NULL_CONTENT,
 )
 
 
 def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
-    """Apply every repair invariant, in an order where no later step can
-    undo an earlier one. Returns a new list; input messages are never
-    mutated (changed messages are shallow copies)."""
+    """Apply every repair invariant. Returns a new list; input messages are
+    never mutated (changed messages are shallow copies), and a list no
+    step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
-    if not _needs_repair(out):
-        return out, report  # the usual case, checked in one pass
     for step in _REPAIR_STEPS:
         out = step(out, report)
     return out, report
 
 
 def _needs_repair(messages: Messages) -> bool:
-    """False only when no repair step would change the list: every message
-    a dict with a string role, valid names and content, every assistant's
-    calls unique, valid and answered right after it, in call order, by
-    exactly one tool message each, and no other tool message anywhere.
-    A new step in _REPAIR_STEPS must be reflected here (the property test in
-    tests/unit/test_fast_paths.py compares this with running every step)."""
-    owed: Optional[list] = None  # call ids of the last tool-call turn
-    answered = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            return True
-        role = message.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            return True
-        name = message.get("name")
-        if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
-            return True
-        content = message.get("content")
-        if content is not None and not isinstance(content, str) and not _content_ok(message):
-            return True
-        if role == "tool":
-            if owed is None or answered >= len(owed) or message.get("tool_call_id") != owed[answered]:
-                return True
-            if "tool_calls" in message:
-                return True
-            answered += 1
-            if message.get("content") is None:
-                return True
-            continue
-        if owed is not None and answered < len(owed):
-            return True  # unanswered calls, or a result displaced behind this message
-        if role == "assistant":
-            owed = None  # results after another assistant are orphans
-        if "tool_calls" in message:
-            calls = message["tool_calls"]
-            if not isinstance(calls, list) or not calls:
-                return True
-            ids = []
-            for call in calls:
-                cid = _call_id(call)
-                if (
-                    cid is None
-                    or len(cid) > _MAX_TOOL_CALL_ID
-                    or not _valid_function_name(call)
-                    or not _call_shape_ok(call)
-                ):
-                    return True
-                ids.append(cid)
-            if role == "assistant":
-                if len(set(ids)) != len(ids) or _is_errored_assistant(message):
-                    return True
-                owed, answered = ids, 0
-                continue
-        if message.get("content") is None:
-            return True
-    return owed is not None and answered < len(owed)
+    """Whether any step would change the list: the union of the steps'
+    checks, in order (each check may assume the ones before it passed)."""
+    return any(step.broken(messages) for step in _REPAIR_STEPS)
 
 
 # -- The summary message ----------------------------------------------------

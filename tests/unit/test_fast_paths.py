@@ -1,8 +1,9 @@
 """The request path's shortcuts (issue 5's performance work) change no result.
 
-* ``repair_transcript`` skips its passes when ``_needs_repair`` finds
-  nothing to do: that must never skip a list a pass would have changed, and
-  should not miss lists no pass changes (else the shortcut is lost).
+* each repair step runs its fix only when its own check finds the list
+  breaking its invariant: a check must never pass a list the fix would have
+  changed, and should not object to lists the fix leaves alone (else the
+  shortcut is lost); the fast path, ``_needs_repair``, is their union.
 * inlet's summary lookup fingerprints only as much history as a stored
   summary can cover: it must choose exactly what a full fingerprint would.
 * ``_drop_turns`` remembers what is kept before a run of dropped turns: the
@@ -22,10 +23,11 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=list(
 
 
 def all_passes(messages):
+    """Every step's fix, run whether or not its check objects."""
     report = acc.RepairReport()
     out = list(messages)
     for step in acc._REPAIR_STEPS:
-        out = step(out, report)
+        out = step.fix(out, report)
     return out, report
 
 
@@ -79,14 +81,16 @@ any_message = st.one_of(
 
 @st.composite
 def near_valid_chats(draw):
-    """Valid chats (tool chains, late system messages), then 0-2 mutations."""
+    """Valid chats (tool chains, late system messages, maybe ids reused every
+    turn), then 0-2 mutations."""
     out = [{"role": "system", "content": "s"}] if draw(st.booleans()) else []
     count = 0
+    reuse = draw(st.booleans())  # ids restart every turn, as some providers do
     for _ in range(draw(st.integers(0, 5))):
         out.append({"role": "user", "content": "u"})
         if draw(st.booleans()):
             k = draw(st.integers(1, 3))
-            call_ids = [f"c{count + i}" for i in range(k)]
+            call_ids = [f"c{(0 if reuse else count) + i}" for i in range(k)]
             count += k
             out.append(
                 {
@@ -131,6 +135,28 @@ def near_valid_chats(draw):
 def test_the_repair_shortcut_is_taken_exactly_when_no_pass_changes_anything(messages):
     out, report = all_passes(messages)
     assert acc._needs_repair(messages) == (not unchanged(messages, out, report))
+
+
+@SETTINGS
+@given(st.one_of(st.lists(any_message, max_size=8), near_valid_chats()))
+def test_each_step_check_objects_exactly_when_its_fix_would_change_the_list(messages):
+    out = list(messages)
+    for step in acc._REPAIR_STEPS:
+        report = acc.RepairReport()
+        fixed = step.fix(out, report)
+        assert step.broken(out) == (not unchanged(out, fixed, report)), step.__name__
+        assert step(out, acc.RepairReport()) is out or step.broken(out)
+        out = fixed
+
+
+@SETTINGS
+@given(st.one_of(st.lists(any_message, max_size=8), near_valid_chats()))
+def test_a_step_whose_check_passes_returns_its_input_list_itself(messages):
+    out = list(messages)
+    for step in acc._REPAIR_STEPS:
+        if not step.broken(out):
+            assert step(out, acc.RepairReport()) is out, step.__name__
+        out = step(out, acc.RepairReport())
 
 
 @SETTINGS

@@ -450,8 +450,8 @@ ADVERSARIAL = {
     # 7. one id reused by two different assistant turns
     "7-id-reused-across-turns": (
         [U("1"), A("exec_0"), T("exec_0", "r1"), AS("a1"), U("2"), A("exec_0"), T("exec_0", "r2"), AS("a2")],
-        [U("1"), A("exec_0"), T("exec_0", "r1"), AS("a1"), U("2"), A("exec_0"), T("exec_0", "r2"), AS("a2")],
-        {},
+        [U("1"), A("exec_0"), T("exec_0", "r1"), AS("a1"), U("2"), A("exec_0_2"), T("exec_0_2", "r2"), AS("a2")],
+        {"renamed_reused_ids": 1},
     ),
     # 8. ids over 40 characters
     "8-long-ids": (
