@@ -1969,6 +1969,19 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
 SUMMARIES_KEPT_PER_CHAT = 8
+LEASE_TTL = 30.0  # seconds a summary lease lives without a heartbeat: a dead holder's frees this fast
+LEASE_RENEW = 10.0  # heartbeat period while the summary runs
+BUSY_RETRIES = 4  # a locked database is tried again this often ...
+BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
+DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
+
+# Reason keys of StoreUnavailable (the status line and the log name them).
+STORE_DENIED = "store_denied"  # the role may not create or use the tables
+STORE_DOWN = "store_down"  # connection refused, closed, or the server restarting
+STORE_BUSY = "store_busy"  # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
+STORE_ERROR = "store_error"  # any other database error
+STORE_ABSENT = "store_absent"  # no database here at all (Open WebUI or SQLAlchemy missing)
+STORE_FIX = "set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE"
 
 
 @dataclass
@@ -1987,19 +2000,25 @@ class SummaryRecord:
 
 
 class StoreUnavailable(RuntimeError):
-    pass
+    """The summary store cannot be used now; ``reason`` is one of the
+    STORE_* keys above."""
+
+    def __init__(self, message: str = "", reason: str = STORE_ERROR):
+        super().__init__(message or reason)
+        self.reason = reason
 
 
-_TABLES: dict = {}
+_TABLES: dict = {}  # schema (None: the connection's default) -> tables
 
 
-def _tables() -> dict:
-    """SQLAlchemy Core tables on a metadata of their own (imported lazily:
-    the filter also runs where SQLAlchemy is absent, without a store)."""
-    if not _TABLES:
+def _tables(schema: Optional[str] = None) -> dict:
+    """SQLAlchemy Core tables on a metadata of their own, in ``schema``
+    like Open WebUI's own (``MetaData(schema=DATABASE_SCHEMA)``). Imported
+    lazily: the filter also runs where SQLAlchemy is absent, without a store."""
+    if schema not in _TABLES:
         from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
-        metadata = MetaData()
+        metadata = MetaData(schema=schema)
         summary = Table(
             SUMMARY_TABLE,
             metadata,
@@ -2026,8 +2045,8 @@ def _tables() -> dict:
             Column("failures", Integer, nullable=False, default=0),
             Column("note", String(255), nullable=False, default=""),
         )
-        _TABLES.update(metadata=metadata, summary=summary, lease=lease)
-    return _TABLES
+        _TABLES[schema] = dict(metadata=metadata, summary=summary, lease=lease)
+    return _TABLES[schema]
 
 
 _OWUI_ENGINE: list = []  # [engine or None], looked up once: a failed import is slow
@@ -2043,47 +2062,245 @@ def _owui_async_engine() -> Any:
     return _OWUI_ENGINE[0]
 
 
+def owui_database_schema() -> Optional[str]:
+    """Open WebUI's DATABASE_SCHEMA: from its loaded settings, else from the
+    environment it reads it from."""
+    import os
+    import sys
+
+    env = sys.modules.get("open_webui.env")
+    value = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
+    return value.strip() or None if isinstance(value, str) else None
+
+
+# PostgreSQL SQLSTATEs: insufficient_privilege; lock_not_available, deadlock,
+# serialization failure, query canceled (statement or lock timeout), too many
+# connections; connection exceptions (08), operator intervention (57P: shut
+# down, crashed, cannot connect now).
+_PG_DENIED = frozenset({"42501"})
+_PG_BUSY = frozenset({"55P03", "40P01", "40001", "57014", "53300"})
+_PG_DOWN = ("08", "57P")
+_DENIED_TEXT = ("permission denied", "readonly database", "read-only", "must be owner of")
+_BUSY_TEXT = ("database is locked", "database table is locked", "lock timeout", "deadlock", "could not serialize")
+_DOWN_TEXT = (
+    "connection refused",
+    "server closed the connection",
+    "connection is closed",
+    "the connection is lost",
+    "terminating connection",
+    "could not connect",
+    "connection failed",
+    "connection timeout",
+    "the database system is",
+    "unable to open database file",
+    "no such host",
+    "name or service not known",
+)
+
+
+def _error_chain(exc: BaseException) -> list:
+    chain, seen = [], set()
+    todo = [exc]
+    while todo and len(chain) < 8:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        chain.append(e)
+        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    return chain
+
+
+def classify_store_error(exc: BaseException) -> Optional[str]:
+    """The STORE_* reason of a database error; None when ``exc`` is not one
+    (a bug, which is raised as it is)."""
+    chain = _error_chain(exc)
+    for e in chain:
+        code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        if isinstance(code, str) and code:
+            if code in _PG_DENIED:
+                return STORE_DENIED
+            if code in _PG_BUSY:
+                return STORE_BUSY
+            if code.startswith(_PG_DOWN):
+                return STORE_DOWN
+    text = " ".join(str(e).lower() for e in chain)
+    if any(t in text for t in _DENIED_TEXT):
+        return STORE_DENIED
+    if any(t in text for t in _BUSY_TEXT) or "queuepool limit" in text:
+        return STORE_BUSY
+    if any(getattr(e, "connection_invalidated", False) for e in chain) or any(t in text for t in _DOWN_TEXT):
+        return STORE_DOWN
+    if any(isinstance(e, (ConnectionError, OSError)) for e in chain):
+        return STORE_DOWN
+    try:
+        import sqlalchemy.exc
+    except ImportError:
+        return None
+    if any(isinstance(e, sqlalchemy.exc.SQLAlchemyError) for e in chain):
+        return STORE_ERROR
+    if any(type(e).__module__.split(".")[0] in ("psycopg", "psycopg2", "sqlite3", "aiosqlite") for e in chain):
+        return STORE_ERROR
+    return None
+
+
 def _is_transient_db_error(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text or "deadlock" in text or "could not serialize" in text
+    return classify_store_error(exc) == STORE_BUSY
+
+
+_STORE_FAULT_TEXT = {
+    STORE_DENIED: "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
+    STORE_DOWN: "the database is unreachable ({detail}); summaries resume once it answers again",
+    STORE_BUSY: "the database stayed locked or busy after retries ({detail}); retried on later turns",
+    STORE_ERROR: "database error ({detail})",
+    STORE_ABSENT: "no database ({detail})",
+}
+
+
+class LeaseHold:
+    """What ``SummaryStore.hold`` yields: true when the lease was taken;
+    ``lost`` turns true when a heartbeat found it taken over or gone."""
+
+    def __init__(self, scope: str, holder: str, acquired: bool):
+        self.scope, self.holder, self.acquired = scope, holder, acquired
+        self.lost = False
+
+    def __bool__(self) -> bool:
+        return self.acquired
+
+
+class _Holding:
+    """The async context manager of ``SummaryStore.hold``."""
+
+    def __init__(self, store: "SummaryStore", scope: str, holder: str, ttl: float, renew_every: float):
+        self.store, self.ttl, self.renew_every = store, ttl, renew_every
+        self.hold = LeaseHold(scope, holder, False)
+        self.task: Optional[asyncio.Task] = None
+
+    async def __aenter__(self) -> LeaseHold:
+        h = self.hold
+        h.acquired = await self.store.try_claim(h.scope, h.holder, ttl=self.ttl)
+        if h.acquired:
+            self.task = asyncio.create_task(self._heartbeat())
+        return h
+
+    async def _heartbeat(self) -> None:
+        h = self.hold
+        while True:
+            await asyncio.sleep(self.renew_every)
+            try:
+                if not await self.store.renew(h.scope, h.holder, ttl=self.ttl):
+                    h.lost = True  # released, backed off, or taken over after an outage
+                    return
+            except StoreUnavailable:
+                continue  # the lease lives ttl seconds: the next beat may get through
+            except Exception:
+                log.exception("async_context_compression: lease heartbeat failed")
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        if self.hold.acquired:
+            try:
+                # after back_off the row is no longer ours: nothing is deleted
+                await self.store.release(self.hold.scope, self.hold.holder)
+            except StoreUnavailable as exc:
+                log.debug("lease not released (%s); it expires within %.0fs", exc.reason, self.ttl)
 
 
 class SummaryStore:
     """Summaries and leases in the host's database, through an async
-    SQLAlchemy engine (Open WebUI's own by default)."""
+    SQLAlchemy engine (Open WebUI's own by default), in Open WebUI's
+    DATABASE_SCHEMA on PostgreSQL.
 
-    def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine):
+    Every operation is one short transaction. Database errors come out as
+    StoreUnavailable with a reason key; a locked database is retried a few
+    times first, a dropped connection once. ``fault`` is the reason of the
+    latest failed operation, None after a success. The tables are created
+    by the first call that succeeds, tried again after a failure."""
+
+    def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
+        self._schema_setting = schema  # ...: Open WebUI's DATABASE_SCHEMA
         self._ready_for: Any = None
         self._schema_lock: Optional[asyncio.Lock] = None
+        self._schema_retry_at = 0.0
+        self._schema_fault: Optional[StoreUnavailable] = None
+        self._t: dict = {}
+        self.fault: Optional[str] = None
+        self.fault_detail = ""
+        self._logged: Optional[str] = None
 
+    def schema_for(self, engine: Any) -> Optional[str]:
+        """The schema of our tables: DATABASE_SCHEMA (or the one given) on
+        PostgreSQL and the like; none on SQLite, which has no schemas."""
+        if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
+            return None
+        schema = owui_database_schema() if self._schema_setting is ... else self._schema_setting
+        return schema or None
+
+    # -- faults ------------------------------------------------------------
+    def _failed(self, reason: str, exc: BaseException) -> StoreUnavailable:
+        detail = " ".join(str(exc).split())[:240] or type(exc).__name__
+        self.fault, self.fault_detail = reason, detail
+        if self._logged != reason:
+            self._logged = reason
+            log.warning(
+                "async_context_compression: summaries unavailable: %s",
+                _STORE_FAULT_TEXT.get(reason, "{detail}").format(detail=detail),
+            )
+        return StoreUnavailable(f"{reason}: {detail}", reason)
+
+    def _worked(self) -> None:
+        if self._logged is not None:
+            log.warning("async_context_compression: the summary store works again (was: %s)", self._logged)
+        self.fault, self.fault_detail, self._logged = None, "", None
+
+    # -- engine and schema ---------------------------------------------------
     async def _engine(self) -> Any:
         engine = self._engine_getter()
         if engine is None:
-            raise StoreUnavailable("no database (Open WebUI is not installed here)")
+            raise StoreUnavailable("no database (Open WebUI is not installed here)", STORE_ABSENT)
         try:
             _tables()
         except ImportError as exc:
-            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})")
+            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", STORE_ABSENT)
         if self._ready_for is not engine:
             if self._schema_lock is None:
                 self._schema_lock = asyncio.Lock()
             async with self._schema_lock:
                 if self._ready_for is not engine:
-                    await self._create_schema(engine)
+                    if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
+                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.reason)
+                    schema = self.schema_for(engine)
+                    try:
+                        await self._create_schema(engine, schema)
+                    except StoreUnavailable as exc:
+                        self._schema_fault = exc
+                        wait = DENIED_RETRY if exc.reason == STORE_DENIED else 0.0
+                        self._schema_retry_at = time.monotonic() + wait
+                        raise
+                    self._schema_fault = None
+                    self._t = _tables(schema)
                     self._ready_for = engine
         return engine
 
-    async def _create_schema(self, engine: Any) -> None:
-        metadata = _tables()["metadata"]
+    async def _create_schema(self, engine: Any, schema: Optional[str]) -> None:
+        metadata = _tables(schema)["metadata"]
         for attempt in range(5):
             try:
                 async with engine.begin() as conn:
                     await conn.run_sync(metadata.create_all, checkfirst=True)
                 return
-            except Exception as exc:  # another worker created it meanwhile
-                if attempt == 4:
+            except Exception as exc:
+                reason = classify_store_error(exc)
+                if reason is None:
                     raise
+                # a denied CREATE stays denied; a race with another worker
+                # creating the same tables (duplicate, locked) is tried again
+                if reason == STORE_DENIED or attempt == 4 or (reason == STORE_DOWN and attempt >= 1):
+                    raise self._failed(reason, exc) from exc
                 log.debug("schema creation retry: %s", exc)
                 await asyncio.sleep(0.05 * (attempt + 1))
 
@@ -2097,19 +2314,36 @@ class SummaryStore:
         return sqlalchemy
 
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        engine = await self._engine()
-        for attempt in range(6):
-            try:
-                return await operation(engine)
-            except Exception as exc:
-                if attempt == 5 or not _is_transient_db_error(exc):
-                    raise
-                await asyncio.sleep(0.05 * (2**attempt))
+        """One operation (one transaction): a locked or busy database is
+        tried again after short jittered waits, a dropped connection once
+        (the pool then holds fresh connections)."""
+        import random
 
+        engine = await self._engine()
+        busy = reconnects = 0
+        while True:
+            try:
+                result = await operation(engine)
+            except Exception as exc:
+                reason = classify_store_error(exc)
+                if reason is None:
+                    raise
+                if reason == STORE_BUSY and busy < BUSY_RETRIES:
+                    busy += 1
+                    await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))
+                    continue
+                if reason == STORE_DOWN and reconnects < 1:
+                    reconnects += 1
+                    continue
+                raise self._failed(reason, exc) from exc
+            self._worked()
+            return result
+
+    # -- summaries -------------------------------------------------------------
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         sa = await self._sql()
 
-        t = _tables()["summary"]
+        t = self._t["summary"]
         # API calls have no chat id (''): only the anchor tells their conversations apart.
         match = sa.or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
         query = (
@@ -2127,9 +2361,11 @@ class SummaryStore:
         return [SummaryRecord(**dict(row)) for row in rows]
 
     async def save(self, record: SummaryRecord) -> None:
+        """One transaction: the new row and the pruning of the oldest; a
+        reader sees all of it or nothing."""
         sa = await self._sql()
 
-        t = _tables()["summary"]
+        t = self._t["summary"]
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
         # Pruned per chat; per conversation (anchor) for API calls, which share chat id ''.
@@ -2149,41 +2385,76 @@ class SummaryStore:
 
         await self._run(op)
 
-    async def try_claim(self, scope: str, holder: str, ttl: float) -> bool:
+    # -- leases ----------------------------------------------------------------
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> _Holding:
+        """``async with store.hold(scope, holder) as held:`` takes the chat's
+        lease (``held`` is false when another worker has it or failures
+        back off), renews it every ``renew_every`` seconds while the block
+        runs, and releases it at the end (unless ``back_off`` turned it into
+        a back-off hold). A killed holder's lease frees within ``ttl``."""
+        return _Holding(self, scope, holder, ttl, renew_every)
+
+    async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Atomically take the chat's lease, or fail when a live one (or a
-        failure back-off) is held. The conditional UPDATE and the primary key
-        make this safe across workers and replicas sharing the database."""
+        failure back-off) is held: one upsert (one transaction) on SQLite
+        and PostgreSQL; the primary key makes it safe across workers and
+        replicas sharing the database."""
         sa = await self._sql()
 
-        t = _tables()["lease"]
+        t = self._t["lease"]
         now = time.time()
+        fresh = dict(holder=holder, expires_at=now + ttl, note="running")
 
         async def op(engine):
+            dialect = engine.dialect.name
+            if dialect in ("sqlite", "postgresql"):
+                if dialect == "sqlite":
+                    from sqlalchemy.dialects.sqlite import insert
+                else:
+                    from sqlalchemy.dialects.postgresql import insert
+                stmt = (
+                    insert(t)
+                    .values(scope=scope, failures=0, **fresh)
+                    .on_conflict_do_update(index_elements=[t.c.scope], set_=fresh, where=t.c.expires_at < now)
+                    .returning(t.c.holder)  # a row only when inserted or taken over (rowcount is not reliable)
+                )
+                async with engine.begin() as conn:
+                    return (await conn.execute(stmt)).first() is not None
             async with engine.begin() as conn:
                 result = await conn.execute(
-                    sa.update(t)
-                    .where(t.c.scope == scope, t.c.expires_at < now)
-                    .values(holder=holder, expires_at=now + ttl, note="running")
+                    sa.update(t).where(t.c.scope == scope, t.c.expires_at < now).values(**fresh)
                 )
                 if result.rowcount == 1:
                     return True
             try:
                 async with engine.begin() as conn:
-                    await conn.execute(
-                        sa.insert(t).values(
-                            scope=scope, holder=holder, expires_at=now + ttl, failures=0, note="running"
-                        )
-                    )
+                    await conn.execute(sa.insert(t).values(scope=scope, failures=0, **fresh))
                 return True
             except sa.exc.IntegrityError:
                 return False
 
         return await self._run(op)
 
+    async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
+        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no
+        longer ours."""
+        sa = await self._sql()
+
+        t = self._t["lease"]
+
+        async def op(engine):
+            async with engine.begin() as conn:
+                result = await conn.execute(
+                    sa.update(t).where(t.c.scope == scope, t.c.holder == holder).values(expires_at=time.time() + ttl)
+                )
+                return result.rowcount == 1
+
+        return await self._run(op)
+
     async def release(self, scope: str, holder: str) -> None:
         sa = await self._sql()
 
-        t = _tables()["lease"]
+        t = self._t["lease"]
 
         async def op(engine):
             async with engine.begin() as conn:
@@ -2196,7 +2467,7 @@ class SummaryStore:
         returns its length in seconds."""
         sa = await self._sql()
 
-        t = _tables()["lease"]
+        t = self._t["lease"]
 
         async def op(engine):
             async with engine.begin() as conn:
@@ -2215,7 +2486,7 @@ class SummaryStore:
     async def lease(self, scope: str) -> Optional[dict]:
         sa = await self._sql()
 
-        t = _tables()["lease"]
+        t = self._t["lease"]
 
         async def op(engine):
             async with engine.connect() as conn:
