@@ -37,10 +37,10 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 log = logging.getLogger("async_context_compression")
 
@@ -1836,8 +1836,13 @@ def _part_key(part: Any) -> tuple:
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
-
-_SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
+# Valves are accepted from anything stored: this filter's values of any
+# version, the older community filter's of the same id, and values typed in
+# the admin UI. Open WebUI builds Valves(**stored) before every hook, where a
+# raise fails the chat, and refuses a save with only a generic toast. So a
+# value is kept as typed where its type allows (corrected per request, and
+# explained in the status line and the log), or replaced by the default with
+# a Note; nothing is refused.
 
 
 @dataclass(frozen=True)
@@ -1855,38 +1860,291 @@ class Settings:
     encoding: str
     show_status: bool
     debug: bool
-    warnings: tuple = ()
+    warnings: tuple = ()  # Notes: str() in English for the log, .text(lang) for the status line
     summary_encoding: str = "cl100k_base"
+    status_usage_threshold: float = 0.0  # the usage part of the status line is shown from this share of the cap
+    summary_style: str = "balanced"  # one of SUMMARY_STYLES
+    summary_prompt: str = ""  # "" = the built-in instructions
+    summary_model_params: dict = field(default_factory=dict)  # merged into the summary call
+
+
+_SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
+_TOKEN_LIMIT = 1_000_000_000
+SUMMARY_STYLES = ("concise", "balanced", "faithful")
+
+# Ranges of the numeric valves; a value outside is corrected per request.
+_VALVE_BOUNDS: dict = {
+    "compression_threshold_tokens": (0, _TOKEN_LIMIT),
+    "max_context_tokens": (0, _TOKEN_LIMIT),
+    "summary_trigger_ratio": (0.1, 1.0),
+    "keep_first": (0, 10_000),
+    "keep_last": (0, 10_000),
+    "summary_model_max_context": (0, _TOKEN_LIMIT),
+    "max_summary_tokens": (64, _TOKEN_LIMIT),
+    "summary_temperature": (0.0, 2.0),
+    "summary_timeout_seconds": (5, 86_400),
+    "status_usage_threshold": (0.0, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the admin should know about the settings: ``key`` names a
+    text of STATUS_TEXTS, ``values`` fill it. Shown in the log in English
+    (``str``) and in the status line in the user's language (``text``)."""
+
+    key: str
+    values: tuple = ()
+
+    def text(self, language: str = "en") -> str:
+        return status_text(language, self.key, **dict(self.values))
+
+    def __str__(self) -> str:
+        return self.text("en")
+
+
+def note(key: str, **values: Any) -> Note:
+    """A Note; values other than numbers are kept as short text (hashable)."""
+    kept = []
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            value = str(value)[:400]
+        kept.append((name, value))
+    return Note(key, tuple(sorted(kept)))
+
+
+# The older community filter of the same id stored these valves; each maps to
+# our valve of the same meaning, or to None (no equivalent: ignored).
+LEGACY_VALVES: dict = {
+    "debug_mode": "debug",
+    "show_token_usage_status": "show_status",
+    "token_usage_status_threshold": "status_usage_threshold",
+    "summary_llm_timeout_seconds": "summary_timeout_seconds",
+    "compression_style": "summary_style",
+    "show_debug_log": None,  # logs in the browser console: we log on the server only
+    "summary_fail_mode": None,
+    "enable_tool_output_trimming": None,
+    "tool_trim_threshold_chars": None,
+}
+_LEGACY_STYLES = {"aggressive": "concise", "balanced": "balanced", "faithful": "faithful"}
+_TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
+_FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
+_UNSET = object()
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
+        return value.strip().lower() in _TRUE_WORDS
+    raise ValueError(value)
+
+
+def _as_number(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(value)
+    if isinstance(value, int) and kind is int:
+        return value
+    number = float(value.strip()) if isinstance(value, str) else float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(value)
+    return int(round(number)) if kind is int else number
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return value if isinstance(value, str) else str(value)
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    if kind is bool:
+        return _as_bool(value)
+    if kind in (int, float):
+        return _as_number(value, kind)
+    if kind is str:
+        return _as_text(value)
+    return value
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:60]
+
+
+def _accepted(field: Any, name: str, value: Any) -> tuple:
+    """(the value to use, or _UNSET for the default; a Note when replaced)."""
+    if value is None and field.annotation is not str:
+        return _UNSET, None  # Open WebUI drops None ("not set"): the default applies
+    try:
+        return _typed(field.annotation, value), None
+    except (TypeError, ValueError, OverflowError):
+        return _UNSET, note("n_valve_invalid", name=name, value=_shown(value), used=_shown(field.default))
+
+
+def _legacy_value(target: str, value: Any) -> Any:
+    if target == "status_usage_threshold":
+        try:
+            return float(value) / 100  # the older filter stored a percentage, 0 = always
+        except (TypeError, ValueError, OverflowError):
+            return value
+    if target == "summary_style" and isinstance(value, str):
+        return _LEGACY_STYLES.get(value.strip().lower(), value)
+    return value
+
+
+def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
+    """Stored valves of any version (this filter's, or the older filter's of
+    the same id) as values of the right types, plus Notes that say what was
+    carried over, ignored or replaced. Never raises."""
+    if not isinstance(raw, dict):
+        return {}, []
+    clean: dict = {}
+    notes: list = []
+    carried, ignored = [], []
+    for name, value in raw.items():
+        name = str(name)
+        target = name if name in fields else LEGACY_VALVES.get(name)
+        if target is None or target not in fields or (target != name and (target in raw or target in clean)):
+            ignored.append(name)  # unknown, or an old name whose new one is set too
+            continue
+        if target != name:
+            value = _legacy_value(target, value)
+            carried.append(f"{name} → {target}")
+        accepted, problem = _accepted(fields[target], target, value)
+        if accepted is not _UNSET:
+            clean[target] = accepted
+        if problem:
+            notes.append(problem)
+    if carried:
+        notes.insert(0, note("n_carried", names=", ".join(carried)))
+    if ignored:
+        notes.append(note("n_ignored", names=", ".join(sorted(ignored))))
+    return clean, notes
+
+
+_LOGGED_NOTES: "OrderedDict[Note, bool]" = OrderedDict()
+
+
+def log_notes_once(notes: Iterable[Note]) -> None:
+    """Each distinct Note once per process (valves are rebuilt per request)."""
+    for item in notes:
+        if item not in _LOGGED_NOTES:
+            _LOGGED_NOTES[item] = True
+            if len(_LOGGED_NOTES) > 256:
+                _LOGGED_NOTES.popitem(last=False)
+            log.warning("async_context_compression settings: %s", item)
+
+
+def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
+    """The body of the Valves' and UserValves' wrap validators: whatever is
+    given, an instance comes back, with what was corrected in ``_notes``."""
+    if isinstance(data, model):
+        return data
+    clean, notes = accept_valves(model.model_fields, data)
+    try:
+        instance = handler(clean)
+    except Exception as exc:
+        errors = exc.errors() if isinstance(exc, ValidationError) else []
+        bad = {str(e["loc"][0]) for e in errors if e.get("loc")}
+        for name in sorted(bad & set(clean)):
+            default = model.model_fields[name].default
+            notes.append(note("n_valve_invalid", name=name, value=_shown(clean.pop(name)), used=_shown(default)))
+        try:
+            instance = handler(clean)
+        except Exception:
+            notes.append(note("n_valves_reset"))
+            instance = handler({})
+    instance._notes = tuple(notes)
+    log_notes_once(notes)
+    return instance
+
+
+_LEGACY_THRESHOLD_ENTRY = re.compile(r"^\s*(?P<model>.+?)\s*:\s*(?P<threshold>\d+)\s*:\s*(?P<cap>\d+)\s*$")
+
+
+def _legacy_thresholds(text: str) -> Optional[dict]:
+    """The older filter's ``model:threshold:max`` list (comma, semicolon or
+    line separated; model ids may contain colons), or None if not that."""
+    table = {}
+    for entry in re.split(r"[,;\n]", text):
+        if not entry.strip():
+            continue
+        match = _LEGACY_THRESHOLD_ENTRY.match(entry)
+        if not match:
+            return None
+        table[match["model"]] = {
+            "compression_threshold_tokens": int(match["threshold"]),
+            "max_context_tokens": int(match["cap"]),
+        }
+    return table or None
+
+
+def _token_count(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == value
+        and 0 <= value <= _TOKEN_LIMIT
+    )
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
-    prefix ending in ``*``) to overrides. Returns (table, problems)."""
-    if raw in (None, "", {}):
+    prefix ending in ``*``) to overrides, or the older filter's
+    ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
+    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
     table = raw
     if isinstance(raw, str):
         try:
             table = json.loads(raw)
         except ValueError as exc:
-            return {}, [f"model_thresholds is not valid JSON ({exc.msg}); ignored"]
+            table = _legacy_thresholds(raw)
+            if table is None:
+                return {}, [note("n_thresholds_unreadable", detail=getattr(exc, "msg", str(exc)))]
     if not isinstance(table, dict):
-        return {}, ["model_thresholds must be a JSON object; ignored"]
+        return {}, [note("n_thresholds_unreadable", detail="not a JSON object")]
     clean, problems = {}, []
     for model, entry in table.items():
         if not isinstance(entry, dict):
-            problems.append(f"model_thresholds[{model!r}] must be an object; ignored")
+            problems.append(note("n_thresholds_entry", entry=f"{model!r}: {entry!r}"[:80]))
             continue
         values = {}
         for key, value in entry.items():
-            if key in _SETTING_KEYS and isinstance(value, (int, float)) and value >= 0:
+            if key in _SETTING_KEYS and _token_count(value):
                 values[key] = int(value)
             elif key == "encoding" and value in _ENCODINGS:
                 values[key] = value
             else:
-                problems.append(f"model_thresholds[{model!r}].{key}={value!r} ignored")
+                problems.append(note("n_thresholds_entry", entry=f"{model!r}.{key}={value!r}"[:80]))
         clean[str(model)] = values
     return clean, problems
+
+
+# Keys of the summary call that the filter sets itself.
+_OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
+
+
+def parse_model_params(raw: Any) -> tuple[dict, list]:
+    """The ``summary_model_params`` valve: a JSON object merged into the
+    summary call. Returns (params, Notes on what was ignored)."""
+    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
+        return {}, []
+    params = raw
+    if isinstance(raw, str):
+        try:
+            params = json.loads(raw)
+        except ValueError as exc:
+            return {}, [note("n_params_unreadable", detail=getattr(exc, "msg", str(exc)))]
+    if not isinstance(params, dict):
+        return {}, [note("n_params_unreadable", detail="not a JSON object")]
+    own = sorted(k for k in params if k in _OWN_CALL_KEYS)
+    problems = [note("n_params_own", names=", ".join(own))] if own else []
+    return {str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS}, problems
 
 
 def model_overrides(table: dict, model_id: str) -> dict:
@@ -1899,62 +2157,110 @@ def model_overrides(table: dict, model_id: str) -> dict:
     return best
 
 
+def _valve_default(valves: Any, name: str) -> Any:
+    fields = getattr(type(valves), "model_fields", None) or Filter.Valves.model_fields
+    field = fields.get(name) or Filter.Valves.model_fields[name]
+    return field.default
+
+
+def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
+    """A numeric valve inside its range; a value outside is corrected and
+    explained (kept as typed in the valves, so the admin sees it)."""
+    default = _valve_default(valves, name)
+    kind = type(default)
+    low, high = _VALVE_BOUNDS[name]
+    value = getattr(valves, name, default)
+    try:
+        number = _as_number(value, kind)
+    except (TypeError, ValueError, OverflowError):
+        notes.append(note("n_valve_invalid", name=name, value=_shown(value), used=default))
+        return default
+    used = min(max(number, kind(low)), kind(high))
+    if name == "status_usage_threshold" and 1 < number <= 100:
+        used = number / 100  # typed as a percentage
+    if used != number:
+        notes.append(note("n_valve_range", name=name, value=number, low=low, high=high, used=used))
+    return used
+
+
+def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
+    default = _valve_default(valves, name)
+    value = getattr(valves, name, default)
+    wanted = value.strip().lower() if isinstance(value, str) else value
+    if wanted in choices:
+        return wanted
+    notes.append(note("n_valve_choice", name=name, value=_shown(value), choices=" / ".join(choices), used=default))
+    return default
+
+
 def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Settings:
-    """Effective settings for one request. Impossible combinations are
-    corrected to a safe value and explained in ``warnings``."""
-    warnings: list = []
+    """Effective settings for one request. Impossible combinations and
+    values out of range are corrected to a safe value and explained in
+    ``warnings`` (Notes), after those of the valves themselves."""
+    warnings: list = list(getattr(valves, "_notes", ()) or ())
+    warnings.extend(getattr(user_valves, "_notes", ()) or ())
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
     own = model_overrides(table, model_id)
-    threshold = int(own.get("compression_threshold_tokens", valves.compression_threshold_tokens))
-    max_context = int(own.get("max_context_tokens", valves.max_context_tokens))
-    ratio = float(valves.summary_trigger_ratio)
-    if not 0.1 <= ratio <= 1.0:
-        warnings.append(f"summary_trigger_ratio {ratio} is outside 0.1-1.0; using 0.75")
-        ratio = 0.75
+    bounded = {name: _bounded_valve(valves, name, warnings) for name in _VALVE_BOUNDS}
+    threshold = int(own.get("compression_threshold_tokens", bounded["compression_threshold_tokens"]))
+    max_context = int(own.get("max_context_tokens", bounded["max_context_tokens"]))
+    ratio = float(bounded["summary_trigger_ratio"])
     trigger = threshold
     if max_context > 0:
         if threshold >= max_context:
-            warnings.append(
-                f"compression_threshold_tokens ({threshold}) is not below max_context_tokens "
-                f"({max_context}); summaries start at {ratio:.0%} of the cap instead"
-            )
+            warnings.append(note("n_threshold_cap", threshold=threshold, cap=max_context, share=f"{ratio:.0%}"))
         trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
-    summary_model = (valves.summary_model or "").strip() or model_id
+    summary_model = _as_text(getattr(valves, "summary_model", "")).strip() or model_id
     summary_own = model_overrides(table, summary_model)
-    window = int(valves.summary_model_max_context) or int(
+    window = int(bounded["summary_model_max_context"]) or int(
         summary_own.get("summary_model_max_context", 0)
         or summary_own.get("max_context_tokens", 0)
         or (max_context if summary_model == model_id else 0)
         or max_context
         or 32000
     )
-    wanted = int(valves.max_summary_tokens)
+    wanted = int(bounded["max_summary_tokens"])
     limit = min(window // 2, max_context // 2 if max_context else window // 2)
     max_summary = wanted if wanted <= limit else max(16, limit // 2)
     if max_summary != wanted:
         warnings.append(
-            f"max_summary_tokens ({wanted}) leaves no room in a {window}-token summarizer window "
-            f"or a {max_context}-token cap; using {max_summary}"
+            note("n_summary_budget", wanted=wanted, window=min(window, max_context or window), used=max_summary)
         )
-    show = bool(valves.show_status) and (user_valves is None or bool(getattr(user_valves, "show_status", True)))
+    params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
+    warnings.extend(problems)
+    style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
+    show = _flag(getattr(valves, "show_status", True)) and (
+        user_valves is None or _flag(getattr(user_valves, "show_status", True))
+    )
     return Settings(
         threshold=threshold,
         max_context=max_context,
         trigger_tokens=max(1, trigger),
-        keep_first=int(valves.keep_first),
-        keep_last=int(valves.keep_last),
+        keep_first=int(bounded["keep_first"]),
+        keep_last=int(bounded["keep_last"]),
         summary_model=summary_model,
         summary_window=window,
         max_summary_tokens=max_summary,
-        summary_temperature=float(valves.summary_temperature),
-        summary_timeout=float(valves.summary_timeout_seconds),
+        summary_temperature=float(bounded["summary_temperature"]),
+        summary_timeout=float(bounded["summary_timeout_seconds"]),
         encoding=encoding_for_model(model_id, own.get("encoding", "")),
         show_status=show,
-        debug=bool(valves.debug),
+        debug=_flag(getattr(valves, "debug", False)),
         warnings=tuple(warnings),
         summary_encoding=encoding_for_model(summary_model, summary_own.get("encoding", "")),
+        status_usage_threshold=float(bounded["status_usage_threshold"]),
+        summary_style=style,
+        summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
+        summary_model_params=params,
     )
+
+
+def _flag(value: Any) -> bool:
+    try:
+        return _as_bool(value)
+    except ValueError:
+        return bool(value)
 
 
 # ---------------------------------------------------------------------------
@@ -2676,33 +2982,442 @@ async def owui_complete(
 # 7. Status texts, one table entry per UI language
 # ---------------------------------------------------------------------------
 
-STATUS_TEXTS = {
+STATUS_TEXTS: dict = {
     "en": {
-        "usage": "Context {used} / {budget} tokens",
-        "usage_summary": "Context {used} / {budget} tokens · {covered} older messages summarized",
-        "trimmed": "Context {used} / {budget} tokens · trimmed {dropped} older messages to fit",
-        "over": "Context still over the cap after trimming: {used} / {budget} tokens",
-        "repaired": "Repaired the tool-call history ({what})",
-        "summarizing": "Summarizing {count} older messages in the background…",
-        "summary_done": "Summary updated: {count} messages folded · next request about {used} / {budget} tokens",
-        "summary_failed": "Background summary failed ({reason}); retrying in {retry}. The chat stays under the cap meanwhile.",
+        "sent": "{used} / {cap} tokens sent",
+        "sent_no_cap": "{used} tokens sent",
+        "in_summary": "summary covers {messages}",
+        "left_out": "{messages} left out to fit",
+        "over_cap": "still over the cap",
+        "repaired": "tool-call history repaired",
+        "summaries_down": "summaries unavailable: {reason}",
+        "summarizing": "Summarizing {messages} in the background…",
+        "summary_done": "Summary updated: covers {messages}",
+        "summary_failed": "Summary failed: {reason} · next try in {retry}",
         "skipped": "Context compression skipped this request: {reason}",
-        "settings": "Context compression settings: {reason}",
-        "no_cap": "no cap",
+        "settings": "Settings: {reason}",
+        "r_timeout": "the summarizer timed out",
+        "r_model_error": "the summarizer returned an error",
+        "r_empty": "the summarizer's answer was empty",
+        "r_reasoning_only": "the summarizer's answer held only reasoning",
+        "r_direct": "the summary model is a browser-side connection",
+        "r_unreadable": "the summarizer's answer was unreadable",
+        "r_no_summarizer": "no summarizer is available",
+        "r_store_down": "the database is unreachable",
+        "r_store_denied": "no permission to create tables",
+        "r_store_busy": "the database is busy",
+        "r_internal": "an internal error ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) is not below max_context_tokens ({cap}); summaries start at {share} of the cap",
+        "n_summary_budget": "max_summary_tokens ({wanted}) does not fit the summarizer's window ({window}); using {used}",
+        "n_thresholds_unreadable": "model_thresholds cannot be read ({detail}); ignored",
+        "n_thresholds_entry": "model_thresholds entry ignored: {entry}",
+        "n_valve_invalid": "{name} = {value} is not valid; using {used}",
+        "n_valve_range": "{name} = {value} is outside {low}–{high}; using {used}",
+        "n_valve_choice": "{name} = {value} is not one of {choices}; using {used}",
+        "n_params_unreadable": "summary_model_params cannot be read ({detail}); ignored",
+        "n_params_own": "summary_model_params: the filter sets {names} itself; ignored",
+        "n_valves_reset": "the stored valves could not be read; the defaults are used",
+        "n_carried": "carried over from the older filter: {names}",
+        "n_ignored": "not used by this filter, ignored: {names}",
     },
     "zh": {
-        "usage": "上下文 {used} / {budget} tokens",
-        "usage_summary": "上下文 {used} / {budget} tokens · 已摘要 {covered} 条较早消息",
-        "trimmed": "上下文 {used} / {budget} tokens · 为适应上限裁剪了 {dropped} 条较早消息",
-        "over": "裁剪后上下文仍超过上限：{used} / {budget} tokens",
-        "repaired": "已修复工具调用历史（{what}）",
-        "summarizing": "正在后台摘要 {count} 条较早消息…",
-        "summary_done": "摘要已更新：折叠了 {count} 条消息 · 下次请求约 {used} / {budget} tokens",
-        "summary_failed": "后台摘要失败（{reason}）；将在 {retry} 后重试。在此期间对话仍保持在上限之内。",
+        "sent": "已发送 {used} / {cap} tokens",
+        "sent_no_cap": "已发送 {used} tokens",
+        "in_summary": "摘要涵盖 {messages}",
+        "left_out": "为适应上限未发送 {messages}",
+        "over_cap": "仍超出上限",
+        "repaired": "已修复工具调用历史",
+        "summaries_down": "摘要不可用：{reason}",
+        "summarizing": "正在后台摘要 {messages}…",
+        "summary_done": "摘要已更新：涵盖 {messages}",
+        "summary_failed": "摘要失败：{reason} · {retry} 后重试",
         "skipped": "本次请求未进行上下文压缩：{reason}",
-        "settings": "上下文压缩设置：{reason}",
-        "no_cap": "无上限",
+        "settings": "设置：{reason}",
+        "r_timeout": "摘要模型超时",
+        "r_model_error": "摘要模型返回错误",
+        "r_empty": "摘要模型的回答为空",
+        "r_reasoning_only": "摘要模型的回答只有推理内容",
+        "r_direct": "摘要模型是浏览器端直连模型",
+        "r_unreadable": "无法读取摘要模型的回答",
+        "r_no_summarizer": "没有可用的摘要模型",
+        "r_store_down": "无法连接数据库",
+        "r_store_denied": "没有建表权限",
+        "r_store_busy": "数据库繁忙",
+        "r_internal": "内部错误（{detail}）",
+        "n_threshold_cap": "compression_threshold_tokens（{threshold}）不低于 max_context_tokens（{cap}）；改为在上限的 {share} 时开始摘要",
+        "n_summary_budget": "max_summary_tokens（{wanted}）超出摘要模型的窗口（{window}）；改用 {used}",
+        "n_thresholds_unreadable": "无法读取 model_thresholds（{detail}）；已忽略",
+        "n_thresholds_entry": "已忽略 model_thresholds 条目：{entry}",
+        "n_valve_invalid": "{name} = {value} 无效；改用 {used}",
+        "n_valve_range": "{name} = {value} 超出 {low}–{high}；改用 {used}",
+        "n_valve_choice": "{name} = {value} 不是 {choices} 之一；改用 {used}",
+        "n_params_unreadable": "无法读取 summary_model_params（{detail}）；已忽略",
+        "n_params_own": "summary_model_params：{names} 由过滤器自行设置；已忽略",
+        "n_valves_reset": "无法读取已保存的设置；使用默认值",
+        "n_carried": "已沿用旧版过滤器的设置：{names}",
+        "n_ignored": "本过滤器不使用，已忽略：{names}",
     },
+    "ja": {
+        "sent": "{used} / {cap} トークン送信",
+        "sent_no_cap": "{used} トークン送信",
+        "in_summary": "要約は {messages}を含む",
+        "left_out": "上限に収めるため {messages}を省略",
+        "over_cap": "まだ上限を超えています",
+        "repaired": "ツール呼び出し履歴を修復しました",
+        "summaries_down": "要約を利用できません：{reason}",
+        "summarizing": "バックグラウンドで {messages}を要約中…",
+        "summary_done": "要約を更新しました：{messages}を含む",
+        "summary_failed": "要約に失敗しました：{reason} · {retry} 後に再試行",
+        "skipped": "このリクエストではコンテキスト圧縮を行いませんでした：{reason}",
+        "settings": "設定：{reason}",
+        "r_timeout": "要約モデルがタイムアウトしました",
+        "r_model_error": "要約モデルがエラーを返しました",
+        "r_empty": "要約モデルの回答が空でした",
+        "r_reasoning_only": "要約モデルの回答が推論のみでした",
+        "r_direct": "要約モデルがブラウザ側の直接接続です",
+        "r_unreadable": "要約モデルの回答を読み取れませんでした",
+        "r_no_summarizer": "利用できる要約モデルがありません",
+        "r_store_down": "データベースに接続できません",
+        "r_store_denied": "テーブルを作成する権限がありません",
+        "r_store_busy": "データベースがビジーです",
+        "r_internal": "内部エラー（{detail}）",
+        "n_threshold_cap": "compression_threshold_tokens（{threshold}）が max_context_tokens（{cap}）未満ではありません。上限の {share} で要約を開始します",
+        "n_summary_budget": "max_summary_tokens（{wanted}）が要約モデルのウィンドウ（{window}）に収まりません。{used} を使用します",
+        "n_thresholds_unreadable": "model_thresholds を読み取れません（{detail}）。無視します",
+        "n_thresholds_entry": "model_thresholds の項目を無視しました：{entry}",
+        "n_valve_invalid": "{name} = {value} は無効です。{used} を使用します",
+        "n_valve_range": "{name} = {value} は {low}–{high} の範囲外です。{used} を使用します",
+        "n_valve_choice": "{name} = {value} は {choices} のいずれでもありません。{used} を使用します",
+        "n_params_unreadable": "summary_model_params を読み取れません（{detail}）。無視します",
+        "n_params_own": "summary_model_params：{names} はフィルターが設定するため無視します",
+        "n_valves_reset": "保存された設定を読み取れないため、既定値を使用します",
+        "n_carried": "旧フィルターから引き継ぎました：{names}",
+        "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
+    },
+    "ko": {
+        "sent": "{used} / {cap} 토큰 전송",
+        "sent_no_cap": "{used} 토큰 전송",
+        "in_summary": "요약에 {messages} 포함",
+        "left_out": "한도에 맞추려고 {messages} 제외",
+        "over_cap": "여전히 한도 초과",
+        "repaired": "도구 호출 기록을 복구했습니다",
+        "summaries_down": "요약을 사용할 수 없음: {reason}",
+        "summarizing": "백그라운드에서 {messages} 요약 중…",
+        "summary_done": "요약 업데이트됨: {messages} 포함",
+        "summary_failed": "요약 실패: {reason} · {retry} 후 다시 시도",
+        "skipped": "이 요청에서는 컨텍스트 압축을 건너뛰었습니다: {reason}",
+        "settings": "설정: {reason}",
+        "r_timeout": "요약 모델 시간 초과",
+        "r_model_error": "요약 모델이 오류를 반환함",
+        "r_empty": "요약 모델의 응답이 비어 있음",
+        "r_reasoning_only": "요약 모델의 응답에 추론만 있음",
+        "r_direct": "요약 모델이 브라우저 측 직접 연결임",
+        "r_unreadable": "요약 모델의 응답을 읽을 수 없음",
+        "r_no_summarizer": "사용 가능한 요약 모델이 없음",
+        "r_store_down": "데이터베이스에 연결할 수 없음",
+        "r_store_denied": "테이블 생성 권한이 없음",
+        "r_store_busy": "데이터베이스가 사용 중임",
+        "r_internal": "내부 오류({detail})",
+        "n_threshold_cap": "compression_threshold_tokens({threshold})가 max_context_tokens({cap})보다 작지 않습니다. 한도의 {share}에서 요약을 시작합니다",
+        "n_summary_budget": "max_summary_tokens({wanted})가 요약 모델의 창({window})에 맞지 않습니다. {used}을(를) 사용합니다",
+        "n_thresholds_unreadable": "model_thresholds를 읽을 수 없습니다({detail}). 무시합니다",
+        "n_thresholds_entry": "model_thresholds 항목을 무시했습니다: {entry}",
+        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다. {used}을(를) 사용합니다",
+        "n_valve_range": "{name} = {value}이(가) {low}–{high} 범위를 벗어났습니다. {used}을(를) 사용합니다",
+        "n_valve_choice": "{name} = {value}은(는) {choices} 중 하나가 아닙니다. {used}을(를) 사용합니다",
+        "n_params_unreadable": "summary_model_params를 읽을 수 없습니다({detail}). 무시합니다",
+        "n_params_own": "summary_model_params: {names}은(는) 필터가 직접 설정하므로 무시합니다",
+        "n_valves_reset": "저장된 설정을 읽을 수 없어 기본값을 사용합니다",
+        "n_carried": "이전 필터에서 가져온 설정: {names}",
+        "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
+    },
+    "fr": {
+        "sent": "{used} / {cap} tokens envoyés",
+        "sent_no_cap": "{used} tokens envoyés",
+        "in_summary": "le résumé couvre {messages}",
+        "left_out": "{messages} omis pour tenir",
+        "over_cap": "toujours au-dessus de la limite",
+        "repaired": "historique des appels d'outils réparé",
+        "summaries_down": "résumés indisponibles : {reason}",
+        "summarizing": "Résumé de {messages} en arrière-plan…",
+        "summary_done": "Résumé mis à jour : couvre {messages}",
+        "summary_failed": "Échec du résumé : {reason} · nouvel essai dans {retry}",
+        "skipped": "Compression du contexte ignorée pour cette requête : {reason}",
+        "settings": "Réglages : {reason}",
+        "r_timeout": "le modèle de résumé a expiré",
+        "r_model_error": "le modèle de résumé a renvoyé une erreur",
+        "r_empty": "la réponse du modèle de résumé était vide",
+        "r_reasoning_only": "la réponse du modèle de résumé ne contenait que du raisonnement",
+        "r_direct": "le modèle de résumé est une connexion directe du navigateur",
+        "r_unreadable": "la réponse du modèle de résumé était illisible",
+        "r_no_summarizer": "aucun modèle de résumé disponible",
+        "r_store_down": "la base de données est injoignable",
+        "r_store_denied": "pas le droit de créer des tables",
+        "r_store_busy": "la base de données est occupée",
+        "r_internal": "une erreur interne ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) n'est pas inférieur à max_context_tokens ({cap}) ; les résumés commencent à {share} de la limite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) ne tient pas dans la fenêtre du modèle de résumé ({window}) ; {used} est utilisé",
+        "n_thresholds_unreadable": "model_thresholds illisible ({detail}) ; ignoré",
+        "n_thresholds_entry": "entrée de model_thresholds ignorée : {entry}",
+        "n_valve_invalid": "{name} = {value} n'est pas valide ; {used} est utilisé",
+        "n_valve_range": "{name} = {value} est hors de {low}–{high} ; {used} est utilisé",
+        "n_valve_choice": "{name} = {value} n'est pas parmi {choices} ; {used} est utilisé",
+        "n_params_unreadable": "summary_model_params illisible ({detail}) ; ignoré",
+        "n_params_own": "summary_model_params : {names} est fixé par le filtre ; ignoré",
+        "n_valves_reset": "les réglages enregistrés sont illisibles ; valeurs par défaut utilisées",
+        "n_carried": "repris de l'ancien filtre : {names}",
+        "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
+    },
+    "de": {
+        "sent": "{used} / {cap} Tokens gesendet",
+        "sent_no_cap": "{used} Tokens gesendet",
+        "in_summary": "Zusammenfassung umfasst {messages}",
+        "left_out": "{messages} weggelassen, um das Limit einzuhalten",
+        "over_cap": "weiterhin über dem Limit",
+        "repaired": "Verlauf der Tool-Aufrufe repariert",
+        "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
+        "summarizing": "Fasse {messages} im Hintergrund zusammen…",
+        "summary_done": "Zusammenfassung aktualisiert: umfasst {messages}",
+        "summary_failed": "Zusammenfassung fehlgeschlagen: {reason} · neuer Versuch in {retry}",
+        "skipped": "Kontextkomprimierung für diese Anfrage übersprungen: {reason}",
+        "settings": "Einstellungen: {reason}",
+        "r_timeout": "Zeitüberschreitung beim Zusammenfassungsmodell",
+        "r_model_error": "das Zusammenfassungsmodell meldete einen Fehler",
+        "r_empty": "die Antwort des Zusammenfassungsmodells war leer",
+        "r_reasoning_only": "die Antwort des Zusammenfassungsmodells enthielt nur Reasoning",
+        "r_direct": "das Zusammenfassungsmodell ist eine direkte Browserverbindung",
+        "r_unreadable": "die Antwort des Zusammenfassungsmodells war unlesbar",
+        "r_no_summarizer": "kein Zusammenfassungsmodell verfügbar",
+        "r_store_down": "die Datenbank ist nicht erreichbar",
+        "r_store_denied": "keine Berechtigung, Tabellen anzulegen",
+        "r_store_busy": "die Datenbank ist ausgelastet",
+        "r_internal": "ein interner Fehler ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) liegt nicht unter max_context_tokens ({cap}); Zusammenfassungen beginnen bei {share} des Limits",
+        "n_summary_budget": "max_summary_tokens ({wanted}) passt nicht in das Fenster des Zusammenfassungsmodells ({window}); verwende {used}",
+        "n_thresholds_unreadable": "model_thresholds ist nicht lesbar ({detail}); ignoriert",
+        "n_thresholds_entry": "Eintrag in model_thresholds ignoriert: {entry}",
+        "n_valve_invalid": "{name} = {value} ist ungültig; verwende {used}",
+        "n_valve_range": "{name} = {value} liegt außerhalb von {low}–{high}; verwende {used}",
+        "n_valve_choice": "{name} = {value} ist keiner von {choices}; verwende {used}",
+        "n_params_unreadable": "summary_model_params ist nicht lesbar ({detail}); ignoriert",
+        "n_params_own": "summary_model_params: {names} setzt der Filter selbst; ignoriert",
+        "n_valves_reset": "die gespeicherten Einstellungen sind nicht lesbar; Standardwerte werden verwendet",
+        "n_carried": "vom älteren Filter übernommen: {names}",
+        "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
+    },
+    "es": {
+        "sent": "{used} / {cap} tokens enviados",
+        "sent_no_cap": "{used} tokens enviados",
+        "in_summary": "el resumen cubre {messages}",
+        "left_out": "omitido por el límite: {messages}",
+        "over_cap": "todavía por encima del límite",
+        "repaired": "historial de llamadas a herramientas reparado",
+        "summaries_down": "resúmenes no disponibles: {reason}",
+        "summarizing": "Resumiendo {messages} en segundo plano…",
+        "summary_done": "Resumen actualizado: cubre {messages}",
+        "summary_failed": "El resumen falló: {reason} · nuevo intento en {retry}",
+        "skipped": "Compresión de contexto omitida en esta solicitud: {reason}",
+        "settings": "Ajustes: {reason}",
+        "r_timeout": "el modelo de resumen agotó el tiempo",
+        "r_model_error": "el modelo de resumen devolvió un error",
+        "r_empty": "la respuesta del modelo de resumen estaba vacía",
+        "r_reasoning_only": "la respuesta del modelo de resumen solo contenía razonamiento",
+        "r_direct": "el modelo de resumen es una conexión directa del navegador",
+        "r_unreadable": "la respuesta del modelo de resumen era ilegible",
+        "r_no_summarizer": "no hay modelo de resumen disponible",
+        "r_store_down": "la base de datos no está accesible",
+        "r_store_denied": "sin permiso para crear tablas",
+        "r_store_busy": "la base de datos está ocupada",
+        "r_internal": "un error interno ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) no es menor que max_context_tokens ({cap}); los resúmenes empiezan al {share} del límite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) no cabe en la ventana del modelo de resumen ({window}); se usa {used}",
+        "n_thresholds_unreadable": "no se puede leer model_thresholds ({detail}); se ignora",
+        "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
+        "n_valve_invalid": "{name} = {value} no es válido; se usa {used}",
+        "n_valve_range": "{name} = {value} está fuera de {low}–{high}; se usa {used}",
+        "n_valve_choice": "{name} = {value} no es uno de {choices}; se usa {used}",
+        "n_params_unreadable": "no se puede leer summary_model_params ({detail}); se ignora",
+        "n_params_own": "summary_model_params: el filtro fija {names} por sí mismo; se ignora",
+        "n_valves_reset": "no se pueden leer los ajustes guardados; se usan los valores predeterminados",
+        "n_carried": "tomado del filtro anterior: {names}",
+        "n_ignored": "este filtro no lo usa, se ignora: {names}",
+    },
+    "pt": {
+        "sent": "{used} / {cap} tokens enviados",
+        "sent_no_cap": "{used} tokens enviados",
+        "in_summary": "o resumo cobre {messages}",
+        "left_out": "omitido pelo limite: {messages}",
+        "over_cap": "ainda acima do limite",
+        "repaired": "histórico de chamadas de ferramentas reparado",
+        "summaries_down": "resumos indisponíveis: {reason}",
+        "summarizing": "Resumindo {messages} em segundo plano…",
+        "summary_done": "Resumo atualizado: cobre {messages}",
+        "summary_failed": "O resumo falhou: {reason} · nova tentativa em {retry}",
+        "skipped": "Compressão de contexto ignorada nesta solicitação: {reason}",
+        "settings": "Configurações: {reason}",
+        "r_timeout": "o modelo de resumo excedeu o tempo",
+        "r_model_error": "o modelo de resumo retornou um erro",
+        "r_empty": "a resposta do modelo de resumo veio vazia",
+        "r_reasoning_only": "a resposta do modelo de resumo continha só raciocínio",
+        "r_direct": "o modelo de resumo é uma conexão direta do navegador",
+        "r_unreadable": "a resposta do modelo de resumo era ilegível",
+        "r_no_summarizer": "nenhum modelo de resumo disponível",
+        "r_store_down": "o banco de dados está inacessível",
+        "r_store_denied": "sem permissão para criar tabelas",
+        "r_store_busy": "o banco de dados está ocupado",
+        "r_internal": "um erro interno ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) não é menor que max_context_tokens ({cap}); os resumos começam em {share} do limite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) não cabe na janela do modelo de resumo ({window}); usando {used}",
+        "n_thresholds_unreadable": "não é possível ler model_thresholds ({detail}); ignorado",
+        "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
+        "n_valve_invalid": "{name} = {value} não é válido; usando {used}",
+        "n_valve_range": "{name} = {value} está fora de {low}–{high}; usando {used}",
+        "n_valve_choice": "{name} = {value} não é um de {choices}; usando {used}",
+        "n_params_unreadable": "não é possível ler summary_model_params ({detail}); ignorado",
+        "n_params_own": "summary_model_params: {names} é definido pelo próprio filtro; ignorado",
+        "n_valves_reset": "não é possível ler as configurações salvas; usando os padrões",
+        "n_carried": "trazido do filtro antigo: {names}",
+        "n_ignored": "não usado por este filtro, ignorado: {names}",
+    },
+    "ru": {
+        "sent": "отправлено {used} / {cap} токенов",
+        "sent_no_cap": "отправлено {used} токенов",
+        "in_summary": "в сводке: {messages}",
+        "left_out": "не отправлено ради лимита: {messages}",
+        "over_cap": "лимит всё ещё превышен",
+        "repaired": "история вызовов инструментов исправлена",
+        "summaries_down": "сводки недоступны: {reason}",
+        "summarizing": "Составляется сводка в фоне: {messages}…",
+        "summary_done": "Сводка обновлена: {messages}",
+        "summary_failed": "Сводка не удалась: {reason} · повтор через {retry}",
+        "skipped": "Сжатие контекста для этого запроса пропущено: {reason}",
+        "settings": "Настройки: {reason}",
+        "r_timeout": "модель сводки не ответила вовремя",
+        "r_model_error": "модель сводки вернула ошибку",
+        "r_empty": "модель сводки вернула пустой ответ",
+        "r_reasoning_only": "в ответе модели сводки только рассуждения",
+        "r_direct": "модель сводки — прямое подключение из браузера",
+        "r_unreadable": "ответ модели сводки не удалось прочитать",
+        "r_no_summarizer": "нет доступной модели сводки",
+        "r_store_down": "база данных недоступна",
+        "r_store_denied": "нет прав на создание таблиц",
+        "r_store_busy": "база данных занята",
+        "r_internal": "внутренняя ошибка ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) не меньше max_context_tokens ({cap}); сводки начинаются при {share} лимита",
+        "n_summary_budget": "max_summary_tokens ({wanted}) не помещается в окно модели сводки ({window}); используется {used}",
+        "n_thresholds_unreadable": "model_thresholds не читается ({detail}); пропущено",
+        "n_thresholds_entry": "запись model_thresholds пропущена: {entry}",
+        "n_valve_invalid": "{name} = {value} недопустимо; используется {used}",
+        "n_valve_range": "{name} = {value} вне диапазона {low}–{high}; используется {used}",
+        "n_valve_choice": "{name} = {value} — не одно из {choices}; используется {used}",
+        "n_params_unreadable": "summary_model_params не читается ({detail}); пропущено",
+        "n_params_own": "summary_model_params: {names} задаёт сам фильтр; пропущено",
+        "n_valves_reset": "сохранённые настройки не читаются; используются значения по умолчанию",
+        "n_carried": "перенесено из старого фильтра: {names}",
+        "n_ignored": "не используется этим фильтром, пропущено: {names}",
+    },
+    "it": {
+        "sent": "{used} / {cap} token inviati",
+        "sent_no_cap": "{used} token inviati",
+        "in_summary": "il riepilogo copre {messages}",
+        "left_out": "omesso per il limite: {messages}",
+        "over_cap": "ancora oltre il limite",
+        "repaired": "cronologia delle chiamate agli strumenti riparata",
+        "summaries_down": "riepiloghi non disponibili: {reason}",
+        "summarizing": "Riepilogo di {messages} in background…",
+        "summary_done": "Riepilogo aggiornato: copre {messages}",
+        "summary_failed": "Riepilogo non riuscito: {reason} · nuovo tentativo tra {retry}",
+        "skipped": "Compressione del contesto saltata per questa richiesta: {reason}",
+        "settings": "Impostazioni: {reason}",
+        "r_timeout": "il modello di riepilogo è andato in timeout",
+        "r_model_error": "il modello di riepilogo ha restituito un errore",
+        "r_empty": "la risposta del modello di riepilogo era vuota",
+        "r_reasoning_only": "la risposta del modello di riepilogo conteneva solo ragionamento",
+        "r_direct": "il modello di riepilogo è una connessione diretta del browser",
+        "r_unreadable": "la risposta del modello di riepilogo era illeggibile",
+        "r_no_summarizer": "nessun modello di riepilogo disponibile",
+        "r_store_down": "il database non è raggiungibile",
+        "r_store_denied": "nessun permesso per creare tabelle",
+        "r_store_busy": "il database è occupato",
+        "r_internal": "un errore interno ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) non è inferiore a max_context_tokens ({cap}); i riepiloghi partono al {share} del limite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) non rientra nella finestra del modello di riepilogo ({window}); si usa {used}",
+        "n_thresholds_unreadable": "model_thresholds non leggibile ({detail}); ignorato",
+        "n_thresholds_entry": "voce di model_thresholds ignorata: {entry}",
+        "n_valve_invalid": "{name} = {value} non è valido; si usa {used}",
+        "n_valve_range": "{name} = {value} è fuori da {low}–{high}; si usa {used}",
+        "n_valve_choice": "{name} = {value} non è tra {choices}; si usa {used}",
+        "n_params_unreadable": "summary_model_params non leggibile ({detail}); ignorato",
+        "n_params_own": "summary_model_params: {names} è impostato dal filtro stesso; ignorato",
+        "n_valves_reset": "le impostazioni salvate non sono leggibili; si usano i valori predefiniti",
+        "n_carried": "ripreso dal filtro precedente: {names}",
+        "n_ignored": "non usato da questo filtro, ignorato: {names}",
+    },
+    "pl": {
+        "sent": "wysłano {used} / {cap} tokenów",
+        "sent_no_cap": "wysłano {used} tokenów",
+        "in_summary": "w podsumowaniu: {messages}",
+        "left_out": "pominięto, by zmieścić się w limicie: {messages}",
+        "over_cap": "nadal powyżej limitu",
+        "repaired": "naprawiono historię wywołań narzędzi",
+        "summaries_down": "podsumowania niedostępne: {reason}",
+        "summarizing": "Podsumowywanie w tle: {messages}…",
+        "summary_done": "Podsumowanie zaktualizowane: {messages}",
+        "summary_failed": "Podsumowanie nie powiodło się: {reason} · ponowna próba za {retry}",
+        "skipped": "Kompresja kontekstu pominięta dla tego żądania: {reason}",
+        "settings": "Ustawienia: {reason}",
+        "r_timeout": "model podsumowań przekroczył czas",
+        "r_model_error": "model podsumowań zwrócił błąd",
+        "r_empty": "odpowiedź modelu podsumowań była pusta",
+        "r_reasoning_only": "odpowiedź modelu podsumowań zawierała tylko rozumowanie",
+        "r_direct": "model podsumowań to bezpośrednie połączenie z przeglądarki",
+        "r_unreadable": "nie można odczytać odpowiedzi modelu podsumowań",
+        "r_no_summarizer": "brak dostępnego modelu podsumowań",
+        "r_store_down": "baza danych jest nieosiągalna",
+        "r_store_denied": "brak uprawnień do tworzenia tabel",
+        "r_store_busy": "baza danych jest zajęta",
+        "r_internal": "błąd wewnętrzny ({detail})",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) nie jest mniejsze niż max_context_tokens ({cap}); podsumowania zaczynają się przy {share} limitu",
+        "n_summary_budget": "max_summary_tokens ({wanted}) nie mieści się w oknie modelu podsumowań ({window}); użyto {used}",
+        "n_thresholds_unreadable": "nie można odczytać model_thresholds ({detail}); pominięto",
+        "n_thresholds_entry": "pominięto wpis model_thresholds: {entry}",
+        "n_valve_invalid": "{name} = {value} jest nieprawidłowe; użyto {used}",
+        "n_valve_range": "{name} = {value} jest poza zakresem {low}–{high}; użyto {used}",
+        "n_valve_choice": "{name} = {value} nie należy do {choices}; użyto {used}",
+        "n_params_unreadable": "nie można odczytać summary_model_params ({detail}); pominięto",
+        "n_params_own": "summary_model_params: {names} ustawia sam filtr; pominięto",
+        "n_valves_reset": "nie można odczytać zapisanych ustawień; użyto wartości domyślnych",
+        "n_carried": "przeniesiono ze starszego filtra: {names}",
+        "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
+    },
+}
+
+# The noun "message" after a count, per language: (one, few, many) for the
+# Slavic rules, (one, other) elsewhere; CJK languages put the count in a
+# pattern and have no plural.
+MESSAGE_NOUNS: dict = {
+    "en": ("{n} message", "{n} messages"),
+    "fr": ("{n} message", "{n} messages"),
+    "de": ("{n} Nachricht", "{n} Nachrichten"),
+    "es": ("{n} mensaje", "{n} mensajes"),
+    "pt": ("{n} mensagem", "{n} mensagens"),
+    "it": ("{n} messaggio", "{n} messaggi"),
+    "ru": ("{n} сообщение", "{n} сообщения", "{n} сообщений"),
+    "pl": ("{n} wiadomość", "{n} wiadomości", "{n} wiadomości"),
+    "zh": ("{n} 条消息",),
+    "ja": ("{n} 件のメッセージ",),
+    "ko": ("메시지 {n}개",),
+}
+
+# Why a summary failed (SummaryError.reason) -> the text that says it.
+_REASON_KEYS = {
+    "timeout": "r_timeout",
+    "model error": "r_model_error",
+    "empty answer": "r_empty",
+    "reasoning-only answer": "r_reasoning_only",
+    "direct connection": "r_direct",
+    "unreadable answer": "r_unreadable",
+    "no summarizer": "r_no_summarizer",
 }
 
 
@@ -2732,13 +3447,96 @@ def format_tokens(value: int) -> str:
     return str(value)
 
 
+def _plural_index(language: str, n: int) -> int:
+    """Which form of MESSAGE_NOUNS to use (CLDR's rules for these languages)."""
+    forms = len(MESSAGE_NOUNS.get(language, ()))
+    if forms <= 1:
+        return 0
+    if forms == 2:
+        one = n in (0, 1) if language == "fr" else n == 1
+        return 0 if one else 1
+    if language == "ru" and n % 10 == 1 and n % 100 != 11:
+        return 0
+    if language == "pl" and n == 1:
+        return 0
+    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
+        return 1
+    return 2
+
+
+def messages_phrase(language: str, n: int) -> str:
+    """``n`` with the word for messages in the right plural form."""
+    language = language if language in MESSAGE_NOUNS else "en"
+    return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
+
+
+# Keys of the status line before the texts were redesigned, still accepted
+# (with their old value names) until every caller uses the new keys.
+def _legacy_parts(key: str, values: dict) -> Optional[list]:
+    values = dict(values)
+    if "budget" in values:
+        values["cap"] = values.pop("budget")
+    if "count" in values:
+        values["messages"] = values.pop("count")
+    sent = ("sent", {"used": values.get("used", 0), "cap": values.get("cap", 0)})
+    if key == "usage":
+        return [sent]
+    if key == "usage_summary":
+        return [sent, ("in_summary", {"messages": values.get("covered", 0)})]
+    if key == "trimmed":
+        return [sent, ("left_out", {"messages": values.get("dropped", 0)})]
+    if key == "over":
+        return [sent, ("over_cap", {})]
+    if key in ("summarizing", "summary_done") and "messages" in values:
+        return [(key, {"messages": values["messages"]})]
+    return None
+
+
+class _Missing(dict):
+    def __missing__(self, key):
+        return "?"
+
+
 def status_text(language: str, key: str, **values: Any) -> str:
-    table = STATUS_TEXTS.get(language, STATUS_TEXTS["en"])
-    template = table.get(key) or STATUS_TEXTS["en"][key]
-    shown = {k: format_tokens(v) if k in ("used", "budget") and isinstance(v, int) else v for k, v in values.items()}
-    if values.get("budget") == 0:
-        shown["budget"] = table["no_cap"]
-    return template.format(**shown)
+    """One status text in the UI language (English where one is missing).
+    Never raises. ``messages`` is a count shown with its noun; ``used`` and
+    ``cap`` are token counts shown as 12k (except in settings Notes, which
+    quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
+    ``reason`` naming a SummaryError reason, is shown translated."""
+    try:
+        parts = _legacy_parts(key, values)
+        if parts is not None:
+            return " · ".join(_render(language, k, v) for k, v in parts)
+        return _render(language, key, values)
+    except Exception:  # a status line must never fail a request
+        log.exception("async_context_compression: status text %r failed", key)
+        return str(key)
+
+
+def _render(language: str, key: str, values: dict) -> str:
+    english = STATUS_TEXTS["en"]
+    table = STATUS_TEXTS.get(language) or english
+    if key == "sent" and not values.get("cap"):
+        key = "sent_no_cap"
+    template = table.get(key) or english.get(key)
+    if template is None:
+        return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
+    shown = {}
+    for name, value in values.items():
+        if isinstance(value, Note):
+            value = value.text(language)
+        elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
+            value = messages_phrase(language, value)
+        elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
+            value = format_tokens(value)
+        elif name == "reason" and isinstance(value, str) and _REASON_KEYS.get(value, value).startswith("r_"):
+            reason = _REASON_KEYS.get(value, value)
+            value = table.get(reason) or english.get(reason, value)
+        shown[name] = value
+    try:
+        return template.format_map(_Missing(shown))
+    except (IndexError, ValueError, AttributeError, TypeError):
+        return english.get(key, key).format_map(_Missing(shown))
 
 
 # ---------------------------------------------------------------------------
@@ -3090,28 +3888,22 @@ class Filter:
         )
         compression_threshold_tokens: int = Field(
             default=64000,
-            ge=0,
             description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens.",
         )
         max_context_tokens: int = Field(
             default=128000,
-            ge=0,
-            description="Hard cap on the tokens sent to the model. Over it, the oldest whole turns are dropped (tool calls never split). Set it below the model's window by the reply size. 0 = no cap.",
+            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). Set it below the model's window by the reply size. 0 = no cap.",
         )
         summary_trigger_ratio: float = Field(
             default=0.75,
-            ge=0.1,
-            le=1.0,
-            description="Summarize at the latest when the context reaches this share of max_context_tokens, so the summary is ready before the cap forces trimming.",
+            description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
         )
         keep_first: int = Field(
             default=1,
-            ge=0,
             description="Leading non-system messages always kept verbatim (the chat's opening).",
         )
         keep_last: int = Field(
             default=6,
-            ge=0,
             description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
         )
         summary_model: str = Field(
@@ -3120,56 +3912,66 @@ class Filter:
         )
         summary_model_max_context: int = Field(
             default=0,
-            ge=0,
             description="Context window of the summary model in tokens. 0 = take it from model_thresholds or max_context_tokens.",
         )
         max_summary_tokens: int = Field(
             default=2048,
-            ge=64,
-            description="Longest summary, in tokens.",
+            description="Longest summary, in tokens (at least 64).",
         )
         summary_temperature: float = Field(
             default=0.1,
-            ge=0.0,
-            le=2.0,
-            description="Sampling temperature of the summary model.",
+            description="Sampling temperature of the summary model (0-2).",
         )
         summary_timeout_seconds: int = Field(
             default=120,
-            ge=5,
-            description="Give up on a summary after this many seconds; later turns retry with growing back-off.",
+            description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
+        )
+        summary_style: str = Field(
+            default="balanced",
+            description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
+        )
+        summary_prompt: str = Field(
+            default="",
+            description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
+        )
+        summary_model_params: str = Field(
+            default="",
+            description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
         )
         model_thresholds: str = Field(
             default="",
-            description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}.',
+            description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
         )
         show_status: bool = Field(
             default=True,
             description="Show context usage and summary progress in the chat's status line.",
         )
+        status_usage_threshold: float = Field(
+            default=0.0,
+            description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
+        )
         debug: bool = Field(
             default=False,
             description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
         )
+        _notes: tuple = PrivateAttr(default=())
 
-        @field_validator("model_thresholds", mode="before")
+        @model_validator(mode="wrap")
         @classmethod
-        def _thresholds_as_text(cls, value: Any) -> str:
-            # Older versions stored a dict here; keep accepting it.
-            if value is None:
-                return ""
-            if isinstance(value, dict):
-                return json.dumps(value)
-            if isinstance(value, str):
-                _, problems = parse_model_thresholds(value)
-                if problems:
-                    raise ValueError("; ".join(problems))
-                return value
-            raise ValueError("model_thresholds must be a JSON object")
+        def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
+            # Values stored by any version, or by the older filter of the same
+            # id, are carried over or ignored, never refused (see layer 4).
+            return validate_valves(cls, data, handler)
 
     class UserValves(BaseModel):
         enabled: bool = Field(default=True, description="Compress the context of my chats.")
         show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
+        _notes: tuple = PrivateAttr(default=())
+
+        @model_validator(mode="wrap")
+        @classmethod
+        def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
+            return validate_valves(cls, data, handler)
 
     def __init__(self):
         self.valves = self.Valves()

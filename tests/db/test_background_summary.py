@@ -320,7 +320,7 @@ async def test_outlet_summary_is_applied_by_inlet_at_the_same_coverage(db):
     assert_applied(sent, view, record)
     # The tail is the last stored turn, expanded, plus the new message.
     assert view[3:] == as_inlet_sees_it(chat[-2:]) + [{"role": "user", "content": "MK-9901 And now?"}]
-    assert any("older messages summarized" in s for s in w.statuses())
+    assert any("summary covers" in s for s in w.statuses())
 
 
 async def test_inlet_and_outlet_agree_on_coverage_with_a_client_system_prompt(db):
@@ -520,8 +520,8 @@ async def test_failure_backs_off_then_retries(db, backoff, kind):
     assert await w.outlet(chat)  # the chat goes on: outlet returns the body
     assert len(w.summarizer.calls) == 1
     assert await w.records(chat) == []  # nothing is saved
-    failed = [s for s in w.statuses() if s.startswith("Background summary failed")]
-    assert failed and f"({reason})" in failed[0] and "retrying in" in failed[0]
+    failed = [s for s in w.statuses() if s.startswith("Summary failed: ")]
+    assert failed and acc.STATUS_TEXTS["en"][acc._REASON_KEYS[reason]] in failed[0] and "next try in" in failed[0]
     lease = await w.store.lease("alice:chat-1")
     assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, reason)
 
@@ -550,7 +550,7 @@ async def test_back_off_grows_with_repeated_failures(db, backoff):
     second = await w.store.lease("alice:chat-1")
     assert second["failures"] == 2
     assert second["expires_at"] - time.time() > 0.6  # 2 x 0.4 s, minus the time spent
-    assert any("retrying in 1s" in s or "retrying in 0s" in s for s in w.statuses())
+    assert any("next try in 1s" in s or "next try in 0s" in s for s in w.statuses())
     assert len(w.summarizer.calls) == 2 and await w.records(chat) == []
 
 
@@ -570,7 +570,7 @@ async def test_edited_early_message_drops_the_summary_and_trims(db):
     assert "Running summary" not in json.dumps(view)
     assert view[0] == sent[0] and view[1] == sent[1]  # system and the protected head
     assert len(view) < len(sent) and view[-1] == sent[-1]  # trimmed, oldest turns first
-    assert any("trimmed" in s for s in w.statuses())
+    assert any("left out to fit" in s for s in w.statuses())
 
     # Its own summary starts from the head, not from the other branch's.
     await w.outlet(edited)
@@ -697,13 +697,13 @@ async def test_status_texts_in_chinese(db, backoff):
     assert any(s.startswith("摘要已更新") for s in statuses), statuses
     w.events.clear()
     await w.inlet(chat, metadata=zh)
-    assert any("已摘要" in s for s in w.statuses()), w.statuses()
+    assert any("摘要涵盖" in s for s in w.statuses()), w.statuses()
 
     w.events.clear()
     w.summarizer.script = [RuntimeError("down")]
     await w.outlet(chat + stored_chat(range(8, 14)), metadata=zh)
     failed = w.statuses()[-1]
-    assert failed.startswith("后台摘要失败") and "model error" in failed, failed
+    assert failed.startswith("摘要失败") and "摘要模型返回错误" in failed, failed
 
 
 # -- the inlet view used above is the one Open WebUI builds ---------------------------------

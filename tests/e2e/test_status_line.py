@@ -36,7 +36,7 @@ def test_status_line_shows_usage_and_background_summaries(acc, provider):
         return lines if any(line.startswith("Summary updated") for line in lines) else None
 
     lines = wait_for(seen, deadline=60, what="a 'Summary updated' status line")
-    assert any(line.startswith("Context ") and f"/ {cap_text} tokens" in line for line in lines), lines
+    assert any(f"/ {cap_text} tokens sent" in line for line in lines), lines
     assert any(line.startswith("Summarizing ") and "in the background" in line for line in lines), lines
-    assert any("older messages summarized" in line for line in lines), lines
+    assert any("summary covers " in line for line in lines), lines
     assert not any("skipped" in line for line in lines), lines

@@ -3,9 +3,9 @@ promise that inlet never raises into Open WebUI."""
 
 import asyncio
 import json
+import re
 
 import pytest
-from pydantic import ValidationError
 
 import async_context_compression as acc
 
@@ -27,20 +27,32 @@ def test_valve_names_and_defaults_are_the_ones_admins_know():
 
 
 @pytest.mark.parametrize(
-    "values, words",
+    "values, name, kept, words",
     [
-        ({"max_context_tokens": -1}, "max_context_tokens"),
-        ({"keep_last": -3}, "keep_last"),
-        ({"summary_trigger_ratio": 3}, "summary_trigger_ratio"),
-        ({"model_thresholds": "{not json"}, "model_thresholds is not valid JSON"),
-        ({"model_thresholds": '{"gpt-4o": {"max_context_tokens": "lots"}}'}, "max_context_tokens='lots' ignored"),
-        ({"model_thresholds": "[1, 2]"}, "must be a JSON object"),
+        (
+            {"max_context_tokens": -1},
+            "max_context_tokens",
+            -1,
+            "max_context_tokens = -1 is outside 0–1000000000; using 0",
+        ),
+        ({"keep_last": -3}, "keep_last", -3, "keep_last = -3 is outside 0–10000; using 0"),
+        ({"summary_trigger_ratio": 3}, "summary_trigger_ratio", 3.0, "summary_trigger_ratio = 3.0 is outside"),
+        ({"model_thresholds": "{not json"}, "model_thresholds", "{not json", "model_thresholds cannot be read"),
+        (
+            {"model_thresholds": '{"gpt-4o": {"max_context_tokens": "lots"}}'},
+            "model_thresholds",
+            '{"gpt-4o": {"max_context_tokens": "lots"}}',
+            "model_thresholds entry ignored: 'gpt-4o'.max_context_tokens='lots'",
+        ),
+        ({"model_thresholds": "[1, 2]"}, "model_thresholds", "[1, 2]", "not a JSON object"),
     ],
 )
-def test_invalid_valves_are_refused_with_a_message_that_names_them(values, words):
-    with pytest.raises(ValidationError) as info:
-        acc.Filter.Valves(**values)
-    assert words in str(info.value)
+def test_invalid_valves_are_kept_as_typed_and_explained_per_request(values, name, kept, words):
+    v = acc.Filter.Valves(**values)  # never refused: the admin sees what they typed
+    assert getattr(v, name) == kept
+    assert v.model_dump(exclude_unset=True) == {name: kept}  # and a save keeps it
+    warnings = acc.resolve_settings(v, "gpt-4o").warnings
+    assert any(words in str(w) for w in warnings), [str(w) for w in warnings]
 
 
 def test_thresholds_stored_as_a_dict_by_older_versions_still_load():
@@ -72,8 +84,11 @@ def test_impossible_combinations_fall_back_safely_and_say_why():
     s = acc.resolve_settings(v, "m")
     assert s.trigger_tokens == 75000  # summary_trigger_ratio 0.75 of the cap
     assert s.max_summary_tokens < 50000
-    text = " ".join(s.warnings)
-    assert "compression_threshold_tokens (200000)" in text and "max_summary_tokens" in text
+    text = " ".join(str(w) for w in s.warnings)
+    assert "compression_threshold_tokens (200000) is not below max_context_tokens (100000)" in text
+    assert "summaries start at 75% of the cap" in text and "max_summary_tokens (60000)" in text
+    zh = " ".join(w.text("zh") for w in s.warnings)
+    assert "改为在上限的 75% 时开始摘要" in zh and "max_summary_tokens（60000）" in zh
 
 
 def test_no_cap_keeps_the_threshold_and_summary_defaults():
@@ -109,10 +124,83 @@ def test_user_can_hide_the_status_line_and_turn_the_filter_off():
 def test_status_texts_follow_the_ui_language():
     metadata = {"variables": {"{{USER_LANGUAGE}}": "zh-CN"}}
     assert acc.user_language(metadata) == "zh"
-    assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "fr-FR"}}) == "en"
-    assert acc.status_text("zh", "usage", used=12345, budget=128000) == "上下文 12k / 128k tokens"
-    assert acc.status_text("en", "usage", used=950, budget=0) == "Context 950 / no cap tokens"
-    assert set(acc.STATUS_TEXTS["zh"]) == set(acc.STATUS_TEXTS["en"])
+    assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "fr-FR"}}) == "fr"
+    assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "nl-NL"}}) == "en"
+    assert acc.user_language({}, {"info": {"language": "pt-BR"}}) == "pt"
+    assert acc.status_text("zh", "sent", used=12345, cap=128000) == "已发送 12k / 128k tokens"
+    assert acc.status_text("en", "sent", used=950, cap=0) == "950 tokens sent"
+    assert acc.status_text("de", "left_out", messages=1) == "1 Nachricht weggelassen, um das Limit einzuhalten"
+
+
+def test_every_language_has_every_text_with_the_same_placeholders():
+    english = acc.STATUS_TEXTS["en"]
+    assert set(acc.STATUS_TEXTS) == {"en", "zh", "ja", "ko", "fr", "de", "es", "pt", "ru", "it", "pl"}
+    assert set(acc.MESSAGE_NOUNS) == set(acc.STATUS_TEXTS)
+    for language, table in acc.STATUS_TEXTS.items():
+        assert set(table) == set(english), language
+        for key, text in table.items():
+            assert set(re.findall(r"{(\w+)}", text)) == set(re.findall(r"{(\w+)}", english[key])), (language, key)
+            if language != "en" and not key.startswith("r_internal"):
+                assert text != english[key], (language, key)  # translated, not copied
+
+
+@pytest.mark.parametrize(
+    "language, counts",
+    [
+        ("en", {1: "1 message", 2: "2 messages", 0: "0 messages"}),
+        ("fr", {0: "0 message", 1: "1 message", 2: "2 messages"}),
+        (
+            "ru",
+            {
+                1: "1 сообщение",
+                3: "3 сообщения",
+                5: "5 сообщений",
+                11: "11 сообщений",
+                21: "21 сообщение",
+                22: "22 сообщения",
+            },
+        ),
+        ("pl", {1: "1 wiadomość", 2: "2 wiadomości", 5: "5 wiadomości", 12: "12 wiadomości", 22: "22 wiadomości"}),
+        ("zh", {1: "1 条消息", 7: "7 条消息"}),
+        ("ko", {3: "메시지 3개"}),
+    ],
+)
+def test_message_counts_use_the_languages_plural_forms(language, counts):
+    for n, phrase in counts.items():
+        assert acc.messages_phrase(language, n) == phrase
+
+
+def test_settings_notes_are_translated_in_the_status_line():
+    s = acc.resolve_settings(acc.Filter.Valves(keep_last=-3), "m")
+    [warning] = s.warnings
+    assert str(warning) == "keep_last = -3 is outside 0–10000; using 0"
+    assert (
+        acc.status_text("ja", "settings", reason=warning)
+        == "設定：keep_last = -3 は 0–10000 の範囲外です。0 を使用します"
+    )
+    assert acc.status_text("zh", "summary_failed", reason="timeout", retry="8s") == "摘要失败：摘要模型超时 · 8s 后重试"
+
+
+def test_status_text_never_raises():
+    assert acc.status_text("en", "no such key", a=1) == "no such key a=1"
+    assert acc.status_text("xx", "summary_done", messages=2) == "Summary updated: covers 2 messages"
+    assert acc.status_text("ru", "settings") == "Настройки: ?"  # a value missing
+    assert acc.status_text("en", "sent", used="many", cap=object()).endswith("tokens sent")
+    assert acc.status_text(None, None) is not None
+
+
+def test_status_keys_of_the_previous_line_still_render_in_the_new_texts():
+    assert acc.status_text("en", "usage", used=950, budget=0) == "950 tokens sent"
+    assert (
+        acc.status_text("en", "trimmed", used=12345, budget=20000, dropped=3)
+        == "12k / 20k tokens sent · 3 messages left out to fit"
+    )
+    assert (
+        acc.status_text("zh", "usage_summary", used=5, budget=9000, covered=1)
+        == "已发送 5 / 9.0k tokens · 摘要涵盖 1 条消息"
+    )
+    assert acc.status_text("en", "over", used=5, budget=4) == "5 / 4 tokens sent · still over the cap"
+    assert acc.status_text("fr", "summarizing", count=1) == "Résumé de 1 message en arrière-plan…"
 
 
 def test_inlet_shows_usage_in_the_status_line():
@@ -132,7 +220,7 @@ def test_inlet_shows_usage_in_the_status_line():
         )
     )
     assert len(events) == 1 and events[0]["type"] == "status"
-    assert events[0]["data"]["description"].startswith("上下文 ")
+    assert events[0]["data"]["description"].startswith("已发送 ")
 
 
 def test_inlet_never_raises_and_sends_the_safest_list(monkeypatch):

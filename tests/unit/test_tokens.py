@@ -125,7 +125,7 @@ def test_override_through_model_thresholds():
 def test_unknown_encoding_in_model_thresholds_is_refused_with_a_reason():
     table, problems = acc.parse_model_thresholds({"llama3*": {"encoding": "gpt2"}})
     assert table == {"llama3*": {}}
-    assert problems and "encoding" in problems[0]
+    assert problems and "encoding" in str(problems[0])
 
 
 # -- exact counts: tiktoken plus the documented overheads ------------------------------------
