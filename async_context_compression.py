@@ -21,6 +21,19 @@ requirements: tiktoken
 #   7. Status texts per UI language.
 #   8. Background summaries: plan, lease, fold in rounds, save, back off.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
+#
+# Provider rules cited in docstrings (what a provider answers with HTTP 400;
+# devkit/provider_rules.py checks each one):
+#   O0 malformed list (unknown role, not an object)   O1 tool result with no
+#   call right before it   O2 a call left unanswered   O3 result id not among
+#   the previous calls   O5 two results for one id   O6 empty or malformed
+#   tool_calls, ids over 40 chars, bad function names   O7 null content off a
+#   call turn, parts of the wrong kind   O8 bad ``name``   (OpenAI)
+#   A1 tool_use without its tool_result next   A2 tool_result without its
+#   tool_use   A3 text before tool_result   A4 duplicate tool_use ids
+#   A5 first turn not the user's   (Anthropic, as gateways convert to it)
+#   G1 call turn not after a user or response turn   G2 response turn not
+#   after a call turn   G3 responses and calls differ in number   (Gemini)
 
 from __future__ import annotations
 
@@ -3006,7 +3019,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "the database is unreachable",
         "r_store_denied": "no permission to create tables",
         "r_store_busy": "the database is busy",
-        "r_internal": "an internal error ({detail})",
+        "r_internal": "an internal error",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) is not below max_context_tokens ({cap}); summaries start at {share} of the cap",
         "n_summary_budget": "max_summary_tokens ({wanted}) does not fit the summarizer's window ({window}); using {used}",
         "n_thresholds_unreadable": "model_thresholds cannot be read ({detail}); ignored",
@@ -3043,7 +3056,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "无法连接数据库",
         "r_store_denied": "没有建表权限",
         "r_store_busy": "数据库繁忙",
-        "r_internal": "内部错误（{detail}）",
+        "r_internal": "内部错误",
         "n_threshold_cap": "compression_threshold_tokens（{threshold}）不低于 max_context_tokens（{cap}）；改为在上限的 {share} 时开始摘要",
         "n_summary_budget": "max_summary_tokens（{wanted}）超出摘要模型的窗口（{window}）；改用 {used}",
         "n_thresholds_unreadable": "无法读取 model_thresholds（{detail}）；已忽略",
@@ -3080,7 +3093,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "データベースに接続できません",
         "r_store_denied": "テーブルを作成する権限がありません",
         "r_store_busy": "データベースがビジーです",
-        "r_internal": "内部エラー（{detail}）",
+        "r_internal": "内部エラー",
         "n_threshold_cap": "compression_threshold_tokens（{threshold}）が max_context_tokens（{cap}）未満ではありません。上限の {share} で要約を開始します",
         "n_summary_budget": "max_summary_tokens（{wanted}）が要約モデルのウィンドウ（{window}）に収まりません。{used} を使用します",
         "n_thresholds_unreadable": "model_thresholds を読み取れません（{detail}）。無視します",
@@ -3117,7 +3130,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "데이터베이스에 연결할 수 없음",
         "r_store_denied": "테이블 생성 권한이 없음",
         "r_store_busy": "데이터베이스가 사용 중임",
-        "r_internal": "내부 오류({detail})",
+        "r_internal": "내부 오류",
         "n_threshold_cap": "compression_threshold_tokens({threshold})가 max_context_tokens({cap})보다 작지 않습니다. 한도의 {share}에서 요약을 시작합니다",
         "n_summary_budget": "max_summary_tokens({wanted})가 요약 모델의 창({window})에 맞지 않습니다. {used}을(를) 사용합니다",
         "n_thresholds_unreadable": "model_thresholds를 읽을 수 없습니다({detail}). 무시합니다",
@@ -3154,7 +3167,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "la base de données est injoignable",
         "r_store_denied": "pas le droit de créer des tables",
         "r_store_busy": "la base de données est occupée",
-        "r_internal": "une erreur interne ({detail})",
+        "r_internal": "une erreur interne",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) n'est pas inférieur à max_context_tokens ({cap}) ; les résumés commencent à {share} de la limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) ne tient pas dans la fenêtre du modèle de résumé ({window}) ; {used} est utilisé",
         "n_thresholds_unreadable": "model_thresholds illisible ({detail}) ; ignoré",
@@ -3191,7 +3204,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "die Datenbank ist nicht erreichbar",
         "r_store_denied": "keine Berechtigung, Tabellen anzulegen",
         "r_store_busy": "die Datenbank ist ausgelastet",
-        "r_internal": "ein interner Fehler ({detail})",
+        "r_internal": "ein interner Fehler",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) liegt nicht unter max_context_tokens ({cap}); Zusammenfassungen beginnen bei {share} des Limits",
         "n_summary_budget": "max_summary_tokens ({wanted}) passt nicht in das Fenster des Zusammenfassungsmodells ({window}); verwende {used}",
         "n_thresholds_unreadable": "model_thresholds ist nicht lesbar ({detail}); ignoriert",
@@ -3228,7 +3241,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "la base de datos no está accesible",
         "r_store_denied": "sin permiso para crear tablas",
         "r_store_busy": "la base de datos está ocupada",
-        "r_internal": "un error interno ({detail})",
+        "r_internal": "un error interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) no es menor que max_context_tokens ({cap}); los resúmenes empiezan al {share} del límite",
         "n_summary_budget": "max_summary_tokens ({wanted}) no cabe en la ventana del modelo de resumen ({window}); se usa {used}",
         "n_thresholds_unreadable": "no se puede leer model_thresholds ({detail}); se ignora",
@@ -3265,7 +3278,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "o banco de dados está inacessível",
         "r_store_denied": "sem permissão para criar tabelas",
         "r_store_busy": "o banco de dados está ocupado",
-        "r_internal": "um erro interno ({detail})",
+        "r_internal": "um erro interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) não é menor que max_context_tokens ({cap}); os resumos começam em {share} do limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) não cabe na janela do modelo de resumo ({window}); usando {used}",
         "n_thresholds_unreadable": "não é possível ler model_thresholds ({detail}); ignorado",
@@ -3302,7 +3315,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "база данных недоступна",
         "r_store_denied": "нет прав на создание таблиц",
         "r_store_busy": "база данных занята",
-        "r_internal": "внутренняя ошибка ({detail})",
+        "r_internal": "внутренняя ошибка",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) не меньше max_context_tokens ({cap}); сводки начинаются при {share} лимита",
         "n_summary_budget": "max_summary_tokens ({wanted}) не помещается в окно модели сводки ({window}); используется {used}",
         "n_thresholds_unreadable": "model_thresholds не читается ({detail}); пропущено",
@@ -3339,7 +3352,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "il database non è raggiungibile",
         "r_store_denied": "nessun permesso per creare tabelle",
         "r_store_busy": "il database è occupato",
-        "r_internal": "un errore interno ({detail})",
+        "r_internal": "un errore interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) non è inferiore a max_context_tokens ({cap}); i riepiloghi partono al {share} del limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) non rientra nella finestra del modello di riepilogo ({window}); si usa {used}",
         "n_thresholds_unreadable": "model_thresholds non leggibile ({detail}); ignorato",
@@ -3376,7 +3389,7 @@ STATUS_TEXTS: dict = {
         "r_store_down": "baza danych jest nieosiągalna",
         "r_store_denied": "brak uprawnień do tworzenia tabel",
         "r_store_busy": "baza danych jest zajęta",
-        "r_internal": "błąd wewnętrzny ({detail})",
+        "r_internal": "błąd wewnętrzny",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) nie jest mniejsze niż max_context_tokens ({cap}); podsumowania zaczynają się przy {share} limitu",
         "n_summary_budget": "max_summary_tokens ({wanted}) nie mieści się w oknie modelu podsumowań ({window}); użyto {used}",
         "n_thresholds_unreadable": "nie można odczytać model_thresholds ({detail}); pominięto",
@@ -3572,6 +3585,135 @@ class _BoundedDict(OrderedDict):
             self.popitem(last=False)
 
 
+@dataclass(frozen=True)
+class SentOutcome:
+    """What one request sent, as its status line states it: tokens against
+    the cap, messages the summary stands for, messages left out to fit,
+    whether it is still over the cap or was repaired, and the fault (a
+    status-text reason key) that kept summaries away, if any."""
+
+    used: int
+    cap: int
+    covered: int = 0
+    left_out: int = 0
+    over_cap: bool = False
+    repaired: bool = False
+    fault: str = ""
+    notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
+
+    def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
+        """The request hook's outcome completed with what inlet did before it
+        (the summary it applied, the messages it already left out)."""
+        if inlet is None:
+            return self
+        return replace(
+            self,
+            covered=self.covered or inlet.covered,
+            left_out=inlet.left_out + self.left_out,
+            repaired=self.repaired or inlet.repaired,
+            fault=self.fault or inlet.fault,
+        )
+
+
+def status_line(language: str, sent: SentOutcome, usage_threshold: float = 0.0) -> str:
+    """One short line: what was sent, what the summary covers, what was left
+    out, and what went wrong. The usage part alone is hidden below
+    ``usage_threshold`` of the cap; the other parts are always said."""
+    parts = []
+    if usage_threshold <= 0 or (sent.cap and sent.used >= usage_threshold * sent.cap):
+        parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
+    if sent.covered:
+        parts.append(status_text(language, "in_summary", messages=sent.covered))
+    if sent.left_out:
+        parts.append(status_text(language, "left_out", messages=sent.left_out))
+    if sent.over_cap:
+        parts.append(status_text(language, "over_cap"))
+    if sent.repaired:
+        parts.append(status_text(language, "repaired"))
+    if sent.fault:
+        parts.append(status_text(language, "summaries_down", reason=sent.fault))
+    if sent.notes:
+        reasons = "; ".join(note.text(language) if isinstance(note, Note) else str(note) for note in sent.notes)
+        parts.append(status_text(language, "settings", reason=reasons))
+    return " · ".join(parts)
+
+
+_FAULT_KEYS = {
+    "timeout": "r_timeout",
+    "model error": "r_model_error",
+    "model_error": "r_model_error",
+    "empty": "r_empty",
+    "empty answer": "r_empty",
+    "reasoning_only": "r_reasoning_only",
+    "reasoning-only answer": "r_reasoning_only",
+    "direct": "r_direct",
+    "direct connection": "r_direct",
+    "unreadable": "r_unreadable",
+    "unreadable answer": "r_unreadable",
+    "no summarizer": "r_no_summarizer",
+    "no_summarizer": "r_no_summarizer",
+    "store_down": "r_store_down",
+    "store_denied": "r_store_denied",
+    "store_busy": "r_store_busy",
+    "store_error": "r_store_down",
+    "store_absent": "",  # no database here at all (outside Open WebUI): nothing to report
+}
+
+
+def fault_key(reason: Any) -> str:
+    """The status-text key of a failure reason (SummaryError or store)."""
+    text = str(reason or "")
+    return text if text.startswith("r_") else _FAULT_KEYS.get(text, "r_internal")
+
+
+class StatusMemory:
+    """Per-chat memory of the status line, bounded: what inlet did, for the
+    request hook to complete; the last request's outcome, which background
+    lines repeat so the figure never disappears; the fault last shown, so a
+    fault is said once, and again when it changes."""
+
+    def __init__(self, limit: int = PER_CHAT_MEMORY):
+        self.inlet_outcome = _BoundedDict(limit)
+        self.last_sent = _BoundedDict(limit)
+        self.shown_fault = _BoundedDict(limit)
+        self.shown_notes = _BoundedDict(limit)
+
+    def fault_to_show(self, key: str, fault: str) -> str:
+        return self._once(self.shown_fault, key, fault) or ""
+
+    def notes_to_show(self, key: str, notes: tuple) -> tuple:
+        return tuple(notes) if self._once(self.shown_notes, key, tuple(str(n) for n in notes)) else ()
+
+    @staticmethod
+    def _once(shown: _BoundedDict, key: str, value: Any) -> Any:
+        """``value`` the first time, and again after it changed; else None."""
+        if not value:
+            shown.pop(key, None)
+            return None
+        if shown.get(key) == value:
+            return None
+        shown[key] = value
+        return value
+
+
+def request_hook_follows() -> bool:
+    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
+    so that inlet's line is not the definitive one: tools and RAG are added
+    after inlet. Read once from the installed package's metadata."""
+    if not _OWUI_VERSION:
+        try:
+            from importlib.metadata import version
+
+            parts = re.findall(r"\d+", version("open-webui"))[:3]
+            _OWUI_VERSION.append(tuple(int(p) for p in parts))
+        except Exception:
+            _OWUI_VERSION.append(())
+    return bool(_OWUI_VERSION[0]) and _OWUI_VERSION[0] >= (0, 11, 2)
+
+
+_OWUI_VERSION: list = []
+
+
 @dataclass
 class RequestContext:
     """What one hook call knows about its request: who, which chat and
@@ -3648,6 +3790,19 @@ class BackgroundSummarizer:
         self.tasks: set = set()
         # chat key -> request_overhead_tokens() of its latest request
         self.request_overhead = _BoundedDict(PER_CHAT_MEMORY)
+        # chat key -> reason key of this worker's last failure to summarize it
+        self.health = _BoundedDict(PER_CHAT_MEMORY)
+        self.status = StatusMemory()
+
+    async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
+        """A background line, after the figure of the last request sent."""
+        if not ctx.settings.show_status:
+            return
+        text = status_text(ctx.language, key, **values)
+        sent = self.status.last_sent.get(ctx.chat_key())
+        if sent is not None:
+            text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
+        await _emit(ctx.emitter, text, done=done)
 
     # -- the next request, counted one way --------------------------------
     def count(self, messages: Messages, encoding: str) -> int:
@@ -3711,42 +3866,33 @@ class BackgroundSummarizer:
                     )
                     return
                 await self._summarize_if_needed(ctx, branch, key)
-            except StoreUnavailable:
-                return
+            except StoreUnavailable as exc:
+                self.health[ctx.chat_key()] = fault_key(getattr(exc, "reason", "store_down"))
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
     # -- one summary --------------------------------------------------------
     async def _summarize_if_needed(self, ctx: RequestContext, branch: Branch, key: str) -> None:
-        s = ctx.settings
         if await self.plan(ctx, branch) is None:
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
-        if not await self.store.try_claim(key, holder, ttl=s.summary_timeout * _MAX_ROUNDS + 60):
-            return  # another worker or replica has it, or failures are backing off
+        # a short lease, renewed while the work runs: a killed worker's
+        # lease frees within LEASE_TTL, a live one's never expires under it
+        async with self.store.hold(key, holder) as held:
+            if held:  # else another worker has it, or failures back off
+                await self._summarize_held(ctx, branch, key, holder)
+
+    async def _summarize_held(self, ctx: RequestContext, branch: Branch, key: str, holder: str) -> None:
         try:
             plan = await self.plan(ctx, branch)  # it may have finished meanwhile
             if plan is None:
-                await self.store.release(key, holder)  # else the chat waits for the lease to expire
                 return
-            await _emit(
-                ctx.emitter, status_text(ctx.language, "summarizing", count=plan.target - plan.start), done=False
-            )
+            await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
             record = await self._fold(ctx, branch, plan)
-            used = self.next_request_tokens(ctx, branch, record.summary, record.head_count, record.covered_count)
-            await _emit(
-                ctx.emitter,
-                status_text(
-                    ctx.language,
-                    "summary_done",
-                    count=record.covered_count - plan.start,
-                    used=used,
-                    budget=s.max_context,
-                ),
-                done=True,
-            )
-            await self.store.release(key, holder)
+            self.health.pop(ctx.chat_key(), None)
+            await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
         except SummaryError as exc:
+            self.health[ctx.chat_key()] = fault_key(exc.reason)
             delay = await self.store.back_off(key, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
             log.warning(
                 "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
@@ -3754,14 +3900,7 @@ class BackgroundSummarizer:
                 exc,
                 delay,
             )
-            await _emit(
-                ctx.emitter,
-                status_text(ctx.language, "summary_failed", reason=exc.reason, retry=f"{delay:.0f}s"),
-                done=True,
-            )
-        except BaseException:
-            await self.store.release(key, holder)
-            raise
+            await self._say(ctx, "summary_failed", done=True, reason=fault_key(exc.reason), retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
         """A fold when the next request would be over the trigger and enough
@@ -3976,6 +4115,7 @@ class Filter:
     def __init__(self):
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
+        self.status = self.summaries.status
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
@@ -4093,9 +4233,9 @@ class Filter:
         s = ctx.settings
         messages, repair = repair_transcript(body["messages"])
         fixed = self.counter.tools_tokens(body.get("tools"), s.encoding) + TOKENS_PER_REQUEST
-        record = None
+        record, fault = None, ""
         if summaries and not _has_builtin_summary(messages):
-            record = await self._lookup_summary(ctx, messages)
+            record, fault = await self._lookup_summary(ctx, messages)
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = _index_after_head(view, record.head_count)
@@ -4120,8 +4260,19 @@ class Filter:
                 record.covered_count if record else "none",
             )
         _warn_once(s.warnings)
-        if s.show_status and summaries:
-            await self._emit_usage(ctx, fit, repair, record)
+        sent = SentOutcome(
+            used=fit.tokens_after,
+            cap=s.max_context,
+            covered=record.covered_count - record.head_count if record else 0,
+            left_out=fit.dropped_messages,
+            over_cap=fit.over_budget,
+            repaired=repair.changed(),
+            fault=fault,
+        )
+        if summaries:  # inlet: definitive only where no request hook follows
+            await self._report(ctx, sent, final=not request_hook_follows())
+        else:
+            await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
         return {**body, "messages": view}
 
     def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
@@ -4156,45 +4307,47 @@ class Filter:
                 return out2, report2
         return out, report
 
-    async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> Optional[SummaryRecord]:
+    async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> tuple[Optional[SummaryRecord], str]:
+        """The stored summary this request can use, and the fault that kept
+        summaries from being read ("" when none)."""
         canon = [m for m in messages if m.get("role") != "system"]  # repaired: all dicts
         if len(canon) < 3:
-            return None
+            return None, ""
         anchor = conversation_anchor([canonical_digest(m) for m in canon[:2]])
         try:
             records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
-        except StoreUnavailable:
-            return None
+        except StoreUnavailable as exc:
+            return None, fault_key(getattr(exc, "reason", "store_down"))
+        except TimeoutError:
+            log.warning("async_context_compression: summary lookup took over %.0fs; trimming only", STORE_TIMEOUT)
+            return None, "r_store_busy"
         except Exception as exc:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
-            return None
+            return None, "r_store_down"
         # a summary whose tail would open with an assistant is not used:
         # the history, trimmed if need be, is sent instead
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
-            return None  # no summary yet: the history needs no fingerprint
+            return None, ""  # no summary yet: the history needs no fingerprint
         # Digests only as far as a record can reach (one more, so that
         # choose_summary sees the same limit as with every digest).
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
-        return choose_summary(records, digests)
+        return choose_summary(records, digests), ""
 
-    async def _emit_usage(self, ctx: RequestContext, fit: FitReport, repair: RepairReport, record) -> None:
-        s, lang = ctx.settings, ctx.language
-        values = dict(used=fit.tokens_after, budget=s.max_context)
-        if fit.over_budget:
-            text = status_text(lang, "over", **values)
-        elif fit.dropped_messages:
-            text = status_text(lang, "trimmed", dropped=fit.dropped_messages, **values)
-        elif record is not None:
-            text = status_text(lang, "usage_summary", covered=record.covered_count - record.head_count, **values)
-        else:
-            text = status_text(lang, "usage", **values)
-        if repair.changed():
-            text += " · " + status_text(lang, "repaired", what=repair.describe())
-        if s.warnings:
-            text += " · " + status_text(lang, "settings", reason=s.warnings[0])
-        await _emit(ctx.emitter, text, done=True)
+    async def _report(self, ctx: RequestContext, sent: SentOutcome, final: bool) -> None:
+        """Remember what was sent (for the request hook and the background
+        lines) and, on the definitive call, show it."""
+        key = ctx.chat_key()
+        if not final:
+            self.status.inlet_outcome[key] = sent
+            return
+        fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
+        notes = self.status.notes_to_show(key, ctx.settings.warnings)
+        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), ctx.settings.status_usage_threshold)
+        self.status.last_sent[key] = sent
+        if ctx.settings.show_status and line:
+            await _emit(ctx.emitter, line, done=True)
 
     # -- outlet ------------------------------------------------------------
     async def outlet(

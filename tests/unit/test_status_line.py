@@ -1,0 +1,136 @@
+"""The status line says what the model received: the figures of the list
+actually sent (by the request hook, after Open WebUI added tools), what the
+summary stands for, what was left out, and faults once per change."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import async_context_compression as acc
+
+LONG = "The quarterly figures were compared with the plan in detail. " * 40
+
+
+class _Store:
+    def __init__(self, records=(), error=None):
+        self.records, self.error = list(records), error
+
+    async def find(self, *args, **kwargs):
+        if self.error:
+            raise self.error
+        return self.records
+
+
+def _filter(cap: int = 3000, **valves) -> acc.Filter:
+    f = acc.Filter()
+    f.store = _Store()
+    f.valves.max_context_tokens = cap
+    f.valves.compression_threshold_tokens = cap // 2
+    for key, value in valves.items():
+        setattr(f.valves, key, value)
+    assert f.counter.wait_ready("cl100k_base", 60)
+    return f
+
+
+def _chat(turns: int) -> list:
+    chat = [{"role": "system", "content": "Be brief."}]
+    for i in range(turns):
+        chat += [{"role": "user", "content": f"Q{i} {LONG}"}, {"role": "assistant", "content": f"A{i} {LONG}"}]
+    return chat + [{"role": "user", "content": "And now?"}]
+
+
+def _hooks(f: acc.Filter, messages: list, tools=None, language="en", user=None):
+    """inlet then request, as Open WebUI 0.11.2+ calls them; returns the
+    list the provider would get and the status lines shown."""
+    lines: list = []
+
+    async def emit(event):
+        lines.append(event["data"]["description"])
+
+    user = user or {"id": "u1"}
+    meta = {"chat_id": "c1", "variables": {"{{USER_LANGUAGE}}": language}}
+
+    async def run():
+        body = await f.inlet({"model": "gpt-4", "messages": messages}, user, meta, emit, None, None, "c1")
+        if tools:
+            body = {**body, "tools": tools}
+        return await f.request(body, user, meta, emit, None, "c1")
+
+    return asyncio.run(run()), lines
+
+
+def test_the_line_states_the_tokens_of_the_list_sent_with_its_tools():
+    f = _filter(cap=8000)
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": LONG}} for i in range(3)]
+    body, lines = _hooks(f, _chat(2), tools=tools)
+    assert len(lines) == 1  # the request hook's line only: inlet's would omit the tools
+    sent = f.counter.messages_tokens(body["messages"], "cl100k_base") + f.counter.tools_tokens(tools, "cl100k_base")
+    assert f.counter.tools_tokens(tools, "cl100k_base") > 1000
+    assert lines[0].startswith(f"{acc.format_tokens(sent)} / 8.0k")
+
+
+def test_messages_left_out_by_inlet_and_request_add_up():
+    f = _filter(cap=2500)
+    tools = [{"type": "function", "function": {"name": "t", "description": LONG}}]
+    body, lines = _hooks(f, _chat(6), tools=tools)
+    [line] = lines
+    left_out = 13 - (len(body["messages"]) - 1)  # 12 history messages + the question; system aside
+    assert acc.status_text("en", "left_out", messages=left_out) in line
+
+
+def test_switched_off_for_the_user_shows_no_line_at_all():
+    f = _filter(cap=2500)
+    valves = f.UserValves(show_status=False)
+    _, lines = _hooks(f, _chat(6), user={"id": "u1", "valves": valves})
+    assert lines == []
+
+
+def test_a_store_fault_is_said_once_then_again_when_it_changes():
+    f = _filter(cap=2500)
+    f.store = _Store(error=acc.StoreUnavailable("down", reason="store_down"))
+    _, first = _hooks(f, _chat(6))
+    _, second = _hooks(f, _chat(6))
+    down = acc.status_text("en", "summaries_down", reason="r_store_down")
+    assert down in first[0] and down not in second[0]
+    f.store = _Store()
+    _, healed = _hooks(f, _chat(6))
+    f.store = _Store(error=acc.StoreUnavailable("down", reason="store_down"))
+    _, again = _hooks(f, _chat(6))
+    assert down not in healed[0] and down in again[0]
+
+
+def test_the_usage_part_is_hidden_below_the_share_but_trims_are_said():
+    quiet = acc.SentOutcome(used=100, cap=1000)
+    assert acc.status_line("en", quiet, usage_threshold=0.8) == ""
+    trimmed = acc.SentOutcome(used=700, cap=1000, left_out=4)
+    line = acc.status_line("en", trimmed, usage_threshold=0.8)
+    assert line == acc.status_text("en", "left_out", messages=4)
+    assert acc.status_line("en", acc.SentOutcome(used=900, cap=1000), 0.8).startswith("900 / 1.0k")
+
+
+@pytest.mark.parametrize("language", ["en", "zh", "ja", "ko", "fr", "de", "es", "pt", "ru", "it", "pl"])
+def test_every_part_is_in_the_users_language(language):
+    sent = acc.SentOutcome(
+        used=1200, cap=4000, covered=12, left_out=1, over_cap=True, repaired=True, fault="r_store_denied"
+    )
+    line = acc.status_line(language, sent)
+    for key, values in [
+        ("in_summary", {"messages": 12}),
+        ("left_out", {"messages": 1}),
+        ("over_cap", {}),
+        ("repaired", {}),
+    ]:
+        assert acc.status_text(language, key, **values) in line
+    if language != "en":
+        assert acc.status_text("en", "r_store_denied") not in line
+
+
+def test_failure_reasons_have_their_own_words():
+    assert acc.fault_key("timeout") == "r_timeout"
+    assert acc.fault_key("store_denied") == "r_store_denied"
+    assert acc.fault_key("something new") == "r_internal"
+    assert acc.SentOutcome(used=5, cap=9, left_out=1).after(acc.SentOutcome(used=7, cap=9, covered=3, left_out=2)) == (
+        acc.SentOutcome(used=5, cap=9, covered=3, left_out=3)
+    )
