@@ -866,6 +866,7 @@ def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> 
 TRIM_MARKER = "[… {n} characters trimmed to fit the context window …]"
 _IMAGE_MARKER = "[image omitted to fit the context window]"
 _ATTACHMENT_MARKER = "[attachment omitted to fit the context window]"
+ARGUMENTS_MARKER = "{n} characters of these arguments were shortened to fit the context window"
 _MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
 
 
@@ -942,14 +943,22 @@ def fit_to_budget(
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part (system messages, the last user message) does.
+    irreducible part does: the system messages and the latest user turn (the
+    last user message and what follows it). It never creates a role order a
+    provider rejects.
 
-    Oldest whole turns after the protected prefix go first, never splitting a
-    tool chain and, while possible, never creating a role order a provider
-    rejects. System messages, the protected head and everything from the last
-    user message on are never dropped; when they alone are over the cap the
-    largest old tool outputs, images and messages are shortened, each cut
-    marked, instead of failing.
+    In an emergency, in this order, until the list fits:
+    1. the oldest whole turns after the protected head go (never splitting a
+       tool chain, never joining two messages into a rejected order);
+    2. what is left is shortened, the head included, each cut marked: the
+       largest old tool outputs, images, old tool-call arguments (to a JSON
+       object saying so), then other old messages;
+    3. the protected head yields: its turns go too, oldest first, and the
+       turns step 1 skipped for the sake of role order get another chance;
+    4. everything before the latest user turn goes but the system messages,
+       an order every provider accepts.
+    When even that is over the cap, the smallest of these lists is sent and
+    the report says ``over_budget``.
     """
     report = FitReport()
     sizes = [token_of(m) for m in messages]
@@ -957,21 +966,30 @@ def fit_to_budget(
     report.tokens_before = report.tokens_after = total
     if cap <= 0 or total <= cap:
         return list(messages), report
-    last_user = _last_user_index(messages)
+    # the latest user turn starts at the last user message (with no user
+    # message at all: at the start of the last unit)
+    last_user = align_tail_start_to_atomic_boundary(messages, max(0, _last_user_index(messages)), 0)
+    head_end = max(0, min(protected_prefix, last_user))
+    tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
-    turns = _droppable_turns(messages, max(0, protected_prefix), max(0, last_user))
-    total = _drop_turns(messages, sizes, keep, turns, total, cap, report, strict=True)
+    total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
     out, total, report = _shrink_if_over(messages, keep, token_of, total, cap, report)
+    if total > cap and head_end > 0:
+        keep3, report3 = list(keep), replace(report)
+        turns = _droppable_turns(messages, 0, head_end) + tail_turns
+        total3 = _drop_turns(messages, sizes, keep3, turns, _kept_total(sizes, keep3, fixed_tokens), cap, report3)
+        out3, total3, report3 = _shrink_if_over(messages, keep3, token_of, total3, cap, report3)
+        if total3 < total:
+            out, total, report = out3, total3, report3
     if total > cap:
-        # Last resort, cap before order: drop the turns the strict pass kept
-        # for the sake of role order, but only if that reaches the cap.
-        keep2, report2 = list(keep), replace(report)
-        total2 = _drop_turns(
-            messages, sizes, keep2, turns, _kept_total(sizes, keep2, fixed_tokens), cap, report2, strict=False
-        )
-        out2, total2, report2 = _shrink_if_over(messages, keep2, token_of, total2, cap, report2)
-        if total2 <= cap:
-            out, total, report = out2, total2, report2
+        keep4 = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
+        report4 = FitReport(tokens_before=report.tokens_before)
+        report4.dropped_messages = keep4.count(False)
+        report4.dropped_turns = len(_droppable_turns(messages, 0, last_user))
+        total4 = _kept_total(sizes, keep4, fixed_tokens)
+        out4, total4, report4 = _shrink_if_over(messages, keep4, token_of, total4, cap, report4)
+        if total4 < total:
+            out, total, report = out4, total4, report4
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
@@ -990,7 +1008,10 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report):
     return out, total, report
 
 
-def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int:
+def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
+    """Drops ``turns`` in the order given while over ``cap``, skipping a turn
+    whose drop would join two messages into an order some provider rejects
+    or make an assistant open the conversation."""
     # What is kept before a run of dropped turns does not change while the
     # run grows: remembered, so dropping many old turns stays linear.
     dropped_end, kept_before_dropped = -1, None
@@ -999,13 +1020,10 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int
             break
         if not any(keep[start:end]):
             continue
-        if strict:
-            before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
-            if not (
-                _joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)
-            ):
-                continue
-            dropped_end, kept_before_dropped = end, before
+        before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
+        if not (_joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)):
+            continue
+        dropped_end, kept_before_dropped = end, before
         for i in range(start, end):
             if keep[i]:
                 keep[i] = False
@@ -1065,11 +1083,15 @@ def _shrinkable_order(messages: Messages) -> list[int]:
 def _shrink_protected(messages, token_of, total, cap, report):
     out = list(messages)
     order = _shrinkable_order(out)
-    for pass_kind in ("tool", "image", "text"):
-        candidates = sorted(
-            (i for i in order if pass_kind != "tool" or _role(out[i]) == "tool"),
-            key=lambda i: -token_of(out[i]),
-        )
+    last_user = _last_user_index(out)
+    for pass_kind in ("tool", "image", "arguments", "text"):
+        if pass_kind == "tool":
+            eligible = [i for i in order if _role(out[i]) == "tool"]
+        elif pass_kind == "arguments":
+            eligible = [i for i in order if i < last_user and _tool_calls(out[i])]
+        else:
+            eligible = order
+        candidates = sorted(eligible, key=lambda i: -token_of(out[i]))
         for i in candidates:
             if total <= cap:
                 return out, total
@@ -1078,6 +1100,8 @@ def _shrink_protected(messages, token_of, total, cap, report):
                 shorter = _without_images(out[i])
                 if shorter is not out[i]:
                     report.dropped_images += 1
+            elif pass_kind == "arguments":
+                shorter = _without_long_arguments(out[i])
             else:
                 # aim the text alone at the target: names, arguments and
                 # per-message overhead are not shortened
@@ -1112,6 +1136,30 @@ def _without_images(message: Message) -> Message:
     if parts == content:
         return message
     return {**message, "content": parts}
+
+
+_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
+
+
+def _without_long_arguments(message: Message) -> Message:
+    """``message`` with each long tool-call argument string replaced by a
+    JSON object that says it was shortened and keeps its start, so gateways
+    that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
+    calls = []
+    changed = False
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str) and len(arguments) > 2 * _ARGUMENTS_KEEP_CHARS:
+            omitted = len(arguments) - _ARGUMENTS_KEEP_CHARS
+            marker = {
+                "_omitted": ARGUMENTS_MARKER.format(n=omitted),
+                "_start": arguments[:_ARGUMENTS_KEEP_CHARS],
+            }
+            call = {**call, "function": {**function, "arguments": json.dumps(marker, ensure_ascii=False)}}
+            changed = True
+        calls.append(call)
+    return {**message, "tool_calls": calls} if changed else message
 
 
 def clip_text(text: str, keep_chars: int) -> str:
