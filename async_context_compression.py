@@ -1647,88 +1647,88 @@ class TokenCounter:
         self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
 
     # -- encodings, loaded off the request path --
-    def start_loading(self, name: str) -> None:
+    def start_loading(self, encoding: str) -> None:
         """Load an encoding in a background thread, once at a time, and after
         a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
         with self._lock:
-            if name in self._encodings or name in self._loading or name not in _ENCODINGS:
+            if encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS:
                 return
-            failed = self._failed.get(name)
+            failed = self._failed.get(encoding)
             if failed is not None and time.monotonic() - failed < LOAD_RETRY_SECONDS:
                 return
-            self._loading.add(name)
-        threading.Thread(target=self._load, args=(name,), name=f"acc-tiktoken-{name}", daemon=True).start()
+            self._loading.add(encoding)
+        threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True).start()
 
-    def _load(self, name: str) -> None:
+    def _load(self, encoding: str) -> None:
         try:
             import tiktoken
 
-            encoding = tiktoken.get_encoding(name)
-            encoding.encode("warm up")
+            tokenizer = tiktoken.get_encoding(encoding)
+            tokenizer.encode("warm up")
             with self._lock:
-                self._encodings[name] = encoding
+                self._encodings[encoding] = tokenizer
         except Exception as exc:  # offline without a cached file: stay on estimates
-            log.info("tiktoken %s unavailable (%s); using the estimator", name, exc)
+            log.info("tiktoken %s unavailable (%s); using the estimator", encoding, exc)
             with self._lock:
-                self._failed[name] = time.monotonic()
+                self._failed[encoding] = time.monotonic()
         finally:
             with self._lock:
-                self._loading.discard(name)
+                self._loading.discard(encoding)
 
-    def is_exact(self, name: str) -> bool:
-        return name in self._encodings
+    def is_exact(self, encoding: str) -> bool:
+        return encoding in self._encodings
 
-    def wait_ready(self, name: str, timeout: float = 30.0) -> bool:
+    def wait_ready(self, encoding: str, timeout: float = 30.0) -> bool:
         """For tests and benchmarks only: block until the encoding loaded."""
-        self.start_loading(name)
+        self.start_loading(encoding)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if name in self._encodings:
+            if encoding in self._encodings:
                 return True
             with self._lock:
-                if name not in self._loading:
-                    return name in self._encodings
+                if encoding not in self._loading:
+                    return encoding in self._encodings
             time.sleep(0.01)
-        return name in self._encodings
+        return encoding in self._encodings
 
     # -- text --
-    def text_tokens(self, text: str, name: str, exact: bool = True) -> int:
+    def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
             return 0
-        encoding = self._encodings.get(name) if exact else None
-        if encoding is None:
+        tokenizer = self._encodings.get(encoding) if exact else None
+        if tokenizer is None:
             if exact:
-                self.start_loading(name)
-            return estimate_text_tokens(text, name)
-        return len(encoding.encode(text, disallowed_special=()))
+                self.start_loading(encoding)
+            return estimate_text_tokens(text, encoding)
+        return len(tokenizer.encode(text, disallowed_special=()))
 
     # -- messages --
-    def message_tokens(self, message: Message, name: str, exact: bool = True) -> int:
+    def message_tokens(self, message: Message, encoding: str, exact: bool = True) -> int:
         if not isinstance(message, dict):
             return 0
-        slot = 1 if exact and name in self._encodings else 0
+        slot = 1 if exact and encoding in self._encodings else 0
         if exact and not slot:
-            self.start_loading(name)  # for later requests; this one is estimated
-        entry = self._entry(message, name)
+            self.start_loading(encoding)  # for later requests; this one is estimated
+        entry = self._entry(message, encoding)
         value = entry[slot]
         if value is None:
-            value = entry[slot] = self._count_message(message, name, slot == 1)
+            value = entry[slot] = self._count_message(message, encoding, slot == 1)
         return value
 
-    def preflight(self, messages: Messages, name: str) -> tuple[int, int, dict]:
+    def preflight(self, messages: Messages, encoding: str) -> tuple[int, int, dict]:
         """For a quick check against a limit: (the sum of the exact counts
         the cache holds, the sum of estimates for the other messages, those
         exact counts by ``id(message)``). One cache look-up per message and
         no tokenizing but the estimator's."""
         cache, size_limit = self._cache, self._cache_size
-        loaded = name in self._encodings
+        loaded = encoding in self._encodings
         known = estimated = 0
         exact_sizes: dict = {}
         uncounted: list = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            key = _cache_key(message, name)
+            key = _cache_key(message, encoding)
             entry = cache.get(key)
             if entry is None:
                 entry = cache[key] = [None, None]
@@ -1741,7 +1741,7 @@ class TokenCounter:
                 exact_sizes[id(message)] = entry[1]
             else:
                 if entry[0] is None:
-                    entry[0] = self._count_message(message, name, False)
+                    entry[0] = self._count_message(message, encoding, False)
                 uncounted.append((message, entry))
         # The messages new since the last request are few: count them exactly
         # (newest first), so estimates, with their rare large errors, only
@@ -1750,17 +1750,17 @@ class TokenCounter:
         for message, entry in reversed(uncounted):
             if budget > 0 and entry[0] <= budget:
                 budget -= entry[0]
-                entry[1] = self._count_message(message, name, True)
+                entry[1] = self._count_message(message, encoding, True)
                 known += entry[1]
                 exact_sizes[id(message)] = entry[1]
             else:
                 estimated += entry[0]
         return known, estimated, exact_sizes
 
-    def _entry(self, message: Message, name: str) -> list:
+    def _entry(self, message: Message, encoding: str) -> list:
         """The cache entry of a message's content: [estimate, exact count],
         either None until computed. Least recently used entries go first."""
-        key = _cache_key(message, name)
+        key = _cache_key(message, encoding)
         cache = self._cache
         entry = cache.get(key)
         if entry is None:
@@ -1771,32 +1771,32 @@ class TokenCounter:
             cache.move_to_end(key)
         return entry
 
-    def _count_message(self, message: Message, name: str, exact: bool) -> int:
+    def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
         total = TOKENS_PER_MESSAGE + 1  # role
         content = message.get("content")
         if isinstance(content, str):
-            total += self.text_tokens(content, name, exact)
+            total += self.text_tokens(content, encoding, exact)
         elif isinstance(content, list):
             for part in content:
-                total += self._part_tokens(part, name, exact)
+                total += self._part_tokens(part, encoding, exact)
         if message.get("name"):
-            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), name, exact)
+            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), encoding, exact)
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 total += TOKENS_PER_TOOL_CALL
-                total += self.text_tokens(str(function.get("name", "")), name, exact)
+                total += self.text_tokens(str(function.get("name", "")), encoding, exact)
                 arguments = function.get("arguments", "")
                 if not isinstance(arguments, str):
                     arguments = json.dumps(arguments, ensure_ascii=False)
-                total += self.text_tokens(arguments, name, exact)
+                total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
         return total
 
-    def _part_tokens(self, part: Any, name: str, exact: bool) -> int:
+    def _part_tokens(self, part: Any, encoding: str, exact: bool) -> int:
         if isinstance(part, str):
-            return self.text_tokens(part, name, exact)
+            return self.text_tokens(part, encoding, exact)
         if not isinstance(part, dict):
             return 0
         if part.get("type") == "image_url":
@@ -1805,13 +1805,13 @@ class TokenCounter:
             detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
             return image_tokens(url, detail)
         if isinstance(part.get("text"), str):
-            return self.text_tokens(part["text"], name, exact)
-        return self.text_tokens(json.dumps(part, ensure_ascii=False), name, exact)
+            return self.text_tokens(part["text"], encoding, exact)
+        return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
 
-    def messages_tokens(self, messages: Messages, name: str, exact: bool = True) -> int:
-        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, name, exact) for m in messages)
+    def messages_tokens(self, messages: Messages, encoding: str, exact: bool = True) -> int:
+        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, encoding, exact) for m in messages)
 
-    def tools_tokens(self, tools: Any, name: str) -> int:
+    def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
         if not tools:
             return 0
@@ -1819,20 +1819,66 @@ class TokenCounter:
             text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             return 0
-        return self.text_tokens(text, name)
+        return self.text_tokens(text, encoding)
 
     def cache_len(self) -> int:
         return len(self._cache)
 
+    # -- primitives of the request policy (count_request, fit_request) --
+    def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
+        """(each message's size under the request policy where the cache
+        already knows it, else None; ``(index, cache entry)`` of the
+        others). Exact counts once the encoding is loaded, estimates with
+        their margin before. One cache look-up per message, nothing counted."""
+        cache, limit = self._cache, self._cache_size
+        slot = 1 if encoding in self._encodings else 0
+        if not slot:
+            self.start_loading(encoding)  # for later requests
+        sizes: list = []
+        missing: list = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                sizes.append(0)
+                continue
+            key = _cache_key(message, encoding)
+            entry = cache.get(key)
+            if entry is None:
+                entry = cache[key] = [None, None]
+                if len(cache) > limit:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+            value = entry[slot]
+            if value is None:
+                sizes.append(None)
+                missing.append((i, entry))
+            else:
+                sizes.append(value if slot else _with_margin(value))
+        return sizes, missing
 
-def _cache_key(message: Message, name: str) -> tuple:
+    def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
+        """Counts of ``messages``, leaving the cache alone: safe to run in a
+        worker thread while the event loop uses the cache."""
+        return [self._count_message(m, encoding, exact) for m in messages]
+
+    def estimated_size(self, message: Message, encoding: str) -> int:
+        """A message's estimate with its margin (cached): the request
+        policy's size of a message made while fitting (a shortened copy),
+        so that fitting never tokenizes on the event loop."""
+        entry = self._entry(message, encoding)
+        if entry[0] is None:
+            entry[0] = self._count_message(message, encoding, False)
+        return _with_margin(entry[0])
+
+
+def _cache_key(message: Message, encoding: str) -> tuple:
     """The count cache's key of a message for an encoding (estimates and
     exact counts add a flag)."""
     content = message.get("content")
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
         # the usual message, keyed without building nested tuples
-        return (name, hash(content), len(content), bool(message.get("tool_call_id")))
-    return (name, _message_key(message))
+        return (encoding, hash(content), len(content), bool(message.get("tool_call_id")))
+    return (encoding, _message_key(message))
 
 
 def _message_key(message: Message) -> tuple:
@@ -1878,6 +1924,92 @@ def _part_key(part: Any) -> tuple:
             return ("i", hash(url), len(url), str(image.get("detail")))
         return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
     return ("s", hash(str(part)))
+
+
+# -- The token policy of a request -------------------------------------------
+# One place decides how a request is counted, exact or estimated, and with
+# which margin; everything else asks ``count_request`` or ``fit_request``.
+#
+# * A message's size is its exact count once the encoding is loaded and the
+#   message was counted; otherwise its estimate plus ESTIMATE_MARGIN (which
+#   covers the estimator's worst error on the corpus).
+# * ``fit_request`` counts every message it has not counted before, exactly
+#   when the encoding is loaded: a turn's few new messages on the event loop,
+#   more than ON_LOOP_CHARS characters of them (a long chat seen for the
+#   first time after a restart) in a worker thread, so no request holds the
+#   event loop for other users meanwhile.
+# * ``count_request`` never tokenizes: what the cache knows, estimates with
+#   their margin for the rest. Right after ``fit_request``, it gives the same
+#   number for the list sent as the FitReport's ``tokens_after``.
+
+ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
+
+
+def _with_margin(estimate: int) -> int:
+    return -int(-estimate * (1 + ESTIMATE_MARGIN) // 1)
+
+
+def _text_chars(message: Any) -> int:
+    """About how many characters counting ``message`` tokenizes."""
+    if not isinstance(message, dict):
+        return 0
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> int:
+    """What a request costs besides its messages: its own overhead and the
+    tool schemas sent with it."""
+    return TOKENS_PER_REQUEST + counter.tools_tokens(tools, encoding)
+
+
+def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixed: int) -> int:
+    """How many tokens a request of ``messages`` is: ``fixed`` (see
+    ``request_fixed_tokens``) plus each message's size under the policy
+    above. Never tokenizes; estimates messages never seen before."""
+    sizes, missing = counter.cached_sizes(messages, encoding)
+    for i, entry in missing:
+        if entry[0] is None:
+            entry[0] = counter._count_message(messages[i], encoding, False)
+        sizes[i] = _with_margin(entry[0])
+    return fixed + sum(sizes)
+
+
+async def fit_request(
+    counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
+) -> tuple[Messages, FitReport]:
+    """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
+    ``prefix`` messages while it can), counted under the policy above; the
+    report's ``tokens_after`` equals ``count_request`` of the list returned.
+    Holds the event loop only for cache look-ups and the fitting itself."""
+    exact = counter.is_exact(encoding)
+    sizes, missing = counter.cached_sizes(messages, encoding)
+    if missing:
+        todo = [messages[i] for i, _ in missing]
+        if sum(_text_chars(m) for m in todo) <= ON_LOOP_CHARS:
+            counts = counter.measure(todo, encoding, exact)
+        else:
+            counts = await asyncio.to_thread(counter.measure, todo, encoding, exact)
+        slot = 1 if exact else 0
+        for (i, entry), value in zip(missing, counts):
+            entry[slot] = value  # merged on the loop: the thread never touches the cache
+            sizes[i] = value if exact else _with_margin(value)
+    total = fixed + sum(sizes)
+    if cap <= 0 or total <= cap:
+        return list(messages), FitReport(tokens_before=total, tokens_after=total)
+    await asyncio.sleep(0)  # let other requests run between counting and fitting
+    known = {id(m): size for m, size in zip(messages, sizes)}
+
+    def token_of(message: Message) -> int:
+        size = known.get(id(message))
+        return size if size is not None else counter.estimated_size(message, encoding)
+
+    return fit_to_budget(messages, token_of, cap, prefix, fixed)
 
 
 # ---------------------------------------------------------------------------
@@ -2763,7 +2895,7 @@ class Filter:
         self._overhead[turn.scope("")] = fixed + sum(
             self.counter.message_tokens(m, s.encoding, exact=False) for m in view if m.get("role") == "system"
         )
-        view, fit = self._fit(view, s, prefix, fixed)
+        view, fit = await self._fit(view, s, prefix, fixed)
         if fit.changed():
             view, again = repair_transcript(view)
             repair = _merge_reports(repair, again)
@@ -2784,37 +2916,8 @@ class Filter:
             await self._emit_usage(turn, fit, repair, record)
         return {**body, "messages": view}
 
-    def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
-        if s.max_context <= 0:
-            report = FitReport()
-            report.tokens_before = report.tokens_after = fixed + sum(
-                self.counter.message_tokens(m, s.encoding, exact=False) for m in view
-            )
-            return view, report
-        # Preflight: exact counts the cache already holds, estimates for the
-        # rest; the margin covers what is estimated. (The exact counts are
-        # keyed by id(): the view keeps those messages alive meanwhile.)
-        counter = self.counter
-        known, estimated, exact_sizes = counter.preflight(view, s.encoding)
-        estimated += fixed
-        if known + estimated * (1 + ESTIMATE_MARGIN) < s.max_context:
-            report = FitReport(tokens_before=known + estimated, tokens_after=known + estimated)
-            return view, report
-
-        def token_of(m):
-            return exact_sizes.get(id(m)) or counter.message_tokens(m, s.encoding)
-
-        if counter.is_exact(s.encoding):
-            return fit_to_budget(view, token_of, s.max_context, prefix, fixed)
-        # On estimates, aim lower by the estimator's margin; when even that
-        # cannot be reached, the cap itself is the target.
-        safe_cap = int(s.max_context / (1 + ESTIMATE_MARGIN))
-        out, report = fit_to_budget(view, token_of, safe_cap, prefix, fixed)
-        if report.over_budget:
-            out2, report2 = fit_to_budget(view, token_of, s.max_context, prefix, fixed)
-            if not report2.over_budget:
-                return out2, report2
-        return out, report
+    async def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
+        return await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
 
     async def _lookup_summary(self, turn: Turn, messages: Messages) -> Optional[SummaryRecord]:
         canon = [m for m in messages if m.get("role") != "system"]  # repaired: all dicts
