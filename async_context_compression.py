@@ -250,15 +250,14 @@ class RepairStep:
 
 
 def _has_malformed(messages: Messages) -> bool:
-    for m in messages:
-        if not isinstance(m, dict):
+    try:
+        if not _ROLES.issuperset([m["role"] for m in messages]):
             return True
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            return True
-        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            return True
-    return False
+    except (TypeError, KeyError, AttributeError):
+        return True  # a message that is no dict, without a role, or an unhashable role
+    if not all(m.__class__ is dict or isinstance(m, dict) for m in messages):
+        return True
+    return not all(isinstance(m.get("tool_call_id"), str) for m in messages if m["role"] == "tool")
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
@@ -282,11 +281,10 @@ DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
 
 
 def _has_empty_tool_calls(messages: Messages) -> bool:
-    for m in messages:
-        if "tool_calls" in m:
-            calls = m["tool_calls"]
-            if not isinstance(calls, list) or not calls or not all(_call_id(c) for c in calls):
-                return True
+    for m in [m for m in messages if "tool_calls" in m]:
+        calls = m["tool_calls"]
+        if not isinstance(calls, list) or not calls or not all(_call_id(c) for c in calls):
+            return True
     return False
 
 
@@ -324,7 +322,7 @@ def _turn_span_end(messages: Messages, start: int) -> int:
 
 
 def _has_errored_tool_turn(messages: Messages) -> bool:
-    return any("tool_calls" in m and _is_tool_call_turn(m) and _is_errored_assistant(m) for m in messages)
+    return any(_is_tool_call_turn(m) and _is_errored_assistant(m) for m in [m for m in messages if "tool_calls" in m])
 
 
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
@@ -439,17 +437,33 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     n = len(messages)
     while i < n:
         message = messages[i]
-        role = _role(message)
+        role = message["role"]
         if role == "tool":
             report.dropped_orphan_results += 1
             i += 1
             continue
-        if not _is_tool_call_turn(message):
+        if role != "assistant" or "tool_calls" not in message:
             out.append(message)
             i += 1
             continue
-        end = _turn_span_end(messages, i)
-        unit, rest = _pair_one_turn(message, messages[i + 1 : end], report)
+        end = i + 1
+        while end < n and messages[end]["role"] != "assistant":
+            end += 1
+        span = messages[i + 1 : end]
+        ids = [c["id"] for c in message["tool_calls"]]
+        k = len(ids)
+        roles = [m["role"] for m in span]
+        if (
+            roles[:k] == ["tool"] * k
+            and "tool" not in roles[k:]
+            and [m["tool_call_id"] for m in span[:k]] == ids
+            and len(set(ids)) == k
+        ):
+            out.append(message)  # the usual turn: nothing to pair
+            out.extend(span)
+            i = end
+            continue
+        unit, rest = _pair_one_turn(message, span, report)
         head = unit[0]
         if _tool_calls(head) or _has_visible_content(head):
             out.extend(unit)
@@ -468,13 +482,10 @@ def _short_call_id(call_id: str) -> str:
 
 
 def _has_long_tool_call_id(messages: Messages) -> bool:
-    for m in messages:
-        if m["role"] == "tool":
-            if len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID:
-                return True
-        elif "tool_calls" in m and any(len(c["id"]) > _MAX_TOOL_CALL_ID for c in m["tool_calls"]):
-            return True
-    return False
+    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in messages if m["role"] == "tool"):
+        return True
+    callers = [m for m in messages if "tool_calls" in m and m["role"] != "tool"]
+    return any(len(c["id"]) > _MAX_TOOL_CALL_ID for m in callers for c in m["tool_calls"])
 
 
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
@@ -505,15 +516,8 @@ SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_too
 
 
 def _has_reused_tool_call_id(messages: Messages) -> bool:
-    seen: set = set()
-    for m in messages:
-        if "tool_calls" in m and m["role"] == "assistant":
-            for c in m["tool_calls"]:
-                cid = c["id"]
-                if cid in seen:
-                    return True
-                seen.add(cid)
-    return False
+    ids = [c["id"] for m in messages if "tool_calls" in m and m["role"] == "assistant" for c in m["tool_calls"]]
+    return len(set(ids)) != len(ids)
 
 
 def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
@@ -533,41 +537,38 @@ def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
-    pairing is per turn, so each turn's results are already its own. A
-    reused id is renamed on the call and its results alike, the same way on
-    every request of the chat (the n-th reuse gets suffix ``_n``, skipping
-    ids the request holds), and the first use keeps its id."""
-    taken: set = set()
-    for m in messages:
-        if m["role"] == "tool":
-            taken.add(m["tool_call_id"])
-        elif "tool_calls" in m:
-            taken.update(c["id"] for c in m["tool_calls"])
+    pairing is per turn, so each turn's results are already its own (right
+    after it). A reused id is renamed on the call and its result alike, the
+    same way on every request of the chat (the n-th reuse gets suffix
+    ``_n``, skipping ids the request holds), and the first use keeps its id."""
+    turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
+    taken = {c["id"] for i in turns for c in messages[i]["tool_calls"]}
+    taken.update(m["tool_call_id"] for m in messages if m["role"] == "tool")
     seen: set = set()
     next_suffix: dict = {}
-    renamed: dict = {}  # old -> new id, for the results right after the current call turn
-    out = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            new_id = renamed.get(message["tool_call_id"])
-            if new_id is not None:
-                message = {**message, "tool_call_id": new_id}
-        else:
-            renamed = {}
-            if "tool_calls" in message and role == "assistant":
-                calls = []
-                for call in message["tool_calls"]:
-                    cid = call["id"]
-                    if cid in seen:
-                        new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-                        call = {**call, "id": new_id}
-                        report.renamed_reused_ids += 1
-                    seen.add(call["id"])
-                    calls.append(call)
-                if renamed:
-                    message = {**message, "tool_calls": calls}
-        out.append(message)
+    out = list(messages)
+    n = len(messages)
+    for i in turns:
+        message = messages[i]
+        calls = message["tool_calls"]
+        renamed: dict = {}  # old id -> new id, in this turn
+        for call in calls:
+            cid = call["id"]
+            if cid in seen:
+                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
+                report.renamed_reused_ids += 1
+                seen.add(renamed[cid])
+            else:
+                seen.add(cid)
+        if not renamed:
+            continue
+        out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
+        j = i + 1
+        while j < n and messages[j]["role"] == "tool":
+            result = messages[j]
+            if result["tool_call_id"] in renamed:
+                out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
+            j += 1
     return out
 
 
@@ -580,13 +581,11 @@ def _safe_name(name: Any, limit: int = 64) -> str:
 
 
 def _has_invalid_name(messages: Messages) -> bool:
-    for m in messages:
-        name = m.get("name")
+    for m in [m for m in messages if "name" in m]:
+        name = m["name"]
         if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
             return True
-        if "tool_calls" in m and not all(_valid_function_name(c) for c in m["tool_calls"]):
-            return True
-    return False
+    return not all(_valid_function_name(c) for m in messages if "tool_calls" in m for c in m["tool_calls"])
 
 
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
@@ -624,7 +623,7 @@ def _call_shape_ok(call: dict) -> bool:
 
 
 def _has_bad_call_shape(messages: Messages) -> bool:
-    return any("tool_calls" in m and not all(_call_shape_ok(c) for c in m["tool_calls"]) for m in messages)
+    return not all(_call_shape_ok(c) for m in messages if "tool_calls" in m for c in m["tool_calls"])
 
 
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -685,11 +684,8 @@ def _content_ok(message: Message) -> bool:
 
 
 def _has_bad_content_shape(messages: Messages) -> bool:
-    for m in messages:
-        content = m.get("content")
-        if content is not None and content.__class__ is not str and not _content_ok(m):
-            return True
-    return False
+    odd = [m for m in messages if m.get("content").__class__ is not str]
+    return not all(_content_ok(m) for m in odd)
 
 
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -727,7 +723,7 @@ FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
 
 
 def _has_null_content(messages: Messages) -> bool:
-    return any(m.get("content") is None and not _is_tool_call_turn(m) for m in messages)
+    return not all(_is_tool_call_turn(m) for m in messages if m.get("content") is None)
 
 
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
@@ -968,7 +964,9 @@ def fit_to_budget(
         return list(messages), report
     # the latest user turn starts at the last user message (with no user
     # message at all: at the start of the last unit)
-    last_user = align_tail_start_to_atomic_boundary(messages, max(0, _last_user_index(messages)), 0)
+    last_user = max(0, _last_user_index(messages))
+    if last_user < len(messages) and _role(messages[last_user]) != "user":
+        last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
     head_end = max(0, min(protected_prefix, last_user))
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
@@ -1861,10 +1859,13 @@ class TokenCounter:
         worker thread while the event loop uses the cache."""
         return [self._count_message(m, encoding, exact) for m in messages]
 
-    def estimated_size(self, message: Message, encoding: str) -> int:
-        """A message's estimate with its margin (cached): the request
-        policy's size of a message made while fitting (a shortened copy),
-        so that fitting never tokenizes on the event loop."""
+    def estimated_size(self, message: Message, encoding: str, cached: bool = True) -> int:
+        """A message's estimate with its margin: the request policy's size
+        of a message made while fitting (a shortened copy), so that fitting
+        never tokenizes. ``cached=False`` leaves the cache alone (for a
+        worker thread; the estimate is the same)."""
+        if not cached:
+            return _with_margin(self._count_message(message, encoding, False))
         entry = self._entry(message, encoding)
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
@@ -1943,6 +1944,7 @@ def _part_key(part: Any) -> tuple:
 #   number for the list sent as the FitReport's ``tokens_after``.
 
 ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
+ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
 
 
 def _with_margin(estimate: int) -> int:
@@ -1986,9 +1988,17 @@ async def fit_request(
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
     ``prefix`` messages while it can), counted under the policy above; the
     report's ``tokens_after`` equals ``count_request`` of the list returned.
-    Holds the event loop only for cache look-ups and the fitting itself."""
+    Holds the event loop only for slices of cache look-ups: counting and
+    fitting a long list happen in a worker thread."""
     exact = counter.is_exact(encoding)
-    sizes, missing = counter.cached_sizes(messages, encoding)
+    sizes: list = []
+    missing: list = []
+    for at in range(0, len(messages), ON_LOOP_MESSAGES):
+        if at:
+            await asyncio.sleep(0)  # other requests run between slices
+        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
+        sizes += part_sizes
+        missing += [(at + i, entry) for i, entry in part_missing]
     if missing:
         todo = [messages[i] for i, _ in missing]
         if sum(_text_chars(m) for m in todo) <= ON_LOOP_CHARS:
@@ -2002,14 +2012,16 @@ async def fit_request(
     total = fixed + sum(sizes)
     if cap <= 0 or total <= cap:
         return list(messages), FitReport(tokens_before=total, tokens_after=total)
-    await asyncio.sleep(0)  # let other requests run between counting and fitting
     known = {id(m): size for m, size in zip(messages, sizes)}
+    on_loop = len(messages) <= ON_LOOP_MESSAGES
 
     def token_of(message: Message) -> int:
         size = known.get(id(message))
-        return size if size is not None else counter.estimated_size(message, encoding)
+        return size if size is not None else counter.estimated_size(message, encoding, cached=on_loop)
 
-    return fit_to_budget(messages, token_of, cap, prefix, fixed)
+    if on_loop:
+        return fit_to_budget(messages, token_of, cap, prefix, fixed)
+    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)
 
 
 # ---------------------------------------------------------------------------

@@ -59,13 +59,21 @@ def fit(counter, messages, cap, prefix=0, fixed=acc.TOKENS_PER_REQUEST):
     cap=st.integers(0, 4000),
     keep_first=st.integers(0, 3),
     exact=st.booleans(),
+    slice_size=st.sampled_from([acc.ON_LOOP_MESSAGES, 4]),
 )
-def test_tokens_after_is_what_count_request_says_of_the_list_sent(loaded, turns, words, cap, keep_first, exact):
+def test_tokens_after_is_what_count_request_says_of_the_list_sent(
+    loaded, turns, words, cap, keep_first, exact, slice_size
+):
+    # slice_size 4: the look-ups in slices, and the fitting in a worker thread
     counter = exact_counter() if exact else EstimateOnly()
     messages = chat(turns, words, seed=f"{turns}-{words}")
     prefix = acc.protected_head_end(messages, keep_first)
     fixed = acc.TOKENS_PER_REQUEST + 17
-    out, report = fit(counter, messages, cap, prefix, fixed)
+    default, acc.ON_LOOP_MESSAGES = acc.ON_LOOP_MESSAGES, slice_size
+    try:
+        out, report = fit(counter, messages, cap, prefix, fixed)
+    finally:
+        acc.ON_LOOP_MESSAGES = default
     assert report.tokens_after == acc.count_request(counter, out, ENC, fixed)
     assert report.tokens_before == acc.count_request(counter, messages, ENC, fixed)
     assert report.over_budget == (cap > 0 and report.tokens_after > cap)
@@ -155,3 +163,21 @@ def test_a_cold_long_chat_never_holds_the_event_loop_for_long(loaded):
     stall, elapsed = asyncio.run(scenario())
     # the counting took far longer than any single hold of the loop
     assert stall < elapsed / 3, (stall, elapsed)
+
+
+def test_a_long_list_is_fitted_in_a_worker_thread_as_it_would_be_on_the_loop(loaded, monkeypatch):
+    messages = chat(40, words=40)
+    in_main_thread = []
+    real = acc.fit_to_budget
+
+    def spy(*args):
+        in_main_thread.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(acc, "fit_to_budget", spy)
+    on_loop, report_loop = fit(exact_counter(), messages, cap=1500, prefix=3)
+    monkeypatch.setattr(acc, "ON_LOOP_MESSAGES", 10)
+    threaded, report_thread = fit(exact_counter(), messages, cap=1500, prefix=3)
+    assert in_main_thread == [True, False]
+    assert threaded == on_loop and report_thread == report_loop
+    assert report_loop.dropped_messages > 0
