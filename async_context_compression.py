@@ -37,6 +37,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import cached_property, lru_cache
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field, field_validator
@@ -230,15 +231,44 @@ class RepairReport:
         return ", ".join(parts) if parts else "nothing to repair"
 
 
+class TranscriptView:
+    """A message list with the few sub-lists repair checks read, each built
+    once, on first use, and shared by every check of the same list (so a
+    clean list costs a handful of fast passes however many steps there are).
+    Only for a list that is not changed meanwhile; ``messages`` is not copied.
+    The sub-lists assume the list has no malformed message (step one)."""
+
+    def __init__(self, messages: Messages):
+        self.messages = messages
+
+    @cached_property
+    def callers(self) -> list:
+        """(index, message) of every message with a ``tool_calls`` key."""
+        return [(i, m) for i, m in enumerate(self.messages) if "tool_calls" in m]
+
+    @cached_property
+    def tools(self) -> list:
+        return [m for m in self.messages if m["role"] == "tool"]
+
+    @cached_property
+    def named(self) -> list:
+        return [m for m in self.messages if "name" in m]
+
+    @cached_property
+    def not_text(self) -> list:
+        """Messages whose content is not a string (null included)."""
+        return [m for m in self.messages if m.get("content").__class__ is not str]
+
+
 @dataclass(frozen=True)
 class RepairStep:
-    """One repair invariant: ``broken(messages)``, a cheap check whether the
-    list breaks it, and ``fix(messages, report)``, which restores it. The
-    check may assume the invariants of the steps before it hold. Called, a
-    step returns its input untouched (the same list) when its check finds
-    nothing to do, so a list no check objects to costs one pass per step."""
+    """One repair invariant: ``broken(view)``, a cheap check whether the
+    list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
+    which restores it. The check may assume the invariants of the steps
+    before it hold. Called, a step returns its input untouched (the same
+    list) when its check finds nothing to do."""
 
-    broken: Callable[[Messages], bool]
+    broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
 
     @property
@@ -246,10 +276,11 @@ class RepairStep:
         return self.fix.__name__
 
     def __call__(self, messages: Messages, report: RepairReport) -> Messages:
-        return self.fix(messages, report) if self.broken(messages) else messages
+        return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
 
-def _has_malformed(messages: Messages) -> bool:
+def _has_malformed(view: TranscriptView) -> bool:
+    messages = view.messages
     try:
         if not _ROLES.issuperset([m["role"] for m in messages]):
             return True
@@ -280,11 +311,17 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
 DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
 
 
-def _has_empty_tool_calls(messages: Messages) -> bool:
-    for m in [m for m in messages if "tool_calls" in m]:
+def _has_empty_tool_calls(view: TranscriptView) -> bool:
+    for _, m in view.callers:
         calls = m["tool_calls"]
-        if not isinstance(calls, list) or not calls or not all(_call_id(c) for c in calls):
+        if not isinstance(calls, list) or not calls:
             return True
+        for c in calls:
+            if not isinstance(c, dict):
+                return True
+            cid = c.get("id")
+            if not isinstance(cid, str) or not cid:
+                return True
     return False
 
 
@@ -321,8 +358,8 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     return j
 
 
-def _has_errored_tool_turn(messages: Messages) -> bool:
-    return any(_is_tool_call_turn(m) and _is_errored_assistant(m) for m in [m for m in messages if "tool_calls" in m])
+def _has_errored_tool_turn(view: TranscriptView) -> bool:
+    return any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers)
 
 
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
@@ -399,26 +436,26 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     return unit, rest
 
 
-def _pairing_broken(messages: Messages) -> bool:
+def _pairing_broken(view: TranscriptView) -> bool:
     """Whether some assistant's calls are not answered, in call order, by
     exactly one tool message each right after it (or repeat an id), or a
     tool message answers no call right before it."""
-    owed: Optional[list] = None  # call ids of the current run of results
+    messages = view.messages
     answered = 0
-    for m in messages:
-        if m["role"] == "tool":
-            if owed is None or answered >= len(owed) or m["tool_call_id"] != owed[answered]:
-                return True
-            answered += 1
+    for i, m in view.callers:
+        if m["role"] != "assistant":
             continue
-        if owed is not None and answered < len(owed):
-            return True  # unanswered calls, or a result displaced behind this message
-        owed = None
-        if "tool_calls" in m and m["role"] == "assistant":
-            owed, answered = [c["id"] for c in m["tool_calls"]], 0
-            if len(set(owed)) != len(owed):
+        ids = [c["id"] for c in m["tool_calls"]]
+        k = len(ids)
+        run = messages[i + 1 : i + 1 + k]
+        if len(run) != k or len(set(ids)) != k:
+            return True
+        for result, cid in zip(run, ids):
+            if result["role"] != "tool" or result["tool_call_id"] != cid:
                 return True
-    return owed is not None and answered < len(owed)
+        answered += k
+    # every run is answered in full; a tool message outside the runs answers nothing
+    return answered != len(view.tools)
 
 
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
@@ -481,11 +518,12 @@ def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _has_long_tool_call_id(messages: Messages) -> bool:
-    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in messages if m["role"] == "tool"):
+def _has_long_tool_call_id(view: TranscriptView) -> bool:
+    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools):
         return True
-    callers = [m for m in messages if "tool_calls" in m and m["role"] != "tool"]
-    return any(len(c["id"]) > _MAX_TOOL_CALL_ID for m in callers for c in m["tool_calls"])
+    return any(
+        len(c["id"]) > _MAX_TOOL_CALL_ID for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"]
+    )
 
 
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
@@ -515,8 +553,8 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
 SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_tool_call_ids)
 
 
-def _has_reused_tool_call_id(messages: Messages) -> bool:
-    ids = [c["id"] for m in messages if "tool_calls" in m and m["role"] == "assistant" for c in m["tool_calls"]]
+def _has_reused_tool_call_id(view: TranscriptView) -> bool:
+    ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
     return len(set(ids)) != len(ids)
 
 
@@ -580,12 +618,12 @@ def _safe_name(name: Any, limit: int = 64) -> str:
     return cleaned or "tool"
 
 
-def _has_invalid_name(messages: Messages) -> bool:
-    for m in [m for m in messages if "name" in m]:
+def _has_invalid_name(view: TranscriptView) -> bool:
+    for m in view.named:
         name = m["name"]
         if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
             return True
-    return not all(_valid_function_name(c) for m in messages if "tool_calls" in m for c in m["tool_calls"])
+    return not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
 
 
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
@@ -614,7 +652,12 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
 def _valid_function_name(call: dict) -> bool:
     function = call.get("function")
     name = function.get("name") if isinstance(function, dict) else None
-    return isinstance(name, str) and bool(_FUNCTION_NAME_RE.match(name))
+    return isinstance(name, str) and _function_name_ok(name)
+
+
+@lru_cache(maxsize=1024)
+def _function_name_ok(name: str) -> bool:
+    return bool(_FUNCTION_NAME_RE.match(name))
 
 
 def _call_shape_ok(call: dict) -> bool:
@@ -622,8 +665,8 @@ def _call_shape_ok(call: dict) -> bool:
     return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
 
 
-def _has_bad_call_shape(messages: Messages) -> bool:
-    return not all(_call_shape_ok(c) for m in messages if "tool_calls" in m for c in m["tool_calls"])
+def _has_bad_call_shape(view: TranscriptView) -> bool:
+    return not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"])
 
 
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -683,9 +726,8 @@ def _content_ok(message: Message) -> bool:
     return all(_part_ok(p, role) for p in content)
 
 
-def _has_bad_content_shape(messages: Messages) -> bool:
-    odd = [m for m in messages if m.get("content").__class__ is not str]
-    return not all(_content_ok(m) for m in odd)
+def _has_bad_content_shape(view: TranscriptView) -> bool:
+    return not all(_content_ok(m) for m in view.not_text)
 
 
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -722,8 +764,8 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
 FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
 
 
-def _has_null_content(messages: Messages) -> bool:
-    return not all(_is_tool_call_turn(m) for m in messages if m.get("content") is None)
+def _has_null_content(view: TranscriptView) -> bool:
+    return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
 
 
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
@@ -768,15 +810,19 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
+    view = TranscriptView(out)
     for step in _REPAIR_STEPS:
-        out = step(out, report)
+        if step.broken(view):
+            out = step.fix(out, report)
+            view = TranscriptView(out)
     return out, report
 
 
 def _needs_repair(messages: Messages) -> bool:
     """Whether any step would change the list: the union of the steps'
     checks, in order (each check may assume the ones before it passed)."""
-    return any(step.broken(messages) for step in _REPAIR_STEPS)
+    view = TranscriptView(messages)
+    return any(step.broken(view) for step in _REPAIR_STEPS)
 
 
 # -- The summary message ----------------------------------------------------

@@ -144,8 +144,9 @@ def test_each_step_check_objects_exactly_when_its_fix_would_change_the_list(mess
     for step in acc._REPAIR_STEPS:
         report = acc.RepairReport()
         fixed = step.fix(out, report)
-        assert step.broken(out) == (not unchanged(out, fixed, report)), step.__name__
-        assert step(out, acc.RepairReport()) is out or step.broken(out)
+        broken = step.broken(acc.TranscriptView(out))
+        assert broken == (not unchanged(out, fixed, report)), step.__name__
+        assert step(out, acc.RepairReport()) is out or broken
         out = fixed
 
 
@@ -154,7 +155,7 @@ def test_each_step_check_objects_exactly_when_its_fix_would_change_the_list(mess
 def test_a_step_whose_check_passes_returns_its_input_list_itself(messages):
     out = list(messages)
     for step in acc._REPAIR_STEPS:
-        if not step.broken(out):
+        if not step.broken(acc.TranscriptView(out)):
             assert step(out, acc.RepairReport()) is out, step.__name__
         out = step(out, acc.RepairReport())
 
