@@ -51,6 +51,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
@@ -244,15 +245,44 @@ class RepairReport:
         return ", ".join(parts) if parts else "nothing to repair"
 
 
+class TranscriptView:
+    """A message list with the few sub-lists repair checks read, each built
+    once, on first use, and shared by every check of the same list (so a
+    clean list costs a handful of fast passes however many steps there are).
+    Only for a list that is not changed meanwhile; ``messages`` is not copied.
+    The sub-lists assume the list has no malformed message (step one)."""
+
+    def __init__(self, messages: Messages):
+        self.messages = messages
+
+    @cached_property
+    def callers(self) -> list:
+        """(index, message) of every message with a ``tool_calls`` key."""
+        return [(i, m) for i, m in enumerate(self.messages) if "tool_calls" in m]
+
+    @cached_property
+    def tools(self) -> list:
+        return [m for m in self.messages if m["role"] == "tool"]
+
+    @cached_property
+    def named(self) -> list:
+        return [m for m in self.messages if "name" in m]
+
+    @cached_property
+    def not_text(self) -> list:
+        """Messages whose content is not a string (null included)."""
+        return [m for m in self.messages if m.get("content").__class__ is not str]
+
+
 @dataclass(frozen=True)
 class RepairStep:
-    """One repair invariant: ``broken(messages)``, a cheap check whether the
-    list breaks it, and ``fix(messages, report)``, which restores it. The
-    check may assume the invariants of the steps before it hold. Called, a
-    step returns its input untouched (the same list) when its check finds
-    nothing to do, so a list no check objects to costs one pass per step."""
+    """One repair invariant: ``broken(view)``, a cheap check whether the
+    list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
+    which restores it. The check may assume the invariants of the steps
+    before it hold. Called, a step returns its input untouched (the same
+    list) when its check finds nothing to do."""
 
-    broken: Callable[[Messages], bool]
+    broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
 
     @property
@@ -260,19 +290,19 @@ class RepairStep:
         return self.fix.__name__
 
     def __call__(self, messages: Messages, report: RepairReport) -> Messages:
-        return self.fix(messages, report) if self.broken(messages) else messages
+        return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
 
-def _has_malformed(messages: Messages) -> bool:
-    for m in messages:
-        if not isinstance(m, dict):
+def _has_malformed(view: TranscriptView) -> bool:
+    messages = view.messages
+    try:
+        if not _ROLES.issuperset([m["role"] for m in messages]):
             return True
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            return True
-        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            return True
-    return False
+    except (TypeError, KeyError, AttributeError):
+        return True  # a message that is no dict, without a role, or an unhashable role
+    if not all(m.__class__ is dict or isinstance(m, dict) for m in messages):
+        return True
+    return not all(isinstance(m.get("tool_call_id"), str) for m in messages if m["role"] == "tool")
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
@@ -295,11 +325,16 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
 DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
 
 
-def _has_empty_tool_calls(messages: Messages) -> bool:
-    for m in messages:
-        if "tool_calls" in m:
-            calls = m["tool_calls"]
-            if not isinstance(calls, list) or not calls or not all(_call_id(c) for c in calls):
+def _has_empty_tool_calls(view: TranscriptView) -> bool:
+    for _, m in view.callers:
+        calls = m["tool_calls"]
+        if not isinstance(calls, list) or not calls:
+            return True
+        for c in calls:
+            if not isinstance(c, dict):
+                return True
+            cid = c.get("id")
+            if not isinstance(cid, str) or not cid:
                 return True
     return False
 
@@ -337,8 +372,8 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     return j
 
 
-def _has_errored_tool_turn(messages: Messages) -> bool:
-    return any("tool_calls" in m and _is_tool_call_turn(m) and _is_errored_assistant(m) for m in messages)
+def _has_errored_tool_turn(view: TranscriptView) -> bool:
+    return any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers)
 
 
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
@@ -415,26 +450,26 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     return unit, rest
 
 
-def _pairing_broken(messages: Messages) -> bool:
+def _pairing_broken(view: TranscriptView) -> bool:
     """Whether some assistant's calls are not answered, in call order, by
     exactly one tool message each right after it (or repeat an id), or a
     tool message answers no call right before it."""
-    owed: Optional[list] = None  # call ids of the current run of results
+    messages = view.messages
     answered = 0
-    for m in messages:
-        if m["role"] == "tool":
-            if owed is None or answered >= len(owed) or m["tool_call_id"] != owed[answered]:
-                return True
-            answered += 1
+    for i, m in view.callers:
+        if m["role"] != "assistant":
             continue
-        if owed is not None and answered < len(owed):
-            return True  # unanswered calls, or a result displaced behind this message
-        owed = None
-        if "tool_calls" in m and m["role"] == "assistant":
-            owed, answered = [c["id"] for c in m["tool_calls"]], 0
-            if len(set(owed)) != len(owed):
+        ids = [c["id"] for c in m["tool_calls"]]
+        k = len(ids)
+        run = messages[i + 1 : i + 1 + k]
+        if len(run) != k or len(set(ids)) != k:
+            return True
+        for result, cid in zip(run, ids):
+            if result["role"] != "tool" or result["tool_call_id"] != cid:
                 return True
-    return owed is not None and answered < len(owed)
+        answered += k
+    # every run is answered in full; a tool message outside the runs answers nothing
+    return answered != len(view.tools)
 
 
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
@@ -453,17 +488,33 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     n = len(messages)
     while i < n:
         message = messages[i]
-        role = _role(message)
+        role = message["role"]
         if role == "tool":
             report.dropped_orphan_results += 1
             i += 1
             continue
-        if not _is_tool_call_turn(message):
+        if role != "assistant" or "tool_calls" not in message:
             out.append(message)
             i += 1
             continue
-        end = _turn_span_end(messages, i)
-        unit, rest = _pair_one_turn(message, messages[i + 1 : end], report)
+        end = i + 1
+        while end < n and messages[end]["role"] != "assistant":
+            end += 1
+        span = messages[i + 1 : end]
+        ids = [c["id"] for c in message["tool_calls"]]
+        k = len(ids)
+        roles = [m["role"] for m in span]
+        if (
+            roles[:k] == ["tool"] * k
+            and "tool" not in roles[k:]
+            and [m["tool_call_id"] for m in span[:k]] == ids
+            and len(set(ids)) == k
+        ):
+            out.append(message)  # the usual turn: nothing to pair
+            out.extend(span)
+            i = end
+            continue
+        unit, rest = _pair_one_turn(message, span, report)
         head = unit[0]
         if _tool_calls(head) or _has_visible_content(head):
             out.extend(unit)
@@ -481,14 +532,12 @@ def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _has_long_tool_call_id(messages: Messages) -> bool:
-    for m in messages:
-        if m["role"] == "tool":
-            if len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID:
-                return True
-        elif "tool_calls" in m and any(len(c["id"]) > _MAX_TOOL_CALL_ID for c in m["tool_calls"]):
-            return True
-    return False
+def _has_long_tool_call_id(view: TranscriptView) -> bool:
+    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools):
+        return True
+    return any(
+        len(c["id"]) > _MAX_TOOL_CALL_ID for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"]
+    )
 
 
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
@@ -518,16 +567,9 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
 SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_tool_call_ids)
 
 
-def _has_reused_tool_call_id(messages: Messages) -> bool:
-    seen: set = set()
-    for m in messages:
-        if "tool_calls" in m and m["role"] == "assistant":
-            for c in m["tool_calls"]:
-                cid = c["id"]
-                if cid in seen:
-                    return True
-                seen.add(cid)
-    return False
+def _has_reused_tool_call_id(view: TranscriptView) -> bool:
+    ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
+    return len(set(ids)) != len(ids)
 
 
 def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
@@ -547,41 +589,38 @@ def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
-    pairing is per turn, so each turn's results are already its own. A
-    reused id is renamed on the call and its results alike, the same way on
-    every request of the chat (the n-th reuse gets suffix ``_n``, skipping
-    ids the request holds), and the first use keeps its id."""
-    taken: set = set()
-    for m in messages:
-        if m["role"] == "tool":
-            taken.add(m["tool_call_id"])
-        elif "tool_calls" in m:
-            taken.update(c["id"] for c in m["tool_calls"])
+    pairing is per turn, so each turn's results are already its own (right
+    after it). A reused id is renamed on the call and its result alike, the
+    same way on every request of the chat (the n-th reuse gets suffix
+    ``_n``, skipping ids the request holds), and the first use keeps its id."""
+    turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
+    taken = {c["id"] for i in turns for c in messages[i]["tool_calls"]}
+    taken.update(m["tool_call_id"] for m in messages if m["role"] == "tool")
     seen: set = set()
     next_suffix: dict = {}
-    renamed: dict = {}  # old -> new id, for the results right after the current call turn
-    out = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            new_id = renamed.get(message["tool_call_id"])
-            if new_id is not None:
-                message = {**message, "tool_call_id": new_id}
-        else:
-            renamed = {}
-            if "tool_calls" in message and role == "assistant":
-                calls = []
-                for call in message["tool_calls"]:
-                    cid = call["id"]
-                    if cid in seen:
-                        new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-                        call = {**call, "id": new_id}
-                        report.renamed_reused_ids += 1
-                    seen.add(call["id"])
-                    calls.append(call)
-                if renamed:
-                    message = {**message, "tool_calls": calls}
-        out.append(message)
+    out = list(messages)
+    n = len(messages)
+    for i in turns:
+        message = messages[i]
+        calls = message["tool_calls"]
+        renamed: dict = {}  # old id -> new id, in this turn
+        for call in calls:
+            cid = call["id"]
+            if cid in seen:
+                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
+                report.renamed_reused_ids += 1
+                seen.add(renamed[cid])
+            else:
+                seen.add(cid)
+        if not renamed:
+            continue
+        out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
+        j = i + 1
+        while j < n and messages[j]["role"] == "tool":
+            result = messages[j]
+            if result["tool_call_id"] in renamed:
+                out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
+            j += 1
     return out
 
 
@@ -593,14 +632,12 @@ def _safe_name(name: Any, limit: int = 64) -> str:
     return cleaned or "tool"
 
 
-def _has_invalid_name(messages: Messages) -> bool:
-    for m in messages:
-        name = m.get("name")
+def _has_invalid_name(view: TranscriptView) -> bool:
+    for m in view.named:
+        name = m["name"]
         if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
             return True
-        if "tool_calls" in m and not all(_valid_function_name(c) for c in m["tool_calls"]):
-            return True
-    return False
+    return not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
 
 
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
@@ -629,7 +666,12 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
 def _valid_function_name(call: dict) -> bool:
     function = call.get("function")
     name = function.get("name") if isinstance(function, dict) else None
-    return isinstance(name, str) and bool(_FUNCTION_NAME_RE.match(name))
+    return isinstance(name, str) and _function_name_ok(name)
+
+
+@lru_cache(maxsize=1024)
+def _function_name_ok(name: str) -> bool:
+    return bool(_FUNCTION_NAME_RE.match(name))
 
 
 def _call_shape_ok(call: dict) -> bool:
@@ -637,8 +679,8 @@ def _call_shape_ok(call: dict) -> bool:
     return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
 
 
-def _has_bad_call_shape(messages: Messages) -> bool:
-    return any("tool_calls" in m and not all(_call_shape_ok(c) for c in m["tool_calls"]) for m in messages)
+def _has_bad_call_shape(view: TranscriptView) -> bool:
+    return not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"])
 
 
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -698,12 +740,8 @@ def _content_ok(message: Message) -> bool:
     return all(_part_ok(p, role) for p in content)
 
 
-def _has_bad_content_shape(messages: Messages) -> bool:
-    for m in messages:
-        content = m.get("content")
-        if content is not None and content.__class__ is not str and not _content_ok(m):
-            return True
-    return False
+def _has_bad_content_shape(view: TranscriptView) -> bool:
+    return not all(_content_ok(m) for m in view.not_text)
 
 
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -740,8 +778,8 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
 FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
 
 
-def _has_null_content(messages: Messages) -> bool:
-    return any(m.get("content") is None and not _is_tool_call_turn(m) for m in messages)
+def _has_null_content(view: TranscriptView) -> bool:
+    return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
 
 
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
@@ -786,15 +824,19 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
+    view = TranscriptView(out)
     for step in _REPAIR_STEPS:
-        out = step(out, report)
+        if step.broken(view):
+            out = step.fix(out, report)
+            view = TranscriptView(out)
     return out, report
 
 
 def _needs_repair(messages: Messages) -> bool:
     """Whether any step would change the list: the union of the steps'
     checks, in order (each check may assume the ones before it passed)."""
-    return any(step.broken(messages) for step in _REPAIR_STEPS)
+    view = TranscriptView(messages)
+    return any(step.broken(view) for step in _REPAIR_STEPS)
 
 
 # -- The summary message ----------------------------------------------------
@@ -880,6 +922,7 @@ def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> 
 TRIM_MARKER = "[… {n} characters trimmed to fit the context window …]"
 _IMAGE_MARKER = "[image omitted to fit the context window]"
 _ATTACHMENT_MARKER = "[attachment omitted to fit the context window]"
+ARGUMENTS_MARKER = "{n} characters of these arguments were shortened to fit the context window"
 _MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
 
 
@@ -956,14 +999,22 @@ def fit_to_budget(
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part (system messages, the last user message) does.
+    irreducible part does: the system messages and the latest user turn (the
+    last user message and what follows it). It never creates a role order a
+    provider rejects.
 
-    Oldest whole turns after the protected prefix go first, never splitting a
-    tool chain and, while possible, never creating a role order a provider
-    rejects. System messages, the protected head and everything from the last
-    user message on are never dropped; when they alone are over the cap the
-    largest old tool outputs, images and messages are shortened, each cut
-    marked, instead of failing.
+    In an emergency, in this order, until the list fits:
+    1. the oldest whole turns after the protected head go (never splitting a
+       tool chain, never joining two messages into a rejected order);
+    2. what is left is shortened, the head included, each cut marked: the
+       largest old tool outputs, images, old tool-call arguments (to a JSON
+       object saying so), then other old messages;
+    3. the protected head yields: its turns go too, oldest first, and the
+       turns step 1 skipped for the sake of role order get another chance;
+    4. everything before the latest user turn goes but the system messages,
+       an order every provider accepts.
+    When even that is over the cap, the smallest of these lists is sent and
+    the report says ``over_budget``.
     """
     report = FitReport()
     sizes = [token_of(m) for m in messages]
@@ -971,21 +1022,32 @@ def fit_to_budget(
     report.tokens_before = report.tokens_after = total
     if cap <= 0 or total <= cap:
         return list(messages), report
-    last_user = _last_user_index(messages)
+    # the latest user turn starts at the last user message (with no user
+    # message at all: at the start of the last unit)
+    last_user = max(0, _last_user_index(messages))
+    if last_user < len(messages) and _role(messages[last_user]) != "user":
+        last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
+    head_end = max(0, min(protected_prefix, last_user))
+    tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
-    turns = _droppable_turns(messages, max(0, protected_prefix), max(0, last_user))
-    total = _drop_turns(messages, sizes, keep, turns, total, cap, report, strict=True)
+    total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
     out, total, report = _shrink_if_over(messages, keep, token_of, total, cap, report)
+    if total > cap and head_end > 0:
+        keep3, report3 = list(keep), replace(report)
+        turns = _droppable_turns(messages, 0, head_end) + tail_turns
+        total3 = _drop_turns(messages, sizes, keep3, turns, _kept_total(sizes, keep3, fixed_tokens), cap, report3)
+        out3, total3, report3 = _shrink_if_over(messages, keep3, token_of, total3, cap, report3)
+        if total3 < total:
+            out, total, report = out3, total3, report3
     if total > cap:
-        # Last resort, cap before order: drop the turns the strict pass kept
-        # for the sake of role order, but only if that reaches the cap.
-        keep2, report2 = list(keep), replace(report)
-        total2 = _drop_turns(
-            messages, sizes, keep2, turns, _kept_total(sizes, keep2, fixed_tokens), cap, report2, strict=False
-        )
-        out2, total2, report2 = _shrink_if_over(messages, keep2, token_of, total2, cap, report2)
-        if total2 <= cap:
-            out, total, report = out2, total2, report2
+        keep4 = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
+        report4 = FitReport(tokens_before=report.tokens_before)
+        report4.dropped_messages = keep4.count(False)
+        report4.dropped_turns = len(_droppable_turns(messages, 0, last_user))
+        total4 = _kept_total(sizes, keep4, fixed_tokens)
+        out4, total4, report4 = _shrink_if_over(messages, keep4, token_of, total4, cap, report4)
+        if total4 < total:
+            out, total, report = out4, total4, report4
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
@@ -1004,7 +1066,10 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report):
     return out, total, report
 
 
-def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int:
+def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
+    """Drops ``turns`` in the order given while over ``cap``, skipping a turn
+    whose drop would join two messages into an order some provider rejects
+    or make an assistant open the conversation."""
     # What is kept before a run of dropped turns does not change while the
     # run grows: remembered, so dropping many old turns stays linear.
     dropped_end, kept_before_dropped = -1, None
@@ -1013,13 +1078,10 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int
             break
         if not any(keep[start:end]):
             continue
-        if strict:
-            before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
-            if not (
-                _joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)
-            ):
-                continue
-            dropped_end, kept_before_dropped = end, before
+        before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
+        if not (_joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)):
+            continue
+        dropped_end, kept_before_dropped = end, before
         for i in range(start, end):
             if keep[i]:
                 keep[i] = False
@@ -1079,11 +1141,15 @@ def _shrinkable_order(messages: Messages) -> list[int]:
 def _shrink_protected(messages, token_of, total, cap, report):
     out = list(messages)
     order = _shrinkable_order(out)
-    for pass_kind in ("tool", "image", "text"):
-        candidates = sorted(
-            (i for i in order if pass_kind != "tool" or _role(out[i]) == "tool"),
-            key=lambda i: -token_of(out[i]),
-        )
+    last_user = _last_user_index(out)
+    for pass_kind in ("tool", "image", "arguments", "text"):
+        if pass_kind == "tool":
+            eligible = [i for i in order if _role(out[i]) == "tool"]
+        elif pass_kind == "arguments":
+            eligible = [i for i in order if i < last_user and _tool_calls(out[i])]
+        else:
+            eligible = order
+        candidates = sorted(eligible, key=lambda i: -token_of(out[i]))
         for i in candidates:
             if total <= cap:
                 return out, total
@@ -1092,6 +1158,8 @@ def _shrink_protected(messages, token_of, total, cap, report):
                 shorter = _without_images(out[i])
                 if shorter is not out[i]:
                     report.dropped_images += 1
+            elif pass_kind == "arguments":
+                shorter = _without_long_arguments(out[i])
             else:
                 # aim the text alone at the target: names, arguments and
                 # per-message overhead are not shortened
@@ -1126,6 +1194,30 @@ def _without_images(message: Message) -> Message:
     if parts == content:
         return message
     return {**message, "content": parts}
+
+
+_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
+
+
+def _without_long_arguments(message: Message) -> Message:
+    """``message`` with each long tool-call argument string replaced by a
+    JSON object that says it was shortened and keeps its start, so gateways
+    that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
+    calls = []
+    changed = False
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str) and len(arguments) > 2 * _ARGUMENTS_KEEP_CHARS:
+            omitted = len(arguments) - _ARGUMENTS_KEEP_CHARS
+            marker = {
+                "_omitted": ARGUMENTS_MARKER.format(n=omitted),
+                "_start": arguments[:_ARGUMENTS_KEEP_CHARS],
+            }
+            call = {**call, "function": {**function, "arguments": json.dumps(marker, ensure_ascii=False)}}
+            changed = True
+        calls.append(call)
+    return {**message, "tool_calls": calls} if changed else message
 
 
 def clip_text(text: str, keep_chars: int) -> str:
@@ -1613,88 +1705,88 @@ class TokenCounter:
         self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
 
     # -- encodings, loaded off the request path --
-    def start_loading(self, name: str) -> None:
+    def start_loading(self, encoding: str) -> None:
         """Load an encoding in a background thread, once at a time, and after
         a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
         with self._lock:
-            if name in self._encodings or name in self._loading or name not in _ENCODINGS:
+            if encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS:
                 return
-            failed = self._failed.get(name)
+            failed = self._failed.get(encoding)
             if failed is not None and time.monotonic() - failed < LOAD_RETRY_SECONDS:
                 return
-            self._loading.add(name)
-        threading.Thread(target=self._load, args=(name,), name=f"acc-tiktoken-{name}", daemon=True).start()
+            self._loading.add(encoding)
+        threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True).start()
 
-    def _load(self, name: str) -> None:
+    def _load(self, encoding: str) -> None:
         try:
             import tiktoken
 
-            encoding = tiktoken.get_encoding(name)
-            encoding.encode("warm up")
+            tokenizer = tiktoken.get_encoding(encoding)
+            tokenizer.encode("warm up")
             with self._lock:
-                self._encodings[name] = encoding
+                self._encodings[encoding] = tokenizer
         except Exception as exc:  # offline without a cached file: stay on estimates
-            log.info("tiktoken %s unavailable (%s); using the estimator", name, exc)
+            log.info("tiktoken %s unavailable (%s); using the estimator", encoding, exc)
             with self._lock:
-                self._failed[name] = time.monotonic()
+                self._failed[encoding] = time.monotonic()
         finally:
             with self._lock:
-                self._loading.discard(name)
+                self._loading.discard(encoding)
 
-    def is_exact(self, name: str) -> bool:
-        return name in self._encodings
+    def is_exact(self, encoding: str) -> bool:
+        return encoding in self._encodings
 
-    def wait_ready(self, name: str, timeout: float = 30.0) -> bool:
+    def wait_ready(self, encoding: str, timeout: float = 30.0) -> bool:
         """For tests and benchmarks only: block until the encoding loaded."""
-        self.start_loading(name)
+        self.start_loading(encoding)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if name in self._encodings:
+            if encoding in self._encodings:
                 return True
             with self._lock:
-                if name not in self._loading:
-                    return name in self._encodings
+                if encoding not in self._loading:
+                    return encoding in self._encodings
             time.sleep(0.01)
-        return name in self._encodings
+        return encoding in self._encodings
 
     # -- text --
-    def text_tokens(self, text: str, name: str, exact: bool = True) -> int:
+    def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
             return 0
-        encoding = self._encodings.get(name) if exact else None
-        if encoding is None:
+        tokenizer = self._encodings.get(encoding) if exact else None
+        if tokenizer is None:
             if exact:
-                self.start_loading(name)
-            return estimate_text_tokens(text, name)
-        return len(encoding.encode(text, disallowed_special=()))
+                self.start_loading(encoding)
+            return estimate_text_tokens(text, encoding)
+        return len(tokenizer.encode(text, disallowed_special=()))
 
     # -- messages --
-    def message_tokens(self, message: Message, name: str, exact: bool = True) -> int:
+    def message_tokens(self, message: Message, encoding: str, exact: bool = True) -> int:
         if not isinstance(message, dict):
             return 0
-        slot = 1 if exact and name in self._encodings else 0
+        slot = 1 if exact and encoding in self._encodings else 0
         if exact and not slot:
-            self.start_loading(name)  # for later requests; this one is estimated
-        entry = self._entry(message, name)
+            self.start_loading(encoding)  # for later requests; this one is estimated
+        entry = self._entry(message, encoding)
         value = entry[slot]
         if value is None:
-            value = entry[slot] = self._count_message(message, name, slot == 1)
+            value = entry[slot] = self._count_message(message, encoding, slot == 1)
         return value
 
-    def preflight(self, messages: Messages, name: str) -> tuple[int, int, dict]:
+    def preflight(self, messages: Messages, encoding: str) -> tuple[int, int, dict]:
         """For a quick check against a limit: (the sum of the exact counts
         the cache holds, the sum of estimates for the other messages, those
         exact counts by ``id(message)``). One cache look-up per message and
         no tokenizing but the estimator's."""
         cache, size_limit = self._cache, self._cache_size
-        loaded = name in self._encodings
+        loaded = encoding in self._encodings
         known = estimated = 0
         exact_sizes: dict = {}
         uncounted: list = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            key = _cache_key(message, name)
+            key = _cache_key(message, encoding)
             entry = cache.get(key)
             if entry is None:
                 entry = cache[key] = [None, None]
@@ -1707,7 +1799,7 @@ class TokenCounter:
                 exact_sizes[id(message)] = entry[1]
             else:
                 if entry[0] is None:
-                    entry[0] = self._count_message(message, name, False)
+                    entry[0] = self._count_message(message, encoding, False)
                 uncounted.append((message, entry))
         # The messages new since the last request are few: count them exactly
         # (newest first), so estimates, with their rare large errors, only
@@ -1716,17 +1808,17 @@ class TokenCounter:
         for message, entry in reversed(uncounted):
             if budget > 0 and entry[0] <= budget:
                 budget -= entry[0]
-                entry[1] = self._count_message(message, name, True)
+                entry[1] = self._count_message(message, encoding, True)
                 known += entry[1]
                 exact_sizes[id(message)] = entry[1]
             else:
                 estimated += entry[0]
         return known, estimated, exact_sizes
 
-    def _entry(self, message: Message, name: str) -> list:
+    def _entry(self, message: Message, encoding: str) -> list:
         """The cache entry of a message's content: [estimate, exact count],
         either None until computed. Least recently used entries go first."""
-        key = _cache_key(message, name)
+        key = _cache_key(message, encoding)
         cache = self._cache
         entry = cache.get(key)
         if entry is None:
@@ -1737,32 +1829,32 @@ class TokenCounter:
             cache.move_to_end(key)
         return entry
 
-    def _count_message(self, message: Message, name: str, exact: bool) -> int:
+    def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
         total = TOKENS_PER_MESSAGE + 1  # role
         content = message.get("content")
         if isinstance(content, str):
-            total += self.text_tokens(content, name, exact)
+            total += self.text_tokens(content, encoding, exact)
         elif isinstance(content, list):
             for part in content:
-                total += self._part_tokens(part, name, exact)
+                total += self._part_tokens(part, encoding, exact)
         if message.get("name"):
-            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), name, exact)
+            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), encoding, exact)
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 total += TOKENS_PER_TOOL_CALL
-                total += self.text_tokens(str(function.get("name", "")), name, exact)
+                total += self.text_tokens(str(function.get("name", "")), encoding, exact)
                 arguments = function.get("arguments", "")
                 if not isinstance(arguments, str):
                     arguments = json.dumps(arguments, ensure_ascii=False)
-                total += self.text_tokens(arguments, name, exact)
+                total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
         return total
 
-    def _part_tokens(self, part: Any, name: str, exact: bool) -> int:
+    def _part_tokens(self, part: Any, encoding: str, exact: bool) -> int:
         if isinstance(part, str):
-            return self.text_tokens(part, name, exact)
+            return self.text_tokens(part, encoding, exact)
         if not isinstance(part, dict):
             return 0
         if part.get("type") == "image_url":
@@ -1771,13 +1863,13 @@ class TokenCounter:
             detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
             return image_tokens(url, detail)
         if isinstance(part.get("text"), str):
-            return self.text_tokens(part["text"], name, exact)
-        return self.text_tokens(json.dumps(part, ensure_ascii=False), name, exact)
+            return self.text_tokens(part["text"], encoding, exact)
+        return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
 
-    def messages_tokens(self, messages: Messages, name: str, exact: bool = True) -> int:
-        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, name, exact) for m in messages)
+    def messages_tokens(self, messages: Messages, encoding: str, exact: bool = True) -> int:
+        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, encoding, exact) for m in messages)
 
-    def tools_tokens(self, tools: Any, name: str) -> int:
+    def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
         if not tools:
             return 0
@@ -1785,20 +1877,69 @@ class TokenCounter:
             text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             return 0
-        return self.text_tokens(text, name)
+        return self.text_tokens(text, encoding)
 
     def cache_len(self) -> int:
         return len(self._cache)
 
+    # -- primitives of the request policy (count_request, fit_request) --
+    def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
+        """(each message's size under the request policy where the cache
+        already knows it, else None; ``(index, cache entry)`` of the
+        others). Exact counts once the encoding is loaded, estimates with
+        their margin before. One cache look-up per message, nothing counted."""
+        cache, limit = self._cache, self._cache_size
+        slot = 1 if encoding in self._encodings else 0
+        if not slot:
+            self.start_loading(encoding)  # for later requests
+        sizes: list = []
+        missing: list = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                sizes.append(0)
+                continue
+            key = _cache_key(message, encoding)
+            entry = cache.get(key)
+            if entry is None:
+                entry = cache[key] = [None, None]
+                if len(cache) > limit:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+            value = entry[slot]
+            if value is None:
+                sizes.append(None)
+                missing.append((i, entry))
+            else:
+                sizes.append(value if slot else _with_margin(value))
+        return sizes, missing
 
-def _cache_key(message: Message, name: str) -> tuple:
+    def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
+        """Counts of ``messages``, leaving the cache alone: safe to run in a
+        worker thread while the event loop uses the cache."""
+        return [self._count_message(m, encoding, exact) for m in messages]
+
+    def estimated_size(self, message: Message, encoding: str, cached: bool = True) -> int:
+        """A message's estimate with its margin: the request policy's size
+        of a message made while fitting (a shortened copy), so that fitting
+        never tokenizes. ``cached=False`` leaves the cache alone (for a
+        worker thread; the estimate is the same)."""
+        if not cached:
+            return _with_margin(self._count_message(message, encoding, False))
+        entry = self._entry(message, encoding)
+        if entry[0] is None:
+            entry[0] = self._count_message(message, encoding, False)
+        return _with_margin(entry[0])
+
+
+def _cache_key(message: Message, encoding: str) -> tuple:
     """The count cache's key of a message for an encoding (estimates and
     exact counts add a flag)."""
     content = message.get("content")
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
         # the usual message, keyed without building nested tuples
-        return (name, hash(content), len(content), bool(message.get("tool_call_id")))
-    return (name, _message_key(message))
+        return (encoding, hash(content), len(content), bool(message.get("tool_call_id")))
+    return (encoding, _message_key(message))
 
 
 def _message_key(message: Message) -> tuple:
@@ -1844,6 +1985,103 @@ def _part_key(part: Any) -> tuple:
             return ("i", hash(url), len(url), str(image.get("detail")))
         return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
     return ("s", hash(str(part)))
+
+
+# -- The token policy of a request -------------------------------------------
+# One place decides how a request is counted, exact or estimated, and with
+# which margin; everything else asks ``count_request`` or ``fit_request``.
+#
+# * A message's size is its exact count once the encoding is loaded and the
+#   message was counted; otherwise its estimate plus ESTIMATE_MARGIN (which
+#   covers the estimator's worst error on the corpus).
+# * ``fit_request`` counts every message it has not counted before, exactly
+#   when the encoding is loaded: a turn's few new messages on the event loop,
+#   more than ON_LOOP_CHARS characters of them (a long chat seen for the
+#   first time after a restart) in a worker thread, so no request holds the
+#   event loop for other users meanwhile.
+# * ``count_request`` never tokenizes: what the cache knows, estimates with
+#   their margin for the rest. Right after ``fit_request``, it gives the same
+#   number for the list sent as the FitReport's ``tokens_after``.
+
+ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
+ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
+
+
+def _with_margin(estimate: int) -> int:
+    return -int(-estimate * (1 + ESTIMATE_MARGIN) // 1)
+
+
+def _text_chars(message: Any) -> int:
+    """About how many characters counting ``message`` tokenizes."""
+    if not isinstance(message, dict):
+        return 0
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> int:
+    """What a request costs besides its messages: its own overhead and the
+    tool schemas sent with it."""
+    return TOKENS_PER_REQUEST + counter.tools_tokens(tools, encoding)
+
+
+def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixed: int) -> int:
+    """How many tokens a request of ``messages`` is: ``fixed`` (see
+    ``request_fixed_tokens``) plus each message's size under the policy
+    above. Never tokenizes; estimates messages never seen before."""
+    sizes, missing = counter.cached_sizes(messages, encoding)
+    for i, entry in missing:
+        if entry[0] is None:
+            entry[0] = counter._count_message(messages[i], encoding, False)
+        sizes[i] = _with_margin(entry[0])
+    return fixed + sum(sizes)
+
+
+async def fit_request(
+    counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
+) -> tuple[Messages, FitReport]:
+    """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
+    ``prefix`` messages while it can), counted under the policy above; the
+    report's ``tokens_after`` equals ``count_request`` of the list returned.
+    Holds the event loop only for slices of cache look-ups: counting and
+    fitting a long list happen in a worker thread."""
+    exact = counter.is_exact(encoding)
+    sizes: list = []
+    missing: list = []
+    for at in range(0, len(messages), ON_LOOP_MESSAGES):
+        if at:
+            await asyncio.sleep(0)  # other requests run between slices
+        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
+        sizes += part_sizes
+        missing += [(at + i, entry) for i, entry in part_missing]
+    if missing:
+        todo = [messages[i] for i, _ in missing]
+        if sum(_text_chars(m) for m in todo) <= ON_LOOP_CHARS:
+            counts = counter.measure(todo, encoding, exact)
+        else:
+            counts = await asyncio.to_thread(counter.measure, todo, encoding, exact)
+        slot = 1 if exact else 0
+        for (i, entry), value in zip(missing, counts):
+            entry[slot] = value  # merged on the loop: the thread never touches the cache
+            sizes[i] = value if exact else _with_margin(value)
+    total = fixed + sum(sizes)
+    if cap <= 0 or total <= cap:
+        return list(messages), FitReport(tokens_before=total, tokens_after=total)
+    known = {id(m): size for m, size in zip(messages, sizes)}
+    on_loop = len(messages) <= ON_LOOP_MESSAGES
+
+    def token_of(message: Message) -> int:
+        size = known.get(id(message))
+        return size if size is not None else counter.estimated_size(message, encoding, cached=on_loop)
+
+    if on_loop:
+        return fit_to_budget(messages, token_of, cap, prefix, fixed)
+    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)
 
 
 # ---------------------------------------------------------------------------
@@ -3806,11 +4044,8 @@ class BackgroundSummarizer:
 
     # -- the next request, counted one way --------------------------------
     def count(self, messages: Messages, encoding: str) -> int:
-        """Exact where counted before (and for a few new messages), estimated
-        with its margin for the rest: a chat seen for the first time after a
-        restart is not tokenized whole on the event loop."""
-        known, estimated, _ = self.counter.preflight(messages, encoding)
-        return known + int(estimated * (1 + ESTIMATE_MARGIN))
+        """Tokens of these messages under the one token policy (layer 3)."""
+        return count_request(self.counter, messages, encoding, 0)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
@@ -4232,7 +4467,7 @@ class Filter:
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
         messages, repair = repair_transcript(body["messages"])
-        fixed = self.counter.tools_tokens(body.get("tools"), s.encoding) + TOKENS_PER_REQUEST
+        fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
         if summaries and not _has_builtin_summary(messages):
             record, fault = await self._lookup_summary(ctx, messages)
@@ -4243,7 +4478,7 @@ class Filter:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
         self.summaries.request_overhead[ctx.chat_key()] = request_overhead_tokens(self.counter, view, fixed, s.encoding)
-        view, fit = self._fit(view, s, prefix, fixed)
+        view, fit = await self._fit(view, s, prefix, fixed)
         if fit.changed():
             view, again = repair_transcript(view)
             repair = _merge_reports(repair, again)
@@ -4275,37 +4510,8 @@ class Filter:
             await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
         return {**body, "messages": view}
 
-    def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
-        if s.max_context <= 0:
-            report = FitReport()
-            report.tokens_before = report.tokens_after = fixed + sum(
-                self.counter.message_tokens(m, s.encoding, exact=False) for m in view
-            )
-            return view, report
-        # Preflight: exact counts the cache already holds, estimates for the
-        # rest; the margin covers what is estimated. (The exact counts are
-        # keyed by id(): the view keeps those messages alive meanwhile.)
-        counter = self.counter
-        known, estimated, exact_sizes = counter.preflight(view, s.encoding)
-        estimated += fixed
-        if known + estimated * (1 + ESTIMATE_MARGIN) < s.max_context:
-            report = FitReport(tokens_before=known + estimated, tokens_after=known + estimated)
-            return view, report
-
-        def token_of(m):
-            return exact_sizes.get(id(m)) or counter.message_tokens(m, s.encoding)
-
-        if counter.is_exact(s.encoding):
-            return fit_to_budget(view, token_of, s.max_context, prefix, fixed)
-        # On estimates, aim lower by the estimator's margin; when even that
-        # cannot be reached, the cap itself is the target.
-        safe_cap = int(s.max_context / (1 + ESTIMATE_MARGIN))
-        out, report = fit_to_budget(view, token_of, safe_cap, prefix, fixed)
-        if report.over_budget:
-            out2, report2 = fit_to_budget(view, token_of, s.max_context, prefix, fixed)
-            if not report2.over_budget:
-                return out2, report2
-        return out, report
+    async def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
+        return await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
 
     async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> tuple[Optional[SummaryRecord], str]:
         """The stored summary this request can use, and the fault that kept
