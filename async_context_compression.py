@@ -3074,61 +3074,289 @@ def choose_summary(
 # ---------------------------------------------------------------------------
 # 6. Summarizer
 # ---------------------------------------------------------------------------
+# What the summarizer is shown, how it is asked, and how its answer is read.
+# A summary replaces messages for good, so every message it folds is shown
+# whole: a stretch too long for the summary model's window is folded in
+# rounds, and one message too long on its own is folded in pieces
+# (``plan_rounds``), never clipped.
 
-SUMMARIZER_PROMPT = """You maintain the running summary of a conversation between a user and an AI assistant. The summary replaces older messages that no longer fit in the assistant's context window, so the assistant must be able to continue the conversation from it alone.
-
-Update the previous summary with the new messages. Keep, in this order:
+_SUMMARY_STYLES = {
+    "concise": """Update the previous summary with the new messages. Keep it short: the user's goals and the latest request still in progress, constraints and preferences the user stated, decisions made and results that matter (names, numbers, identifiers), and open next steps. Drop chit-chat, superseded details and anything the assistant can do without.""",
+    "balanced": """Update the previous summary with the new messages. Keep, in this order:
 1. The user's goals and the latest request still in progress.
 2. Constraints, preferences and requirements the user stated (verbatim where short).
 3. Decisions made and facts established, including tool results that matter (names, numbers, paths, identifiers, code).
 4. Open questions and next steps.
-Refer to messages by their [#id] where it helps traceability. Drop chit-chat and superseded details. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
+Drop chit-chat and superseded details.""",
+    "faithful": """Update the previous summary with the new messages. Lose nothing the conversation may need again: keep every fact, figure, name, identifier, path, URL, date, quantity, code snippet, requirement and decision verbatim, from the user's messages, the assistant's replies, tool arguments and tool results alike. Keep everything the previous summary holds unless the new messages supersede it (then say what changed). Organize by topic: the user's goals and latest request, stated constraints, established facts and decisions, open questions and next steps. Shorten wording, never content.""",
+}
+SUMMARY_STYLES = tuple(_SUMMARY_STYLES)
 
-TOOL_ARGS_CLIP = 600
-TOOL_RESULT_CLIP = 1500
-MESSAGE_CLIP = 6000
+_SUMMARY_FRAME = """You maintain the running summary of a conversation between a user and an AI assistant. The summary replaces older messages that no longer fit in the assistant's context window, so the assistant must be able to continue the conversation from it alone.
+
+{instructions}
+A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
+
+# The balanced instructions, for token budgets that need the prompt's size.
+SUMMARIZER_PROMPT = _SUMMARY_FRAME.replace("{instructions}", _SUMMARY_STYLES["balanced"])
+
+_IMAGE_MARK = "[image]"
+_AUDIO_MARK = "[audio]"
+_FILE_MARK = "[file]"
 
 
 class SummaryError(RuntimeError):
-    """A summary could not be made; ``reason`` is short and user-facing."""
+    """A summary could not be made; ``reason`` is short and user-facing,
+    ``kind`` a stable code ("empty", "reasoning_only", "model_error",
+    "unreadable", or the reason itself)."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", kind: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.kind = kind or reason
+
+
+def _empty_answer() -> SummaryError:
+    return SummaryError("empty answer", kind="empty")
+
+
+def _reasoning_only_answer() -> SummaryError:
+    return SummaryError("reasoning-only answer", "the model answered with its reasoning only", kind="reasoning_only")
+
+
+def _part_marker(part: Any) -> Optional[str]:
+    """A short stand-in for a non-text content part (None for text)."""
+    if isinstance(part, str) or not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if isinstance(part.get("text"), str) and kind in (None, "text", "input_text", "output_text", "refusal"):
+        return None
+    if kind in ("image_url", "input_image", "image"):
+        return _IMAGE_MARK
+    if kind in ("input_audio", "audio"):
+        return _AUDIO_MARK
+    if kind in ("file", "input_file"):
+        info = part.get("file") if isinstance(part.get("file"), dict) else part
+        name = info.get("filename") or info.get("name")
+        return f"[file: {name}]" if isinstance(name, str) and name.strip() else _FILE_MARK
+    if isinstance(part.get("text"), str):
+        return None
+    return f"[{kind}]" if isinstance(kind, str) and kind.isidentifier() else "[attachment]"
+
+
+def _summary_text_of(content: Any) -> str:
+    """Every text of ``content`` whole, non-text parts as short markers."""
+    if not isinstance(content, list):
+        return _text_of(content)
+    texts = []
+    for part in content:
+        marker = _part_marker(part)
+        if marker is not None:
+            texts.append(marker)
+        elif isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def render_for_summary(messages: Messages, ids: list) -> list:
     """One text block per message, each naming its message id and author;
-    tool calls show their name and arguments, results are clipped."""
+    every text is whole (tool calls show their name and full arguments,
+    results their full output); images, audio and files become markers."""
     names: dict = {}
     blocks = []
     for message, mid in zip(messages, ids):
         role = _role(message) or "?"
         author = role + (f" ({message['name']})" if message.get("name") else "")
         label = f"[#{str(mid)[:12]}] {author}" if mid else author
-        text = clip_text(_REASONING_BLOCK_RE.sub("", _text_of(message.get("content"))).strip(), MESSAGE_CLIP)
+        text = _REASONING_BLOCK_RE.sub("", _summary_text_of(message.get("content"))).strip()
         lines = [f"{label}:"]
         if role == "tool":
             tool = names.get(message.get("tool_call_id"), "tool")
-            lines = [f"{label} result of {tool}:", clip_text(text, TOOL_RESULT_CLIP)]
+            lines = [f"{label} result of {tool}:", text]
         elif text:
             lines.append(text)
         for call in _tool_calls(message):
-            function = call.get("function") or {}
-            names[call.get("id")] = function.get("name", "tool")
+            function = call.get("function") if isinstance(call, dict) else None
+            function = function if isinstance(function, dict) else {}
+            name = function.get("name") or "tool"
+            names[call.get("id")] = name
             arguments = function.get("arguments", "")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
-            lines.append(f"-> calls {function.get('name', 'tool')}({clip_text(arguments, TOOL_ARGS_CLIP)})")
+            lines.append(f"-> calls {name}({arguments})")
         blocks.append("\n".join(lines))
     return blocks
 
 
-def build_summarizer_messages(previous: str, blocks: list, max_tokens: int) -> Messages:
-    prior = previous.strip() or "(none yet)"
+# -- rounds: every block whole, a block too long for one round in pieces ----
+
+_ROUND_SEPARATOR_TOKENS = 2  # the blank line between blocks
+
+
+@dataclass(frozen=True)
+class RoundPiece:
+    """All of block ``block`` (``parts`` == 1) or its ``part``-th piece."""
+
+    block: int
+    part: int
+    parts: int
+    text: str
+    label: str = ""
+
+    def render(self) -> str:
+        if self.parts == 1:
+            return self.text
+        if self.part == 1:
+            return f"(part 1 of {self.parts}) {self.text}"
+        return f"(part {self.part} of {self.parts}) {self.label} continued:\n{self.text}"
+
+
+@dataclass(frozen=True)
+class SummaryRound:
+    """One summarizer call's new input. ``done``: blocks wholly shown once
+    this round and the ones before it are folded; ``at_message_end``: the
+    round ends with a whole block or a block's last piece; ``covered``:
+    ``done`` when the coverage may advance there (a message end that is an
+    allowed stop), else None (the summary of this round must not be saved
+    as coverage: it holds part of a message)."""
+
+    pieces: tuple
+    done: int
+    at_message_end: bool
+    covered: Optional[int]
+
+    def texts(self) -> list:
+        return [piece.render() for piece in self.pieces]
+
+
+def _block_label(block: str) -> str:
+    first = block.split("\n", 1)[0].strip()
+    return first[:-1] if first.endswith(":") else first[:80]
+
+
+def _cut_point(text: str, limit: int) -> int:
+    """Where to end a piece of ``text`` at most ``limit`` characters long:
+    after a paragraph break, a line break or whitespace in the second half
+    of the window, else at ``limit`` itself (a hard split)."""
+    if limit >= len(text):
+        return len(text)
+    floor = limit // 2
+    for separator in ("\n\n", "\n"):
+        at = text.rfind(separator, floor, limit)
+        if at >= 0:
+            return at + len(separator)
+    for at in range(limit, floor, -1):
+        if text[at - 1].isspace():
+            return at
+    return max(1, limit)
+
+
+def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
+    """``text`` in consecutive pieces that each count at most
+    ``budget_tokens`` (pieces of one character excepted) and join back to
+    ``text`` exactly: cut at paragraph, line or word boundaries where
+    possible, hard cuts as the last resort."""
+    pieces = []
+    rest = text
+    while rest and count(rest) > budget_tokens:
+        # the longest prefix that fits (binary search on characters) ...
+        lo, hi = 1, len(rest) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if count(rest[:mid]) <= budget_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        # ... ended at a natural boundary where there is one
+        cut = _cut_point(rest, lo)
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    if rest or not pieces:
+        pieces.append(rest)
+    return pieces
+
+
+def plan_rounds(
+    blocks: list, budget_tokens: int, count: Callable[[str], int], stops: Optional[Iterable[int]] = None
+) -> list:
+    """Split rendered ``blocks`` into summarizer rounds of at most
+    ``budget_tokens`` new tokens each (``count`` counts a text's tokens;
+    each block costs its tokens plus a separator). Every character of
+    every block lands in exactly one round, in order: blocks are packed
+    whole, and a block larger than a round on its own is cut into pieces
+    (``split_text``), each marked "(part i of n)".
+
+    ``stops``: the block counts at which coverage may advance (the ends of
+    atomic units: an assistant's tool calls and their results are one);
+    every message end when None. Rounds end at a stop whenever a unit fits.
+    Returns a list of :class:`SummaryRound`."""
+    n = len(blocks)
+    allowed = set(range(1, n + 1)) if stops is None else {s for s in stops if 0 < s <= n} | {n}
+    budget = max(1, int(budget_tokens))
+    costs = [count(block) + _ROUND_SEPARATOR_TOKENS for block in blocks]
+    rounds: list = []
+    current: list = []
+    used = 0
+
+    def close(done: int, at_end: bool) -> None:
+        nonlocal current, used
+        if current:
+            covered = done if at_end and done in allowed else None
+            rounds.append(SummaryRound(tuple(current), done, at_end, covered))
+        current, used = [], 0
+
+    unit_start = 0
+    for unit_end in sorted(allowed):
+        unit_cost = sum(costs[unit_start:unit_end])
+        if current and used + unit_cost > budget:
+            close(unit_start, True)
+        for i in range(unit_start, unit_end):
+            if current and used + costs[i] > budget:
+                close(i, True)
+            if costs[i] <= budget - used:
+                current.append(RoundPiece(i, 1, 1, blocks[i]))
+                used += costs[i]
+                continue
+            # a block too large for a round of its own: in pieces, each
+            # piece's marker counted in its round
+            label = _block_label(blocks[i])
+            marker = count(f"(part 99 of 99) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
+            texts = split_text(blocks[i], max(1, budget - marker), count)
+            for k, text in enumerate(texts, 1):
+                current.append(RoundPiece(i, k, len(texts), text, label))
+                if k < len(texts):
+                    close(i, False)
+                else:
+                    used = count(current[-1].render()) + _ROUND_SEPARATOR_TOKENS
+        unit_start = unit_end
+    close(n, True)
+    return rounds
+
+
+# -- the request ---------------------------------------------------------------
+
+
+def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str = "") -> str:
+    """The summarizer's system prompt: the admin's own ``prompt`` when not
+    empty ("{max_tokens}" in it is filled in), else the frame with the
+    ``style``'s instructions (balanced for an unknown style)."""
+    if isinstance(prompt, str) and prompt.strip():
+        return prompt.strip().replace("{max_tokens}", str(max_tokens))
+    instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
+    return _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
+
+
+def build_summarizer_messages(
+    previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = ""
+) -> Messages:
+    """The summarizer's request: instructions as the system message, then
+    the previous summary and the new blocks (strings, or a round's texts)."""
+    prior = (previous or "").strip() or "(none yet)"
     conversation = "\n\n".join(blocks)
     return [
-        {"role": "system", "content": SUMMARIZER_PROMPT.format(max_tokens=max_tokens)},
+        {"role": "system", "content": summary_instructions(max_tokens, style, prompt)},
         {
             "role": "user",
             "content": f"Previous summary:\n{prior}\n\nNew messages to fold in:\n{conversation}",
@@ -3136,59 +3364,276 @@ def build_summarizer_messages(previous: str, blocks: list, max_tokens: int) -> M
     ]
 
 
+def summary_round_budget(
+    window: int,
+    max_summary_tokens: int,
+    previous: str,
+    count: Callable[[str], int],
+    style: str = "balanced",
+    prompt: str = "",
+    margin: int = 200,
+) -> int:
+    """New-message tokens one round may carry: the summary model's
+    ``window`` less the answer, the instructions, the previous summary and
+    a ``margin`` for message overheads (at least 1)."""
+    frame = build_summarizer_messages(previous, [], max_summary_tokens, style, prompt)
+    fixed = sum(count(m["content"]) for m in frame)
+    return max(1, int(window) - int(max_summary_tokens) - fixed - int(margin))
+
+
+# -- the answer ------------------------------------------------------------------
+
 _SUMMARY_WRAPPER_RE = re.compile(r"</?\s*conversation_summary[^>]*>", re.IGNORECASE)
+_UNCLOSED_REASONING_RE = re.compile(r"^\s*<(think|thinking|reasoning)>.*", re.DOTALL | re.IGNORECASE)
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
+
+
+def _strip_reasoning(text: str) -> str:
+    return _UNCLOSED_REASONING_RE.sub("", _REASONING_BLOCK_RE.sub("", text))
 
 
 def clean_summary_answer(text: Any) -> str:
-    """The summary without reasoning-only output or echoed markers."""
+    """The summary without reasoning blocks or echoed markers; raises
+    SummaryError (kind "empty" or "reasoning_only") when nothing is left."""
     if not isinstance(text, str):
-        raise SummaryError("empty answer")
-    cleaned = _REASONING_BLOCK_RE.sub("", text)
-    cleaned = re.sub(r"^\s*<(think|thinking|reasoning)>.*", "", cleaned, flags=re.DOTALL | re.IGNORECASE)
-    cleaned = _SUMMARY_WRAPPER_RE.sub("", cleaned).strip()
+        raise _empty_answer()
+    cleaned = _SUMMARY_WRAPPER_RE.sub("", _strip_reasoning(text)).strip()
     if not cleaned:
-        raise SummaryError("reasoning-only answer" if text.strip() else "empty answer")
+        raise _reasoning_only_answer() if text.strip() else _empty_answer()
     return cleaned
 
 
-def completion_text(response: Any) -> str:
-    """Text of a chat completion, whether a dict, a JSONResponse or an SSE
-    body already collected; raises SummaryError on an error payload."""
-    if hasattr(response, "body") and not isinstance(response, dict):
-        try:
-            response = json.loads(response.body)
-        except Exception as exc:
-            raise SummaryError("unreadable answer", str(exc))
-    if isinstance(response, (bytes, str)):
-        return _sse_text(response.decode() if isinstance(response, bytes) else response)
-    if not isinstance(response, dict):
-        raise SummaryError("unreadable answer", type(response).__name__)
+def _content_text(content: Any) -> str:
+    """Text of a message's ``content``: a string, or a list of parts
+    (text / output_text parts; reasoning parts left out)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in (None, "text", "output_text"):
+                if isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+        return "".join(texts)
+    return ""
+
+
+def _has_reasoning(holder: Any) -> bool:
+    if not isinstance(holder, dict):
+        return False
+    if any(holder.get(key) for key in _REASONING_FIELDS):
+        return True
+    content = holder.get("content")
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
+    )
+
+
+def _error_detail(error: Any) -> str:
+    if isinstance(error, dict):
+        error = error.get("message") or error.get("detail") or error
+    return str(error)[:300]
+
+
+def _answer(text: str, reasoning: bool) -> str:
+    """``text`` when it holds more than reasoning; else the failure."""
+    if _strip_reasoning(text).strip():
+        return text
+    if reasoning or text.strip():
+        raise _reasoning_only_answer()
+    raise _empty_answer()
+
+
+def _responses_output(output: Any) -> tuple[str, bool]:
+    """Text and whether reasoning was seen, of a Responses ``output`` list."""
+    texts, reasoning = [], False
+    for item in output if isinstance(output, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "reasoning":
+            reasoning = True
+        elif kind in ("message", None):
+            texts.append(_content_text(item.get("content")))
+            reasoning = reasoning or _has_reasoning(item)
+        elif kind == "output_text" and isinstance(item.get("text"), str):
+            texts.append(item["text"])
+    return "".join(texts), reasoning
+
+
+def _payload_text(response: dict) -> str:
+    """Text of a parsed, non-streamed answer: chat completions or Responses."""
     if response.get("error"):
-        error = response["error"]
-        raise SummaryError("model error", str(error.get("message") if isinstance(error, dict) else error)[:300])
-    try:
-        message = response["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError):
-        raise SummaryError("unreadable answer", str(response)[:300])
-    return message.get("content") or ""
+        raise SummaryError("model error", _error_detail(response["error"]), kind="model_error")
+    if "choices" in response:
+        try:
+            choice = response["choices"][0]
+            message = choice.get("message") or choice.get("delta") or {}
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+        if not isinstance(message, dict):
+            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+        text = _content_text(message.get("content"))
+        if not text and isinstance(choice.get("text"), str):
+            text = choice["text"]  # legacy completions
+        return _answer(text, _has_reasoning(message))
+    if isinstance(response.get("output_text"), str) and response["output_text"].strip():
+        return _answer(response["output_text"], False)
+    if "output" in response:
+        if response.get("status") == "failed":
+            raise SummaryError("model error", _error_detail(response.get("error") or "failed"), kind="model_error")
+        return _answer(*_responses_output(response["output"]))
+    if isinstance(response.get("message"), dict):  # Ollama's native answer
+        message = response["message"]
+        return _answer(_content_text(message.get("content")), _has_reasoning(message))
+    if isinstance(response.get("detail"), str):
+        raise SummaryError("model error", response["detail"][:300], kind="model_error")
+    raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+
+
+def completion_text(response: Any) -> str:
+    """The answer's text, from what a model call returned: a chat
+    completion or a Responses-style payload (a dict, or a JSONResponse /
+    PlainTextResponse with a ``body``), or a streamed SSE body already
+    collected (str or bytes; chat deltas or Responses events). Raises
+    SummaryError on an error payload, a reasoning-only answer (kind
+    "reasoning_only") or an empty one (kind "empty")."""
+    status = getattr(response, "status_code", None)
+    if hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
+        body = response.body
+        body = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)
+        try:
+            response = json.loads(body)
+        except ValueError:
+            response = body
+        if isinstance(status, int) and status >= 400:
+            detail = str(response)[:300]
+            if isinstance(response, dict):
+                detail = _error_detail(response.get("error") or response.get("detail") or response)
+            raise SummaryError("model error", f"HTTP {status}: {detail}", kind="model_error")
+    if isinstance(response, (bytes, bytearray)):
+        response = response.decode("utf-8", "replace")
+    if isinstance(response, str):
+        stripped = response.lstrip()
+        if stripped.startswith("{"):
+            try:
+                return completion_text(json.loads(stripped))
+            except ValueError:
+                pass
+        if re.search(r"^(data|event):", response, re.MULTILINE):
+            return _sse_text(response)
+        return _answer(response, False)  # a pipe's plain text
+    if not isinstance(response, dict):
+        raise SummaryError("unreadable answer", type(response).__name__, kind="unreadable")
+    return _payload_text(response)
 
 
 def _sse_text(stream: str) -> str:
-    parts = []
+    """Text of a streamed answer: chat-completion chunks (``delta``, or a
+    whole ``message``) and Responses events (``response.output_text.delta``;
+    the ``.done`` texts or the final ``response.completed`` when no delta
+    came). Reasoning deltas are noted, never kept."""
+    deltas, done_texts, final = [], [], None
+    reasoning = False
     for line in stream.splitlines():
-        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-            try:
-                delta = json.loads(line[5:])["choices"][0].get("delta", {})
-            except (ValueError, KeyError, IndexError, TypeError):
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data in ("", "[DONE]"):
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("type")
+        if event.get("error") or kind in ("error", "response.failed"):
+            error = event.get("error") or (event.get("response") or {}).get("error") or event.get("message")
+            raise SummaryError("model error", _error_detail(error), kind="model_error")
+        if isinstance(kind, str) and kind.startswith("response."):
+            if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+                deltas.append(event["delta"])
+            elif kind == "response.output_text.done" and isinstance(event.get("text"), str):
+                done_texts.append(event["text"])
+            elif "reasoning" in kind:
+                reasoning = True
+            elif kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
+                final = event["response"]
+            continue
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            continue
+        delta = choices[0].get("delta") or choices[0].get("message") or {}
+        if isinstance(delta, dict):
+            deltas.append(_content_text(delta.get("content")))
+            reasoning = reasoning or _has_reasoning(delta)
+    text = "".join(deltas) or "".join(done_texts)
+    if not text and final is not None:
+        text, seen = _responses_output(final.get("output"))
+        reasoning = reasoning or seen
+    return _answer(text, reasoning)
+
+
+async def response_text(response: Any) -> str:
+    """``completion_text`` of anything a model call returned, reading a
+    StreamingResponse (anything with a ``body_iterator``) first."""
+    if hasattr(response, "body_iterator"):
+        chunks = []
+        async for chunk in response.body_iterator:
+            chunks.append(chunk.decode("utf-8", "replace") if isinstance(chunk, (bytes, bytearray)) else str(chunk))
+        status = getattr(response, "status_code", None)
+        body = "".join(chunks)
+        if isinstance(status, int) and status >= 400:
+            raise SummaryError("model error", f"HTTP {status}: {body[:300]}", kind="model_error")
+        return completion_text(body)
+    return completion_text(response)
+
+
+_PROTECTED_FORM_KEYS = frozenset({"model", "messages", "stream", "metadata"})
+
+
+def summary_form(
+    model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
+) -> dict:
+    """The form data of the summary call. Admin ``params`` (for example
+    ``{"chat_template_kwargs": {"enable_thinking": false}}``) are merged in
+    and may replace max_tokens or temperature (a None value leaves that key
+    out, for models that reject it); they never change the model, the
+    messages, streaming or the task metadata."""
+    from copy import deepcopy
+
+    form: dict = {"max_tokens": max_tokens, "temperature": temperature}
+    if isinstance(params, dict):
+        for key, value in params.items():
+            if not isinstance(key, str) or key in _PROTECTED_FORM_KEYS:
                 continue
-            parts.append(delta.get("content") or "")
-    return "".join(parts)
+            if value is None:
+                form.pop(key, None)
+            else:
+                form[key] = deepcopy(value)
+    form.update(
+        model=model,
+        messages=messages,
+        stream=False,
+        metadata={"task": "async_context_compression"},
+    )
+    return form
 
 
 async def owui_complete(
-    request: Any, user: dict, model: str, messages: Messages, max_tokens: int, temperature: float
+    request: Any,
+    user: dict,
+    model: str,
+    messages: Messages,
+    max_tokens: int,
+    temperature: float,
+    params: Optional[dict] = None,
 ) -> str:
-    """Call a model through Open WebUI from a background task."""
+    """Call a model through Open WebUI from a background task; ``params``
+    are the admin's extra model parameters (see ``summary_form``)."""
     try:
         from open_webui.models.users import Users  # type: ignore
         from open_webui.utils.chat import generate_chat_completion  # type: ignore
@@ -3206,27 +3651,15 @@ async def owui_complete(
     account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
     if account is None:
         raise SummaryError("no summarizer", "user not found")
-    form = {
-        "model": model,
-        "messages": messages,
-        "stream": False,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "metadata": {"task": "async_context_compression"},
-    }
+    form = summary_form(model, messages, max_tokens, temperature, params)
     try:
         response = await generate_chat_completion(request, form, account, bypass_filter=True)
     except Exception as exc:
         text = str(exc)
         if "direct connection" in text.lower() or "websocket" in text.lower():
             raise SummaryError("direct connection", text[:300])
-        raise SummaryError("model error", text[:300])
-    if hasattr(response, "body_iterator"):
-        chunks = []
-        async for chunk in response.body_iterator:
-            chunks.append(chunk.decode() if isinstance(chunk, bytes) else str(chunk))
-        return _sse_text("".join(chunks))
-    return completion_text(response)
+        raise SummaryError("model error", text[:300], kind="model_error")
+    return await response_text(response)
 
 
 # ---------------------------------------------------------------------------
