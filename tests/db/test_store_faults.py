@@ -365,3 +365,17 @@ async def test_each_write_is_one_transaction(db):
     assert await count(store.save(record(covered=3))) == 1
     assert await count(store.release("s1", "w1")) == 1
     assert await count(store.find("u1", "chat-1", "anchor-1")) == 1  # a read
+
+
+async def test_tables_dropped_under_a_running_store_are_made_again(db):
+    from sqlalchemy import text
+
+    engine = db.engine()
+    store = db.store(engine)
+    await store.save(record(covered=3))
+    async with engine.begin() as conn:
+        await conn.execute(text(f"DROP TABLE {acc.SUMMARY_TABLE}"))
+        await conn.execute(text(f"DROP TABLE {acc.LEASE_TABLE}"))
+    assert await store.find("u1", "chat-1", "anchor-1") == []
+    assert await store.try_claim("s1", "w1")
+    assert store.fault is None
