@@ -2108,7 +2108,7 @@ class SummaryStore:
         if self._logged != reason:
             self._logged = reason
             log.warning(
-                "async_context_compression: summaries unavailable: %s",
+                "async_context_compression: summary store failing: %s",
                 _STORE_FAULT_TEXT.get(reason, "{detail}").format(detail=detail),
             )
         return StoreUnavailable(f"{reason}: {detail}", reason)
