@@ -2701,6 +2701,13 @@ def classify_store_error(exc: BaseException) -> Optional[str]:
     return None
 
 
+def _missing_table(exc: BaseException) -> bool:
+    for e in _error_chain(exc):
+        if getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower():
+            return True
+    return False
+
+
 def _is_transient_db_error(exc: Exception) -> bool:
     return classify_store_error(exc) == STORE_BUSY
 
@@ -2804,7 +2811,7 @@ class SummaryStore:
         if self._logged != reason:
             self._logged = reason
             log.warning(
-                "async_context_compression: summaries unavailable: %s",
+                "async_context_compression: summary store failing: %s",
                 _STORE_FAULT_TEXT.get(reason, "{detail}").format(detail=detail),
             )
         return StoreUnavailable(f"{reason}: {detail}", reason)
@@ -2877,7 +2884,7 @@ class SummaryStore:
         import random
 
         engine = await self._engine()
-        busy = reconnects = 0
+        busy = reconnects = recreated = 0
         while True:
             try:
                 result = await operation(engine)
@@ -2885,6 +2892,11 @@ class SummaryStore:
                 reason = classify_store_error(exc)
                 if reason is None:
                     raise
+                if reason == STORE_ERROR and _missing_table(exc) and not recreated:
+                    recreated = 1  # dropped since we made them (or another schema): make them again
+                    self._ready_for = None
+                    engine = await self._engine()
+                    continue
                 if reason == STORE_BUSY and busy < BUSY_RETRIES:
                     busy += 1
                     await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))

@@ -126,3 +126,76 @@ async def db(request, tmp_path):
         yield database
     finally:
         await database.dispose()
+
+
+@pytest.fixture
+def own_pg():
+    """A PostgreSQL server of this test's own, which the test may stop and
+    start again (``pause()`` / ``resume()``, same port and data): the
+    database going away under a running store."""
+    proc = subprocess.run(["bash", START_POSTGRES, "start"], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"could not start PostgreSQL:\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    server = OwnPostgres(next(line[len("PGDIR=") :] for line in lines if line.startswith("PGDIR=")), lines[-1])
+    try:
+        yield server
+    finally:
+        subprocess.run(["bash", START_POSTGRES, "stop", server.pg_dir], capture_output=True, timeout=120)
+
+
+@dataclass
+class OwnPostgres:
+    pg_dir: str
+    dsn: str
+
+    @property
+    def url(self) -> str:
+        return async_pg_url(self.dsn)
+
+    def _ctl(self, what: str) -> None:
+        proc = subprocess.run(["bash", START_POSTGRES, what, self.pg_dir], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+    def pause(self) -> None:
+        self._ctl("pause")
+
+    def resume(self) -> None:
+        self._ctl("resume")
+
+
+def limited_role(url: str, schema: Optional[str]) -> str:
+    """A login role like Open WebUI's on PostgreSQL 15 or a managed database,
+    on a database of its own: it may not create anything in ``public`` (as
+    PostgreSQL 15 has it by default) and, when ``schema`` is given, may
+    create in that schema only. Returns the async URL that logs in as it."""
+    import psycopg
+
+    name = "owui_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{name}" LOGIN')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    _, rest = url.split("://", 1)[1].split("@", 1)
+    admin_url = f"postgresql+psycopg://{url.split('://', 1)[1].split('@', 1)[0]}@{rest.rsplit('/', 1)[0]}/{name}"
+    pg_admin(admin_url, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    if schema:
+        pg_admin(
+            admin_url,
+            f'CREATE SCHEMA IF NOT EXISTS "{schema}"',
+            f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{name}"',
+        )
+    return f"postgresql+psycopg://{name}@{rest.rsplit('/', 1)[0]}/{name}"
+
+
+def admin_url_of(role_url: str, admin_url: str) -> str:
+    """The superuser's URL on the limited role's database."""
+    role_db = role_url.rsplit("/", 1)[1]
+    return admin_url.rsplit("/", 1)[0] + "/" + role_db
+
+
+def pg_admin(url: str, *statements: str) -> None:
+    import psycopg
+
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
