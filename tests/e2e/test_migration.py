@@ -165,3 +165,27 @@ def _upgrade_and_chat(admin, filter_source, provider, server):
     turn = conv.turn()
     assert not check_turn(conv, turn, CAP)
     assert not provider_errors(provider.requests[before:])
+
+
+def test_values_typed_in_the_admin_form_are_saved_and_explained(acc, provider, owui_server):
+    """The form's save (Valves(**form).model_dump(exclude_unset=True)) keeps
+    what was typed; the chat runs with corrected values and says why."""
+    odd = {"keep_last": -3, "max_summary_tokens": 1, "summary_model_params": "{enable_thinking: false}"}
+    log_start = owui_server.log_size()
+    saved = acc.set_valves(FILTER_ID, {**E2E_VALVES, **odd})  # a refusal is an HTTP 400 here
+    assert {k: saved[k] for k in odd} == odd, saved
+    start = len(provider.requests)
+    conv = Conversation(acc, provider, seed=22)
+    conv.add_turns(2)
+    conv.store("odd values")
+    turn = conv.turn()
+    assert not check_turn(conv, turn, CAP) and not provider_errors(provider.requests[start:])
+    log = owui_server.log_since(log_start)
+    for words in (
+        "keep_last = -3 is outside 0–10000; using 0",
+        "max_summary_tokens = 1 is outside 64–1000000000; using 64",
+        "summary_model_params cannot be read",
+    ):
+        assert log.count(words) == 1, (words, log[-3000:])
+    lines = status_lines(acc, conv.chat_id)
+    assert any("Settings: keep_last = -3 is outside 0–10000; using 0" in line for line in lines), lines
