@@ -2271,7 +2271,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
         if problem:
             notes.append(problem)
     if carried:
-        notes.insert(0, note("n_carried", names=", ".join(carried)))
+        notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
         notes.append(note("n_ignored", names=", ".join(sorted(ignored))))
     return clean, notes
@@ -5073,14 +5073,8 @@ def _has_builtin_summary(messages: Messages) -> bool:
     )
 
 
-_WARNED = _BoundedDict(256)
-
-
-def _warn_once(warnings: Iterable[str]) -> None:
-    for warning in warnings:
-        if warning not in _WARNED:
-            _WARNED[warning] = True
-            log.warning("async_context_compression settings: %s", warning)
+def _warn_once(warnings: Iterable[Note]) -> None:
+    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
 
 
 def _index_after_head(view: Messages, head_count: int) -> int:
