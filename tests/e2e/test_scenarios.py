@@ -144,6 +144,7 @@ def test_harness_plumbing_with_a_probe_filter(admin, installed_filter, provider)
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.versions
 def test_long_chat_summaries_are_made_in_background_and_used(acc, provider):
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=1)
@@ -169,6 +170,7 @@ def test_long_chat_summaries_are_made_in_background_and_used(acc, provider):
     fail_with(problems, conv)
 
 
+@pytest.mark.versions
 def test_parallel_and_multi_step_tool_calls(acc, provider):
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=2)
@@ -225,6 +227,7 @@ def test_edited_earlier_message(acc, provider):
     fail_with(problems, conv)
 
 
+@pytest.mark.versions
 def test_regenerated_reply(acc, provider):
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=4)
@@ -325,6 +328,7 @@ def test_failing_summarizer_never_breaks_the_chat_and_recovers(acc, provider):
     fail_with(problems, conv)
 
 
+@pytest.mark.versions
 def test_api_call_without_chat_id(acc, provider):
     start = len(provider.requests)
     import random
@@ -497,6 +501,7 @@ class Tools:
 '''
 
 
+@pytest.mark.versions
 def test_live_native_tool_loop(acc, provider):
     """Tools called live (Open WebUI's native loop runs the `request` hook before each model call)."""
     start = len(provider.requests)
@@ -527,6 +532,7 @@ def test_live_native_tool_loop(acc, provider):
     fail_with(problems, conv)
 
 
+@pytest.mark.versions
 def test_zz_no_provider_400_in_the_whole_run(provider, installed_filter, latency_log):
     """Across every scenario above: the strict provider never answered 400, and summaries fit their window."""
     reqs = provider.requests
