@@ -21,6 +21,11 @@ DEFAULT_VERSIONS="$(sed -n 's/^required_open_webui_version: *//p' async_context_
 read -r -a VERSIONS <<<"${*:-${ACC_VERSIONS:-$DEFAULT_VERSIONS}}"
 
 RUNNER="$(OWUI_VERSION=0.12.4 bash scripts/setup_openwebui.sh | tail -n 1)"
+STAMP="$(dirname "$RUNNER")/../.dev-requirements-$(sha256sum requirements-dev.txt | cut -c1-16)"
+if [ ! -f "$STAMP" ]; then  # as scripts/test.sh does, for a standalone run
+  "$RUNNER" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+  touch "$STAMP"
+fi
 export PYTHONDONTWRITEBYTECODE=1
 failed=()
 for version in "${VERSIONS[@]}"; do
