@@ -4596,7 +4596,8 @@ class BackgroundSummarizer:
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
             return None
-        fresh = self.count(canon[start:target], s.encoding)
+        # what the summarizer would read, counted exactly, off the event loop
+        fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
         if fresh < self._worth_folding(s, previous) and not (s.max_context and used > s.max_context):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
@@ -4610,28 +4611,42 @@ class BackgroundSummarizer:
             )
         return FoldPlan(previous, head, start, target, used)
 
+    def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
+        blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
+        return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
+
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord]) -> int:
         """Fewest new tokens worth a summary call: a share of the trigger, and
         twice what each call re-sends (instructions and previous summary), so
         that the summarizer reads at most about 1.5x the chat over its life
         and the prompt prefix, which providers cache, changes rarely."""
-        resent = self.counter.text_tokens(SUMMARIZER_PROMPT, s.summary_encoding)
+        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
+        resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
         return max(int(s.trigger_tokens * HYSTERESIS), 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan) -> SummaryRecord:
-        """Fold the plan's messages in as many rounds as the summary model's
-        window needs; each round is saved on its own."""
+        """Fold the plan's messages, every one whole, in as many rounds as
+        the summary model's window needs. A round that ends at a message
+        (unit) end is saved as coverage; a round holding part of a message
+        too long for one round is not, until its last piece is folded."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
-        start, record = plan.start, None
-        for _ in range(_MAX_ROUNDS):
-            if start >= plan.target:
-                break
-            # tokenizing up to a whole summarizer window: off the event loop
-            end, blocks = await asyncio.to_thread(self._round_input, branch, start, plan.target, summary, s)
-            summary = await self._ask(ctx, build_summarizer_messages(summary, blocks, s.max_summary_tokens))
+        # rendering and tokenizing up to the whole stretch: off the event loop
+        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
+        record, calls = None, 0
+        for summary_round in rounds:
+            if calls >= _MAX_ROUNDS and record is not None:
+                break  # the rest waits for a later turn (never mid-message: that would start it over)
+            calls += 1
+            messages = build_summarizer_messages(
+                summary, summary_round.texts(), s.max_summary_tokens, s.summary_style, s.summary_prompt
+            )
+            summary = await self._ask(ctx, messages)
+            if summary_round.covered is None:
+                continue  # part of a message: coverage waits for its last piece
+            end = plan.start + summary_round.covered
             record = SummaryRecord(
                 user_id=ctx.user_id,
                 chat_id=ctx.chat_id,
@@ -4645,17 +4660,23 @@ class BackgroundSummarizer:
                 created_at=time.time(),
             )
             await self.store.save(record)
-            start = end
         if record is None:
             raise SummaryError("nothing to fold")
         return record
 
     async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
         s = ctx.settings
+        extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
             answer = await asyncio.wait_for(
                 self.complete(
-                    ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature
+                    ctx.request,
+                    ctx.user,
+                    s.summary_model,
+                    messages,
+                    s.max_summary_tokens,
+                    s.summary_temperature,
+                    **extra,
                 ),
                 timeout=s.summary_timeout,
             )
@@ -4667,31 +4688,25 @@ class BackgroundSummarizer:
             raise SummaryError("model error", str(exc)[:300])
         return clean_summary_answer(answer)
 
-    def _round_input(self, branch: Branch, start: int, target: int, summary: str, s: Settings) -> tuple[int, list]:
-        """The longest run of whole units from ``start`` whose rendering fits
-        the summary model's window (at least one unit, clipped if need be)."""
+    def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
+        """canon[start:target] rendered whole and cut into rounds that fit
+        the summary model's window with room for the longest summary it may
+        be handed back; coverage may stop only at the end of an atomic unit
+        (a call and its results are folded together)."""
         canon, ids = branch.messages, branch.ids
-        budget = (
-            s.summary_window
-            - s.max_summary_tokens
-            - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding)
-            - 200
+        blocks = render_for_summary(canon[start:target], ids[start:target])
+
+        def count(text: str) -> int:
+            return self.counter.text_tokens(text, s.summary_encoding)
+
+        budget = summary_round_budget(
+            s.summary_window, s.max_summary_tokens, "", count, s.summary_style, s.summary_prompt
         )
+        budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an
-        # old boundary) contributes its remaining messages, never none
-        spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]
-        blocks, end, used = [], start, 0
-        for a, b in spans:
-            unit = render_for_summary(canon[a:b], ids[a:b])
-            cost = sum(self.counter.text_tokens(block, s.summary_encoding) + 4 for block in unit)
-            if blocks and used + cost > budget:
-                break
-            if not blocks and cost > budget:
-                unit = [clip_text(block, max(400, budget * 3 // max(1, len(unit)))) for block in unit]
-            blocks.extend(unit)
-            used += cost
-            end = b
-        return end, blocks
+        # old boundary) contributes its remaining messages
+        stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
+        return plan_rounds(blocks, budget, count, stops)
 
 
 # ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pytest
+from pg_support import libpq_dsn, limited_role, pg_admin  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -35,10 +36,6 @@ def async_pg_url(dsn: str) -> str:
         if dsn.startswith(prefix):
             return "postgresql+psycopg://" + dsn[len(prefix) :]
     raise ValueError(f"not a PostgreSQL DSN: {dsn!r}")
-
-
-def libpq_dsn(url: str) -> str:
-    return "postgresql://" + url.split("://", 1)[1]
 
 
 @pytest.fixture(scope="session")
@@ -162,40 +159,3 @@ class OwnPostgres:
 
     def resume(self) -> None:
         self._ctl("resume")
-
-
-def limited_role(url: str, schema: Optional[str]) -> str:
-    """A login role like Open WebUI's on PostgreSQL 15 or a managed database,
-    on a database of its own: it may not create anything in ``public`` (as
-    PostgreSQL 15 has it by default) and, when ``schema`` is given, may
-    create in that schema only. Returns the async URL that logs in as it."""
-    import psycopg
-
-    name = "owui_" + uuid.uuid4().hex[:10]
-    with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
-        conn.execute(f'CREATE ROLE "{name}" LOGIN')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    _, rest = url.split("://", 1)[1].split("@", 1)
-    admin_url = f"postgresql+psycopg://{url.split('://', 1)[1].split('@', 1)[0]}@{rest.rsplit('/', 1)[0]}/{name}"
-    pg_admin(admin_url, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-    if schema:
-        pg_admin(
-            admin_url,
-            f'CREATE SCHEMA IF NOT EXISTS "{schema}"',
-            f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{name}"',
-        )
-    return f"postgresql+psycopg://{name}@{rest.rsplit('/', 1)[0]}/{name}"
-
-
-def admin_url_of(role_url: str, admin_url: str) -> str:
-    """The superuser's URL on the limited role's database."""
-    role_db = role_url.rsplit("/", 1)[1]
-    return admin_url.rsplit("/", 1)[0] + "/" + role_db
-
-
-def pg_admin(url: str, *statements: str) -> None:
-    import psycopg
-
-    with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)

@@ -23,7 +23,7 @@ import time
 import uuid
 
 import pytest
-from conftest import admin_url_of, limited_role, pg_admin
+from pg_support import admin_url_of, limited_role, pg_admin
 from test_store import record, table_names
 
 import async_context_compression as acc
