@@ -2110,6 +2110,16 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     )
 
 
+def usage_shown(settings: Settings, used: int) -> bool:
+    """Whether the usage part of the status line is shown for a request of
+    ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
+    when it is 0; never without a cap, where there is no share to reach)."""
+    share = settings.status_usage_threshold
+    if share <= 0:
+        return True
+    return settings.max_context > 0 and used >= share * settings.max_context
+
+
 def _flag(value: Any) -> bool:
     try:
         return _as_bool(value)
