@@ -52,9 +52,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 log = logging.getLogger("async_context_compression")
 
@@ -2277,17 +2277,29 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
     return clean, notes
 
 
-_LOGGED_NOTES: "OrderedDict[Note, bool]" = OrderedDict()
+class _SeenNotes(OrderedDict):
+    limit = 256
+
+
+_LOGGED_NOTES = _SeenNotes()
 
 
 def log_notes_once(notes: Iterable[Note]) -> None:
-    """Each distinct Note once per process (valves are rebuilt per request)."""
-    for item in notes:
-        if item not in _LOGGED_NOTES:
-            _LOGGED_NOTES[item] = True
-            if len(_LOGGED_NOTES) > 256:
-                _LOGGED_NOTES.popitem(last=False)
-            log.warning("async_context_compression settings: %s", item)
+    """Each distinct Note once per process (valves are rebuilt per request).
+    Never raises: it runs inside the valves' validation."""
+    try:
+        for item in notes:
+            if item not in _LOGGED_NOTES:
+                _LOGGED_NOTES[item] = True
+                while len(_LOGGED_NOTES) > _LOGGED_NOTES.limit:
+                    _LOGGED_NOTES.popitem(last=False)
+                log.warning("async_context_compression settings: %s", item)
+    except Exception:  # e.g. a concurrent eviction from another thread
+        pass
+
+
+_FIELD_TYPES: dict = {}
+_INFINITE = (float("inf"), float("-inf"))
 
 
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
@@ -2295,6 +2307,16 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
     given, an instance comes back, with what was corrected in ``_notes``."""
     if isinstance(data, model):
         return data
+    types = _FIELD_TYPES.get(model)
+    if types is None:
+        types = _FIELD_TYPES.setdefault(model, {n: f.annotation for n, f in model.model_fields.items()})
+    if isinstance(data, dict) and all(
+        type(v) is types.get(k) and v == v and v not in _INFINITE for k, v in data.items()
+    ):
+        try:  # the usual case: stored by this version, nothing to convert or explain
+            return handler(data)
+        except Exception:
+            pass
     clean, notes = accept_valves(model.model_fields, data)
     try:
         instance = handler(clean)
@@ -2309,8 +2331,10 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
         except Exception:
             notes.append(note("n_valves_reset"))
             instance = handler({})
-    instance._notes = tuple(notes)
-    log_notes_once(notes)
+    if notes:
+        # not a pydantic private attribute: those make every Valves() 3x slower
+        object.__setattr__(instance, "_notes", tuple(notes))
+        log_notes_once(notes)
     return instance
 
 
@@ -2408,10 +2432,17 @@ def model_overrides(table: dict, model_id: str) -> dict:
     return best
 
 
+_DEFAULTS_BY_CLASS: dict = {}
+
+
 def _valve_default(valves: Any, name: str) -> Any:
-    fields = getattr(type(valves), "model_fields", None) or Filter.Valves.model_fields
-    field = fields.get(name) or Filter.Valves.model_fields[name]
-    return field.default
+    """The default of a valve (this module's Valves' for objects that lack it)."""
+    cls = type(valves)
+    defaults = _DEFAULTS_BY_CLASS.get(cls)
+    if defaults is None:
+        fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
+        defaults = _DEFAULTS_BY_CLASS.setdefault(cls, {n: f.default for n, f in fields.items()})
+    return defaults[name]
 
 
 def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
@@ -2421,6 +2452,8 @@ def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
     kind = type(default)
     low, high = _VALVE_BOUNDS[name]
     value = getattr(valves, name, default)
+    if type(value) is kind and low <= value <= high and name != "status_usage_threshold":
+        return value  # the usual case, cheaply
     try:
         number = _as_number(value, kind)
     except (TypeError, ValueError, OverflowError):
@@ -2505,6 +2538,16 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
         summary_model_params=params,
     )
+
+
+def usage_shown(settings: Settings, used: int) -> bool:
+    """Whether the usage part of the status line is shown for a request of
+    ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
+    when it is 0; never without a cap, where there is no share to reach)."""
+    share = settings.status_usage_threshold
+    if share <= 0:
+        return True
+    return settings.max_context > 0 and used >= share * settings.max_context
 
 
 def _flag(value: Any) -> bool:
@@ -4298,12 +4341,13 @@ class SentOutcome:
         )
 
 
-def status_line(language: str, sent: SentOutcome, usage_threshold: float = 0.0) -> str:
+def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
     """One short line: what was sent, what the summary covers, what was left
-    out, and what went wrong. The usage part alone is hidden below
-    ``usage_threshold`` of the cap; the other parts are always said."""
+    out, and what went wrong. Only the usage part may be left out (below the
+    admin's ``status_usage_threshold``, see ``usage_shown``); the other parts
+    are always said."""
     parts = []
-    if usage_threshold <= 0 or (sent.cap and sent.used >= usage_threshold * sent.cap):
+    if show_usage:
         parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
     if sent.covered:
         parts.append(status_text(language, "in_summary", messages=sent.covered))
@@ -4788,7 +4832,7 @@ class Filter:
             default=False,
             description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
         )
-        _notes: tuple = PrivateAttr(default=())
+        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
         @model_validator(mode="wrap")
         @classmethod
@@ -4800,7 +4844,7 @@ class Filter:
     class UserValves(BaseModel):
         enabled: bool = Field(default=True, description="Compress the context of my chats.")
         show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
-        _notes: tuple = PrivateAttr(default=())
+        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
         @model_validator(mode="wrap")
         @classmethod
@@ -5010,7 +5054,7 @@ class Filter:
             return
         fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
         notes = self.status.notes_to_show(key, ctx.settings.warnings)
-        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), ctx.settings.status_usage_threshold)
+        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), usage_shown(ctx.settings, sent.used))
         self.status.last_sent[key] = sent
         if ctx.settings.show_status and line:
             await _emit(ctx.emitter, line, done=True)
@@ -5086,6 +5130,9 @@ def _has_builtin_summary(messages: Messages) -> bool:
         isinstance(m, dict) and m.get("role") == "system" and BUILTIN_SUMMARY_MARK in _text_of(m.get("content"))
         for m in messages
     )
+
+
+_WARNED = _LOGGED_NOTES  # the benchmark reports its size
 
 
 def _warn_once(warnings: Iterable[Note]) -> None:

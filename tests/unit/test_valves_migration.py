@@ -251,3 +251,19 @@ def test_valves_never_raise_whatever_is_stored(values):
 def test_user_valves_never_raise(values):
     u = acc.Filter.UserValves(**values)
     assert isinstance(u.enabled, bool) and isinstance(u.show_status, bool)
+
+
+@pytest.mark.parametrize(
+    "share, cap, used, shown",
+    [
+        (0.0, 1000, 10, True),
+        (0.0, 0, 10, True),
+        (0.8, 1000, 799, False),
+        (0.8, 1000, 800, True),
+        (0.8, 0, 10**6, False),
+        (1.0, 1000, 1000, True),
+    ],
+)
+def test_usage_is_shown_from_the_threshold_share_of_the_cap(share, cap, used, shown):
+    s = acc.resolve_settings(acc.Filter.Valves(status_usage_threshold=share, max_context_tokens=cap), "m")
+    assert acc.usage_shown(s, used) is shown
