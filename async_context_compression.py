@@ -469,45 +469,55 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     another message moves back to its call; a result that arrives after a
     later assistant turn cannot be placed and is dropped with its call.
     """
-    out: Messages = []
-    i = 0
     n = len(messages)
-    while i < n:
-        message = messages[i]
+    # Turns whose results are exactly their run (the usual case) are copied
+    # as they are: only the broken turns and the stray results are visited.
+    broken: set = set()
+    covered: set = set()
+    for i, message in enumerate(messages):
+        if "tool_calls" not in message or message["role"] != "assistant":
+            continue
+        ids = [c["id"] for c in message["tool_calls"]]
+        run = messages[i + 1 : i + 1 + len(ids)]
+        if len(set(ids)) == len(ids) == len(run) and all(
+            r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
+        ):
+            covered.update(range(i + 1, i + 1 + len(ids)))
+        else:
+            broken.add(i)
+    strays = []  # results outside every turn's span: orphans
+    last_assistant = -1
+    for p, message in enumerate(messages):
         role = message["role"]
-        if role == "tool":
+        if role == "assistant":
+            last_assistant = p
+        elif role == "tool" and p not in covered:
+            if last_assistant >= 0 and "tool_calls" in messages[last_assistant]:
+                broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
+            else:
+                strays.append(p)
+    out: Messages = []
+    done = 0
+    for at in sorted(broken.union(strays)):
+        if at < done:
+            continue
+        out.extend(messages[done:at])
+        if at not in broken:
             report.dropped_orphan_results += 1
-            i += 1
+            done = at + 1
             continue
-        if role != "assistant" or "tool_calls" not in message:
-            out.append(message)
-            i += 1
-            continue
-        end = i + 1
+        end = at + 1
         while end < n and messages[end]["role"] != "assistant":
             end += 1
-        span = messages[i + 1 : end]
-        ids = [c["id"] for c in message["tool_calls"]]
-        k = len(ids)
-        roles = [m["role"] for m in span]
-        if (
-            roles[:k] == ["tool"] * k
-            and "tool" not in roles[k:]
-            and [m["tool_call_id"] for m in span[:k]] == ids
-            and len(set(ids)) == k
-        ):
-            out.append(message)  # the usual turn: nothing to pair
-            out.extend(span)
-            i = end
-            continue
-        unit, rest = _pair_one_turn(message, span, report)
+        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : end], report)
         head = unit[0]
         if _tool_calls(head) or _has_visible_content(head):
             out.extend(unit)
         else:
             report.dropped_empty_assistants += 1
         out.extend(rest)
-        i = end
+        done = end
+    out.extend(messages[done:])
     return out
 
 
