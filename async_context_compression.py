@@ -828,6 +828,19 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     return out, report
 
 
+REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
+
+
+async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
+    """``repair_transcript`` for the request path: a long list (a chat of
+    thousands of messages) is repaired in a worker thread, so the event
+    loop serves other requests meanwhile. Repair is pure: it reads the
+    input and builds new lists and dicts, nothing shared."""
+    if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
+        return await asyncio.to_thread(repair_transcript, messages)
+    return repair_transcript(messages)
+
+
 def _needs_repair(messages: Messages) -> bool:
     """Whether any step would change the list: the union of the steps'
     checks, in order (each check may assume the ones before it passed)."""
@@ -2949,7 +2962,7 @@ class Filter:
 
     async def _prepare(self, body: dict, turn: Turn, summaries: bool) -> dict:
         s = turn.settings
-        messages, repair = repair_transcript(body["messages"])
+        messages, repair = await repair_request(body["messages"])
         fixed = self.counter.tools_tokens(body.get("tools"), s.encoding) + TOKENS_PER_REQUEST
         record = None
         if summaries and not _has_builtin_summary(messages):
