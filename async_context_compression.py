@@ -280,15 +280,13 @@ class RepairStep:
 
 
 def _has_malformed(view: TranscriptView) -> bool:
-    messages = view.messages
     try:
-        if not _ROLES.issuperset([m["role"] for m in messages]):
+        # a message that is no dict has no role here; an unhashable role raises
+        if not _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages]):
             return True
-    except (TypeError, KeyError, AttributeError):
-        return True  # a message that is no dict, without a role, or an unhashable role
-    if not all(m.__class__ is dict or isinstance(m, dict) for m in messages):
+    except TypeError:
         return True
-    return not all(isinstance(m.get("tool_call_id"), str) for m in messages if m["role"] == "tool")
+    return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
@@ -596,6 +594,7 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
     next_suffix: dict = {}
     out = list(messages)
     n = len(messages)
+    count = 0
     for i in turns:
         message = messages[i]
         calls = message["tool_calls"]
@@ -603,13 +602,13 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
         for call in calls:
             cid = call["id"]
             if cid in seen:
-                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-                report.renamed_reused_ids += 1
-                seen.add(renamed[cid])
+                new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
+                seen.add(new_id)
             else:
                 seen.add(cid)
         if not renamed:
             continue
+        count += len(renamed)
         out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
         j = i + 1
         while j < n and messages[j]["role"] == "tool":
@@ -617,6 +616,7 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
             if result["tool_call_id"] in renamed:
                 out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
             j += 1
+    report.renamed_reused_ids += count
     return out
 
 
