@@ -337,11 +337,25 @@ async def measure_repair_chat(n: int, scale: float, reps: int) -> dict:
     async def warm_call(b):
         await f.inlet(b, USER, {"chat_id": chat_id})
 
+    # CPU time of this thread too: a busy machine stretches the wall clock
+    # of one call and not the other's; thread CPU time it stretches far less
+    cpu_calls, cpu_dumps = [], []
+    for _ in range(reps):
+        copy = json.loads(raw)
+        gc.collect()
+        t0 = time.thread_time()
+        json.dumps(body)
+        t1 = time.thread_time()
+        await warm_call(copy)
+        t2 = time.thread_time()
+        cpu_dumps.append(t1 - t0)
+        cpu_calls.append(t2 - t1)
     _, report = acc.repair_transcript(messages)
     return {
         "messages": n,
         "body_bytes": len(raw),
         "inlet_warm": await _timed(body, raw, warm_call, reps),
+        "inlet_warm_cpu": (statistics.median(cpu_calls), statistics.median(cpu_dumps)),
         "repaired": report.describe(),
     }
 
@@ -631,9 +645,10 @@ def report_missed(missed: list) -> int:
 
 def report_repair_chats(quick: bool) -> list:
     print("\nChats that need repair on every request (ids reused by every round, unanswered calls,")
-    print("tool chains, CJK/Hangul/emoji): warm inlet as a ratio to json.dumps(body)")
+    print("tool chains, CJK/Hangul/emoji): warm inlet as a ratio to json.dumps(body), by the wall clock and")
+    print("by this thread's CPU time (the budget is checked on the latter, which a busy machine disturbs less)")
     print(
-        f"{'messages':>8} {'length':>6} {'body MB':>8} {'dumps ms':>9} | {'inlet warm':>10} {'warm ms':>8} | repaired per request"
+        f"{'messages':>8} {'length':>6} {'body MB':>8} {'dumps ms':>9} | {'wall':>7} {'cpu':>7} {'warm ms':>8} | repaired per request"
     )
     missed = []
     for n in (100, 1000, 5000):
@@ -641,14 +656,15 @@ def report_repair_chats(quick: bool) -> list:
             reps = {100: 40, 1000: 15, 5000: 5}[n] // (2 if quick else 1)
             r = asyncio.run(measure_repair_chat(n, scale, reps))
             seconds, dumps = r["inlet_warm"]
+            cpu, cpu_dumps = r["inlet_warm_cpu"]
             print(
-                f"{n:>8} {label:>6} {r['body_bytes'] / 1e6:8.2f} {dumps * 1000:9.2f} | {seconds / dumps:9.2f}x "
-                f"{seconds * 1000:8.2f} | {r['repaired']}"
+                f"{n:>8} {label:>6} {r['body_bytes'] / 1e6:8.2f} {dumps * 1000:9.2f} | {seconds / dumps:6.2f}x "
+                f"{cpu / cpu_dumps:6.2f}x {seconds * 1000:8.2f} | {r['repaired']}"
             )
-            if n == 1000 and seconds / dumps > RATIO_BUDGET:
+            if n == 1000 and cpu / cpu_dumps > RATIO_BUDGET:
                 missed.append(
-                    f"inlet on a repair-heavy chat ({label} messages) at 1,000 messages costs {seconds / dumps:.2f}x "
-                    f"json.dumps (budget {RATIO_BUDGET:.1f}x)"
+                    f"inlet on a repair-heavy chat ({label} messages) at 1,000 messages costs {cpu / cpu_dumps:.2f}x "
+                    f"json.dumps in CPU time (budget {RATIO_BUDGET:.1f}x)"
                 )
     return missed
 
