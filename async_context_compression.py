@@ -1894,16 +1894,17 @@ class TokenCounter:
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
-        already knows it, else None; ``(index, cache entry)`` of the
-        others). Exact counts once the encoding is loaded, estimates with
-        their margin before. One cache look-up per message, nothing counted."""
+        already knows it, else None; the cache entries of the messages whose
+        size is None, in order). Exact counts once the encoding is loaded,
+        estimates with their margin before. One cache look-up per message,
+        nothing counted."""
         cache, limit = self._cache, self._cache_size
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
         sizes: list = []
         missing: list = []
-        for i, message in enumerate(messages):
+        for message in messages:
             if not isinstance(message, dict):
                 sizes.append(0)
                 continue
@@ -1918,7 +1919,7 @@ class TokenCounter:
             value = entry[slot]
             if value is None:
                 sizes.append(None)
-                missing.append((i, entry))
+                missing.append(entry)
             else:
                 sizes.append(value if slot else _with_margin(value))
         return sizes, missing
@@ -2044,7 +2045,7 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
     ``request_fixed_tokens``) plus each message's size under the policy
     above. Never tokenizes; estimates messages never seen before."""
     sizes, missing = counter.cached_sizes(messages, encoding)
-    for i, entry in missing:
+    for i, entry in zip([i for i, size in enumerate(sizes) if size is None], missing):
         if entry[0] is None:
             entry[0] = counter._count_message(messages[i], encoding, False)
         sizes[i] = _with_margin(entry[0])
@@ -2067,15 +2068,16 @@ async def fit_request(
             await asyncio.sleep(0)  # other requests run between slices
         part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
         sizes += part_sizes
-        missing += [(at + i, entry) for i, entry in part_missing]
+        missing += part_missing
     if missing:
-        todo = [messages[i] for i, _ in missing]
+        at_missing = [i for i, size in enumerate(sizes) if size is None]
+        todo = [messages[i] for i in at_missing]
         if sum(_text_chars(m) for m in todo) <= ON_LOOP_CHARS:
             counts = counter.measure(todo, encoding, exact)
         else:
             counts = await asyncio.to_thread(counter.measure, todo, encoding, exact)
         slot = 1 if exact else 0
-        for (i, entry), value in zip(missing, counts):
+        for i, entry, value in zip(at_missing, missing, counts):
             entry[slot] = value  # merged on the loop: the thread never touches the cache
             sizes[i] = value if exact else _with_margin(value)
     total = fixed + sum(sizes)
