@@ -294,15 +294,13 @@ class RepairStep:
 
 
 def _has_malformed(view: TranscriptView) -> bool:
-    messages = view.messages
     try:
-        if not _ROLES.issuperset([m["role"] for m in messages]):
+        # a message that is no dict has no role here; an unhashable role raises
+        if not _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages]):
             return True
-    except (TypeError, KeyError, AttributeError):
-        return True  # a message that is no dict, without a role, or an unhashable role
-    if not all(m.__class__ is dict or isinstance(m, dict) for m in messages):
+    except TypeError:
         return True
-    return not all(isinstance(m.get("tool_call_id"), str) for m in messages if m["role"] == "tool")
+    return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
@@ -483,45 +481,55 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     another message moves back to its call; a result that arrives after a
     later assistant turn cannot be placed and is dropped with its call.
     """
-    out: Messages = []
-    i = 0
     n = len(messages)
-    while i < n:
-        message = messages[i]
+    # Turns whose results are exactly their run (the usual case) are copied
+    # as they are: only the broken turns and the stray results are visited.
+    broken: set = set()
+    covered: set = set()
+    for i, message in enumerate(messages):
+        if "tool_calls" not in message or message["role"] != "assistant":
+            continue
+        ids = [c["id"] for c in message["tool_calls"]]
+        run = messages[i + 1 : i + 1 + len(ids)]
+        if len(set(ids)) == len(ids) == len(run) and all(
+            r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
+        ):
+            covered.update(range(i + 1, i + 1 + len(ids)))
+        else:
+            broken.add(i)
+    strays = []  # results outside every turn's span: orphans
+    last_assistant = -1
+    for p, message in enumerate(messages):
         role = message["role"]
-        if role == "tool":
+        if role == "assistant":
+            last_assistant = p
+        elif role == "tool" and p not in covered:
+            if last_assistant >= 0 and "tool_calls" in messages[last_assistant]:
+                broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
+            else:
+                strays.append(p)
+    out: Messages = []
+    done = 0
+    for at in sorted(broken.union(strays)):
+        if at < done:
+            continue
+        out.extend(messages[done:at])
+        if at not in broken:
             report.dropped_orphan_results += 1
-            i += 1
+            done = at + 1
             continue
-        if role != "assistant" or "tool_calls" not in message:
-            out.append(message)
-            i += 1
-            continue
-        end = i + 1
+        end = at + 1
         while end < n and messages[end]["role"] != "assistant":
             end += 1
-        span = messages[i + 1 : end]
-        ids = [c["id"] for c in message["tool_calls"]]
-        k = len(ids)
-        roles = [m["role"] for m in span]
-        if (
-            roles[:k] == ["tool"] * k
-            and "tool" not in roles[k:]
-            and [m["tool_call_id"] for m in span[:k]] == ids
-            and len(set(ids)) == k
-        ):
-            out.append(message)  # the usual turn: nothing to pair
-            out.extend(span)
-            i = end
-            continue
-        unit, rest = _pair_one_turn(message, span, report)
+        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : end], report)
         head = unit[0]
         if _tool_calls(head) or _has_visible_content(head):
             out.extend(unit)
         else:
             report.dropped_empty_assistants += 1
         out.extend(rest)
-        i = end
+        done = end
+    out.extend(messages[done:])
     return out
 
 
@@ -600,6 +608,7 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
     next_suffix: dict = {}
     out = list(messages)
     n = len(messages)
+    count = 0
     for i in turns:
         message = messages[i]
         calls = message["tool_calls"]
@@ -607,13 +616,13 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
         for call in calls:
             cid = call["id"]
             if cid in seen:
-                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-                report.renamed_reused_ids += 1
-                seen.add(renamed[cid])
+                new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
+                seen.add(new_id)
             else:
                 seen.add(cid)
         if not renamed:
             continue
+        count += len(renamed)
         out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
         j = i + 1
         while j < n and messages[j]["role"] == "tool":
@@ -621,6 +630,7 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
             if result["tool_call_id"] in renamed:
                 out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
             j += 1
+    report.renamed_reused_ids += count
     return out
 
 
@@ -830,6 +840,19 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
             out = step.fix(out, report)
             view = TranscriptView(out)
     return out, report
+
+
+REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
+
+
+async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
+    """``repair_transcript`` for the request path: a long list (a chat of
+    thousands of messages) is repaired in a worker thread, so the event
+    loop serves other requests meanwhile. Repair is pure: it reads the
+    input and builds new lists and dicts, nothing shared."""
+    if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
+        return await asyncio.to_thread(repair_transcript, messages)
+    return repair_transcript(messages)
 
 
 def _needs_repair(messages: Messages) -> bool:
@@ -1885,16 +1908,17 @@ class TokenCounter:
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
-        already knows it, else None; ``(index, cache entry)`` of the
-        others). Exact counts once the encoding is loaded, estimates with
-        their margin before. One cache look-up per message, nothing counted."""
+        already knows it, else None; the cache entries of the messages whose
+        size is None, in order). Exact counts once the encoding is loaded,
+        estimates with their margin before. One cache look-up per message,
+        nothing counted."""
         cache, limit = self._cache, self._cache_size
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
         sizes: list = []
         missing: list = []
-        for i, message in enumerate(messages):
+        for message in messages:
             if not isinstance(message, dict):
                 sizes.append(0)
                 continue
@@ -1909,7 +1933,7 @@ class TokenCounter:
             value = entry[slot]
             if value is None:
                 sizes.append(None)
-                missing.append((i, entry))
+                missing.append(entry)
             else:
                 sizes.append(value if slot else _with_margin(value))
         return sizes, missing
@@ -2035,7 +2059,7 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
     ``request_fixed_tokens``) plus each message's size under the policy
     above. Never tokenizes; estimates messages never seen before."""
     sizes, missing = counter.cached_sizes(messages, encoding)
-    for i, entry in missing:
+    for i, entry in zip([i for i, size in enumerate(sizes) if size is None], missing):
         if entry[0] is None:
             entry[0] = counter._count_message(messages[i], encoding, False)
         sizes[i] = _with_margin(entry[0])
@@ -2058,15 +2082,16 @@ async def fit_request(
             await asyncio.sleep(0)  # other requests run between slices
         part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
         sizes += part_sizes
-        missing += [(at + i, entry) for i, entry in part_missing]
+        missing += part_missing
     if missing:
-        todo = [messages[i] for i, _ in missing]
+        at_missing = [i for i, size in enumerate(sizes) if size is None]
+        todo = [messages[i] for i in at_missing]
         if sum(_text_chars(m) for m in todo) <= ON_LOOP_CHARS:
             counts = counter.measure(todo, encoding, exact)
         else:
             counts = await asyncio.to_thread(counter.measure, todo, encoding, exact)
         slot = 1 if exact else 0
-        for (i, entry), value in zip(missing, counts):
+        for i, entry, value in zip(at_missing, missing, counts):
             entry[slot] = value  # merged on the loop: the thread never touches the cache
             sizes[i] = value if exact else _with_margin(value)
     total = fixed + sum(sizes)
@@ -4970,7 +4995,7 @@ class Filter:
 
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
-        messages, repair = repair_transcript(body["messages"])
+        messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
         if summaries and not _has_builtin_summary(messages):
