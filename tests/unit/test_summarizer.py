@@ -197,6 +197,11 @@ def test_round_budget_leaves_room_for_the_instructions_and_the_previous_summary(
     faithful = acc.summary_round_budget(window, answer, "", len, style="faithful")
     assert faithful == empty + len(frame[0]["content"]) - len(acc.summary_instructions(answer, "faithful"))
     assert acc.summary_round_budget(100, 500, "", len) == 1
+    # planning every round at once: room kept for the summary to grow
+    assert acc.summary_round_budget(window, answer, "", len, reserve=answer) == empty - answer
+    assert acc.summary_round_budget(window, answer, "p" * 300, len, reserve=answer) == empty - answer + len(
+        "(none yet)"
+    )
 
 
 # -- the request: styles, a custom prompt ---------------------------------------------
@@ -228,11 +233,13 @@ def test_request_carries_the_previous_summary_and_the_blocks():
 def test_summary_form_merges_admin_parameters_without_taking_over_the_call():
     params = {
         "chat_template_kwargs": {"enable_thinking": False},
-        "temperature": None,
         "top_p": 0.5,
+        "seed": None,
         "model": "other",
         "messages": [],
         "stream": True,
+        "max_tokens": 99999,
+        "temperature": 1.5,
         "metadata": {"task": "x"},
     }
     messages = [{"role": "user", "content": "x"}]
@@ -242,14 +249,14 @@ def test_summary_form_merges_admin_parameters_without_taking_over_the_call():
         "messages": messages,
         "stream": False,
         "max_tokens": 256,
+        "temperature": 0.1,
         "top_p": 0.5,
         "chat_template_kwargs": {"enable_thinking": False},
         "metadata": {"task": "async_context_compression"},
     }
     form["chat_template_kwargs"]["enable_thinking"] = True
     assert params["chat_template_kwargs"] == {"enable_thinking": False}  # a copy: the valve is never changed
-    assert acc.summary_form("m", messages, 256, 0.1, {"max_tokens": 999})["max_tokens"] == 999
-    assert acc.summary_form("m", messages, 256, 0.1, "garbage")["temperature"] == 0.1
+    assert acc.summary_form("m", messages, 256, 0.1, "garbage") == acc.summary_form("m", messages, 256, 0.1)
 
 
 # -- the answer ---------------------------------------------------------------------------
