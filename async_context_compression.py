@@ -2278,19 +2278,28 @@ def _cut_point(text: str, limit: int) -> int:
     return max(1, limit)
 
 
+# No piece is searched for beyond this many characters per token of its
+# budget, so a huge text costs about log2(window) counts per piece.
+_MAX_CHARS_PER_TOKEN = 16
+
+
 def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
     """``text`` in consecutive pieces that each count at most
     ``budget_tokens`` (pieces of one character excepted) and join back to
     ``text`` exactly: cut at paragraph, line or word boundaries where
     possible, hard cuts as the last resort."""
+    budget = max(1, int(budget_tokens))
+    window = budget * _MAX_CHARS_PER_TOKEN
     pieces = []
     rest = text
-    while rest and count(rest) > budget_tokens:
-        # the longest prefix that fits (binary search on characters) ...
-        lo, hi = 1, len(rest) - 1
+    while rest:
+        if len(rest) <= window and count(rest) <= budget:
+            break
+        # the longest prefix within the window that fits (binary search) ...
+        lo, hi = 1, min(len(rest) - 1, window)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if count(rest[:mid]) <= budget_tokens:
+            if count(rest[:mid]) <= budget:
                 lo = mid
             else:
                 hi = mid - 1

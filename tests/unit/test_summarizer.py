@@ -179,6 +179,21 @@ def test_split_text_cuts_at_line_then_word_then_anywhere():
     assert acc.split_text("", 10, rough_count) == [""]
 
 
+def test_split_text_of_a_huge_text_counts_each_character_a_bounded_number_of_times(exact):
+    text = long_text("FACT-MIDDLE", paragraphs=1000)  # about 500 kB
+    counted = []
+
+    def count(t):
+        counted.append(len(t))
+        return exact(t)
+
+    pieces = acc.split_text(text, 4000, count)
+    assert "".join(pieces) == text and len(pieces) > 10
+    assert all(exact(p) <= 4000 for p in pieces)
+    assert sum(counted) < 20 * len(text)  # not quadratic: each piece's search stays near the piece
+    assert sum("FACT-MIDDLE" in p for p in pieces) == 1
+
+
 def test_rounds_prefer_to_end_at_a_stop_when_the_unit_fits():
     blocks = [f"[#m{i}] user:\n" + "word " * 20 for i in range(6)]
     cost = rough_count(blocks[0]) + 2
