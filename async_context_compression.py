@@ -2356,7 +2356,7 @@ def plan_rounds(
             # a block too large for a round of its own: in pieces, each
             # piece's marker counted in its round
             label = _block_label(blocks[i])
-            marker = count(f"(part 99 of 99) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
+            marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
             texts = split_text(blocks[i], max(1, budget - marker), count)
             for k, text in enumerate(texts, 1):
                 current.append(RoundPiece(i, k, len(texts), text, label))
