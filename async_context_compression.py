@@ -3170,7 +3170,6 @@ _SUMMARY_STYLES = {
 Drop chit-chat and superseded details.""",
     "faithful": """Update the previous summary with the new messages. Lose nothing the conversation may need again: keep every fact, figure, name, identifier, path, URL, date, quantity, code snippet, requirement and decision verbatim, from the user's messages, the assistant's replies, tool arguments and tool results alike. Keep everything the previous summary holds unless the new messages supersede it (then say what changed). Organize by topic: the user's goals and latest request, stated constraints, established facts and decisions, open questions and next steps. Shorten wording, never content.""",
 }
-SUMMARY_STYLES = tuple(_SUMMARY_STYLES)
 
 _SUMMARY_FRAME = """You maintain the running summary of a conversation between a user and an AI assistant. The summary replaces older messages that no longer fit in the assistant's context window, so the assistant must be able to continue the conversation from it alone.
 
@@ -3333,19 +3332,28 @@ def _cut_point(text: str, limit: int) -> int:
     return max(1, limit)
 
 
+# No piece is searched for beyond this many characters per token of its
+# budget, so a huge text costs about log2(window) counts per piece.
+_MAX_CHARS_PER_TOKEN = 16
+
+
 def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
     """``text`` in consecutive pieces that each count at most
     ``budget_tokens`` (pieces of one character excepted) and join back to
     ``text`` exactly: cut at paragraph, line or word boundaries where
     possible, hard cuts as the last resort."""
+    budget = max(1, int(budget_tokens))
+    window = budget * _MAX_CHARS_PER_TOKEN
     pieces = []
     rest = text
-    while rest and count(rest) > budget_tokens:
-        # the longest prefix that fits (binary search on characters) ...
-        lo, hi = 1, len(rest) - 1
+    while rest:
+        if len(rest) <= window and count(rest) <= budget:
+            break
+        # the longest prefix within the window that fits (binary search) ...
+        lo, hi = 1, min(len(rest) - 1, window)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if count(rest[:mid]) <= budget_tokens:
+            if count(rest[:mid]) <= budget:
                 lo = mid
             else:
                 hi = mid - 1
@@ -3402,7 +3410,7 @@ def plan_rounds(
             # a block too large for a round of its own: in pieces, each
             # piece's marker counted in its round
             label = _block_label(blocks[i])
-            marker = count(f"(part 99 of 99) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
+            marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
             texts = split_text(blocks[i], max(1, budget - marker), count)
             for k, text in enumerate(texts, 1):
                 current.append(RoundPiece(i, k, len(texts), text, label))
@@ -3452,13 +3460,17 @@ def summary_round_budget(
     style: str = "balanced",
     prompt: str = "",
     margin: int = 200,
+    reserve: int = 0,
 ) -> int:
     """New-message tokens one round may carry: the summary model's
     ``window`` less the answer, the instructions, the previous summary and
-    a ``margin`` for message overheads (at least 1)."""
+    a ``margin`` for message overheads (at least 1). ``reserve``: tokens the
+    previous summary may grow to in later rounds of the same plan (pass
+    ``max_summary_tokens`` when planning every round at once)."""
     frame = build_summarizer_messages(previous, [], max_summary_tokens, style, prompt)
     fixed = sum(count(m["content"]) for m in frame)
-    return max(1, int(window) - int(max_summary_tokens) - fixed - int(margin))
+    growth = max(0, int(reserve) - count((previous or "").strip()))
+    return max(1, int(window) - int(max_summary_tokens) - fixed - growth - int(margin))
 
 
 # -- the answer ------------------------------------------------------------------
@@ -3672,32 +3684,31 @@ async def response_text(response: Any) -> str:
     return completion_text(response)
 
 
-_PROTECTED_FORM_KEYS = frozenset({"model", "messages", "stream", "metadata"})
+# Keys of the summary call the filter sets itself: admin parameters never
+# replace them (the same set the settings layer refuses in the valve).
+_PROTECTED_FORM_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
 
 
 def summary_form(
     model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
 ) -> dict:
     """The form data of the summary call. Admin ``params`` (for example
-    ``{"chat_template_kwargs": {"enable_thinking": false}}``) are merged in
-    and may replace max_tokens or temperature (a None value leaves that key
-    out, for models that reject it); they never change the model, the
-    messages, streaming or the task metadata."""
+    ``{"chat_template_kwargs": {"enable_thinking": false}}``) are merged in,
+    copied (None values left out); they never replace the model, the
+    messages, streaming, max_tokens, temperature or the task metadata."""
     from copy import deepcopy
 
-    form: dict = {"max_tokens": max_tokens, "temperature": temperature}
+    form: dict = {}
     if isinstance(params, dict):
         for key, value in params.items():
-            if not isinstance(key, str) or key in _PROTECTED_FORM_KEYS:
-                continue
-            if value is None:
-                form.pop(key, None)
-            else:
+            if isinstance(key, str) and key not in _PROTECTED_FORM_KEYS and value is not None:
                 form[key] = deepcopy(value)
     form.update(
         model=model,
         messages=messages,
         stream=False,
+        max_tokens=max_tokens,
+        temperature=temperature,
         metadata={"task": "async_context_compression"},
     )
     return form

@@ -179,6 +179,21 @@ def test_split_text_cuts_at_line_then_word_then_anywhere():
     assert acc.split_text("", 10, rough_count) == [""]
 
 
+def test_split_text_of_a_huge_text_counts_each_character_a_bounded_number_of_times(exact):
+    text = long_text("FACT-MIDDLE", paragraphs=1000)  # about 500 kB
+    counted = []
+
+    def count(t):
+        counted.append(len(t))
+        return exact(t)
+
+    pieces = acc.split_text(text, 4000, count)
+    assert "".join(pieces) == text and len(pieces) > 10
+    assert all(exact(p) <= 4000 for p in pieces)
+    assert sum(counted) < 20 * len(text)  # not quadratic: each piece's search stays near the piece
+    assert sum("FACT-MIDDLE" in p for p in pieces) == 1
+
+
 def test_rounds_prefer_to_end_at_a_stop_when_the_unit_fits():
     blocks = [f"[#m{i}] user:\n" + "word " * 20 for i in range(6)]
     cost = rough_count(blocks[0]) + 2
@@ -197,6 +212,11 @@ def test_round_budget_leaves_room_for_the_instructions_and_the_previous_summary(
     faithful = acc.summary_round_budget(window, answer, "", len, style="faithful")
     assert faithful == empty + len(frame[0]["content"]) - len(acc.summary_instructions(answer, "faithful"))
     assert acc.summary_round_budget(100, 500, "", len) == 1
+    # planning every round at once: room kept for the summary to grow
+    assert acc.summary_round_budget(window, answer, "", len, reserve=answer) == empty - answer
+    assert acc.summary_round_budget(window, answer, "p" * 300, len, reserve=answer) == empty - answer + len(
+        "(none yet)"
+    )
 
 
 # -- the request: styles, a custom prompt ---------------------------------------------
@@ -228,11 +248,13 @@ def test_request_carries_the_previous_summary_and_the_blocks():
 def test_summary_form_merges_admin_parameters_without_taking_over_the_call():
     params = {
         "chat_template_kwargs": {"enable_thinking": False},
-        "temperature": None,
         "top_p": 0.5,
+        "seed": None,
         "model": "other",
         "messages": [],
         "stream": True,
+        "max_tokens": 99999,
+        "temperature": 1.5,
         "metadata": {"task": "x"},
     }
     messages = [{"role": "user", "content": "x"}]
@@ -242,14 +264,14 @@ def test_summary_form_merges_admin_parameters_without_taking_over_the_call():
         "messages": messages,
         "stream": False,
         "max_tokens": 256,
+        "temperature": 0.1,
         "top_p": 0.5,
         "chat_template_kwargs": {"enable_thinking": False},
         "metadata": {"task": "async_context_compression"},
     }
     form["chat_template_kwargs"]["enable_thinking"] = True
     assert params["chat_template_kwargs"] == {"enable_thinking": False}  # a copy: the valve is never changed
-    assert acc.summary_form("m", messages, 256, 0.1, {"max_tokens": 999})["max_tokens"] == 999
-    assert acc.summary_form("m", messages, 256, 0.1, "garbage")["temperature"] == 0.1
+    assert acc.summary_form("m", messages, 256, 0.1, "garbage") == acc.summary_form("m", messages, 256, 0.1)
 
 
 # -- the answer ---------------------------------------------------------------------------
