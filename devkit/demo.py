@@ -51,13 +51,15 @@ SUMMARY_MODEL = "fake-summary"
 # A browser chat in Open WebUI 0.12.4 with native function calling (the
 # default) carries the server's built-in tool schemas, about 6.4k tokens, on
 # every request; they count against the cap like any message. The demo's cap
-# leaves about 5k tokens of conversation above them, and summaries start once
-# about 1.5k tokens of conversation are on top of the tools: a few turns of
-# typing show a background summary and, at most, modest trimming.
-BROWSER_TOOLS_TOKENS = 6500
+# leaves about 3.6k tokens of conversation above them, and summaries start once
+# about 600 tokens of conversation are on top of the tools (and about 700
+# tokens of older messages are worth folding): about ten turns of a paragraph
+# each with the fake model's short answers show a background summary, and
+# nothing is trimmed.
+BROWSER_TOOLS_TOKENS = 6400
 DEMO_VALVES = {
-    "compression_threshold_tokens": 8000,
-    "max_context_tokens": 12000,
+    "compression_threshold_tokens": 7000,
+    "max_context_tokens": 10000,
     "keep_last": 4,
     "summary_model": SUMMARY_MODEL,
     "max_summary_tokens": 600,
@@ -218,11 +220,12 @@ class Demo:
                 "",
                 "  What to try:",
                 "  1. New chat, pick fake-chat, and send a few long messages (a paragraph each).",
-                "  2. Watch the status line above each reply: '7.1k / 12k tokens sent' is what the",
+                "  2. Watch the status line above each reply: '6.6k / 10k tokens sent' is what the",
                 "     model received, Open WebUI's tool schemas included.",
-                "  3. After ~5 turns it says 'Summarizing N messages in the background…', then",
-                "     'Summary updated'; your next reply is not delayed, its line says 'summary covers",
-                "     N messages', and the fake model's answer says it sees 'a conversation summary'.",
+                "  3. After ~10 turns (fewer with longer messages) a reply's line ends in 'Summary",
+                "     updated: covers N messages': it was written in the background, nobody waited.",
+                "     The next lines say 'summary covers N messages', and the fake model's answer",
+                "     says it sees 'a conversation summary'.",
                 "  4. Edit an early message, regenerate a reply or switch branches: the summary follows",
                 "     the branch you are on.",
                 "  5. Your own switches (hide the status line, turn the filter off for your chats):",
