@@ -48,12 +48,29 @@ FILTER_FILE = os.path.join(REPO_ROOT, "async_context_compression.py")
 DEMO_EMAIL = "demo@example.com"
 CHAT_MODEL = "fake-chat"
 SUMMARY_MODEL = "fake-summary"
+# A browser chat in Open WebUI 0.12.4 with native function calling (the
+# default) carries the server's built-in tool schemas, about 6.4k tokens, on
+# every request; they count against the cap like any message. The demo's cap
+# leaves about 3.6k tokens of conversation above them, and summaries start once
+# about 600 tokens of conversation are on top of the tools (and about 700
+# tokens of older messages are worth folding): about ten turns of a paragraph
+# each with the fake model's short answers show a background summary, and
+# nothing is trimmed.
+BROWSER_TOOLS_TOKENS = 6400
 DEMO_VALVES = {
-    "compression_threshold_tokens": 1500,
-    "max_context_tokens": 4000,
+    "compression_threshold_tokens": 7000,
+    "max_context_tokens": 10000,
     "keep_last": 4,
     "summary_model": SUMMARY_MODEL,
     "max_summary_tokens": 600,
+}
+# ``--check`` talks to the API, where no built-in tools are attached: it runs
+# with the same room for the conversation, i.e. both figures lowered by what
+# the tool schemas take in the browser.
+CHECK_VALVES = {
+    **DEMO_VALVES,
+    "compression_threshold_tokens": DEMO_VALVES["compression_threshold_tokens"] - BROWSER_TOOLS_TOKENS,
+    "max_context_tokens": DEMO_VALVES["max_context_tokens"] - BROWSER_TOOLS_TOKENS,
 }
 SUMMARY_TAG = "<conversation_summary"
 
@@ -166,7 +183,7 @@ class Demo:
             source = f.read()
         meta = parse_frontmatter(source)
         function_id = meta.get("id", "async_context_compression")
-        valves = dict(DEMO_VALVES) if self.fake else None
+        valves = (dict(CHECK_VALVES) if args.check else dict(DEMO_VALVES)) if self.fake else None
         function = self.client.install_function(function_id, source, valves=valves, enable_global=True)
         self.function_id = function_id
         say(
@@ -197,16 +214,22 @@ class Demo:
         if self.fake:
             lines += [
                 f"  Model: {CHAT_MODEL} (a local fake that answers politely); summaries by {SUMMARY_MODEL}.",
-                "  Demo valves: compression_threshold_tokens 1500, max_context_tokens 4000, keep_last 4.",
+                f"  Demo valves: compression_threshold_tokens {DEMO_VALVES['compression_threshold_tokens']}, "
+                f"max_context_tokens {DEMO_VALVES['max_context_tokens']}, keep_last {DEMO_VALVES['keep_last']}",
+                f"  (Open WebUI's built-in tool schemas take about {BROWSER_TOOLS_TOKENS / 1000:.1f}k of the cap in a browser chat).",
                 "",
                 "  What to try:",
                 "  1. New chat, pick fake-chat, and send a few long messages (a paragraph each).",
-                "  2. Watch the status line under the reply: it counts the context against the cap.",
-                "  3. After ~6 turns it says it is summarizing older messages in the background;",
-                "     your next reply is not delayed. From then on the fake model's answer says it",
-                "     'can see ... and a conversation summary'.",
+                "  2. Watch the status line above each reply: '6.6k / 10k tokens sent' is what the",
+                "     model received, Open WebUI's tool schemas included.",
+                "  3. After ~10 turns (fewer with longer messages) a reply's line ends in 'Summary",
+                "     updated: covers N messages': it was written in the background, nobody waited.",
+                "     The next lines say 'summary covers N messages', and the fake model's answer",
+                "     says it sees 'a conversation summary'.",
                 "  4. Edit an early message, regenerate a reply or switch branches: the summary follows",
                 "     the branch you are on.",
+                "  5. Your own switches (hide the status line, turn the filter off for your chats):",
+                "     Chat Controls (top right) -> Valves -> Functions -> Async Context Compression.",
             ]
         else:
             lines += [
@@ -272,7 +295,7 @@ class Demo:
                 rows.append((i, r["tokens"], len(r["messages"]), used, len(summaries), result["elapsed"]))
                 if r["status"] != 200:
                     problems.append(f"turn {i}: the provider answered {r['status']}: {r.get('error')}")
-                if r["tokens"] > DEMO_VALVES["max_context_tokens"]:
+                if r["tokens"] > CHECK_VALVES["max_context_tokens"]:
                     problems.append(f"turn {i}: {r['tokens']} tokens sent, over the cap")
                 if missing:
                     problems.append(f"turn {i}: markers neither kept nor summarized: {missing}")
@@ -312,7 +335,7 @@ class Demo:
         print(
             f"CHECK PASSED: {len(made)} summary(ies) made in the background, used by {len(used_after)} later "
             f"request(s); {len(all_reqs)} provider requests, none rejected; every request under "
-            f"{DEMO_VALVES['max_context_tokens']} tokens; every marker kept or summarized."
+            f"{CHECK_VALVES['max_context_tokens']} tokens; every marker kept or summarized."
         )
         return True
 

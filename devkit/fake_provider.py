@@ -460,7 +460,7 @@ class FakeProvider:
     def requests(self) -> list[dict]:
         """Every chat-completion request so far (copies), oldest first.
 
-        Keys: model, kind ("chat"|"summary"), messages, stream, status (None
+        Keys: model, kind ("chat"|"summary"), messages, tools, stream, status (None
         while still being handled), error (text or None), rules (rule ids of
         a validation failure), tokens, time (epoch seconds at arrival),
         duration (seconds, None while handled).
@@ -514,6 +514,7 @@ class FakeProvider:
             "model": None,
             "kind": "chat",
             "messages": None,
+            "tools": None,
             "stream": False,
             "status": None,
             "error": None,
@@ -554,6 +555,7 @@ class FakeProvider:
         with self._lock:
             entry["model"] = model
             entry["messages"] = copy.deepcopy(messages)
+            entry["tools"] = copy.deepcopy(body.get("tools"))  # tool schemas count against the window too
             entry["stream"] = stream
             entry["kind"] = "summary" if self._is_summary(model, messages) else "chat"
         kind = entry["kind"]

@@ -19,6 +19,7 @@ have enabled API keys) or a session token; ``OPENWEBUI_API_KEY`` is read when
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -118,6 +119,17 @@ def deploy(args: argparse.Namespace, out=print) -> dict:
         if not isinstance(new_valves, dict):
             raise DeployError("--valves must be a JSON object", 2)
 
+    # Prepared before anything on the server changes: the valves the new
+    # code declares (read off its source), so unknown names are said once,
+    # as ignored, and never sent.
+    declared = declared_valves(source)
+    ignored: list = []
+    if new_valves is not None and declared is not None:
+        ignored = sorted(k for k in new_valves if k not in declared)
+        new_valves = {k: v for k, v in new_valves.items() if k in declared}
+        if ignored:
+            out(f"warning: not valves of this filter, ignored: {', '.join(ignored)}")
+
     api = Api(args.url, args.api_key, args.timeout)
     try:
         # admin-only: checks the key and lists what is installed in one call
@@ -135,38 +147,52 @@ def deploy(args: argparse.Namespace, out=print) -> dict:
     }
     version = meta.get("version", "?")
     report: dict = {"id": function_id, "version": version}
+    previous: Optional[dict] = None
     if existing is None:
         api.call("POST", "/api/v1/functions/create", form)
-        out(f"created function {function_id} ({form['name']} {version})")
         report["action"] = "created"
         stored_valves: dict = {}
     else:
-        old_version = ((existing.get("meta") or {}).get("manifest") or {}).get("version", "?")
+        # what to restore if the valves are refused after the code changed
+        previous = api.call("GET", f"/api/v1/functions/id/{function_id}") or {}
+        old_version = ((previous.get("meta") or existing.get("meta") or {}).get("manifest") or {}).get("version", "?")
         stored_valves = api.call("GET", f"/api/v1/functions/id/{function_id}/valves") or {}
         api.call("POST", f"/api/v1/functions/id/{function_id}/update", form)
-        out(f"updated function {function_id} ({old_version} -> {version})")
         report["action"] = "updated"
 
-    if new_valves is not None:
+    if new_valves:
         merged = {**stored_valves, **new_valves}
-        spec = _valves_spec(api, function_id)
-        unknown = sorted(k for k in new_valves if spec and k not in spec.get("properties", {}))
-        if unknown:
-            out(f"warning: unknown valve(s) ignored by the filter: {', '.join(unknown)}")
         try:
             saved = api.call("POST", f"/api/v1/functions/id/{function_id}/valves/update", merged) or {}
         except DeployError as exc:
-            hints = _valve_problems(spec, merged)
-            raise DeployError(f"{exc}" + (f" ({'; '.join(hints)})" if hints else "")) from None
+            hints = _valve_problems(_valves_spec(api, function_id), merged)
+            reason = f"{exc}" + (f" ({'; '.join(hints)})" if hints else "")
+            raise DeployError(f"{reason}; {_roll_back(api, function_id, previous)}") from None
+        report["valves"] = saved
+        # what the server did not store (a value the filter's Valves replaced
+        # by its default) is not reported as set
+        not_stored = sorted(k for k in new_valves if isinstance(saved, dict) and k not in saved)
+        new_valves = {k: v for k, v in new_valves.items() if k not in not_stored}
+        if not_stored:
+            report["not_stored"] = not_stored
+
+    if existing is None:
+        out(f"created function {function_id} ({form['name']} {version})")
+    else:
+        out(f"updated function {function_id} ({old_version} -> {version})")
+    if new_valves:
         kept = sorted(k for k in stored_valves if k not in new_valves)
         out(f"valves set: {json.dumps(new_valves, sort_keys=True)}" + (f"; kept: {', '.join(kept)}" if kept else ""))
-        report["valves"] = saved
     elif stored_valves:
         out(f"valves kept: {', '.join(sorted(stored_valves))}")
         report["valves"] = stored_valves
     else:
         out("valves: defaults (none stored)")
         report["valves"] = {}
+    if report.get("not_stored"):
+        out(f"warning: not stored, the filter's default applies: {', '.join(report['not_stored'])}")
+    if ignored:
+        report["ignored"] = ignored
 
     function = api.call("GET", f"/api/v1/functions/id/{function_id}") or {}
     if function.get("type") not in (None, "filter"):
@@ -192,6 +218,48 @@ def deploy(args: argparse.Namespace, out=print) -> dict:
     report["is_active"] = bool(function.get("is_active"))
     report["is_global"] = bool(function.get("is_global"))
     return report
+
+
+def declared_valves(source: str) -> Optional[set]:
+    """Names of the fields of ``Filter.Valves`` in ``source`` (None when the
+    file cannot be read that way; the server then decides alone)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Filter":
+            for inner in node.body:
+                if isinstance(inner, ast.ClassDef) and inner.name == "Valves":
+                    return {
+                        item.target.id
+                        for item in inner.body
+                        if isinstance(item, ast.AnnAssign)
+                        and isinstance(item.target, ast.Name)
+                        and not item.target.id.startswith("_")  # private attributes, not valves
+                    }
+    return None
+
+
+def _roll_back(api: Api, function_id: str, previous: Optional[dict]) -> str:
+    """Undo the code change of a deploy whose valves were refused; says what the server holds now."""
+    try:
+        if previous is None:
+            api.call("DELETE", f"/api/v1/functions/id/{function_id}/delete")
+            return "the function just created was removed again; nothing changed"
+        form = {
+            "id": function_id,
+            "name": previous.get("name") or function_id,
+            "content": previous.get("content") or "",
+            "meta": previous.get("meta") or {},
+        }
+        api.call("POST", f"/api/v1/functions/id/{function_id}/update", form)
+        return "the previous code was restored; nothing changed"
+    except DeployError as exc:
+        return (
+            f"AND restoring the previous state failed ({exc}): the server now runs the new code "
+            "with its old valves; rerun the deploy with valid --valves"
+        )
 
 
 def _valves_spec(api: Api, function_id: str) -> dict:

@@ -15,6 +15,20 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
+# The browser test drives Debian's Chromium (never a browser download): install
+# it when missing and this machine can (root or sudo, apt-get); otherwise that
+# one test is skipped and says why.
+CHROMIUM="${ACC_CHROMIUM:-/usr/bin/chromium}"
+if [ "${ACC_SKIP_E2E:-}" != "1" ] && [ ! -x "$CHROMIUM" ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="$(command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && echo sudo || true)"; fi
+  if [ "$(id -u)" = "0" ] || [ -n "$SUDO" ]; then
+    echo "[test] installing Chromium from Debian's packages for the browser test (once)…" >&2
+    { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium; } >&2 \
+      || echo "[test] could not install Chromium; the browser test will be skipped" >&2
+  fi
+fi
+
 export PYTHONDONTWRITEBYTECODE=1
 export ACC_OPENWEBUI_PYTHON="$PY"
 # Lint and formatting first: cheap, and a failure names the line.
