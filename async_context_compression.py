@@ -303,6 +303,10 @@ def _has_malformed(view: TranscriptView) -> bool:
     return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
 
 
+def merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
+    return RepairReport(**{k: getattr(a, k) + getattr(b, k) for k in a.__dataclass_fields__})
+
+
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: every message is a dict with a role OpenAI accepts (an
     unknown one, or the legacy ``function``, is rejected with HTTP 400), and
@@ -1486,6 +1490,45 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
         if _role(canon[i]) == "user":
             return i
     return start
+
+
+BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
+
+
+def has_builtin_summary(messages: Messages) -> bool:
+    """Open WebUI's own compaction already summarized this request."""
+    return any(
+        isinstance(m, dict) and m.get("role") == "system" and BUILTIN_SUMMARY_MARK in _text_of(m.get("content"))
+        for m in messages
+    )
+
+
+def index_after_head(view: Messages, head_count: int) -> int:
+    """Index in ``view`` (system messages included) of the first message
+    after ``head_count`` canonical ones."""
+    seen = 0
+    for i, message in enumerate(view):
+        if seen >= head_count:
+            return i
+        if _role(message) != "system":
+            seen += 1
+    return len(view)
+
+
+def canonical_head(canon: Messages, keep_first: int) -> int:
+    """Canonical messages kept verbatim before any summary."""
+    return protected_head_end(canon, keep_first) if canon else 0
+
+
+def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
+    """Stored message ids for the canonical messages (repair returns the
+    same dict objects for messages it did not change)."""
+    by_object = {id(m): mid for m, mid in zip(expanded, ids)}
+    out, last = [], None
+    for message in canon:
+        last = by_object.get(id(message), last)
+        out.append(last)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -4324,7 +4367,6 @@ def _render(language: str, key: str, values: dict) -> str:
 # summary model's window needs, saves each round, and backs off after
 # failures. Every count here is in canonical coordinates (layer 2).
 
-BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
 HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
@@ -4668,7 +4710,7 @@ class BackgroundSummarizer:
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
         previous = choose_summary(records, branch.digests, allow_full=True)
-        head = previous.head_count if previous else _canonical_head(canon, s.keep_first)
+        head = previous.head_count if previous else canonical_head(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens:
@@ -5009,11 +5051,11 @@ class Filter:
         messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
-        if summaries and not _has_builtin_summary(messages):
+        if summaries and not has_builtin_summary(messages):
             record, fault = await self._lookup_summary(ctx, messages)
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
-            prefix = _index_after_head(view, record.head_count)
+            prefix = index_after_head(view, record.head_count)
         else:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
@@ -5021,7 +5063,7 @@ class Filter:
         view, fit = await self._fit(view, s, prefix, fixed)
         if fit.changed():
             view, again = repair_transcript(view)
-            repair = _merge_reports(repair, again)
+            repair = merge_reports(repair, again)
         if repair.changed() or fit.changed() or s.debug:
             log.info(
                 "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
@@ -5111,14 +5153,14 @@ class Filter:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
             ctx = self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
-            if ctx is None or _has_builtin_summary(body["messages"]):
+            if ctx is None or has_builtin_summary(body["messages"]):
                 return body
             ctx.request = __request__
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
             canon = [m for m in messages if _role(m) != "system"]  # digests only once worth it
             if self.summaries.may_need_summary(ctx, canon):
-                self.summaries.start(ctx, Branch.of(canon, _ids_after_repair(expanded, ids, canon)))
+                self.summaries.start(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon)))
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
@@ -5160,45 +5202,8 @@ async def _builtin_compaction_enabled() -> bool:
         return False
 
 
-def _has_builtin_summary(messages: Messages) -> bool:
-    """Open WebUI's own compaction already summarized this request."""
-    return any(
-        isinstance(m, dict) and m.get("role") == "system" and BUILTIN_SUMMARY_MARK in _text_of(m.get("content"))
-        for m in messages
-    )
-
-
 _WARNED = _LOGGED_NOTES  # the benchmark reports its size
 
 
 def _warn_once(warnings: Iterable[Note]) -> None:
     log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
-
-
-def _index_after_head(view: Messages, head_count: int) -> int:
-    seen = 0
-    for i, message in enumerate(view):
-        if seen >= head_count:
-            return i
-        if _role(message) != "system":
-            seen += 1
-    return len(view)
-
-
-def _canonical_head(canon: Messages, keep_first: int) -> int:
-    return protected_head_end(canon, keep_first) if canon else 0
-
-
-def _ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
-    """Stored message ids for the canonical messages (repair returns the
-    same dict objects for messages it did not change)."""
-    by_object = {id(m): mid for m, mid in zip(expanded, ids)}
-    out, last = [], None
-    for message in canon:
-        last = by_object.get(id(message), last)
-        out.append(last)
-    return out
-
-
-def _merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
-    return RepairReport(**{k: getattr(a, k) + getattr(b, k) for k in a.__dataclass_fields__})
