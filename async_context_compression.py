@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -2466,6 +2467,7 @@ class Filter:
         self._chat_locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
         self._tasks: set = set()
         self._overhead = _BoundedDict(4096)  # scope -> tokens of system prompt and tools, seen by inlet
+        _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
@@ -2947,6 +2949,37 @@ def _warn_once(warnings: Iterable[str]) -> None:
         if warning not in _WARNED:
             _WARNED[warning] = True
             log.warning("async_context_compression settings: %s", warning)
+
+
+def open_webui_limits(version: Any = None) -> list:
+    """What the running Open WebUI lacks that this filter would use, as log
+    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
+    when Open WebUI has loaded it (never imported here: importing it has side
+    effects outside a server); unknown or unreadable: nothing is claimed."""
+    if version is None:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    if match is None:
+        return []
+    have = tuple(int(part or 0) for part in match.groups())
+    limits = []
+    if have < (0, 9, 0):
+        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
+    if have < (0, 10, 0):
+        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
+    if have < (0, 11, 2):
+        limits.append(
+            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
+        )
+    return [f"Open WebUI {version}: {limit}" for limit in limits]
+
+
+def _log_open_webui_limits() -> None:
+    for limit in open_webui_limits():
+        if limit not in _WARNED:
+            _WARNED[limit] = True
+            log.warning("async_context_compression: %s", limit)
 
 
 def _index_after_head(view: Messages, head_count: int) -> int:
