@@ -44,6 +44,7 @@ import json
 import logging
 import re
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -212,6 +213,9 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 # -- Repair -----------------------------------------------------------------
 
 
+_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
+
+
 @dataclass
 class RepairReport:
     """What repair changed, for the log and the status line."""
@@ -235,6 +239,11 @@ class RepairReport:
 
     def changed(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
+
+    def noticeable(self) -> bool:
+        """Whether a person would notice: id renames (long or reused ids,
+        every request of some providers) change nothing anyone reads."""
+        return any(getattr(self, name) for name in self.__dataclass_fields__ if name not in _SILENT_REPAIRS)
 
     def describe(self) -> str:
         parts = [
@@ -4504,13 +4513,16 @@ class StatusMemory:
 def request_hook_follows() -> bool:
     """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
     so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. Read once from the installed package's metadata."""
+    after inlet. The version is the one Open WebUI loaded, else the installed
+    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
     if not _OWUI_VERSION:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
         try:
-            from importlib.metadata import version
+            if not isinstance(version, str):
+                from importlib.metadata import version as installed
 
-            parts = re.findall(r"\d+", version("open-webui"))[:3]
-            _OWUI_VERSION.append(tuple(int(p) for p in parts))
+                version = installed("open-webui")
+            _OWUI_VERSION.append(tuple(int(p) for p in re.findall(r"\d+", version)[:3]))
         except Exception:
             _OWUI_VERSION.append(())
     return bool(_OWUI_VERSION[0]) and _OWUI_VERSION[0] >= (0, 11, 2)
@@ -4933,6 +4945,7 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.status = self.summaries.status
+        _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
@@ -5083,7 +5096,7 @@ class Filter:
             covered=record.covered_count - record.head_count if record else 0,
             left_out=fit.dropped_messages,
             over_cap=fit.over_budget,
-            repaired=repair.changed(),
+            repaired=repair.noticeable(),
             fault=fault,
         )
         if summaries:  # inlet: definitive only where no request hook follows
@@ -5207,3 +5220,34 @@ _WARNED = _LOGGED_NOTES  # the benchmark reports its size
 
 def _warn_once(warnings: Iterable[Note]) -> None:
     log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
+
+
+def open_webui_limits(version: Any = None) -> list:
+    """What the running Open WebUI lacks that this filter would use, as log
+    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
+    when Open WebUI has loaded it (never imported here: importing it has side
+    effects outside a server); unknown or unreadable: nothing is claimed."""
+    if version is None:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    if match is None:
+        return []
+    have = tuple(int(part or 0) for part in match.groups())
+    limits = []
+    if have < (0, 9, 0):
+        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
+    if have < (0, 10, 0):
+        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
+    if have < (0, 11, 2):
+        limits.append(
+            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
+        )
+    return [f"Open WebUI {version}: {limit}" for limit in limits]
+
+
+def _log_open_webui_limits() -> None:
+    for limit in open_webui_limits():
+        if limit not in _WARNED:
+            _WARNED[limit] = True
+            log.warning("async_context_compression: %s", limit)

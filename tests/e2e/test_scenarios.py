@@ -329,7 +329,7 @@ def test_failing_summarizer_never_breaks_the_chat_and_recovers(acc, provider):
 
 
 @pytest.mark.versions
-def test_api_call_without_chat_id(acc, provider, owui_version):
+def test_api_call_without_chat_id(acc, provider, owui_version, owui_server):
     start = len(provider.requests)
     import random
 
@@ -382,6 +382,9 @@ def test_api_call_without_chat_id(acc, provider, owui_version):
         assert summaries and all(s["status"] == 200 for s in summaries), "outlet made no summary for the API call"
     else:
         assert not summaries, "an API call got a summary on a version documented without API outlets"
+    # and the filter told the admin so when it was loaded
+    told = "outlet does not run for API calls" in owui_server.log_text()
+    assert told == (owui_version < (0, 10, 0)), f"log line about API outlets: {told} on {owui_version}"
 
 
 def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider, latency_log):
@@ -566,7 +569,7 @@ BIG_TOOL_RESULT_TOKENS = 2400
 
 
 @pytest.mark.versions
-def test_tool_loop_follow_up_is_capped_where_the_request_hook_exists(acc, provider, owui_version):
+def test_tool_loop_follow_up_is_capped_where_the_request_hook_exists(acc, provider, owui_version, owui_server):
     """A tool result that pushes the loop's second model call over the cap.
 
     With the `request` hook (0.11.2 and later) the filter caps that call too;
@@ -597,6 +600,8 @@ def test_tool_loop_follow_up_is_capped_where_the_request_hook_exists(acc, provid
         assert follow_up["tokens"] > CAP, (
             f"the follow-up fit ({follow_up['tokens']} tokens) without a request hook: update docs/en/versions.md"
         )
+    told = "no `request` hook" in owui_server.log_text()
+    assert told == (owui_version < (0, 11, 2)), f"log line about the request hook: {told} on {owui_version}"
 
 
 @pytest.mark.versions

@@ -148,3 +148,23 @@ def test_a_settings_note_is_said_once_per_chat_not_under_every_reply():
     f.valves.max_summary_tokens = 4000  # a different correction is said again
     _, third = _hooks(f, _chat(3))
     assert "max_summary_tokens (4000)" in third[0]
+
+
+def test_renamed_ids_alone_are_not_called_a_repair():
+    # Some providers reuse ids every round: renaming them is routine and
+    # would otherwise put "repaired" under every reply.
+    call = {"id": "exec_0", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    chat = [{"role": "system", "content": "s"}]
+    for i in range(3):
+        chat += [
+            {"role": "user", "content": f"step {i}"},
+            {"role": "assistant", "content": None, "tool_calls": [dict(call)]},
+            {"role": "tool", "tool_call_id": "exec_0", "content": f"out {i}"},
+            {"role": "assistant", "content": f"done {i}"},
+        ]
+    chat.append({"role": "user", "content": "next"})
+    f = _filter(cap=8000)
+    body, lines = _hooks(f, chat)
+    ids = [c["id"] for m in body["messages"] for c in m.get("tool_calls") or []]
+    assert len(set(ids)) == 3  # made unique
+    assert acc.status_text("en", "repaired") not in lines[0]
