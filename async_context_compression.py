@@ -1472,9 +1472,15 @@ def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
     return None
 
 
+def canonical_messages(messages: Messages) -> Messages:
+    """The canonical list of a repaired list: its non-system messages (the
+    coordinates every summary's counts are in)."""
+    return [m for m in messages if _role(m) != "system"]
+
+
 def canonical_view(messages: Messages) -> tuple[Messages, list[str]]:
     """Non-system messages of a repaired list and their digests."""
-    canon = [m for m in messages if _role(m) != "system"]
+    canon = canonical_messages(messages)
     return canon, [canonical_digest(m) for m in canon]
 
 
@@ -1546,9 +1552,9 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # Counted the way providers bill chat requests: a fixed overhead per message
 # and per request, the role, name, text, tool-call names and arguments, tool
 # results and images. tiktoken is loaded in a background thread (it may need
-# a download); until it is ready, and for quick preflight checks, a cheap
-# estimator is used, and exact counts are made where the estimate is near a
-# limit.
+# a download); until it is ready a cheap estimator stands in, with a margin.
+# Which of the two a request's count uses is decided in one place: the token
+# policy below (count_request, fit_request).
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REQUEST = 3
@@ -1561,10 +1567,6 @@ LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
 # text unlike the corpus. Strings of random letters or punctuation, and
 # languages with long words the corpus lacks, can still need more.
 ESTIMATE_MARGIN = 0.15
-# Per request, up to this many (estimated) tokens of not yet counted
-# messages are counted exactly before any estimate is trusted: a turn's new
-# messages, at a cost of a few milliseconds.
-PREFLIGHT_EXACT_TOKENS = 16_000
 
 _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)",
@@ -1847,48 +1849,6 @@ class TokenCounter:
         if value is None:
             value = entry[slot] = self._count_message(message, encoding, slot == 1)
         return value
-
-    def preflight(self, messages: Messages, encoding: str) -> tuple[int, int, dict]:
-        """For a quick check against a limit: (the sum of the exact counts
-        the cache holds, the sum of estimates for the other messages, those
-        exact counts by ``id(message)``). One cache look-up per message and
-        no tokenizing but the estimator's."""
-        cache, size_limit = self._cache, self._cache_size
-        loaded = encoding in self._encodings
-        known = estimated = 0
-        exact_sizes: dict = {}
-        uncounted: list = []
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            key = _cache_key(message, encoding)
-            entry = cache.get(key)
-            if entry is None:
-                entry = cache[key] = [None, None]
-                if len(cache) > size_limit:
-                    cache.popitem(last=False)
-            else:
-                cache.move_to_end(key)
-            if loaded and entry[1] is not None:
-                known += entry[1]
-                exact_sizes[id(message)] = entry[1]
-            else:
-                if entry[0] is None:
-                    entry[0] = self._count_message(message, encoding, False)
-                uncounted.append((message, entry))
-        # The messages new since the last request are few: count them exactly
-        # (newest first), so estimates, with their rare large errors, only
-        # stand in for the cold bulk of a chat seen for the first time.
-        budget = PREFLIGHT_EXACT_TOKENS if loaded else 0
-        for message, entry in reversed(uncounted):
-            if budget > 0 and entry[0] <= budget:
-                budget -= entry[0]
-                entry[1] = self._count_message(message, encoding, True)
-                known += entry[1]
-                exact_sizes[id(message)] = entry[1]
-            else:
-                estimated += entry[0]
-        return known, estimated, exact_sizes
 
     def _entry(self, message: Message, encoding: str) -> list:
         """The cache entry of a message's content: [estimate, exact count],
@@ -4593,6 +4553,11 @@ def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: in
     )
 
 
+class _LeaseLost(Exception):
+    """The chat's lease was taken over while summarizing (after an outage
+    longer than its TTL): stop without saving."""
+
+
 class BackgroundSummarizer:
     """Owns what summarizing needs: the store, the token counter, the
     completion call, one lock per chat on this worker and the running tasks.
@@ -4617,7 +4582,7 @@ class BackgroundSummarizer:
             return
         text = status_text(ctx.language, key, **values)
         sent = self.status.last_sent.get(ctx.chat_key())
-        if sent is not None:
+        if sent is not None and usage_shown(ctx.settings, sent.used):
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
 
@@ -4694,17 +4659,19 @@ class BackgroundSummarizer:
         # lease frees within LEASE_TTL, a live one's never expires under it
         async with self.store.hold(key, holder) as held:
             if held:  # else another worker has it, or failures back off
-                await self._summarize_held(ctx, branch, key, holder)
+                await self._summarize_held(ctx, branch, key, holder, held)
 
-    async def _summarize_held(self, ctx: RequestContext, branch: Branch, key: str, holder: str) -> None:
+    async def _summarize_held(self, ctx: RequestContext, branch: Branch, key: str, holder: str, lease: Any) -> None:
         try:
             plan = await self.plan(ctx, branch)  # it may have finished meanwhile
             if plan is None:
                 return
             await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
-            record = await self._fold(ctx, branch, plan)
+            record = await self._fold(ctx, branch, plan, lease)
             self.health.pop(ctx.chat_key(), None)
             await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
+        except _LeaseLost:
+            log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
         except SummaryError as exc:
             self.health[ctx.chat_key()] = fault_key(exc.reason)
             delay = await self.store.back_off(key, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
@@ -4726,6 +4693,7 @@ class BackgroundSummarizer:
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens:
+            self.health.pop(ctx.chat_key(), None)  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
@@ -4760,7 +4728,7 @@ class BackgroundSummarizer:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
         return max(int(s.trigger_tokens * HYSTERESIS), 2 * resent)
 
-    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan) -> SummaryRecord:
+    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
         """Fold the plan's messages, every one whole, in as many rounds as
         the summary model's window needs. A round that ends at a message
         (unit) end is saved as coverage; a round holding part of a message
@@ -4769,17 +4737,20 @@ class BackgroundSummarizer:
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
         rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
-        record, calls = None, 0
+        record, calls, at_coverage = None, 0, True
         for summary_round in rounds:
-            if calls >= _MAX_ROUNDS and record is not None:
+            if calls >= _MAX_ROUNDS and record is not None and at_coverage:
                 break  # the rest waits for a later turn (never mid-message: that would start it over)
             calls += 1
             messages = build_summarizer_messages(
                 summary, summary_round.texts(), s.max_summary_tokens, s.summary_style, s.summary_prompt
             )
             summary = await self._ask(ctx, messages)
-            if summary_round.covered is None:
+            at_coverage = summary_round.covered is not None
+            if not at_coverage:
                 continue  # part of a message: coverage waits for its last piece
+            if getattr(lease, "lost", False):
+                raise _LeaseLost()  # another worker holds the chat now: never save over its work
             end = plan.start + summary_round.covered
             record = SummaryRecord(
                 user_id=ctx.user_id,
@@ -4789,7 +4760,7 @@ class BackgroundSummarizer:
                 covered_count=end,
                 fingerprint=prefix_fingerprint(branch.digests, end),
                 summary=summary,
-                summary_tokens=self.counter.text_tokens(summary, s.encoding),
+                summary_tokens=self.counter.text_tokens(summary, s.summary_encoding),  # what re-sending it costs
                 model=s.summary_model,
                 created_at=time.time(),
             )
@@ -5028,6 +4999,8 @@ class Filter:
             log.exception("async_context_compression: request passed through after an internal error")
             safe = self._safest(body)
             language = ctx.language if ctx else user_language(metadata, user)
+            if ctx is not None and not ctx.settings.show_status:
+                return safe
             await _emit(
                 emitter, status_text(language, "skipped", reason=f"{type(exc).__name__}: {exc}"[:200]), done=True
             )
@@ -5111,7 +5084,7 @@ class Filter:
     async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> tuple[Optional[SummaryRecord], str]:
         """The stored summary this request can use, and the fault that kept
         summaries from being read ("" when none)."""
-        canon = [m for m in messages if m.get("role") != "system"]  # repaired: all dicts
+        canon = canonical_messages(messages)  # digests below only as far as needed
         if len(canon) < 3:
             return None, ""
         anchor = conversation_anchor([canonical_digest(m) for m in canon[:2]])
@@ -5143,11 +5116,13 @@ class Filter:
         if not final:
             self.status.inlet_outcome[key] = sent
             return
+        self.status.last_sent[key] = sent
+        if not ctx.settings.show_status:
+            return  # nothing said, nothing remembered as said
         fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
         notes = self.status.notes_to_show(key, ctx.settings.warnings)
         line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), usage_shown(ctx.settings, sent.used))
-        self.status.last_sent[key] = sent
-        if ctx.settings.show_status and line:
+        if line:
             await _emit(ctx.emitter, line, done=True)
 
     # -- outlet ------------------------------------------------------------
@@ -5171,7 +5146,7 @@ class Filter:
             ctx.request = __request__
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
-            canon = [m for m in messages if _role(m) != "system"]  # digests only once worth it
+            canon = canonical_messages(messages)  # digests only once worth it
             if self.summaries.may_need_summary(ctx, canon):
                 self.summaries.start(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon)))
         except Exception:

@@ -416,7 +416,7 @@ def test_cache_is_bounded(tiktoken_cl100k):
         message = {"role": "user", "content": f"message number {i}"}
         c.message_tokens(message, ENC)
         c.message_tokens(message, ENC, exact=False)
-        c.preflight([message, {"role": "assistant", "content": f"reply {i}"}], ENC)
+        acc.count_request(c, [message, {"role": "assistant", "content": f"reply {i}"}], ENC, 0)
         assert c.cache_len() <= 7
 
 
@@ -479,29 +479,6 @@ def test_estimates_and_exact_counts_are_cached_apart(monkeypatch, counter):
     assert counter.message_tokens(dict(message), ENC, exact=False) == estimate
     assert counter.message_tokens(dict(message), ENC) == exact
     assert len(calls) == 2
-
-
-def test_preflight_uses_exact_counts_it_already_has(counter, monkeypatch):
-    cached = {"role": "user", "content": "already counted exactly " * 20}
-    fresh = {"role": "user", "content": "never counted before " * 20}
-    exact = counter.message_tokens(cached, ENC)
-    monkeypatch.setattr(acc, "PREFLIGHT_EXACT_TOKENS", 0)  # no new exact counts this time
-    known, estimated, sizes = counter.preflight([cached, fresh], ENC)
-    assert known == exact and sizes == {id(cached): exact}
-    assert estimated == counter.message_tokens(fresh, ENC, exact=False)
-
-
-def test_preflight_counts_the_newest_uncounted_messages_exactly(counter, monkeypatch):
-    old = {"role": "user", "content": "old bulk " * 400}
-    new = {"role": "user", "content": "a b c d e f g h " * 50}  # the estimator underrates this
-    probe = acc.TokenCounter()  # counts on the side, leaving counter's cache alone
-    assert probe.wait_ready(ENC, timeout=30)
-    exact_new = probe.message_tokens(new, ENC)
-    assert exact_new > counter.message_tokens(new, ENC, exact=False) * 2  # really underrated
-    monkeypatch.setattr(acc, "PREFLIGHT_EXACT_TOKENS", counter.message_tokens(new, ENC, exact=False))
-    known, estimated, sizes = counter.preflight([old, new], ENC)
-    assert sizes == {id(new): exact_new} and known == exact_new
-    assert estimated == counter.message_tokens(old, ENC, exact=False)
 
 
 def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
