@@ -1,0 +1,297 @@
+"""Load scenario (issue 14): many chats at once through a real Open WebUI
+with several workers, without the filter and with it, in one run, on SQLite
+and on PostgreSQL.
+
+    PY=$(bash scripts/setup_openwebui.sh | tail -n 1)
+    $PY bench/load.py                         # small default: a few minutes
+    $PY bench/load.py --chats 12 --db sqlite  # the issue's SQLite figure
+    $PY bench/load.py --chats 36 --db postgres
+
+Per back end: one Open WebUI (``--workers`` uvicorn workers sharing its
+database; PostgreSQL started by scripts/start_postgres.sh) and the fake
+provider (a ``--chat-delay`` s model, a ``--summary-delay`` s summarizer).
+Each phase (no filter, then filter) creates ``--chats`` chats at once, each
+with ``--saved-turns`` stored turns, then sends ``--live-turns`` turns per
+chat, all chats at once (one thread per chat, its turns one after another).
+
+Prints per back end and phase: chats that could not be created, requests,
+failed requests, HTTP 400s (from Open WebUI or the provider), median, p95 and
+slowest reply; the tail ratio (filter / no filter, p95 and slowest); and
+summaries per chat (rows the filter stored, after background work settled).
+Exits 1 when the filter phase has a failed request or a 400 that the phase
+without it did not have.
+
+Flags:
+    --chats N            chats at once (default 4)
+    --saved-turns N      stored turns per chat before the live ones (default 30)
+    --live-turns N       live turns per chat (default 4)
+    --workers N          uvicorn workers (default 2)
+    --db LIST            sqlite,postgres (default both)
+    --chat-delay S       fake model's answer time (default 0.3)
+    --summary-delay S    fake summarizer's answer time (default 2)
+    --words N            words per user message (default 170, ~230 tokens)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from devkit.fake_provider import FakeProvider  # noqa: E402
+from devkit.openwebui import (  # noqa: E402
+    ChatHistory,
+    OpenWebUIClient,
+    OpenWebUIError,
+    OpenWebUIServer,
+    ensure_offline_tiktoken,
+    find_openwebui_python,
+)
+
+FILTER_ID = "async_context_compression"
+CHAT_MODEL, SUMMARY_MODEL = "fake-chat", "fake-summary"
+START_POSTGRES = os.path.join(_ROOT, "scripts", "start_postgres.sh")
+VALVES = {
+    "compression_threshold_tokens": 4000,
+    "max_context_tokens": 8000,
+    "keep_last": 4,
+    "keep_first": 1,
+    "summary_model": SUMMARY_MODEL,
+    "summary_timeout_seconds": 60,
+}
+WORDS = (
+    "alpha budget cache deploy engine filter gateway handler index journal kernel ledger metric network "
+    "option parser queue record schema token update vector window yield zone archive backlog cluster"
+).split()
+
+
+def text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+class Postgres:
+    def __init__(self):
+        proc = subprocess.run(["bash", START_POSTGRES, "start"], capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise SystemExit(f"could not start PostgreSQL:\n{proc.stderr[-2000:]}")
+        lines = proc.stdout.strip().splitlines()
+        self.pg_dir = next(line[len("PGDIR=") :] for line in lines if line.startswith("PGDIR="))
+        self.dsn = lines[-1]
+
+    def rows_per_chat(self, chat_ids: list) -> dict:
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute("SELECT chat_id, count(*) FROM acc_chat_summary GROUP BY chat_id").fetchall()
+        counts = dict(rows)
+        return {c: counts.get(c, 0) for c in chat_ids}
+
+    def stop(self):
+        subprocess.run(["bash", START_POSTGRES, "stop", self.pg_dir], capture_output=True, timeout=120)
+
+
+def sqlite_rows_per_chat(path: str, chat_ids: list) -> dict:
+    try:
+        with sqlite3.connect(path, timeout=30) as conn:
+            counts = dict(conn.execute("SELECT chat_id, count(*) FROM acc_chat_summary GROUP BY chat_id").fetchall())
+    except sqlite3.OperationalError:  # no table: the filter never stored one
+        counts = {}
+    return {c: counts.get(c, 0) for c in chat_ids}
+
+
+class Phase:
+    def __init__(self, name: str):
+        self.name = name
+        self.lock = threading.Lock()
+        self.latencies: list = []
+        self.failed: list = []
+        self.status_400 = 0
+        self.create_failed = 0
+        self.chat_ids: list = []
+        self.summaries: dict = {}
+
+    def record(self, elapsed=None, error=None):
+        with self.lock:
+            if error is None:
+                self.latencies.append(elapsed)
+            else:
+                self.failed.append(error)
+                if isinstance(error, OpenWebUIError) and error.status == 400:
+                    self.status_400 += 1
+
+    def quantile(self, q: float) -> float:
+        values = sorted(self.latencies)
+        if not values:
+            return float("nan")
+        return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def run_phase(client: OpenWebUIClient, provider: FakeProvider, name: str, args) -> Phase:
+    phase = Phase(name)
+    start = len(provider.requests)
+
+    def create(i: int):
+        rng = random.Random(hash((name, i)))
+        history = ChatHistory(CHAT_MODEL)
+        for _ in range(args.saved_turns):
+            history.user(f"[{name} chat {i}] " + text(rng, args.words))
+            history.assistant("Noted. " + text(rng, 30))
+        try:
+            return client.create_chat(history, title=f"load {name} {i}"), history, rng
+        except Exception as exc:  # Open WebUI itself failing under load is counted, not raised
+            with phase.lock:
+                phase.create_failed += 1
+                phase.failed.append(exc)
+            return None
+
+    with ThreadPoolExecutor(args.chats) as pool:
+        chats = [c for c in pool.map(create, range(args.chats)) if c]
+
+    def live(chat):
+        chat_id, history, rng = chat
+        for _ in range(args.live_turns):
+            try:
+                result = client.chat_completion(
+                    text(rng, args.words),
+                    model=CHAT_MODEL,
+                    chat_id=chat_id,
+                    parent_id=history.current_id,
+                    system="You are the load-test assistant.",
+                    timeout=300,
+                )
+                reply = result["response"]["choices"][0]["message"]["content"]
+                history.user("(live)", message_id=result["user_message_id"])
+                history.assistant(reply, message_id=result["assistant_id"])
+                phase.record(elapsed=result["elapsed"])
+            except Exception as exc:
+                phase.record(error=exc)
+
+    with ThreadPoolExecutor(max(1, len(chats))) as pool:
+        list(pool.map(live, chats))
+    phase.chat_ids = [c[0] for c in chats]
+    # background summaries: wait until the provider is quiet
+    quiet_since, seen = time.monotonic(), -1
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        reqs = provider.requests[start:]
+        pending = [r for r in reqs if r["status"] is None]
+        if len(reqs) != seen:
+            seen, quiet_since = len(reqs), time.monotonic()
+        if not pending and time.monotonic() - quiet_since > 3:
+            break
+        time.sleep(0.5)
+    phase.status_400 += sum(1 for r in provider.requests[start:] if r["status"] == 400)
+    return phase
+
+
+def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str, args) -> list:
+    pg = Postgres() if db == "postgres" else None
+    env = {"DATABASE_URL": pg.dsn} if pg else {}
+    server = OpenWebUIServer(
+        python=python,
+        provider_url=provider.base_url,
+        workers=args.workers,
+        env_extra=env,
+        tiktoken_cache_dir=ensure_offline_tiktoken(python),
+    )
+    try:
+        t0 = time.monotonic()
+        server.start(timeout=900)
+        print(f"[{db}] Open WebUI with {args.workers} workers up in {time.monotonic() - t0:.0f}s", flush=True)
+        client = OpenWebUIClient(server.base_url, timeout=300)
+        client.signup("load@example.com", "Load-Passw0rd!", "Load Admin")
+        client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120)
+        client.install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=True)
+        phases = []
+        for name, active in (("no filter", False), ("filter", True)):
+            client.set_function_state(FILTER_ID, active=active, is_global=True)
+            phase = run_phase(client, provider, name, args)
+            if pg:
+                phase.summaries = pg.rows_per_chat(phase.chat_ids)
+            else:
+                phase.summaries = sqlite_rows_per_chat(os.path.join(server.data_dir, "webui.db"), phase.chat_ids)
+            phases.append(phase)
+            print(f"[{db}] {name}: done", flush=True)
+        return phases
+    finally:
+        server.stop()
+        server.cleanup()
+        if pg:
+            pg.stop()
+
+
+def report(results: dict, args) -> int:
+    print()
+    print(
+        f"{args.chats} chats at once x {args.live_turns} live turns, {args.saved_turns} saved turns each, "
+        f"{args.workers} workers; model {args.chat_delay}s, summarizer {args.summary_delay}s"
+    )
+    header = (
+        f"{'db':9} {'phase':10} {'chats':>5} {'not made':>8} {'requests':>8} {'failed':>6} {'400s':>4} "
+        f"{'p50 s':>6} {'p95 s':>6} {'max s':>6} {'summaries/chat':>15}"
+    )
+    print(header)
+    print("-" * len(header))
+    bad = 0
+    for db, phases in results.items():
+        for p in phases:
+            per_chat = list(p.summaries.values())
+            spc = f"{statistics.mean(per_chat):.1f} ({min(per_chat)}-{max(per_chat)})" if per_chat else "-"
+            print(
+                f"{db:9} {p.name:10} {len(p.chat_ids):>5} {p.create_failed:>8} "
+                f"{len(p.latencies) + len(p.failed) - p.create_failed:>8} {len(p.failed) - p.create_failed:>6} "
+                f"{p.status_400:>4} {p.quantile(0.5):>6.2f} {p.quantile(0.95):>6.2f} {p.quantile(1.0):>6.2f} {spc:>15}"
+            )
+        base, filt = phases
+        print(
+            f"{db:9} tail ratio filter/no filter: p95 {filt.quantile(0.95) / base.quantile(0.95):.2f}x, "
+            f"slowest {filt.quantile(1.0) / base.quantile(1.0):.2f}x"
+        )
+        for p in phases:
+            for exc in p.failed[:3]:
+                print(f"{db:9} {p.name}: {type(exc).__name__}: {str(exc)[:200]}")
+        if len(filt.failed) > len(base.failed) or filt.status_400 > base.status_400:
+            bad += 1
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chats", type=int, default=4)
+    parser.add_argument("--saved-turns", type=int, default=30)
+    parser.add_argument("--live-turns", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--db", default="sqlite,postgres")
+    parser.add_argument("--chat-delay", type=float, default=0.3)
+    parser.add_argument("--summary-delay", type=float, default=2.0)
+    parser.add_argument("--words", type=int, default=170)
+    args = parser.parse_args(argv)
+    python = find_openwebui_python(install=True)
+    with open(os.path.join(_ROOT, "async_context_compression.py"), encoding="utf-8") as f:
+        filter_source = f.read()
+    provider = FakeProvider(mode="strict").start()
+    provider.configure(chat_delay=args.chat_delay, summary_delay=args.summary_delay)
+    results = {}
+    try:
+        for db in [d.strip() for d in args.db.split(",") if d.strip()]:
+            results[db] = run_backend(db, python, provider, filter_source, args)
+    finally:
+        provider.stop()
+    return report(results, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
