@@ -3,7 +3,7 @@ title: Async Context Compression
 id: async_context_compression
 author: Async Context Compression team
 author_url: https://github.com/async-context-compression
-version: 1.0.0
+version: 1.1.0
 required_open_webui_version: 0.9.0
 license: MIT
 description: Keeps long chats inside the model's context window without ever breaking them: tool-call-safe trimming under a hard token cap, and summaries of older turns made in the background.
@@ -44,6 +44,7 @@ import json
 import logging
 import re
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -51,9 +52,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from functools import cached_property, lru_cache
+from typing import Any, ClassVar, Optional
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 log = logging.getLogger("async_context_compression")
 
@@ -211,6 +213,9 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 # -- Repair -----------------------------------------------------------------
 
 
+_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
+
+
 @dataclass
 class RepairReport:
     """What repair changed, for the log and the status line."""
@@ -235,6 +240,11 @@ class RepairReport:
     def changed(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
 
+    def noticeable(self) -> bool:
+        """Whether a person would notice: id renames (long or reused ids,
+        every request of some providers) change nothing anyone reads."""
+        return any(getattr(self, name) for name in self.__dataclass_fields__ if name not in _SILENT_REPAIRS)
+
     def describe(self) -> str:
         parts = [
             f"{name.replace('_', ' ')}={getattr(self, name)}"
@@ -244,15 +254,44 @@ class RepairReport:
         return ", ".join(parts) if parts else "nothing to repair"
 
 
+class TranscriptView:
+    """A message list with the few sub-lists repair checks read, each built
+    once, on first use, and shared by every check of the same list (so a
+    clean list costs a handful of fast passes however many steps there are).
+    Only for a list that is not changed meanwhile; ``messages`` is not copied.
+    The sub-lists assume the list has no malformed message (step one)."""
+
+    def __init__(self, messages: Messages):
+        self.messages = messages
+
+    @cached_property
+    def callers(self) -> list:
+        """(index, message) of every message with a ``tool_calls`` key."""
+        return [(i, m) for i, m in enumerate(self.messages) if "tool_calls" in m]
+
+    @cached_property
+    def tools(self) -> list:
+        return [m for m in self.messages if m["role"] == "tool"]
+
+    @cached_property
+    def named(self) -> list:
+        return [m for m in self.messages if "name" in m]
+
+    @cached_property
+    def not_text(self) -> list:
+        """Messages whose content is not a string (null included)."""
+        return [m for m in self.messages if m.get("content").__class__ is not str]
+
+
 @dataclass(frozen=True)
 class RepairStep:
-    """One repair invariant: ``broken(messages)``, a cheap check whether the
-    list breaks it, and ``fix(messages, report)``, which restores it. The
-    check may assume the invariants of the steps before it hold. Called, a
-    step returns its input untouched (the same list) when its check finds
-    nothing to do, so a list no check objects to costs one pass per step."""
+    """One repair invariant: ``broken(view)``, a cheap check whether the
+    list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
+    which restores it. The check may assume the invariants of the steps
+    before it hold. Called, a step returns its input untouched (the same
+    list) when its check finds nothing to do."""
 
-    broken: Callable[[Messages], bool]
+    broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
 
     @property
@@ -260,19 +299,21 @@ class RepairStep:
         return self.fix.__name__
 
     def __call__(self, messages: Messages, report: RepairReport) -> Messages:
-        return self.fix(messages, report) if self.broken(messages) else messages
+        return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
 
-def _has_malformed(messages: Messages) -> bool:
-    for m in messages:
-        if not isinstance(m, dict):
+def _has_malformed(view: TranscriptView) -> bool:
+    try:
+        # a message that is no dict has no role here; an unhashable role raises
+        if not _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages]):
             return True
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            return True
-        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            return True
-    return False
+    except TypeError:
+        return True
+    return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
+
+
+def merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
+    return RepairReport(**{k: getattr(a, k) + getattr(b, k) for k in a.__dataclass_fields__})
 
 
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
@@ -295,11 +336,16 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
 DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
 
 
-def _has_empty_tool_calls(messages: Messages) -> bool:
-    for m in messages:
-        if "tool_calls" in m:
-            calls = m["tool_calls"]
-            if not isinstance(calls, list) or not calls or not all(_call_id(c) for c in calls):
+def _has_empty_tool_calls(view: TranscriptView) -> bool:
+    for _, m in view.callers:
+        calls = m["tool_calls"]
+        if not isinstance(calls, list) or not calls:
+            return True
+        for c in calls:
+            if not isinstance(c, dict):
+                return True
+            cid = c.get("id")
+            if not isinstance(cid, str) or not cid:
                 return True
     return False
 
@@ -337,8 +383,8 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     return j
 
 
-def _has_errored_tool_turn(messages: Messages) -> bool:
-    return any("tool_calls" in m and _is_tool_call_turn(m) and _is_errored_assistant(m) for m in messages)
+def _has_errored_tool_turn(view: TranscriptView) -> bool:
+    return any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers)
 
 
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
@@ -415,26 +461,26 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     return unit, rest
 
 
-def _pairing_broken(messages: Messages) -> bool:
+def _pairing_broken(view: TranscriptView) -> bool:
     """Whether some assistant's calls are not answered, in call order, by
     exactly one tool message each right after it (or repeat an id), or a
     tool message answers no call right before it."""
-    owed: Optional[list] = None  # call ids of the current run of results
+    messages = view.messages
     answered = 0
-    for m in messages:
-        if m["role"] == "tool":
-            if owed is None or answered >= len(owed) or m["tool_call_id"] != owed[answered]:
-                return True
-            answered += 1
+    for i, m in view.callers:
+        if m["role"] != "assistant":
             continue
-        if owed is not None and answered < len(owed):
-            return True  # unanswered calls, or a result displaced behind this message
-        owed = None
-        if "tool_calls" in m and m["role"] == "assistant":
-            owed, answered = [c["id"] for c in m["tool_calls"]], 0
-            if len(set(owed)) != len(owed):
+        ids = [c["id"] for c in m["tool_calls"]]
+        k = len(ids)
+        run = messages[i + 1 : i + 1 + k]
+        if len(run) != k or len(set(ids)) != k:
+            return True
+        for result, cid in zip(run, ids):
+            if result["role"] != "tool" or result["tool_call_id"] != cid:
                 return True
-    return owed is not None and answered < len(owed)
+        answered += k
+    # every run is answered in full; a tool message outside the runs answers nothing
+    return answered != len(view.tools)
 
 
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
@@ -448,29 +494,55 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     another message moves back to its call; a result that arrives after a
     later assistant turn cannot be placed and is dropped with its call.
     """
-    out: Messages = []
-    i = 0
     n = len(messages)
-    while i < n:
-        message = messages[i]
-        role = _role(message)
-        if role == "tool":
+    # Turns whose results are exactly their run (the usual case) are copied
+    # as they are: only the broken turns and the stray results are visited.
+    broken: set = set()
+    covered: set = set()
+    for i, message in enumerate(messages):
+        if "tool_calls" not in message or message["role"] != "assistant":
+            continue
+        ids = [c["id"] for c in message["tool_calls"]]
+        run = messages[i + 1 : i + 1 + len(ids)]
+        if len(set(ids)) == len(ids) == len(run) and all(
+            r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
+        ):
+            covered.update(range(i + 1, i + 1 + len(ids)))
+        else:
+            broken.add(i)
+    strays = []  # results outside every turn's span: orphans
+    last_assistant = -1
+    for p, message in enumerate(messages):
+        role = message["role"]
+        if role == "assistant":
+            last_assistant = p
+        elif role == "tool" and p not in covered:
+            if last_assistant >= 0 and "tool_calls" in messages[last_assistant]:
+                broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
+            else:
+                strays.append(p)
+    out: Messages = []
+    done = 0
+    for at in sorted(broken.union(strays)):
+        if at < done:
+            continue
+        out.extend(messages[done:at])
+        if at not in broken:
             report.dropped_orphan_results += 1
-            i += 1
+            done = at + 1
             continue
-        if not _is_tool_call_turn(message):
-            out.append(message)
-            i += 1
-            continue
-        end = _turn_span_end(messages, i)
-        unit, rest = _pair_one_turn(message, messages[i + 1 : end], report)
+        end = at + 1
+        while end < n and messages[end]["role"] != "assistant":
+            end += 1
+        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : end], report)
         head = unit[0]
         if _tool_calls(head) or _has_visible_content(head):
             out.extend(unit)
         else:
             report.dropped_empty_assistants += 1
         out.extend(rest)
-        i = end
+        done = end
+    out.extend(messages[done:])
     return out
 
 
@@ -481,14 +553,12 @@ def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _has_long_tool_call_id(messages: Messages) -> bool:
-    for m in messages:
-        if m["role"] == "tool":
-            if len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID:
-                return True
-        elif "tool_calls" in m and any(len(c["id"]) > _MAX_TOOL_CALL_ID for c in m["tool_calls"]):
-            return True
-    return False
+def _has_long_tool_call_id(view: TranscriptView) -> bool:
+    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools):
+        return True
+    return any(
+        len(c["id"]) > _MAX_TOOL_CALL_ID for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"]
+    )
 
 
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
@@ -518,16 +588,9 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
 SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_tool_call_ids)
 
 
-def _has_reused_tool_call_id(messages: Messages) -> bool:
-    seen: set = set()
-    for m in messages:
-        if "tool_calls" in m and m["role"] == "assistant":
-            for c in m["tool_calls"]:
-                cid = c["id"]
-                if cid in seen:
-                    return True
-                seen.add(cid)
-    return False
+def _has_reused_tool_call_id(view: TranscriptView) -> bool:
+    ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
+    return len(set(ids)) != len(ids)
 
 
 def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
@@ -547,41 +610,40 @@ def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
-    pairing is per turn, so each turn's results are already its own. A
-    reused id is renamed on the call and its results alike, the same way on
-    every request of the chat (the n-th reuse gets suffix ``_n``, skipping
-    ids the request holds), and the first use keeps its id."""
-    taken: set = set()
-    for m in messages:
-        if m["role"] == "tool":
-            taken.add(m["tool_call_id"])
-        elif "tool_calls" in m:
-            taken.update(c["id"] for c in m["tool_calls"])
+    pairing is per turn, so each turn's results are already its own (right
+    after it). A reused id is renamed on the call and its result alike, the
+    same way on every request of the chat (the n-th reuse gets suffix
+    ``_n``, skipping ids the request holds), and the first use keeps its id."""
+    turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
+    taken = {c["id"] for i in turns for c in messages[i]["tool_calls"]}
+    taken.update(m["tool_call_id"] for m in messages if m["role"] == "tool")
     seen: set = set()
     next_suffix: dict = {}
-    renamed: dict = {}  # old -> new id, for the results right after the current call turn
-    out = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            new_id = renamed.get(message["tool_call_id"])
-            if new_id is not None:
-                message = {**message, "tool_call_id": new_id}
-        else:
-            renamed = {}
-            if "tool_calls" in message and role == "assistant":
-                calls = []
-                for call in message["tool_calls"]:
-                    cid = call["id"]
-                    if cid in seen:
-                        new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-                        call = {**call, "id": new_id}
-                        report.renamed_reused_ids += 1
-                    seen.add(call["id"])
-                    calls.append(call)
-                if renamed:
-                    message = {**message, "tool_calls": calls}
-        out.append(message)
+    out = list(messages)
+    n = len(messages)
+    count = 0
+    for i in turns:
+        message = messages[i]
+        calls = message["tool_calls"]
+        renamed: dict = {}  # old id -> new id, in this turn
+        for call in calls:
+            cid = call["id"]
+            if cid in seen:
+                new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
+                seen.add(new_id)
+            else:
+                seen.add(cid)
+        if not renamed:
+            continue
+        count += len(renamed)
+        out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
+        j = i + 1
+        while j < n and messages[j]["role"] == "tool":
+            result = messages[j]
+            if result["tool_call_id"] in renamed:
+                out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
+            j += 1
+    report.renamed_reused_ids += count
     return out
 
 
@@ -593,14 +655,12 @@ def _safe_name(name: Any, limit: int = 64) -> str:
     return cleaned or "tool"
 
 
-def _has_invalid_name(messages: Messages) -> bool:
-    for m in messages:
-        name = m.get("name")
+def _has_invalid_name(view: TranscriptView) -> bool:
+    for m in view.named:
+        name = m["name"]
         if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
             return True
-        if "tool_calls" in m and not all(_valid_function_name(c) for c in m["tool_calls"]):
-            return True
-    return False
+    return not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
 
 
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
@@ -629,7 +689,12 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
 def _valid_function_name(call: dict) -> bool:
     function = call.get("function")
     name = function.get("name") if isinstance(function, dict) else None
-    return isinstance(name, str) and bool(_FUNCTION_NAME_RE.match(name))
+    return isinstance(name, str) and _function_name_ok(name)
+
+
+@lru_cache(maxsize=1024)
+def _function_name_ok(name: str) -> bool:
+    return bool(_FUNCTION_NAME_RE.match(name))
 
 
 def _call_shape_ok(call: dict) -> bool:
@@ -637,8 +702,8 @@ def _call_shape_ok(call: dict) -> bool:
     return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
 
 
-def _has_bad_call_shape(messages: Messages) -> bool:
-    return any("tool_calls" in m and not all(_call_shape_ok(c) for c in m["tool_calls"]) for m in messages)
+def _has_bad_call_shape(view: TranscriptView) -> bool:
+    return not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"])
 
 
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -698,12 +763,8 @@ def _content_ok(message: Message) -> bool:
     return all(_part_ok(p, role) for p in content)
 
 
-def _has_bad_content_shape(messages: Messages) -> bool:
-    for m in messages:
-        content = m.get("content")
-        if content is not None and content.__class__ is not str and not _content_ok(m):
-            return True
-    return False
+def _has_bad_content_shape(view: TranscriptView) -> bool:
+    return not all(_content_ok(m) for m in view.not_text)
 
 
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
@@ -740,8 +801,8 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
 FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
 
 
-def _has_null_content(messages: Messages) -> bool:
-    return any(m.get("content") is None and not _is_tool_call_turn(m) for m in messages)
+def _has_null_content(view: TranscriptView) -> bool:
+    return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
 
 
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
@@ -786,15 +847,32 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
+    view = TranscriptView(out)
     for step in _REPAIR_STEPS:
-        out = step(out, report)
+        if step.broken(view):
+            out = step.fix(out, report)
+            view = TranscriptView(out)
     return out, report
+
+
+REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
+
+
+async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
+    """``repair_transcript`` for the request path: a long list (a chat of
+    thousands of messages) is repaired in a worker thread, so the event
+    loop serves other requests meanwhile. Repair is pure: it reads the
+    input and builds new lists and dicts, nothing shared."""
+    if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
+        return await asyncio.to_thread(repair_transcript, messages)
+    return repair_transcript(messages)
 
 
 def _needs_repair(messages: Messages) -> bool:
     """Whether any step would change the list: the union of the steps'
     checks, in order (each check may assume the ones before it passed)."""
-    return any(step.broken(messages) for step in _REPAIR_STEPS)
+    view = TranscriptView(messages)
+    return any(step.broken(view) for step in _REPAIR_STEPS)
 
 
 # -- The summary message ----------------------------------------------------
@@ -880,6 +958,7 @@ def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> 
 TRIM_MARKER = "[… {n} characters trimmed to fit the context window …]"
 _IMAGE_MARKER = "[image omitted to fit the context window]"
 _ATTACHMENT_MARKER = "[attachment omitted to fit the context window]"
+ARGUMENTS_MARKER = "{n} characters of these arguments were shortened to fit the context window"
 _MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
 
 
@@ -956,14 +1035,22 @@ def fit_to_budget(
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part (system messages, the last user message) does.
+    irreducible part does: the system messages and the latest user turn (the
+    last user message and what follows it). It never creates a role order a
+    provider rejects.
 
-    Oldest whole turns after the protected prefix go first, never splitting a
-    tool chain and, while possible, never creating a role order a provider
-    rejects. System messages, the protected head and everything from the last
-    user message on are never dropped; when they alone are over the cap the
-    largest old tool outputs, images and messages are shortened, each cut
-    marked, instead of failing.
+    In an emergency, in this order, until the list fits:
+    1. the oldest whole turns after the protected head go (never splitting a
+       tool chain, never joining two messages into a rejected order);
+    2. what is left is shortened, the head included, each cut marked: the
+       largest old tool outputs, images, old tool-call arguments (to a JSON
+       object saying so), then other old messages;
+    3. the protected head yields: its turns go too, oldest first, and the
+       turns step 1 skipped for the sake of role order get another chance;
+    4. everything before the latest user turn goes but the system messages,
+       an order every provider accepts.
+    When even that is over the cap, the smallest of these lists is sent and
+    the report says ``over_budget``.
     """
     report = FitReport()
     sizes = [token_of(m) for m in messages]
@@ -971,21 +1058,32 @@ def fit_to_budget(
     report.tokens_before = report.tokens_after = total
     if cap <= 0 or total <= cap:
         return list(messages), report
-    last_user = _last_user_index(messages)
+    # the latest user turn starts at the last user message (with no user
+    # message at all: at the start of the last unit)
+    last_user = max(0, _last_user_index(messages))
+    if last_user < len(messages) and _role(messages[last_user]) != "user":
+        last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
+    head_end = max(0, min(protected_prefix, last_user))
+    tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
-    turns = _droppable_turns(messages, max(0, protected_prefix), max(0, last_user))
-    total = _drop_turns(messages, sizes, keep, turns, total, cap, report, strict=True)
+    total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
     out, total, report = _shrink_if_over(messages, keep, token_of, total, cap, report)
+    if total > cap and head_end > 0:
+        keep3, report3 = list(keep), replace(report)
+        turns = _droppable_turns(messages, 0, head_end) + tail_turns
+        total3 = _drop_turns(messages, sizes, keep3, turns, _kept_total(sizes, keep3, fixed_tokens), cap, report3)
+        out3, total3, report3 = _shrink_if_over(messages, keep3, token_of, total3, cap, report3)
+        if total3 < total:
+            out, total, report = out3, total3, report3
     if total > cap:
-        # Last resort, cap before order: drop the turns the strict pass kept
-        # for the sake of role order, but only if that reaches the cap.
-        keep2, report2 = list(keep), replace(report)
-        total2 = _drop_turns(
-            messages, sizes, keep2, turns, _kept_total(sizes, keep2, fixed_tokens), cap, report2, strict=False
-        )
-        out2, total2, report2 = _shrink_if_over(messages, keep2, token_of, total2, cap, report2)
-        if total2 <= cap:
-            out, total, report = out2, total2, report2
+        keep4 = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
+        report4 = FitReport(tokens_before=report.tokens_before)
+        report4.dropped_messages = keep4.count(False)
+        report4.dropped_turns = len(_droppable_turns(messages, 0, last_user))
+        total4 = _kept_total(sizes, keep4, fixed_tokens)
+        out4, total4, report4 = _shrink_if_over(messages, keep4, token_of, total4, cap, report4)
+        if total4 < total:
+            out, total, report = out4, total4, report4
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
@@ -1004,7 +1102,10 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report):
     return out, total, report
 
 
-def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int:
+def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
+    """Drops ``turns`` in the order given while over ``cap``, skipping a turn
+    whose drop would join two messages into an order some provider rejects
+    or make an assistant open the conversation."""
     # What is kept before a run of dropped turns does not change while the
     # run grows: remembered, so dropping many old turns stays linear.
     dropped_end, kept_before_dropped = -1, None
@@ -1013,13 +1114,10 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report, strict) -> int
             break
         if not any(keep[start:end]):
             continue
-        if strict:
-            before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
-            if not (
-                _joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)
-            ):
-                continue
-            dropped_end, kept_before_dropped = end, before
+        before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
+        if not (_joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)):
+            continue
+        dropped_end, kept_before_dropped = end, before
         for i in range(start, end):
             if keep[i]:
                 keep[i] = False
@@ -1079,11 +1177,15 @@ def _shrinkable_order(messages: Messages) -> list[int]:
 def _shrink_protected(messages, token_of, total, cap, report):
     out = list(messages)
     order = _shrinkable_order(out)
-    for pass_kind in ("tool", "image", "text"):
-        candidates = sorted(
-            (i for i in order if pass_kind != "tool" or _role(out[i]) == "tool"),
-            key=lambda i: -token_of(out[i]),
-        )
+    last_user = _last_user_index(out)
+    for pass_kind in ("tool", "image", "arguments", "text"):
+        if pass_kind == "tool":
+            eligible = [i for i in order if _role(out[i]) == "tool"]
+        elif pass_kind == "arguments":
+            eligible = [i for i in order if i < last_user and _tool_calls(out[i])]
+        else:
+            eligible = order
+        candidates = sorted(eligible, key=lambda i: -token_of(out[i]))
         for i in candidates:
             if total <= cap:
                 return out, total
@@ -1092,6 +1194,8 @@ def _shrink_protected(messages, token_of, total, cap, report):
                 shorter = _without_images(out[i])
                 if shorter is not out[i]:
                     report.dropped_images += 1
+            elif pass_kind == "arguments":
+                shorter = _without_long_arguments(out[i])
             else:
                 # aim the text alone at the target: names, arguments and
                 # per-message overhead are not shortened
@@ -1126,6 +1230,30 @@ def _without_images(message: Message) -> Message:
     if parts == content:
         return message
     return {**message, "content": parts}
+
+
+_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
+
+
+def _without_long_arguments(message: Message) -> Message:
+    """``message`` with each long tool-call argument string replaced by a
+    JSON object that says it was shortened and keeps its start, so gateways
+    that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
+    calls = []
+    changed = False
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str) and len(arguments) > 2 * _ARGUMENTS_KEEP_CHARS:
+            omitted = len(arguments) - _ARGUMENTS_KEEP_CHARS
+            marker = {
+                "_omitted": ARGUMENTS_MARKER.format(n=omitted),
+                "_start": arguments[:_ARGUMENTS_KEEP_CHARS],
+            }
+            call = {**call, "function": {**function, "arguments": json.dumps(marker, ensure_ascii=False)}}
+            changed = True
+        calls.append(call)
+    return {**message, "tool_calls": calls} if changed else message
 
 
 def clip_text(text: str, keep_chars: int) -> str:
@@ -1373,6 +1501,45 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
     return start
 
 
+BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
+
+
+def has_builtin_summary(messages: Messages) -> bool:
+    """Open WebUI's own compaction already summarized this request."""
+    return any(
+        isinstance(m, dict) and m.get("role") == "system" and BUILTIN_SUMMARY_MARK in _text_of(m.get("content"))
+        for m in messages
+    )
+
+
+def index_after_head(view: Messages, head_count: int) -> int:
+    """Index in ``view`` (system messages included) of the first message
+    after ``head_count`` canonical ones."""
+    seen = 0
+    for i, message in enumerate(view):
+        if seen >= head_count:
+            return i
+        if _role(message) != "system":
+            seen += 1
+    return len(view)
+
+
+def canonical_head(canon: Messages, keep_first: int) -> int:
+    """Canonical messages kept verbatim before any summary."""
+    return protected_head_end(canon, keep_first) if canon else 0
+
+
+def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
+    """Stored message ids for the canonical messages (repair returns the
+    same dict objects for messages it did not change)."""
+    by_object = {id(m): mid for m, mid in zip(expanded, ids)}
+    out, last = [], None
+    for message in canon:
+        last = by_object.get(id(message), last)
+        out.append(last)
+    return out
+
+
 # ---------------------------------------------------------------------------
 # 3. Token accounting
 # ---------------------------------------------------------------------------
@@ -1613,88 +1780,88 @@ class TokenCounter:
         self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
 
     # -- encodings, loaded off the request path --
-    def start_loading(self, name: str) -> None:
+    def start_loading(self, encoding: str) -> None:
         """Load an encoding in a background thread, once at a time, and after
         a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
         with self._lock:
-            if name in self._encodings or name in self._loading or name not in _ENCODINGS:
+            if encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS:
                 return
-            failed = self._failed.get(name)
+            failed = self._failed.get(encoding)
             if failed is not None and time.monotonic() - failed < LOAD_RETRY_SECONDS:
                 return
-            self._loading.add(name)
-        threading.Thread(target=self._load, args=(name,), name=f"acc-tiktoken-{name}", daemon=True).start()
+            self._loading.add(encoding)
+        threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True).start()
 
-    def _load(self, name: str) -> None:
+    def _load(self, encoding: str) -> None:
         try:
             import tiktoken
 
-            encoding = tiktoken.get_encoding(name)
-            encoding.encode("warm up")
+            tokenizer = tiktoken.get_encoding(encoding)
+            tokenizer.encode("warm up")
             with self._lock:
-                self._encodings[name] = encoding
+                self._encodings[encoding] = tokenizer
         except Exception as exc:  # offline without a cached file: stay on estimates
-            log.info("tiktoken %s unavailable (%s); using the estimator", name, exc)
+            log.info("tiktoken %s unavailable (%s); using the estimator", encoding, exc)
             with self._lock:
-                self._failed[name] = time.monotonic()
+                self._failed[encoding] = time.monotonic()
         finally:
             with self._lock:
-                self._loading.discard(name)
+                self._loading.discard(encoding)
 
-    def is_exact(self, name: str) -> bool:
-        return name in self._encodings
+    def is_exact(self, encoding: str) -> bool:
+        return encoding in self._encodings
 
-    def wait_ready(self, name: str, timeout: float = 30.0) -> bool:
+    def wait_ready(self, encoding: str, timeout: float = 30.0) -> bool:
         """For tests and benchmarks only: block until the encoding loaded."""
-        self.start_loading(name)
+        self.start_loading(encoding)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if name in self._encodings:
+            if encoding in self._encodings:
                 return True
             with self._lock:
-                if name not in self._loading:
-                    return name in self._encodings
+                if encoding not in self._loading:
+                    return encoding in self._encodings
             time.sleep(0.01)
-        return name in self._encodings
+        return encoding in self._encodings
 
     # -- text --
-    def text_tokens(self, text: str, name: str, exact: bool = True) -> int:
+    def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
             return 0
-        encoding = self._encodings.get(name) if exact else None
-        if encoding is None:
+        tokenizer = self._encodings.get(encoding) if exact else None
+        if tokenizer is None:
             if exact:
-                self.start_loading(name)
-            return estimate_text_tokens(text, name)
-        return len(encoding.encode(text, disallowed_special=()))
+                self.start_loading(encoding)
+            return estimate_text_tokens(text, encoding)
+        return len(tokenizer.encode(text, disallowed_special=()))
 
     # -- messages --
-    def message_tokens(self, message: Message, name: str, exact: bool = True) -> int:
+    def message_tokens(self, message: Message, encoding: str, exact: bool = True) -> int:
         if not isinstance(message, dict):
             return 0
-        slot = 1 if exact and name in self._encodings else 0
+        slot = 1 if exact and encoding in self._encodings else 0
         if exact and not slot:
-            self.start_loading(name)  # for later requests; this one is estimated
-        entry = self._entry(message, name)
+            self.start_loading(encoding)  # for later requests; this one is estimated
+        entry = self._entry(message, encoding)
         value = entry[slot]
         if value is None:
-            value = entry[slot] = self._count_message(message, name, slot == 1)
+            value = entry[slot] = self._count_message(message, encoding, slot == 1)
         return value
 
-    def preflight(self, messages: Messages, name: str) -> tuple[int, int, dict]:
+    def preflight(self, messages: Messages, encoding: str) -> tuple[int, int, dict]:
         """For a quick check against a limit: (the sum of the exact counts
         the cache holds, the sum of estimates for the other messages, those
         exact counts by ``id(message)``). One cache look-up per message and
         no tokenizing but the estimator's."""
         cache, size_limit = self._cache, self._cache_size
-        loaded = name in self._encodings
+        loaded = encoding in self._encodings
         known = estimated = 0
         exact_sizes: dict = {}
         uncounted: list = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            key = _cache_key(message, name)
+            key = _cache_key(message, encoding)
             entry = cache.get(key)
             if entry is None:
                 entry = cache[key] = [None, None]
@@ -1707,7 +1874,7 @@ class TokenCounter:
                 exact_sizes[id(message)] = entry[1]
             else:
                 if entry[0] is None:
-                    entry[0] = self._count_message(message, name, False)
+                    entry[0] = self._count_message(message, encoding, False)
                 uncounted.append((message, entry))
         # The messages new since the last request are few: count them exactly
         # (newest first), so estimates, with their rare large errors, only
@@ -1716,17 +1883,17 @@ class TokenCounter:
         for message, entry in reversed(uncounted):
             if budget > 0 and entry[0] <= budget:
                 budget -= entry[0]
-                entry[1] = self._count_message(message, name, True)
+                entry[1] = self._count_message(message, encoding, True)
                 known += entry[1]
                 exact_sizes[id(message)] = entry[1]
             else:
                 estimated += entry[0]
         return known, estimated, exact_sizes
 
-    def _entry(self, message: Message, name: str) -> list:
+    def _entry(self, message: Message, encoding: str) -> list:
         """The cache entry of a message's content: [estimate, exact count],
         either None until computed. Least recently used entries go first."""
-        key = _cache_key(message, name)
+        key = _cache_key(message, encoding)
         cache = self._cache
         entry = cache.get(key)
         if entry is None:
@@ -1737,32 +1904,32 @@ class TokenCounter:
             cache.move_to_end(key)
         return entry
 
-    def _count_message(self, message: Message, name: str, exact: bool) -> int:
+    def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
         total = TOKENS_PER_MESSAGE + 1  # role
         content = message.get("content")
         if isinstance(content, str):
-            total += self.text_tokens(content, name, exact)
+            total += self.text_tokens(content, encoding, exact)
         elif isinstance(content, list):
             for part in content:
-                total += self._part_tokens(part, name, exact)
+                total += self._part_tokens(part, encoding, exact)
         if message.get("name"):
-            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), name, exact)
+            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), encoding, exact)
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 total += TOKENS_PER_TOOL_CALL
-                total += self.text_tokens(str(function.get("name", "")), name, exact)
+                total += self.text_tokens(str(function.get("name", "")), encoding, exact)
                 arguments = function.get("arguments", "")
                 if not isinstance(arguments, str):
                     arguments = json.dumps(arguments, ensure_ascii=False)
-                total += self.text_tokens(arguments, name, exact)
+                total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
         return total
 
-    def _part_tokens(self, part: Any, name: str, exact: bool) -> int:
+    def _part_tokens(self, part: Any, encoding: str, exact: bool) -> int:
         if isinstance(part, str):
-            return self.text_tokens(part, name, exact)
+            return self.text_tokens(part, encoding, exact)
         if not isinstance(part, dict):
             return 0
         if part.get("type") == "image_url":
@@ -1771,13 +1938,13 @@ class TokenCounter:
             detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
             return image_tokens(url, detail)
         if isinstance(part.get("text"), str):
-            return self.text_tokens(part["text"], name, exact)
-        return self.text_tokens(json.dumps(part, ensure_ascii=False), name, exact)
+            return self.text_tokens(part["text"], encoding, exact)
+        return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
 
-    def messages_tokens(self, messages: Messages, name: str, exact: bool = True) -> int:
-        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, name, exact) for m in messages)
+    def messages_tokens(self, messages: Messages, encoding: str, exact: bool = True) -> int:
+        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, encoding, exact) for m in messages)
 
-    def tools_tokens(self, tools: Any, name: str) -> int:
+    def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
         if not tools:
             return 0
@@ -1785,20 +1952,70 @@ class TokenCounter:
             text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             return 0
-        return self.text_tokens(text, name)
+        return self.text_tokens(text, encoding)
 
     def cache_len(self) -> int:
         return len(self._cache)
 
+    # -- primitives of the request policy (count_request, fit_request) --
+    def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
+        """(each message's size under the request policy where the cache
+        already knows it, else None; the cache entries of the messages whose
+        size is None, in order). Exact counts once the encoding is loaded,
+        estimates with their margin before. One cache look-up per message,
+        nothing counted."""
+        cache, limit = self._cache, self._cache_size
+        slot = 1 if encoding in self._encodings else 0
+        if not slot:
+            self.start_loading(encoding)  # for later requests
+        sizes: list = []
+        missing: list = []
+        for message in messages:
+            if not isinstance(message, dict):
+                sizes.append(0)
+                continue
+            key = _cache_key(message, encoding)
+            entry = cache.get(key)
+            if entry is None:
+                entry = cache[key] = [None, None]
+                if len(cache) > limit:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+            value = entry[slot]
+            if value is None:
+                sizes.append(None)
+                missing.append(entry)
+            else:
+                sizes.append(value if slot else _with_margin(value))
+        return sizes, missing
 
-def _cache_key(message: Message, name: str) -> tuple:
+    def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
+        """Counts of ``messages``, leaving the cache alone: safe to run in a
+        worker thread while the event loop uses the cache."""
+        return [self._count_message(m, encoding, exact) for m in messages]
+
+    def estimated_size(self, message: Message, encoding: str, cached: bool = True) -> int:
+        """A message's estimate with its margin: the request policy's size
+        of a message made while fitting (a shortened copy), so that fitting
+        never tokenizes. ``cached=False`` leaves the cache alone (for a
+        worker thread; the estimate is the same)."""
+        if not cached:
+            return _with_margin(self._count_message(message, encoding, False))
+        entry = self._entry(message, encoding)
+        if entry[0] is None:
+            entry[0] = self._count_message(message, encoding, False)
+        return _with_margin(entry[0])
+
+
+def _cache_key(message: Message, encoding: str) -> tuple:
     """The count cache's key of a message for an encoding (estimates and
     exact counts add a flag)."""
     content = message.get("content")
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
         # the usual message, keyed without building nested tuples
-        return (name, hash(content), len(content), bool(message.get("tool_call_id")))
-    return (name, _message_key(message))
+        return (encoding, hash(content), len(content), bool(message.get("tool_call_id")))
+    return (encoding, _message_key(message))
 
 
 def _message_key(message: Message) -> tuple:
@@ -1844,6 +2061,104 @@ def _part_key(part: Any) -> tuple:
             return ("i", hash(url), len(url), str(image.get("detail")))
         return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
     return ("s", hash(str(part)))
+
+
+# -- The token policy of a request -------------------------------------------
+# One place decides how a request is counted, exact or estimated, and with
+# which margin; everything else asks ``count_request`` or ``fit_request``.
+#
+# * A message's size is its exact count once the encoding is loaded and the
+#   message was counted; otherwise its estimate plus ESTIMATE_MARGIN (which
+#   covers the estimator's worst error on the corpus).
+# * ``fit_request`` counts every message it has not counted before, exactly
+#   when the encoding is loaded: a turn's few new messages on the event loop,
+#   more than ON_LOOP_CHARS characters of them (a long chat seen for the
+#   first time after a restart) in a worker thread, so no request holds the
+#   event loop for other users meanwhile.
+# * ``count_request`` never tokenizes: what the cache knows, estimates with
+#   their margin for the rest. Right after ``fit_request``, it gives the same
+#   number for the list sent as the FitReport's ``tokens_after``.
+
+ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
+ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
+
+
+def _with_margin(estimate: int) -> int:
+    return -int(-estimate * (1 + ESTIMATE_MARGIN) // 1)
+
+
+def _text_chars(message: Any) -> int:
+    """About how many characters counting ``message`` tokenizes."""
+    if not isinstance(message, dict):
+        return 0
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> int:
+    """What a request costs besides its messages: its own overhead and the
+    tool schemas sent with it."""
+    return TOKENS_PER_REQUEST + counter.tools_tokens(tools, encoding)
+
+
+def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixed: int) -> int:
+    """How many tokens a request of ``messages`` is: ``fixed`` (see
+    ``request_fixed_tokens``) plus each message's size under the policy
+    above. Never tokenizes; estimates messages never seen before."""
+    sizes, missing = counter.cached_sizes(messages, encoding)
+    for i, entry in zip([i for i, size in enumerate(sizes) if size is None], missing):
+        if entry[0] is None:
+            entry[0] = counter._count_message(messages[i], encoding, False)
+        sizes[i] = _with_margin(entry[0])
+    return fixed + sum(sizes)
+
+
+async def fit_request(
+    counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
+) -> tuple[Messages, FitReport]:
+    """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
+    ``prefix`` messages while it can), counted under the policy above; the
+    report's ``tokens_after`` equals ``count_request`` of the list returned.
+    Holds the event loop only for slices of cache look-ups: counting and
+    fitting a long list happen in a worker thread."""
+    exact = counter.is_exact(encoding)
+    sizes: list = []
+    missing: list = []
+    for at in range(0, len(messages), ON_LOOP_MESSAGES):
+        if at:
+            await asyncio.sleep(0)  # other requests run between slices
+        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
+        sizes += part_sizes
+        missing += part_missing
+    if missing:
+        at_missing = [i for i, size in enumerate(sizes) if size is None]
+        todo = [messages[i] for i in at_missing]
+        if sum(_text_chars(m) for m in todo) <= ON_LOOP_CHARS:
+            counts = counter.measure(todo, encoding, exact)
+        else:
+            counts = await asyncio.to_thread(counter.measure, todo, encoding, exact)
+        slot = 1 if exact else 0
+        for i, entry, value in zip(at_missing, missing, counts):
+            entry[slot] = value  # merged on the loop: the thread never touches the cache
+            sizes[i] = value if exact else _with_margin(value)
+    total = fixed + sum(sizes)
+    if cap <= 0 or total <= cap:
+        return list(messages), FitReport(tokens_before=total, tokens_after=total)
+    known = {id(m): size for m, size in zip(messages, sizes)}
+    on_loop = len(messages) <= ON_LOOP_MESSAGES
+
+    def token_of(message: Message) -> int:
+        size = known.get(id(message))
+        return size if size is not None else counter.estimated_size(message, encoding, cached=on_loop)
+
+    if on_loop:
+        return fit_to_budget(messages, token_of, cap, prefix, fixed)
+    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)
 
 
 # ---------------------------------------------------------------------------
@@ -2033,23 +2348,35 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
         if problem:
             notes.append(problem)
     if carried:
-        notes.insert(0, note("n_carried", names=", ".join(carried)))
+        notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
         notes.append(note("n_ignored", names=", ".join(sorted(ignored))))
     return clean, notes
 
 
-_LOGGED_NOTES: "OrderedDict[Note, bool]" = OrderedDict()
+class _SeenNotes(OrderedDict):
+    limit = 256
+
+
+_LOGGED_NOTES = _SeenNotes()
 
 
 def log_notes_once(notes: Iterable[Note]) -> None:
-    """Each distinct Note once per process (valves are rebuilt per request)."""
-    for item in notes:
-        if item not in _LOGGED_NOTES:
-            _LOGGED_NOTES[item] = True
-            if len(_LOGGED_NOTES) > 256:
-                _LOGGED_NOTES.popitem(last=False)
-            log.warning("async_context_compression settings: %s", item)
+    """Each distinct Note once per process (valves are rebuilt per request).
+    Never raises: it runs inside the valves' validation."""
+    try:
+        for item in notes:
+            if item not in _LOGGED_NOTES:
+                _LOGGED_NOTES[item] = True
+                while len(_LOGGED_NOTES) > _LOGGED_NOTES.limit:
+                    _LOGGED_NOTES.popitem(last=False)
+                log.warning("async_context_compression settings: %s", item)
+    except Exception:  # e.g. a concurrent eviction from another thread
+        pass
+
+
+_FIELD_TYPES: dict = {}
+_INFINITE = (float("inf"), float("-inf"))
 
 
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
@@ -2057,6 +2384,16 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
     given, an instance comes back, with what was corrected in ``_notes``."""
     if isinstance(data, model):
         return data
+    types = _FIELD_TYPES.get(model)
+    if types is None:
+        types = _FIELD_TYPES.setdefault(model, {n: f.annotation for n, f in model.model_fields.items()})
+    if isinstance(data, dict) and all(
+        type(v) is types.get(k) and v == v and v not in _INFINITE for k, v in data.items()
+    ):
+        try:  # the usual case: stored by this version, nothing to convert or explain
+            return handler(data)
+        except Exception:
+            pass
     clean, notes = accept_valves(model.model_fields, data)
     try:
         instance = handler(clean)
@@ -2071,8 +2408,10 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
         except Exception:
             notes.append(note("n_valves_reset"))
             instance = handler({})
-    instance._notes = tuple(notes)
-    log_notes_once(notes)
+    if notes:
+        # not a pydantic private attribute: those make every Valves() 3x slower
+        object.__setattr__(instance, "_notes", tuple(notes))
+        log_notes_once(notes)
     return instance
 
 
@@ -2170,10 +2509,17 @@ def model_overrides(table: dict, model_id: str) -> dict:
     return best
 
 
+_DEFAULTS_BY_CLASS: dict = {}
+
+
 def _valve_default(valves: Any, name: str) -> Any:
-    fields = getattr(type(valves), "model_fields", None) or Filter.Valves.model_fields
-    field = fields.get(name) or Filter.Valves.model_fields[name]
-    return field.default
+    """The default of a valve (this module's Valves' for objects that lack it)."""
+    cls = type(valves)
+    defaults = _DEFAULTS_BY_CLASS.get(cls)
+    if defaults is None:
+        fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
+        defaults = _DEFAULTS_BY_CLASS.setdefault(cls, {n: f.default for n, f in fields.items()})
+    return defaults[name]
 
 
 def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
@@ -2183,6 +2529,8 @@ def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
     kind = type(default)
     low, high = _VALVE_BOUNDS[name]
     value = getattr(valves, name, default)
+    if type(value) is kind and low <= value <= high and name != "status_usage_threshold":
+        return value  # the usual case, cheaply
     try:
         number = _as_number(value, kind)
     except (TypeError, ValueError, OverflowError):
@@ -2267,6 +2615,16 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
         summary_model_params=params,
     )
+
+
+def usage_shown(settings: Settings, used: int) -> bool:
+    """Whether the usage part of the status line is shown for a request of
+    ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
+    when it is 0; never without a cap, where there is no share to reach)."""
+    share = settings.status_usage_threshold
+    if share <= 0:
+        return True
+    return settings.max_context > 0 and used >= share * settings.max_context
 
 
 def _flag(value: Any) -> bool:
@@ -2463,6 +2821,13 @@ def classify_store_error(exc: BaseException) -> Optional[str]:
     return None
 
 
+def _missing_table(exc: BaseException) -> bool:
+    for e in _error_chain(exc):
+        if getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower():
+            return True
+    return False
+
+
 def _is_transient_db_error(exc: Exception) -> bool:
     return classify_store_error(exc) == STORE_BUSY
 
@@ -2566,7 +2931,7 @@ class SummaryStore:
         if self._logged != reason:
             self._logged = reason
             log.warning(
-                "async_context_compression: summaries unavailable: %s",
+                "async_context_compression: summary store failing: %s",
                 _STORE_FAULT_TEXT.get(reason, "{detail}").format(detail=detail),
             )
         return StoreUnavailable(f"{reason}: {detail}", reason)
@@ -2639,7 +3004,7 @@ class SummaryStore:
         import random
 
         engine = await self._engine()
-        busy = reconnects = 0
+        busy = reconnects = recreated = 0
         while True:
             try:
                 result = await operation(engine)
@@ -2647,6 +3012,11 @@ class SummaryStore:
                 reason = classify_store_error(exc)
                 if reason is None:
                     raise
+                if reason == STORE_ERROR and _missing_table(exc) and not recreated:
+                    recreated = 1  # dropped since we made them (or another schema): make them again
+                    self._ready_for = None
+                    engine = await self._engine()
+                    continue
                 if reason == STORE_BUSY and busy < BUSY_RETRIES:
                     busy += 1
                     await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))
@@ -2836,61 +3206,297 @@ def choose_summary(
 # ---------------------------------------------------------------------------
 # 6. Summarizer
 # ---------------------------------------------------------------------------
+# What the summarizer is shown, how it is asked, and how its answer is read.
+# A summary replaces messages for good, so every message it folds is shown
+# whole: a stretch too long for the summary model's window is folded in
+# rounds, and one message too long on its own is folded in pieces
+# (``plan_rounds``), never clipped.
 
-SUMMARIZER_PROMPT = """You maintain the running summary of a conversation between a user and an AI assistant. The summary replaces older messages that no longer fit in the assistant's context window, so the assistant must be able to continue the conversation from it alone.
-
-Update the previous summary with the new messages. Keep, in this order:
+_SUMMARY_STYLES = {
+    "concise": """Update the previous summary with the new messages. Keep it short: the user's goals and the latest request still in progress, constraints and preferences the user stated, decisions made and results that matter (names, numbers, identifiers), and open next steps. Drop chit-chat, superseded details and anything the assistant can do without.""",
+    "balanced": """Update the previous summary with the new messages. Keep, in this order:
 1. The user's goals and the latest request still in progress.
 2. Constraints, preferences and requirements the user stated (verbatim where short).
 3. Decisions made and facts established, including tool results that matter (names, numbers, paths, identifiers, code).
 4. Open questions and next steps.
-Refer to messages by their [#id] where it helps traceability. Drop chit-chat and superseded details. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
+Drop chit-chat and superseded details.""",
+    "faithful": """Update the previous summary with the new messages. Lose nothing the conversation may need again: keep every fact, figure, name, identifier, path, URL, date, quantity, code snippet, requirement and decision verbatim, from the user's messages, the assistant's replies, tool arguments and tool results alike. Keep everything the previous summary holds unless the new messages supersede it (then say what changed). Organize by topic: the user's goals and latest request, stated constraints, established facts and decisions, open questions and next steps. Shorten wording, never content.""",
+}
 
-TOOL_ARGS_CLIP = 600
-TOOL_RESULT_CLIP = 1500
-MESSAGE_CLIP = 6000
+_SUMMARY_FRAME = """You maintain the running summary of a conversation between a user and an AI assistant. The summary replaces older messages that no longer fit in the assistant's context window, so the assistant must be able to continue the conversation from it alone.
+
+{instructions}
+A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
+
+# The balanced instructions, for token budgets that need the prompt's size.
+SUMMARIZER_PROMPT = _SUMMARY_FRAME.replace("{instructions}", _SUMMARY_STYLES["balanced"])
+
+_IMAGE_MARK = "[image]"
+_AUDIO_MARK = "[audio]"
+_FILE_MARK = "[file]"
 
 
 class SummaryError(RuntimeError):
-    """A summary could not be made; ``reason`` is short and user-facing."""
+    """A summary could not be made; ``reason`` is short and user-facing,
+    ``kind`` a stable code ("empty", "reasoning_only", "model_error",
+    "unreadable", or the reason itself)."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", kind: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.kind = kind or reason
+
+
+def _empty_answer() -> SummaryError:
+    return SummaryError("empty answer", kind="empty")
+
+
+def _reasoning_only_answer() -> SummaryError:
+    return SummaryError("reasoning-only answer", "the model answered with its reasoning only", kind="reasoning_only")
+
+
+def _part_marker(part: Any) -> Optional[str]:
+    """A short stand-in for a non-text content part (None for text)."""
+    if isinstance(part, str) or not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if isinstance(part.get("text"), str) and kind in (None, "text", "input_text", "output_text", "refusal"):
+        return None
+    if kind in ("image_url", "input_image", "image"):
+        return _IMAGE_MARK
+    if kind in ("input_audio", "audio"):
+        return _AUDIO_MARK
+    if kind in ("file", "input_file"):
+        info = part.get("file") if isinstance(part.get("file"), dict) else part
+        name = info.get("filename") or info.get("name")
+        return f"[file: {name}]" if isinstance(name, str) and name.strip() else _FILE_MARK
+    if isinstance(part.get("text"), str):
+        return None
+    return f"[{kind}]" if isinstance(kind, str) and kind.isidentifier() else "[attachment]"
+
+
+def _summary_text_of(content: Any) -> str:
+    """Every text of ``content`` whole, non-text parts as short markers."""
+    if not isinstance(content, list):
+        return _text_of(content)
+    texts = []
+    for part in content:
+        marker = _part_marker(part)
+        if marker is not None:
+            texts.append(marker)
+        elif isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def render_for_summary(messages: Messages, ids: list) -> list:
     """One text block per message, each naming its message id and author;
-    tool calls show their name and arguments, results are clipped."""
+    every text is whole (tool calls show their name and full arguments,
+    results their full output); images, audio and files become markers."""
     names: dict = {}
     blocks = []
     for message, mid in zip(messages, ids):
         role = _role(message) or "?"
         author = role + (f" ({message['name']})" if message.get("name") else "")
         label = f"[#{str(mid)[:12]}] {author}" if mid else author
-        text = clip_text(_REASONING_BLOCK_RE.sub("", _text_of(message.get("content"))).strip(), MESSAGE_CLIP)
+        text = _REASONING_BLOCK_RE.sub("", _summary_text_of(message.get("content"))).strip()
         lines = [f"{label}:"]
         if role == "tool":
             tool = names.get(message.get("tool_call_id"), "tool")
-            lines = [f"{label} result of {tool}:", clip_text(text, TOOL_RESULT_CLIP)]
+            lines = [f"{label} result of {tool}:", text]
         elif text:
             lines.append(text)
         for call in _tool_calls(message):
-            function = call.get("function") or {}
-            names[call.get("id")] = function.get("name", "tool")
+            function = call.get("function") if isinstance(call, dict) else None
+            function = function if isinstance(function, dict) else {}
+            name = function.get("name") or "tool"
+            names[call.get("id")] = name
             arguments = function.get("arguments", "")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
-            lines.append(f"-> calls {function.get('name', 'tool')}({clip_text(arguments, TOOL_ARGS_CLIP)})")
+            lines.append(f"-> calls {name}({arguments})")
         blocks.append("\n".join(lines))
     return blocks
 
 
-def build_summarizer_messages(previous: str, blocks: list, max_tokens: int) -> Messages:
-    prior = previous.strip() or "(none yet)"
+# -- rounds: every block whole, a block too long for one round in pieces ----
+
+_ROUND_SEPARATOR_TOKENS = 2  # the blank line between blocks
+
+
+@dataclass(frozen=True)
+class RoundPiece:
+    """All of block ``block`` (``parts`` == 1) or its ``part``-th piece."""
+
+    block: int
+    part: int
+    parts: int
+    text: str
+    label: str = ""
+
+    def render(self) -> str:
+        if self.parts == 1:
+            return self.text
+        if self.part == 1:
+            return f"(part 1 of {self.parts}) {self.text}"
+        return f"(part {self.part} of {self.parts}) {self.label} continued:\n{self.text}"
+
+
+@dataclass(frozen=True)
+class SummaryRound:
+    """One summarizer call's new input. ``done``: blocks wholly shown once
+    this round and the ones before it are folded; ``at_message_end``: the
+    round ends with a whole block or a block's last piece; ``covered``:
+    ``done`` when the coverage may advance there (a message end that is an
+    allowed stop), else None (the summary of this round must not be saved
+    as coverage: it holds part of a message)."""
+
+    pieces: tuple
+    done: int
+    at_message_end: bool
+    covered: Optional[int]
+
+    def texts(self) -> list:
+        return [piece.render() for piece in self.pieces]
+
+
+def _block_label(block: str) -> str:
+    first = block.split("\n", 1)[0].strip()
+    return first[:-1] if first.endswith(":") else first[:80]
+
+
+def _cut_point(text: str, limit: int) -> int:
+    """Where to end a piece of ``text`` at most ``limit`` characters long:
+    after a paragraph break, a line break or whitespace in the second half
+    of the window, else at ``limit`` itself (a hard split)."""
+    if limit >= len(text):
+        return len(text)
+    floor = limit // 2
+    for separator in ("\n\n", "\n"):
+        at = text.rfind(separator, floor, limit)
+        if at >= 0:
+            return at + len(separator)
+    for at in range(limit, floor, -1):
+        if text[at - 1].isspace():
+            return at
+    return max(1, limit)
+
+
+# No piece is searched for beyond this many characters per token of its
+# budget, so a huge text costs about log2(window) counts per piece.
+_MAX_CHARS_PER_TOKEN = 16
+
+
+def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
+    """``text`` in consecutive pieces that each count at most
+    ``budget_tokens`` (pieces of one character excepted) and join back to
+    ``text`` exactly: cut at paragraph, line or word boundaries where
+    possible, hard cuts as the last resort."""
+    budget = max(1, int(budget_tokens))
+    window = budget * _MAX_CHARS_PER_TOKEN
+    pieces = []
+    rest = text
+    while rest:
+        if len(rest) <= window and count(rest) <= budget:
+            break
+        # the longest prefix within the window that fits (binary search) ...
+        lo, hi = 1, min(len(rest) - 1, window)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if count(rest[:mid]) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        # ... ended at a natural boundary where there is one
+        cut = _cut_point(rest, lo)
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    if rest or not pieces:
+        pieces.append(rest)
+    return pieces
+
+
+def plan_rounds(
+    blocks: list, budget_tokens: int, count: Callable[[str], int], stops: Optional[Iterable[int]] = None
+) -> list:
+    """Split rendered ``blocks`` into summarizer rounds of at most
+    ``budget_tokens`` new tokens each (``count`` counts a text's tokens;
+    each block costs its tokens plus a separator). Every character of
+    every block lands in exactly one round, in order: blocks are packed
+    whole, and a block larger than a round on its own is cut into pieces
+    (``split_text``), each marked "(part i of n)".
+
+    ``stops``: the block counts at which coverage may advance (the ends of
+    atomic units: an assistant's tool calls and their results are one);
+    every message end when None. Rounds end at a stop whenever a unit fits.
+    Returns a list of :class:`SummaryRound`."""
+    n = len(blocks)
+    allowed = set(range(1, n + 1)) if stops is None else {s for s in stops if 0 < s <= n} | {n}
+    budget = max(1, int(budget_tokens))
+    costs = [count(block) + _ROUND_SEPARATOR_TOKENS for block in blocks]
+    rounds: list = []
+    current: list = []
+    used = 0
+
+    def close(done: int, at_end: bool) -> None:
+        nonlocal current, used
+        if current:
+            covered = done if at_end and done in allowed else None
+            rounds.append(SummaryRound(tuple(current), done, at_end, covered))
+        current, used = [], 0
+
+    unit_start = 0
+    for unit_end in sorted(allowed):
+        unit_cost = sum(costs[unit_start:unit_end])
+        if current and used + unit_cost > budget:
+            close(unit_start, True)
+        for i in range(unit_start, unit_end):
+            if current and used + costs[i] > budget:
+                close(i, True)
+            if costs[i] <= budget - used:
+                current.append(RoundPiece(i, 1, 1, blocks[i]))
+                used += costs[i]
+                continue
+            # a block too large for a round of its own: in pieces, each
+            # piece's marker counted in its round
+            label = _block_label(blocks[i])
+            marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
+            texts = split_text(blocks[i], max(1, budget - marker), count)
+            for k, text in enumerate(texts, 1):
+                current.append(RoundPiece(i, k, len(texts), text, label))
+                if k < len(texts):
+                    close(i, False)
+                else:
+                    used = count(current[-1].render()) + _ROUND_SEPARATOR_TOKENS
+        unit_start = unit_end
+    close(n, True)
+    return rounds
+
+
+# -- the request ---------------------------------------------------------------
+
+
+def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str = "") -> str:
+    """The summarizer's system prompt: the admin's own ``prompt`` when not
+    empty ("{max_tokens}" in it is filled in), else the frame with the
+    ``style``'s instructions (balanced for an unknown style)."""
+    if isinstance(prompt, str) and prompt.strip():
+        return prompt.strip().replace("{max_tokens}", str(max_tokens))
+    instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
+    return _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
+
+
+def build_summarizer_messages(
+    previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = ""
+) -> Messages:
+    """The summarizer's request: instructions as the system message, then
+    the previous summary and the new blocks (strings, or a round's texts)."""
+    prior = (previous or "").strip() or "(none yet)"
     conversation = "\n\n".join(blocks)
     return [
-        {"role": "system", "content": SUMMARIZER_PROMPT.format(max_tokens=max_tokens)},
+        {"role": "system", "content": summary_instructions(max_tokens, style, prompt)},
         {
             "role": "user",
             "content": f"Previous summary:\n{prior}\n\nNew messages to fold in:\n{conversation}",
@@ -2898,59 +3504,279 @@ def build_summarizer_messages(previous: str, blocks: list, max_tokens: int) -> M
     ]
 
 
+def summary_round_budget(
+    window: int,
+    max_summary_tokens: int,
+    previous: str,
+    count: Callable[[str], int],
+    style: str = "balanced",
+    prompt: str = "",
+    margin: int = 200,
+    reserve: int = 0,
+) -> int:
+    """New-message tokens one round may carry: the summary model's
+    ``window`` less the answer, the instructions, the previous summary and
+    a ``margin`` for message overheads (at least 1). ``reserve``: tokens the
+    previous summary may grow to in later rounds of the same plan (pass
+    ``max_summary_tokens`` when planning every round at once)."""
+    frame = build_summarizer_messages(previous, [], max_summary_tokens, style, prompt)
+    fixed = sum(count(m["content"]) for m in frame)
+    growth = max(0, int(reserve) - count((previous or "").strip()))
+    return max(1, int(window) - int(max_summary_tokens) - fixed - growth - int(margin))
+
+
+# -- the answer ------------------------------------------------------------------
+
 _SUMMARY_WRAPPER_RE = re.compile(r"</?\s*conversation_summary[^>]*>", re.IGNORECASE)
+_UNCLOSED_REASONING_RE = re.compile(r"^\s*<(think|thinking|reasoning)>.*", re.DOTALL | re.IGNORECASE)
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
+
+
+def _strip_reasoning(text: str) -> str:
+    return _UNCLOSED_REASONING_RE.sub("", _REASONING_BLOCK_RE.sub("", text))
 
 
 def clean_summary_answer(text: Any) -> str:
-    """The summary without reasoning-only output or echoed markers."""
+    """The summary without reasoning blocks or echoed markers; raises
+    SummaryError (kind "empty" or "reasoning_only") when nothing is left."""
     if not isinstance(text, str):
-        raise SummaryError("empty answer")
-    cleaned = _REASONING_BLOCK_RE.sub("", text)
-    cleaned = re.sub(r"^\s*<(think|thinking|reasoning)>.*", "", cleaned, flags=re.DOTALL | re.IGNORECASE)
-    cleaned = _SUMMARY_WRAPPER_RE.sub("", cleaned).strip()
+        raise _empty_answer()
+    cleaned = _SUMMARY_WRAPPER_RE.sub("", _strip_reasoning(text)).strip()
     if not cleaned:
-        raise SummaryError("reasoning-only answer" if text.strip() else "empty answer")
+        raise _reasoning_only_answer() if text.strip() else _empty_answer()
     return cleaned
 
 
-def completion_text(response: Any) -> str:
-    """Text of a chat completion, whether a dict, a JSONResponse or an SSE
-    body already collected; raises SummaryError on an error payload."""
-    if hasattr(response, "body") and not isinstance(response, dict):
-        try:
-            response = json.loads(response.body)
-        except Exception as exc:
-            raise SummaryError("unreadable answer", str(exc))
-    if isinstance(response, (bytes, str)):
-        return _sse_text(response.decode() if isinstance(response, bytes) else response)
-    if not isinstance(response, dict):
-        raise SummaryError("unreadable answer", type(response).__name__)
+def _content_text(content: Any) -> str:
+    """Text of a message's ``content``: a string, or a list of parts
+    (text / output_text parts; reasoning parts left out)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in (None, "text", "output_text"):
+                if isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+        return "".join(texts)
+    return ""
+
+
+def _has_reasoning(holder: Any) -> bool:
+    if not isinstance(holder, dict):
+        return False
+    if any(holder.get(key) for key in _REASONING_FIELDS):
+        return True
+    content = holder.get("content")
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
+    )
+
+
+def _error_detail(error: Any) -> str:
+    if isinstance(error, dict):
+        error = error.get("message") or error.get("detail") or error
+    return str(error)[:300]
+
+
+def _answer(text: str, reasoning: bool) -> str:
+    """``text`` when it holds more than reasoning; else the failure."""
+    if _strip_reasoning(text).strip():
+        return text
+    if reasoning or text.strip():
+        raise _reasoning_only_answer()
+    raise _empty_answer()
+
+
+def _responses_output(output: Any) -> tuple[str, bool]:
+    """Text and whether reasoning was seen, of a Responses ``output`` list."""
+    texts, reasoning = [], False
+    for item in output if isinstance(output, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "reasoning":
+            reasoning = True
+        elif kind in ("message", None):
+            texts.append(_content_text(item.get("content")))
+            reasoning = reasoning or _has_reasoning(item)
+        elif kind == "output_text" and isinstance(item.get("text"), str):
+            texts.append(item["text"])
+    return "".join(texts), reasoning
+
+
+def _payload_text(response: dict) -> str:
+    """Text of a parsed, non-streamed answer: chat completions or Responses."""
     if response.get("error"):
-        error = response["error"]
-        raise SummaryError("model error", str(error.get("message") if isinstance(error, dict) else error)[:300])
-    try:
-        message = response["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError):
-        raise SummaryError("unreadable answer", str(response)[:300])
-    return message.get("content") or ""
+        raise SummaryError("model error", _error_detail(response["error"]), kind="model_error")
+    if "choices" in response:
+        try:
+            choice = response["choices"][0]
+            message = choice.get("message") or choice.get("delta") or {}
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+        if not isinstance(message, dict):
+            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+        text = _content_text(message.get("content"))
+        if not text and isinstance(choice.get("text"), str):
+            text = choice["text"]  # legacy completions
+        return _answer(text, _has_reasoning(message))
+    if isinstance(response.get("output_text"), str) and response["output_text"].strip():
+        return _answer(response["output_text"], False)
+    if "output" in response:
+        if response.get("status") == "failed":
+            raise SummaryError("model error", _error_detail(response.get("error") or "failed"), kind="model_error")
+        return _answer(*_responses_output(response["output"]))
+    if isinstance(response.get("message"), dict):  # Ollama's native answer
+        message = response["message"]
+        return _answer(_content_text(message.get("content")), _has_reasoning(message))
+    if isinstance(response.get("detail"), str):
+        raise SummaryError("model error", response["detail"][:300], kind="model_error")
+    raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+
+
+def completion_text(response: Any) -> str:
+    """The answer's text, from what a model call returned: a chat
+    completion or a Responses-style payload (a dict, or a JSONResponse /
+    PlainTextResponse with a ``body``), or a streamed SSE body already
+    collected (str or bytes; chat deltas or Responses events). Raises
+    SummaryError on an error payload, a reasoning-only answer (kind
+    "reasoning_only") or an empty one (kind "empty")."""
+    status = getattr(response, "status_code", None)
+    if hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
+        body = response.body
+        body = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)
+        try:
+            response = json.loads(body)
+        except ValueError:
+            response = body
+        if isinstance(status, int) and status >= 400:
+            detail = str(response)[:300]
+            if isinstance(response, dict):
+                detail = _error_detail(response.get("error") or response.get("detail") or response)
+            raise SummaryError("model error", f"HTTP {status}: {detail}", kind="model_error")
+    if isinstance(response, (bytes, bytearray)):
+        response = response.decode("utf-8", "replace")
+    if isinstance(response, str):
+        stripped = response.lstrip()
+        if stripped.startswith("{"):
+            try:
+                return completion_text(json.loads(stripped))
+            except ValueError:
+                pass
+        if re.search(r"^(data|event):", response, re.MULTILINE):
+            return _sse_text(response)
+        return _answer(response, False)  # a pipe's plain text
+    if not isinstance(response, dict):
+        raise SummaryError("unreadable answer", type(response).__name__, kind="unreadable")
+    return _payload_text(response)
 
 
 def _sse_text(stream: str) -> str:
-    parts = []
+    """Text of a streamed answer: chat-completion chunks (``delta``, or a
+    whole ``message``) and Responses events (``response.output_text.delta``;
+    the ``.done`` texts or the final ``response.completed`` when no delta
+    came). Reasoning deltas are noted, never kept."""
+    deltas, done_texts, final = [], [], None
+    reasoning = False
     for line in stream.splitlines():
-        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-            try:
-                delta = json.loads(line[5:])["choices"][0].get("delta", {})
-            except (ValueError, KeyError, IndexError, TypeError):
-                continue
-            parts.append(delta.get("content") or "")
-    return "".join(parts)
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data in ("", "[DONE]"):
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("type")
+        if event.get("error") or kind in ("error", "response.failed"):
+            error = event.get("error") or (event.get("response") or {}).get("error") or event.get("message")
+            raise SummaryError("model error", _error_detail(error), kind="model_error")
+        if isinstance(kind, str) and kind.startswith("response."):
+            if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+                deltas.append(event["delta"])
+            elif kind == "response.output_text.done" and isinstance(event.get("text"), str):
+                done_texts.append(event["text"])
+            elif "reasoning" in kind:
+                reasoning = True
+            elif kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
+                final = event["response"]
+            continue
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            continue
+        delta = choices[0].get("delta") or choices[0].get("message") or {}
+        if isinstance(delta, dict):
+            deltas.append(_content_text(delta.get("content")))
+            reasoning = reasoning or _has_reasoning(delta)
+    text = "".join(deltas) or "".join(done_texts)
+    if not text and final is not None:
+        text, seen = _responses_output(final.get("output"))
+        reasoning = reasoning or seen
+    return _answer(text, reasoning)
+
+
+async def response_text(response: Any) -> str:
+    """``completion_text`` of anything a model call returned, reading a
+    StreamingResponse (anything with a ``body_iterator``) first."""
+    if hasattr(response, "body_iterator"):
+        chunks = []
+        async for chunk in response.body_iterator:
+            chunks.append(chunk.decode("utf-8", "replace") if isinstance(chunk, (bytes, bytearray)) else str(chunk))
+        status = getattr(response, "status_code", None)
+        body = "".join(chunks)
+        if isinstance(status, int) and status >= 400:
+            raise SummaryError("model error", f"HTTP {status}: {body[:300]}", kind="model_error")
+        return completion_text(body)
+    return completion_text(response)
+
+
+# Keys of the summary call the filter sets itself: admin parameters never
+# replace them (the same set the settings layer refuses in the valve).
+_PROTECTED_FORM_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
+
+
+def summary_form(
+    model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
+) -> dict:
+    """The form data of the summary call. Admin ``params`` (for example
+    ``{"chat_template_kwargs": {"enable_thinking": false}}``) are merged in,
+    copied (None values left out); they never replace the model, the
+    messages, streaming, max_tokens, temperature or the task metadata."""
+    from copy import deepcopy
+
+    form: dict = {}
+    if isinstance(params, dict):
+        for key, value in params.items():
+            if isinstance(key, str) and key not in _PROTECTED_FORM_KEYS and value is not None:
+                form[key] = deepcopy(value)
+    form.update(
+        model=model,
+        messages=messages,
+        stream=False,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        metadata={"task": "async_context_compression"},
+    )
+    return form
 
 
 async def owui_complete(
-    request: Any, user: dict, model: str, messages: Messages, max_tokens: int, temperature: float
+    request: Any,
+    user: dict,
+    model: str,
+    messages: Messages,
+    max_tokens: int,
+    temperature: float,
+    params: Optional[dict] = None,
 ) -> str:
-    """Call a model through Open WebUI from a background task."""
+    """Call a model through Open WebUI from a background task; ``params``
+    are the admin's extra model parameters (see ``summary_form``)."""
     try:
         from open_webui.models.users import Users  # type: ignore
         from open_webui.utils.chat import generate_chat_completion  # type: ignore
@@ -2968,27 +3794,15 @@ async def owui_complete(
     account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
     if account is None:
         raise SummaryError("no summarizer", "user not found")
-    form = {
-        "model": model,
-        "messages": messages,
-        "stream": False,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "metadata": {"task": "async_context_compression"},
-    }
+    form = summary_form(model, messages, max_tokens, temperature, params)
     try:
         response = await generate_chat_completion(request, form, account, bypass_filter=True)
     except Exception as exc:
         text = str(exc)
         if "direct connection" in text.lower() or "websocket" in text.lower():
             raise SummaryError("direct connection", text[:300])
-        raise SummaryError("model error", text[:300])
-    if hasattr(response, "body_iterator"):
-        chunks = []
-        async for chunk in response.body_iterator:
-            chunks.append(chunk.decode() if isinstance(chunk, bytes) else str(chunk))
-        return _sse_text("".join(chunks))
-    return completion_text(response)
+        raise SummaryError("model error", text[:300], kind="model_error")
+    return await response_text(response)
 
 
 # ---------------------------------------------------------------------------
@@ -3562,7 +4376,6 @@ def _render(language: str, key: str, values: dict) -> str:
 # summary model's window needs, saves each round, and backs off after
 # failures. Every count here is in canonical coordinates (layer 2).
 
-BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
 HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
@@ -3615,12 +4428,13 @@ class SentOutcome:
         )
 
 
-def status_line(language: str, sent: SentOutcome, usage_threshold: float = 0.0) -> str:
+def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
     """One short line: what was sent, what the summary covers, what was left
-    out, and what went wrong. The usage part alone is hidden below
-    ``usage_threshold`` of the cap; the other parts are always said."""
+    out, and what went wrong. Only the usage part may be left out (below the
+    admin's ``status_usage_threshold``, see ``usage_shown``); the other parts
+    are always said."""
     parts = []
-    if usage_threshold <= 0 or (sent.cap and sent.used >= usage_threshold * sent.cap):
+    if show_usage:
         parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
     if sent.covered:
         parts.append(status_text(language, "in_summary", messages=sent.covered))
@@ -3699,13 +4513,16 @@ class StatusMemory:
 def request_hook_follows() -> bool:
     """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
     so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. Read once from the installed package's metadata."""
+    after inlet. The version is the one Open WebUI loaded, else the installed
+    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
     if not _OWUI_VERSION:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
         try:
-            from importlib.metadata import version
+            if not isinstance(version, str):
+                from importlib.metadata import version as installed
 
-            parts = re.findall(r"\d+", version("open-webui"))[:3]
-            _OWUI_VERSION.append(tuple(int(p) for p in parts))
+                version = installed("open-webui")
+            _OWUI_VERSION.append(tuple(int(p) for p in re.findall(r"\d+", version)[:3]))
         except Exception:
             _OWUI_VERSION.append(())
     return bool(_OWUI_VERSION[0]) and _OWUI_VERSION[0] >= (0, 11, 2)
@@ -3806,11 +4623,8 @@ class BackgroundSummarizer:
 
     # -- the next request, counted one way --------------------------------
     def count(self, messages: Messages, encoding: str) -> int:
-        """Exact where counted before (and for a few new messages), estimated
-        with its margin for the rest: a chat seen for the first time after a
-        restart is not tokenized whole on the event loop."""
-        known, estimated, _ = self.counter.preflight(messages, encoding)
-        return known + int(estimated * (1 + ESTIMATE_MARGIN))
+        """Tokens of these messages under the one token policy (layer 3)."""
+        return count_request(self.counter, messages, encoding, 0)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
@@ -3908,7 +4722,7 @@ class BackgroundSummarizer:
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
         previous = choose_summary(records, branch.digests, allow_full=True)
-        head = previous.head_count if previous else _canonical_head(canon, s.keep_first)
+        head = previous.head_count if previous else canonical_head(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens:
@@ -3916,7 +4730,8 @@ class BackgroundSummarizer:
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
             return None
-        fresh = self.count(canon[start:target], s.encoding)
+        # what the summarizer would read, counted exactly, off the event loop
+        fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
         if fresh < self._worth_folding(s, previous) and not (s.max_context and used > s.max_context):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
@@ -3930,28 +4745,42 @@ class BackgroundSummarizer:
             )
         return FoldPlan(previous, head, start, target, used)
 
+    def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
+        blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
+        return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
+
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord]) -> int:
         """Fewest new tokens worth a summary call: a share of the trigger, and
         twice what each call re-sends (instructions and previous summary), so
         that the summarizer reads at most about 1.5x the chat over its life
         and the prompt prefix, which providers cache, changes rarely."""
-        resent = self.counter.text_tokens(SUMMARIZER_PROMPT, s.summary_encoding)
+        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
+        resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
         return max(int(s.trigger_tokens * HYSTERESIS), 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan) -> SummaryRecord:
-        """Fold the plan's messages in as many rounds as the summary model's
-        window needs; each round is saved on its own."""
+        """Fold the plan's messages, every one whole, in as many rounds as
+        the summary model's window needs. A round that ends at a message
+        (unit) end is saved as coverage; a round holding part of a message
+        too long for one round is not, until its last piece is folded."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
-        start, record = plan.start, None
-        for _ in range(_MAX_ROUNDS):
-            if start >= plan.target:
-                break
-            # tokenizing up to a whole summarizer window: off the event loop
-            end, blocks = await asyncio.to_thread(self._round_input, branch, start, plan.target, summary, s)
-            summary = await self._ask(ctx, build_summarizer_messages(summary, blocks, s.max_summary_tokens))
+        # rendering and tokenizing up to the whole stretch: off the event loop
+        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
+        record, calls = None, 0
+        for summary_round in rounds:
+            if calls >= _MAX_ROUNDS and record is not None:
+                break  # the rest waits for a later turn (never mid-message: that would start it over)
+            calls += 1
+            messages = build_summarizer_messages(
+                summary, summary_round.texts(), s.max_summary_tokens, s.summary_style, s.summary_prompt
+            )
+            summary = await self._ask(ctx, messages)
+            if summary_round.covered is None:
+                continue  # part of a message: coverage waits for its last piece
+            end = plan.start + summary_round.covered
             record = SummaryRecord(
                 user_id=ctx.user_id,
                 chat_id=ctx.chat_id,
@@ -3965,17 +4794,23 @@ class BackgroundSummarizer:
                 created_at=time.time(),
             )
             await self.store.save(record)
-            start = end
         if record is None:
             raise SummaryError("nothing to fold")
         return record
 
     async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
         s = ctx.settings
+        extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
             answer = await asyncio.wait_for(
                 self.complete(
-                    ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature
+                    ctx.request,
+                    ctx.user,
+                    s.summary_model,
+                    messages,
+                    s.max_summary_tokens,
+                    s.summary_temperature,
+                    **extra,
                 ),
                 timeout=s.summary_timeout,
             )
@@ -3987,31 +4822,25 @@ class BackgroundSummarizer:
             raise SummaryError("model error", str(exc)[:300])
         return clean_summary_answer(answer)
 
-    def _round_input(self, branch: Branch, start: int, target: int, summary: str, s: Settings) -> tuple[int, list]:
-        """The longest run of whole units from ``start`` whose rendering fits
-        the summary model's window (at least one unit, clipped if need be)."""
+    def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
+        """canon[start:target] rendered whole and cut into rounds that fit
+        the summary model's window with room for the longest summary it may
+        be handed back; coverage may stop only at the end of an atomic unit
+        (a call and its results are folded together)."""
         canon, ids = branch.messages, branch.ids
-        budget = (
-            s.summary_window
-            - s.max_summary_tokens
-            - self.counter.text_tokens(SUMMARIZER_PROMPT + summary, s.summary_encoding)
-            - 200
+        blocks = render_for_summary(canon[start:target], ids[start:target])
+
+        def count(text: str) -> int:
+            return self.counter.text_tokens(text, s.summary_encoding)
+
+        budget = summary_round_budget(
+            s.summary_window, s.max_summary_tokens, "", count, s.summary_style, s.summary_prompt
         )
+        budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an
-        # old boundary) contributes its remaining messages, never none
-        spans = [(max(a, start), b) for a, b in atomic_spans(canon[:target]) if b > start]
-        blocks, end, used = [], start, 0
-        for a, b in spans:
-            unit = render_for_summary(canon[a:b], ids[a:b])
-            cost = sum(self.counter.text_tokens(block, s.summary_encoding) + 4 for block in unit)
-            if blocks and used + cost > budget:
-                break
-            if not blocks and cost > budget:
-                unit = [clip_text(block, max(400, budget * 3 // max(1, len(unit)))) for block in unit]
-            blocks.extend(unit)
-            used += cost
-            end = b
-        return end, blocks
+        # old boundary) contributes its remaining messages
+        stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
+        return plan_rounds(blocks, budget, count, stops)
 
 
 # ---------------------------------------------------------------------------
@@ -4093,7 +4922,7 @@ class Filter:
             default=False,
             description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
         )
-        _notes: tuple = PrivateAttr(default=())
+        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
         @model_validator(mode="wrap")
         @classmethod
@@ -4105,7 +4934,7 @@ class Filter:
     class UserValves(BaseModel):
         enabled: bool = Field(default=True, description="Compress the context of my chats.")
         show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
-        _notes: tuple = PrivateAttr(default=())
+        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
         @model_validator(mode="wrap")
         @classmethod
@@ -4116,6 +4945,7 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.status = self.summaries.status
+        _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
@@ -4231,22 +5061,22 @@ class Filter:
 
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
-        messages, repair = repair_transcript(body["messages"])
-        fixed = self.counter.tools_tokens(body.get("tools"), s.encoding) + TOKENS_PER_REQUEST
+        messages, repair = await repair_request(body["messages"])
+        fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
-        if summaries and not _has_builtin_summary(messages):
+        if summaries and not has_builtin_summary(messages):
             record, fault = await self._lookup_summary(ctx, messages)
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
-            prefix = _index_after_head(view, record.head_count)
+            prefix = index_after_head(view, record.head_count)
         else:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
         self.summaries.request_overhead[ctx.chat_key()] = request_overhead_tokens(self.counter, view, fixed, s.encoding)
-        view, fit = self._fit(view, s, prefix, fixed)
+        view, fit = await self._fit(view, s, prefix, fixed)
         if fit.changed():
             view, again = repair_transcript(view)
-            repair = _merge_reports(repair, again)
+            repair = merge_reports(repair, again)
         if repair.changed() or fit.changed() or s.debug:
             log.info(
                 "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
@@ -4266,7 +5096,7 @@ class Filter:
             covered=record.covered_count - record.head_count if record else 0,
             left_out=fit.dropped_messages,
             over_cap=fit.over_budget,
-            repaired=repair.changed(),
+            repaired=repair.noticeable(),
             fault=fault,
         )
         if summaries:  # inlet: definitive only where no request hook follows
@@ -4275,37 +5105,8 @@ class Filter:
             await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
         return {**body, "messages": view}
 
-    def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
-        if s.max_context <= 0:
-            report = FitReport()
-            report.tokens_before = report.tokens_after = fixed + sum(
-                self.counter.message_tokens(m, s.encoding, exact=False) for m in view
-            )
-            return view, report
-        # Preflight: exact counts the cache already holds, estimates for the
-        # rest; the margin covers what is estimated. (The exact counts are
-        # keyed by id(): the view keeps those messages alive meanwhile.)
-        counter = self.counter
-        known, estimated, exact_sizes = counter.preflight(view, s.encoding)
-        estimated += fixed
-        if known + estimated * (1 + ESTIMATE_MARGIN) < s.max_context:
-            report = FitReport(tokens_before=known + estimated, tokens_after=known + estimated)
-            return view, report
-
-        def token_of(m):
-            return exact_sizes.get(id(m)) or counter.message_tokens(m, s.encoding)
-
-        if counter.is_exact(s.encoding):
-            return fit_to_budget(view, token_of, s.max_context, prefix, fixed)
-        # On estimates, aim lower by the estimator's margin; when even that
-        # cannot be reached, the cap itself is the target.
-        safe_cap = int(s.max_context / (1 + ESTIMATE_MARGIN))
-        out, report = fit_to_budget(view, token_of, safe_cap, prefix, fixed)
-        if report.over_budget:
-            out2, report2 = fit_to_budget(view, token_of, s.max_context, prefix, fixed)
-            if not report2.over_budget:
-                return out2, report2
-        return out, report
+    async def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
+        return await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
 
     async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> tuple[Optional[SummaryRecord], str]:
         """The stored summary this request can use, and the fault that kept
@@ -4344,7 +5145,7 @@ class Filter:
             return
         fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
         notes = self.status.notes_to_show(key, ctx.settings.warnings)
-        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), ctx.settings.status_usage_threshold)
+        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), usage_shown(ctx.settings, sent.used))
         self.status.last_sent[key] = sent
         if ctx.settings.show_status and line:
             await _emit(ctx.emitter, line, done=True)
@@ -4365,14 +5166,14 @@ class Filter:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
             ctx = self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
-            if ctx is None or _has_builtin_summary(body["messages"]):
+            if ctx is None or has_builtin_summary(body["messages"]):
                 return body
             ctx.request = __request__
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
             canon = [m for m in messages if _role(m) != "system"]  # digests only once worth it
             if self.summaries.may_need_summary(ctx, canon):
-                self.summaries.start(ctx, Branch.of(canon, _ids_after_repair(expanded, ids, canon)))
+                self.summaries.start(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon)))
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
@@ -4414,48 +5215,39 @@ async def _builtin_compaction_enabled() -> bool:
         return False
 
 
-def _has_builtin_summary(messages: Messages) -> bool:
-    """Open WebUI's own compaction already summarized this request."""
-    return any(
-        isinstance(m, dict) and m.get("role") == "system" and BUILTIN_SUMMARY_MARK in _text_of(m.get("content"))
-        for m in messages
-    )
+_WARNED = _LOGGED_NOTES  # the benchmark reports its size
 
 
-_WARNED = _BoundedDict(256)
+def _warn_once(warnings: Iterable[Note]) -> None:
+    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
 
 
-def _warn_once(warnings: Iterable[str]) -> None:
-    for warning in warnings:
-        if warning not in _WARNED:
-            _WARNED[warning] = True
-            log.warning("async_context_compression settings: %s", warning)
+def open_webui_limits(version: Any = None) -> list:
+    """What the running Open WebUI lacks that this filter would use, as log
+    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
+    when Open WebUI has loaded it (never imported here: importing it has side
+    effects outside a server); unknown or unreadable: nothing is claimed."""
+    if version is None:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    if match is None:
+        return []
+    have = tuple(int(part or 0) for part in match.groups())
+    limits = []
+    if have < (0, 9, 0):
+        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
+    if have < (0, 10, 0):
+        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
+    if have < (0, 11, 2):
+        limits.append(
+            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
+        )
+    return [f"Open WebUI {version}: {limit}" for limit in limits]
 
 
-def _index_after_head(view: Messages, head_count: int) -> int:
-    seen = 0
-    for i, message in enumerate(view):
-        if seen >= head_count:
-            return i
-        if _role(message) != "system":
-            seen += 1
-    return len(view)
-
-
-def _canonical_head(canon: Messages, keep_first: int) -> int:
-    return protected_head_end(canon, keep_first) if canon else 0
-
-
-def _ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
-    """Stored message ids for the canonical messages (repair returns the
-    same dict objects for messages it did not change)."""
-    by_object = {id(m): mid for m, mid in zip(expanded, ids)}
-    out, last = [], None
-    for message in canon:
-        last = by_object.get(id(message), last)
-        out.append(last)
-    return out
-
-
-def _merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
-    return RepairReport(**{k: getattr(a, k) + getattr(b, k) for k in a.__dataclass_fields__})
+def _log_open_webui_limits() -> None:
+    for limit in open_webui_limits():
+        if limit not in _WARNED:
+            _WARNED[limit] = True
+            log.warning("async_context_compression: %s", limit)

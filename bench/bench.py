@@ -13,7 +13,12 @@ Prints, for chats of 10, 100, 1,000 and 5,000 messages:
   through inlet and outlet (with an in-memory store and a fake summarizer),
   and the size of its bounded tables; then 2,500 chats more, to see memory
   stay flat once the caches are full;
-* the token estimator's error against exact cl100k counts, per category.
+* the token estimator's error against exact cl100k counts, per category;
+* inlet on chats that need repair on every request (tool-call ids reused by
+  every round, unanswered calls, tool chains, many scripts; ``make_repair_chat``),
+  long and short messages, as a ratio to json.dumps;
+* the longest the event loop is held during a cold inlet (a ticker coroutine
+  runs beside it) at 1,000 and 5,000 messages, on both kinds of chat.
 
 Then checks the budgets and exits 1, naming each one missed:
 
@@ -26,7 +31,10 @@ Then checks the budgets and exits 1, naming each one missed:
   the raw ratio is printed too);
 * after 10,000 chats every table is within its bound and, once the caches
   are full, memory no longer grows;
-* the estimator's worst under-estimate is covered by ``ESTIMATE_MARGIN``.
+* the estimator's worst under-estimate is covered by ``ESTIMATE_MARGIN``;
+* inlet on the chats that need repair costs at most 1x ``json.dumps`` at
+  1,000 messages (warm);
+* a cold inlet never holds the event loop longer than 20 ms.
 
 Timings are medians of repetitions with ``time.perf_counter``; every
 repetition gets a fresh copy of the body (``json.loads``, outside the timed
@@ -62,13 +70,15 @@ ensure_offline_cl100k()
 
 import async_context_compression as acc  # noqa: E402
 from bench import calibrate  # noqa: E402
-from bench.chats import MODEL, inlet_body, make_chat, outlet_body  # noqa: E402
+from bench.chats import MODEL, inlet_body, make_chat, make_repair_chat, outlet_body  # noqa: E402
 
 ENCODING = "cl100k_base"
 USER = {"id": "bench-user", "name": "Bench", "role": "user"}
 SIZES = (10, 100, 1000, 5000)
 RATIO_BUDGET = 1.0  # x json.dumps, warm, at 1,000 messages
 GROWTH_BUDGET = 1.5  # per-message cost at 5,000 / at 1,000
+STALL_BUDGET = 0.020  # seconds the event loop may be held at once, cold inlet
+REPAIR_SCALES = (("long", 1.0), ("short", 0.1))  # repair-heavy chats: message length scale
 SUMMARY_TEXT = (
     "The user is migrating the reporting pipeline to the new schema; three jobs still read the old "
     "tables. Decisions: cache results and invalidate them on config changes; keep the public API "
@@ -311,6 +321,97 @@ async def measure_peaks(n: int) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# Chats that need repair on every request; the event loop during a cold inlet
+# ---------------------------------------------------------------------------
+
+
+async def measure_repair_chat(n: int, scale: float, reps: int) -> dict:
+    """Warm inlet of a chat that repair changes on every request."""
+    chat_id = f"bench-repair-{n}-{scale}"
+    messages = make_repair_chat(n, seed=n, scale=scale)
+    body = inlet_body(messages, chat_id)
+    raw = json.dumps(body)
+    f = new_filter()
+    await f.inlet(json.loads(raw), USER, {"chat_id": chat_id})
+
+    async def warm_call(b):
+        await f.inlet(b, USER, {"chat_id": chat_id})
+
+    # CPU time too (the process's: worker threads included): a busy machine
+    # stretches the wall clock of one call and not the other's; CPU time
+    # it stretches far less
+    cpu_calls, cpu_dumps = [], []
+    for _ in range(reps):
+        copy = json.loads(raw)
+        gc.collect()
+        t0 = time.process_time()
+        json.dumps(body)
+        t1 = time.process_time()
+        await warm_call(copy)
+        t2 = time.process_time()
+        cpu_dumps.append(t1 - t0)
+        cpu_calls.append(t2 - t1)
+    _, report = acc.repair_transcript(messages)
+    return {
+        "messages": n,
+        "body_bytes": len(raw),
+        "inlet_warm": await _timed(body, raw, warm_call, reps),
+        "inlet_warm_cpu": (statistics.median(cpu_calls), statistics.median(cpu_dumps)),
+        "repaired": report.describe(),
+    }
+
+
+async def _held_during(call) -> tuple:
+    """The longest the event loop went without running a ticker coroutine
+    while the awaitable ``call`` ran beside it: (wall-clock seconds, CPU
+    seconds of the loop's thread in that gap). On a busy machine the wall
+    clock also counts time the process waited for a core; the CPU time
+    does not (nor time spent waiting for the GIL)."""
+    gaps = [(0.0, 0.0)]
+    done = asyncio.Event()
+
+    async def ticker():
+        last, last_cpu = time.perf_counter(), time.thread_time()
+        while not done.is_set():
+            await asyncio.sleep(0)
+            now, now_cpu = time.perf_counter(), time.thread_time()
+            gaps.append((now - last, now_cpu - last_cpu))
+            last, last_cpu = now, now_cpu
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    try:
+        await call
+    finally:
+        done.set()
+        await task
+    return max(g[0] for g in gaps), max(g[1] for g in gaps)
+
+
+async def measure_cold_stall(messages: list, chat_id: str, reps: int, frozen: bool = False) -> tuple:
+    """Medians over ``reps`` cold inlets (new Filter, empty caches, encoding
+    loaded) of the longest hold of the event loop: (wall clock, loop CPU).
+    ``frozen``: the objects alive before the call (this benchmark's chats
+    and corpora) are moved out of the garbage collector's sight
+    (``gc.freeze``), so a full collection that the call happens to trigger
+    costs what the call's own objects cost, not what the harness holds."""
+    raw = json.dumps(inlet_body(messages, chat_id))
+    held = []
+    for _ in range(reps):
+        clear_shared_caches()
+        f = new_filter()
+        body = json.loads(raw)
+        gc.collect()
+        if frozen:
+            gc.freeze()
+        try:
+            held.append(await _held_during(f.inlet(body, USER, {"chat_id": chat_id})))
+        finally:
+            gc.unfreeze()
+    return statistics.median(h[0] for h in held), statistics.median(h[1] for h in held)
+
+
+# ---------------------------------------------------------------------------
 # 10,000 distinct chats
 # ---------------------------------------------------------------------------
 
@@ -388,6 +489,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="Benchmark of issue 5's budgets.")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, 2,000 chats, a smaller corpus")
     parser.add_argument(
+        "--only",
+        choices=("repair", "stall", "repair+stall"),
+        help="run only the repair-heavy chats and/or the event-loop stall (no budgets of the rest checked)",
+    )
+    parser.add_argument(
         "--json",
         default=os.path.join(_ROOT, "bench", "results", "latest.json"),
         help="where to write the raw results (default: bench/results/latest.json)",
@@ -403,6 +509,14 @@ def main() -> int:
     print(
         f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; model {MODEL} ({ENCODING})\n"
     )
+
+    if args.only:
+        missed = []
+        if "repair" in args.only:
+            missed += report_repair_chats(quick)
+        if "stall" in args.only:
+            missed += report_stall(quick)
+        return report_missed(missed)
 
     results = {}
     for n in SIZES:
@@ -467,8 +581,9 @@ def main() -> int:
     needed = calibrate.worst_needed_margin(data)
     print(f"largest exact/estimate - 1: {needed:.1%} (ESTIMATE_MARGIN {acc.ESTIMATE_MARGIN:.0%})")
 
+    missed = report_repair_chats(quick) + report_stall(quick)
+
     # -- budgets ---------------------------------------------------------------
-    missed = []
     for path in ("inlet_warm", "inlet_summary", "outlet"):
         pair = results[1000][path]
         if pair is not None and pair[0] / pair[1] > RATIO_BUDGET:
@@ -515,6 +630,10 @@ def main() -> int:
             default=str,
         )
 
+    return report_missed(missed)
+
+
+def report_missed(missed: list) -> int:
     print()
     if missed:
         print("BUDGETS MISSED:")
@@ -523,6 +642,57 @@ def main() -> int:
         return 1
     print("All budgets met.")
     return 0
+
+
+def report_repair_chats(quick: bool) -> list:
+    print("\nChats that need repair on every request (ids reused by every round, unanswered calls,")
+    print("tool chains, CJK/Hangul/emoji): warm inlet as a ratio to json.dumps(body), by the wall clock and")
+    print("by CPU time (worker threads included; the budget is checked on it, a busy machine disturbs it less)")
+    print(
+        f"{'messages':>8} {'length':>6} {'body MB':>8} {'dumps ms':>9} | {'wall':>7} {'cpu':>7} {'warm ms':>8} | repaired per request"
+    )
+    missed = []
+    for n in (100, 1000, 5000):
+        for label, scale in REPAIR_SCALES:
+            reps = {100: 40, 1000: 15, 5000: 5}[n] // (2 if quick else 1)
+            r = asyncio.run(measure_repair_chat(n, scale, reps))
+            seconds, dumps = r["inlet_warm"]
+            cpu, cpu_dumps = r["inlet_warm_cpu"]
+            print(
+                f"{n:>8} {label:>6} {r['body_bytes'] / 1e6:8.2f} {dumps * 1000:9.2f} | {seconds / dumps:6.2f}x "
+                f"{cpu / cpu_dumps:6.2f}x {seconds * 1000:8.2f} | {r['repaired']}"
+            )
+            if n == 1000 and cpu / cpu_dumps > RATIO_BUDGET:
+                missed.append(
+                    f"inlet on a repair-heavy chat ({label} messages) at 1,000 messages costs {cpu / cpu_dumps:.2f}x "
+                    f"json.dumps in CPU time (budget {RATIO_BUDGET:.1f}x)"
+                )
+    return missed
+
+
+def report_stall(quick: bool) -> list:
+    print("\nLongest hold of the event loop during a cold inlet (new Filter, empty caches; a ticker")
+    print("coroutine runs beside inlet; median of repetitions), ms: wall clock, and in brackets the")
+    print("CPU time of the loop's thread in that gap (what the filter itself did; robust to a busy machine);")
+    print("'frozen': the harness's own objects hidden from the garbage collector (gc.freeze), whose full")
+    print("collections, triggered by whatever allocates, otherwise scan this benchmark's large heap")
+    print(f"{'messages':>8} | {'bench chat':>16} {'repair chat':>16} | {'bench, frozen':>16} {'repair, frozen':>16}")
+    missed = []
+    reps = 3 if quick else 5
+    for n in (1000, 5000):
+        plain = asyncio.run(measure_cold_stall(make_chat(n, seed=n), f"stall-{n}", reps))
+        repair = asyncio.run(measure_cold_stall(make_repair_chat(n, seed=n), f"stall-repair-{n}", reps))
+        plain_f = asyncio.run(measure_cold_stall(make_chat(n, seed=n), f"stall-{n}", reps, frozen=True))
+        repair_f = asyncio.run(measure_cold_stall(make_repair_chat(n, seed=n), f"stall-repair-{n}", reps, frozen=True))
+        cells = [f"{w * 1000:7.1f} ({c * 1000:5.1f})" for w, c in (plain, repair, plain_f, repair_f)]
+        print(f"{n:>8} | {cells[0]:>16} {cells[1]:>16} | {cells[2]:>16} {cells[3]:>16}")
+        for label, (wall, _cpu) in (("bench", plain), ("repair-heavy", repair)):
+            if wall > STALL_BUDGET:
+                missed.append(
+                    f"a cold inlet of the {label} chat of {n:,} messages holds the event loop {wall * 1000:.0f} ms "
+                    f"(budget {STALL_BUDGET * 1000:.0f} ms)"
+                )
+    return missed
 
 
 if __name__ == "__main__":

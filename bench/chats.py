@@ -182,3 +182,99 @@ def outlet_body(messages: list, chat_id: str, reply: str = "Done.") -> dict:
         i += 1
     stored.append({"id": "reply-" + chat_id, "role": "assistant", "content": reply})
     return {"model": MODEL, "messages": stored, "chat_id": chat_id, "session_id": "bench", "id": "reply-" + chat_id}
+
+
+# -- chats that need repair on every request (issue 10) -------------------------------
+
+REPAIR_USER_MIX = (("english", 30), ("chinese", 25), ("japanese", 10), ("korean", 10), ("mixed", 15), ("code", 10))
+
+
+def _reused_round(rng: random.Random, calls: int, round_no: int, scale: float, unanswered: bool) -> list:
+    """A tool round whose ids restart every round (``functions.search:0``,
+    as Kimi through vLLM or OpenRouter sends them); with ``unanswered``, the
+    last call never got its result (a crashed tool)."""
+    names = [rng.choice(TOOLS) for _ in range(calls)]
+    ids = [f"functions.{name}:{k}" for k, name in enumerate(names)]
+    call_message = {
+        "role": "assistant",
+        "content": make_text("chinese", _length(rng, 5, 60 * scale), rng) if rng.random() < 0.3 else "",
+        "tool_calls": [
+            {
+                "id": cid,
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": json.dumps(
+                        {"query": make_text("mixed", _length(rng, 5, 80), rng), "round": round_no}, ensure_ascii=False
+                    ),
+                },
+            }
+            for cid, name in zip(ids, names)
+        ],
+    }
+    answered = ids[:-1] if unanswered else ids
+    results = [
+        {
+            "role": "tool",
+            "tool_call_id": cid,
+            "content": make_text(_pick(rng, TOOL_MIX), _length(rng, 40, 2000 * scale), rng),
+        }
+        for cid in answered
+    ]
+    return [call_message, *results]
+
+
+def make_repair_chat(n: int, seed: int = 0, scale: float = 1.0) -> list:
+    """Exactly ``n`` messages (n >= 2) that repair must change on every
+    request: tool-call ids reused by every round, now and then a call that
+    was never answered, tool chains of several steps, and text in many
+    scripts (CJK, Hangul, emoji). ``scale`` shrinks every message."""
+    rng = random.Random(f"repair:{n}:{seed}:{scale}")
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    remaining = n - 2
+    round_no = 0
+    while remaining > 0:
+        if remaining >= 5 and rng.random() < 0.5:
+            calls = rng.choice([1, 2, 2, 3])
+            unanswered = calls > 1 and rng.random() < 0.3
+            steps = 2 if rng.random() < 0.3 else 1
+            size = 1 + steps * (1 + calls) - (1 if unanswered else 0) + 1
+            if size <= remaining and remaining - size != 1:
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": make_text(_pick(rng, REPAIR_USER_MIX), _length(rng, 10, 400 * scale), rng),
+                    }
+                )
+                for step in range(steps):
+                    messages.extend(_reused_round(rng, calls, round_no, scale, unanswered and step == steps - 1))
+                    round_no += 1
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": make_text(_pick(rng, ASSISTANT_MIX), _length(rng, 40, 1500 * scale), rng) + " ✅",
+                    }
+                )
+                remaining -= size
+                continue
+        if remaining in (1, 3):
+            messages.append(
+                {"role": "user", "content": make_text(_pick(rng, REPAIR_USER_MIX), _length(rng, 10, 400 * scale), rng)}
+            )
+            remaining -= 1
+            continue
+        messages.append(
+            {"role": "user", "content": make_text(_pick(rng, REPAIR_USER_MIX), _length(rng, 10, 400 * scale), rng)}
+        )
+        messages.append(
+            {
+                "role": "assistant",
+                "content": make_text(_pick(rng, ASSISTANT_MIX), _length(rng, 40, 1500 * scale), rng) + " 🙂",
+            }
+        )
+        remaining -= 2
+    messages.append(
+        {"role": "user", "content": make_text(_pick(rng, REPAIR_USER_MIX), _length(rng, 10, 400 * scale), rng)}
+    )
+    assert len(messages) == n, (len(messages), n)
+    return messages

@@ -5,6 +5,9 @@
 #                                          "PGDIR=<dir>" and then the DSN as the
 #                                          last line of stdout
 #   scripts/start_postgres.sh stop <dir>   stop it and delete <dir>
+#   scripts/start_postgres.sh pause <dir>  stop it, keeping its data (fault tests:
+#                                          "the database went away")
+#   scripts/start_postgres.sh resume <dir> start it again on the same port
 #
 # Works on a fresh Debian machine as root (CI): installs the `postgresql`
 # package only when initdb/pg_ctl are missing, and runs the server as a
@@ -143,8 +146,24 @@ stop() {
   rm -rf "$dir"
 }
 
+pause_or_resume() {
+  local what="$1" dir="${2:?usage: start_postgres.sh pause|resume <dir>}"
+  if [ ! -f "$dir/bindir" ]; then
+    log "$dir is not a server made by this script"
+    exit 1
+  fi
+  SERVER_USER="$(cat "$dir/server_user")"
+  cd "$dir"
+  if [ "$what" = pause ]; then
+    as_server_user "$(cat "$dir/bindir")/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+  else
+    as_server_user "$(cat "$dir/bindir")/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+  fi
+}
+
 case "${1:-start}" in
   start) start ;;
   stop) stop "${2:-}" ;;
-  *) echo "usage: $0 [start] | stop <dir>" >&2; exit 2 ;;
+  pause|resume) pause_or_resume "$1" "${2:-}" ;;
+  *) echo "usage: $0 [start] | stop <dir> | pause <dir> | resume <dir>" >&2; exit 2 ;;
 esac

@@ -3,7 +3,8 @@
 # SQLite and a throwaway PostgreSQL, and the end-to-end suite inside a real
 # Open WebUI from PyPI. Works on a fresh machine: everything it needs is
 # installed here and cached outside the checkout for the next run.
-# Extra arguments go to pytest (e.g. scripts/test.sh -k repair).
+# Extra arguments go to pytest (e.g. scripts/test.sh -k repair); without any,
+# the e2e subset also runs against older Open WebUI versions (test_versions.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,4 +35,11 @@ export ACC_OPENWEBUI_PYTHON="$PY"
 RUFF="$(dirname "$PY")/ruff"
 "$RUFF" check --quiet .
 "$RUFF" format --check --quiet .
-exec "$PY" -m pytest "$@"
+if [ "$#" -gt 0 ] || [ "${ACC_SKIP_E2E:-}" = "1" ] || [ "${ACC_VERSIONS:-}" = "none" ]; then
+  exec "$PY" -m pytest "$@"
+fi
+# The whole suite (no arguments): everything against 0.12.4, then the version
+# matrix (scripts/test_versions.sh: the e2e subset against the oldest version
+# the filter declares and a 0.11.x; ACC_VERSIONS="..." picks others, "none" skips).
+"$PY" -m pytest
+exec bash scripts/test_versions.sh

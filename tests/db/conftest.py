@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pytest
+from pg_support import libpq_dsn, limited_role, pg_admin  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -35,10 +36,6 @@ def async_pg_url(dsn: str) -> str:
         if dsn.startswith(prefix):
             return "postgresql+psycopg://" + dsn[len(prefix) :]
     raise ValueError(f"not a PostgreSQL DSN: {dsn!r}")
-
-
-def libpq_dsn(url: str) -> str:
-    return "postgresql://" + url.split("://", 1)[1]
 
 
 @pytest.fixture(scope="session")
@@ -126,3 +123,39 @@ async def db(request, tmp_path):
         yield database
     finally:
         await database.dispose()
+
+
+@pytest.fixture
+def own_pg():
+    """A PostgreSQL server of this test's own, which the test may stop and
+    start again (``pause()`` / ``resume()``, same port and data): the
+    database going away under a running store."""
+    proc = subprocess.run(["bash", START_POSTGRES, "start"], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"could not start PostgreSQL:\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    server = OwnPostgres(next(line[len("PGDIR=") :] for line in lines if line.startswith("PGDIR=")), lines[-1])
+    try:
+        yield server
+    finally:
+        subprocess.run(["bash", START_POSTGRES, "stop", server.pg_dir], capture_output=True, timeout=120)
+
+
+@dataclass
+class OwnPostgres:
+    pg_dir: str
+    dsn: str
+
+    @property
+    def url(self) -> str:
+        return async_pg_url(self.dsn)
+
+    def _ctl(self, what: str) -> None:
+        proc = subprocess.run(["bash", START_POSTGRES, what, self.pg_dir], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+    def pause(self) -> None:
+        self._ctl("pause")
+
+    def resume(self) -> None:
+        self._ctl("resume")

@@ -2,6 +2,7 @@
 
     python race_worker.py claim KIND URL SCHEMA NAME ROUNDS
     python race_worker.py summarize KIND URL SCHEMA NAME
+    python race_worker.py hold KIND URL SCHEMA NAME TTL RENEW_EVERY
 
 Opens its own async engine on the database, creates the schema, prints
 ``ready`` and waits for ``go`` on stdin. Then ``claim`` calls ``try_claim``
@@ -9,6 +10,8 @@ on the scopes ``race-0`` .. ``race-{ROUNDS-1}`` in order; ``summarize`` runs
 a Filter's outlet on the test chat (tests/db/test_background_summary.py)
 with a slow fake summarizer and waits for its background work. Either
 prints one JSON line: the rounds it won, or the summarizer calls it made.
+``hold`` takes the lease ``hold-scope`` with SummaryStore.hold, prints
+whether it got it, and keeps it (heartbeat running) until it is killed.
 """
 
 import asyncio
@@ -65,6 +68,12 @@ async def summarize(store, name: str) -> dict:
     return {"name": name, "calls": len(summarizer.calls)}
 
 
+async def hold(store, name: str, ttl: float, renew_every: float) -> None:
+    async with store.hold("hold-scope", name, ttl=ttl, renew_every=renew_every) as held:
+        print(json.dumps({"name": name, "held": bool(held)}), flush=True)
+        await asyncio.sleep(600)  # until SIGKILL
+
+
 async def run_processes(db_args: list, mode: str, names: list, *extra: str, timeout: float = 60) -> list:
     """For the tests: start one worker process per name, start them all at
     once, and return their JSON results."""
@@ -107,7 +116,10 @@ async def main(mode: str, kind: str, url: str, schema: str, name: str, *rest: st
     engine = make_engine(kind, url, schema)
     store = acc.SummaryStore(lambda: engine)
     try:
-        if await wait_for_go(store):
+        if mode == "hold":
+            await store.lease("warm-up")
+            await hold(store, name, float(rest[0]), float(rest[1]))
+        elif await wait_for_go(store):
             result = await (claim(store, name, int(rest[0])) if mode == "claim" else summarize(store, name))
             print(json.dumps(result), flush=True)
     finally:

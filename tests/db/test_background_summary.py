@@ -163,7 +163,7 @@ class FakeSummarizer:
         self.delay = delay
         self.padding = padding
 
-    async def __call__(self, request, user, model, messages, max_tokens, temperature):
+    async def __call__(self, request, user, model, messages, max_tokens, temperature, **extra):
         self.calls.append(
             {
                 "user": user,
@@ -171,6 +171,7 @@ class FakeSummarizer:
                 "messages": copy.deepcopy(messages),
                 "max_tokens": max_tokens,
                 "temperature": temperature,
+                **extra,
             }
         )
         step = self.script.pop(0) if self.script else None

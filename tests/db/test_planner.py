@@ -75,4 +75,43 @@ async def test_summarizer_reads_at_most_one_and_a_half_times_the_chat_over_its_l
     canon = [m for m in acc.expand_stored_messages(chat)[0] if m["role"] != "system"]
     whole = w.filter.counter.messages_tokens(canon, "cl100k_base")
     assert len(w.summarizer.calls) >= 3
-    assert read <= 1.5 * whole, (read, whole, len(w.summarizer.calls))
+    sizes = [[count(m["content"], "cl100k_base") for m in call["messages"]] for call in w.summarizer.calls]
+    assert read <= 1.5 * whole, (read, whole, sizes)
+
+
+async def test_a_message_longer_than_the_summarizer_window_is_folded_whole_in_pieces(db):
+    # A pasted document far larger than the summary model's window, with a
+    # fact in its middle: every piece reaches the summarizer, coverage
+    # advances only past the whole message, and the fact is in the summary.
+    w = Worker(db, summary_model_max_context=1200, max_summary_tokens=128, keep_last=2)
+    paragraphs = [f"Paragraph {i}: {FILLER}" for i in range(60)]
+    paragraphs[30] += " MK-7777 is the vault code."
+    document = "\n\n".join(paragraphs)
+    chat = stored_chat(range(2))
+    chat[2]["content"] = "MK-0101 Please read this. " + document
+    chat += stored_chat(range(2, 6))
+    await w.outlet(chat)
+    assert len(w.summarizer.calls) > 3  # the document alone needs several rounds
+    shown = "".join(call["messages"][-1]["content"] for call in w.summarizer.calls)
+    assert "MK-7777" in shown
+    for i in range(60):
+        assert f"Paragraph {i}:" in shown
+    canon = [m for m in acc.expand_stored_messages(chat)[0] if m["role"] != "system"]
+    at = next(i for i, m in enumerate(canon) if "MK-7777" in str(m["content"]))
+    records = await w.records(chat)
+    assert records and records[-1].covered_count > at
+    # every saved summary that claims the document holds its fact
+    assert all("MK-7777" in r.summary for r in records if r.covered_count > at)
+
+
+async def test_admin_model_parameters_and_style_reach_the_summary_call(db):
+    w = Worker(
+        db,
+        summary_model_params='{"chat_template_kwargs": {"enable_thinking": false}}',
+        summary_style="faithful",
+    )
+    chat = stored_chat(range(8))
+    await w.outlet(chat)
+    [call] = w.summarizer.calls
+    assert call["params"] == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert call["messages"][0]["content"] == acc.summary_instructions(256, "faithful")

@@ -4,11 +4,17 @@ session, with the filter installed from the repo file through the REST API.
 
 ``ACC_SKIP_E2E=1`` skips the suite. Without it, an Open WebUI that cannot be
 found or started is an error, never a skip.
+
+The server's python is ``$ACC_OPENWEBUI_PYTHON`` (scripts/test.sh: 0.12.4;
+scripts/test_versions.sh: each older version in turn, running only the tests
+marked ``versions``). ``owui_version`` is the version the running server
+reports; with ``ACC_EXPECT_OPENWEBUI_VERSION`` set, any other is an error.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 
@@ -62,7 +68,9 @@ def owui_server(owui_python, provider, request):
     server = OpenWebUIServer(python=owui_python, provider_url=provider.base_url, tiktoken_cache_dir=tiktoken_dir)
     started = time.monotonic()
     server.start(timeout=240)
-    print(f"\n[e2e] Open WebUI up at {server.base_url} in {time.monotonic() - started:.1f}s; log {server.log_path}")
+    print(
+        f"\n[e2e] Open WebUI ({owui_python}) up at {server.base_url} in {time.monotonic() - started:.1f}s; log {server.log_path}"
+    )
     request.config.stash[_SERVER_KEY] = server
     yield server
     server.stop()
@@ -73,8 +81,22 @@ def owui_server(owui_python, provider, request):
         shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
+def _version_tuple(text: str) -> tuple:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
 @pytest.fixture(scope="session")
-def admin(owui_server):
+def owui_version(owui_server) -> tuple:
+    """The running server's version as a tuple, e.g. (0, 11, 4), from ``GET /api/version``."""
+    reported = OpenWebUIClient(owui_server.base_url, timeout=30).get("/api/version", auth=False)["version"]
+    expected = os.environ.get("ACC_EXPECT_OPENWEBUI_VERSION", "").strip()
+    if expected and _version_tuple(reported) != _version_tuple(expected):
+        pytest.fail(f"the server under test reports Open WebUI {reported}, expected {expected}")
+    return _version_tuple(reported)
+
+
+@pytest.fixture(scope="session")
+def admin(owui_server, owui_version):
     client = OpenWebUIClient(owui_server.base_url, timeout=180)
     client.signup(ADMIN_EMAIL, ADMIN_PASSWORD, "E2E Admin")
     client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=60)

@@ -104,6 +104,19 @@ def test_deploy_creates_then_updates_keeping_valves(admin, installed_filter, owu
         set_line = next(line for line in unknown.stdout.splitlines() if line.startswith("valves set:"))
         assert "no_such_valve" not in set_line and '"keep_last": 5' in set_line, unknown.stdout
         assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": 5}
+        # a value out of range is not refused: stored as typed, corrected per request and explained
+        odd_valve = deploy(
+            "--url",
+            url,
+            "--api-key",
+            key,
+            "--file",
+            probe_copy(tmp_path, filter_source),
+            "--valves",
+            '{"keep_last": -1}',
+        )
+        assert odd_valve.returncode == 0, odd_valve.stderr + odd_valve.stdout
+        assert admin.get_valves(PROBE_ID) == {"max_context_tokens": 32000, "keep_last": -1}
         not_json = deploy(
             "--url", url, "--api-key", key, "--file", probe_copy(tmp_path, filter_source), "--valves", "{"
         )

@@ -144,6 +144,7 @@ def test_harness_plumbing_with_a_probe_filter(admin, installed_filter, provider)
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.versions
 def test_long_chat_summaries_are_made_in_background_and_used(acc, provider):
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=1)
@@ -169,6 +170,7 @@ def test_long_chat_summaries_are_made_in_background_and_used(acc, provider):
     fail_with(problems, conv)
 
 
+@pytest.mark.versions
 def test_parallel_and_multi_step_tool_calls(acc, provider):
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=2)
@@ -225,6 +227,7 @@ def test_edited_earlier_message(acc, provider):
     fail_with(problems, conv)
 
 
+@pytest.mark.versions
 def test_regenerated_reply(acc, provider):
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=4)
@@ -325,7 +328,8 @@ def test_failing_summarizer_never_breaks_the_chat_and_recovers(acc, provider):
     fail_with(problems, conv)
 
 
-def test_api_call_without_chat_id(acc, provider):
+@pytest.mark.versions
+def test_api_call_without_chat_id(acc, provider, owui_version, owui_server):
     start = len(provider.requests)
     import random
 
@@ -371,6 +375,16 @@ def test_api_call_without_chat_id(acc, provider):
         assert r["tokens"] <= CAP, f"{r['tokens']} tokens over the cap {CAP}"
         assert system in first_system_text(r)
         assert last_user_text(r) == last
+    # Outlet runs for API calls from 0.10 only (docs/en/versions.md): there the
+    # over-threshold call starts a background summary; before, only the cap works.
+    summaries = summaries_since(provider, start)
+    if owui_version >= (0, 10, 0):
+        assert summaries and all(s["status"] == 200 for s in summaries), "outlet made no summary for the API call"
+    else:
+        assert not summaries, "an API call got a summary on a version documented without API outlets"
+    # and the filter told the admin so when it was loaded
+    told = "outlet does not run for API calls" in owui_server.log_text()
+    assert told == (owui_version < (0, 10, 0)), f"log line about API outlets: {told} on {owui_version}"
 
 
 def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider, latency_log):
@@ -497,6 +511,7 @@ class Tools:
 '''
 
 
+@pytest.mark.versions
 def test_live_native_tool_loop(acc, provider):
     """Tools called live (Open WebUI's native loop runs the `request` hook before each model call)."""
     start = len(provider.requests)
@@ -508,7 +523,9 @@ def test_live_native_tool_loop(acc, provider):
         problems = []
         for i in range(9):
             prefix = "CALL_TOOL:lookup_record " if i % 2 == 0 else ""
-            turn = conv.turn(stream=True, extra={"tool_ids": ["e2e_tools"]}, prefix=prefix)
+            # native calling is the default from 0.10; 0.9 needs it asked for
+            extra = {"tool_ids": ["e2e_tools"], "params": {"function_calling": "native"}}
+            turn = conv.turn(stream=True, extra=extra, prefix=prefix)
             problems += check_turn(conv, turn, CAP)
     finally:
         acc.delete_tool("e2e_tools")
@@ -527,6 +544,67 @@ def test_live_native_tool_loop(acc, provider):
     fail_with(problems, conv)
 
 
+BIG_TOOL_SOURCE = '''"""
+title: E2E Big Tool
+id: e2e_big_tool
+version: 0.0.1
+description: returns a report of about 2400 tokens
+"""
+import uuid
+
+
+class Tools:
+    def __init__(self):
+        pass
+
+    def fetch_report(self, query: str = "") -> str:
+        """
+        Fetch a long report.
+        :param query: what the report is about
+        """
+        return f"MK-b{uuid.uuid4().hex[:8]} report on {query or 'everything'}: " + "detail " * 2400
+'''
+
+BIG_TOOL_RESULT_TOKENS = 2400
+
+
+@pytest.mark.versions
+def test_tool_loop_follow_up_is_capped_where_the_request_hook_exists(acc, provider, owui_version, owui_server):
+    """A tool result that pushes the loop's second model call over the cap.
+
+    With the `request` hook (0.11.2 and later) the filter caps that call too;
+    before it, only inlet sees the turn and the follow-up goes out as Open WebUI
+    builds it, over the cap: the degradation docs/en/versions.md documents.
+    """
+    start = len(provider.requests)
+    acc.install_tool("e2e_big_tool", BIG_TOOL_SOURCE)
+    try:
+        conv = Conversation(acc, provider, seed=14)
+        conv.add_turns(3)
+        conv.store("big tool result")
+        extra = {"tool_ids": ["e2e_big_tool"], "params": {"function_calling": "native"}}
+        turn = conv.turn(stream=True, extra=extra, prefix="CALL_TOOL:fetch_report ")
+    finally:
+        acc.delete_tool("e2e_big_tool")
+    reqs = provider.requests[start:]
+    assert not provider_errors(reqs), [brief(r) for r in provider_errors(reqs)][:3]
+    assert len(turn.requests) >= 2, f"no tool loop: {[brief(r) for r in turn.requests]}"
+    first, follow_up = turn.requests[0], turn.requests[-1]
+    assert follow_up["messages"][-1]["role"] == "tool", brief(follow_up)
+    assert first["tokens"] <= CAP
+    assert first["tokens"] + BIG_TOOL_RESULT_TOKENS > CAP, "the tool result would fit anyway: the test proves nothing"
+    if owui_version >= (0, 11, 2):
+        assert follow_up["tokens"] <= CAP, f"follow-up sent {follow_up['tokens']} tokens over the cap {CAP}"
+        assert conv.system in first_system_text(follow_up)
+    else:
+        assert follow_up["tokens"] > CAP, (
+            f"the follow-up fit ({follow_up['tokens']} tokens) without a request hook: update docs/en/versions.md"
+        )
+    told = "no `request` hook" in owui_server.log_text()
+    assert told == (owui_version < (0, 11, 2)), f"log line about the request hook: {told} on {owui_version}"
+
+
+@pytest.mark.versions
 def test_zz_no_provider_400_in_the_whole_run(provider, installed_filter, latency_log):
     """Across every scenario above: the strict provider never answered 400, and summaries fit their window."""
     reqs = provider.requests

@@ -144,8 +144,9 @@ def test_each_step_check_objects_exactly_when_its_fix_would_change_the_list(mess
     for step in acc._REPAIR_STEPS:
         report = acc.RepairReport()
         fixed = step.fix(out, report)
-        assert step.broken(out) == (not unchanged(out, fixed, report)), step.__name__
-        assert step(out, acc.RepairReport()) is out or step.broken(out)
+        broken = step.broken(acc.TranscriptView(out))
+        assert broken == (not unchanged(out, fixed, report)), step.__name__
+        assert step(out, acc.RepairReport()) is out or broken
         out = fixed
 
 
@@ -154,7 +155,7 @@ def test_each_step_check_objects_exactly_when_its_fix_would_change_the_list(mess
 def test_a_step_whose_check_passes_returns_its_input_list_itself(messages):
     out = list(messages)
     for step in acc._REPAIR_STEPS:
-        if not step.broken(out):
+        if not step.broken(acc.TranscriptView(out)):
             assert step(out, acc.RepairReport()) is out, step.__name__
         out = step(out, acc.RepairReport())
 
@@ -221,14 +222,14 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
     assert chosen is acc.choose_summary(usable, digests)
 
 
-def _drop_turns_by_scanning(messages, sizes, keep, turns, total, cap, report, strict):
+def _drop_turns_by_scanning(messages, sizes, keep, turns, total, cap, report):
     """``_drop_turns`` as it was before the shortcut: scan back every time."""
     for start, end in turns:
         if total <= cap:
             break
         if not any(keep[start:end]):
             continue
-        if strict and not (
+        if not (
             acc._joinable(acc._kept_before(messages, keep, start), acc._kept_from(messages, keep, end))
             and acc._opens_with_user(messages, keep, start, end)
         ):
@@ -248,10 +249,16 @@ def test_dropping_turns_remembers_what_scanning_would_find(messages, cap, keep_f
     messages, _ = acc.repair_transcript(messages)
     sizes = [3 + len(str(m.get("content") or "")) for m in messages]
     lo = acc.protected_head_end(messages, keep_first)
-    turns = acc._droppable_turns(messages, lo, max(0, acc._last_user_index(messages)))
-    for strict in (True, False):
-        keep_a, keep_b = [True] * len(messages), [True] * len(messages)
-        report_a, report_b = acc.FitReport(), acc.FitReport()
-        total_a = acc._drop_turns(messages, sizes, keep_a, turns, sum(sizes), cap, report_a, strict)
-        total_b = _drop_turns_by_scanning(messages, sizes, keep_b, turns, sum(sizes), cap, report_b, strict)
-        assert (total_a, keep_a, report_a) == (total_b, keep_b, report_b)
+    hi = max(0, acc._last_user_index(messages))
+    tail = acc._droppable_turns(messages, lo, hi)
+    # as fit_to_budget calls it: the tail's turns, then (the head yielding)
+    # the head's turns followed by the tail's again
+    keep_a, keep_b = [True] * len(messages), [True] * len(messages)
+    report_a, report_b = acc.FitReport(), acc.FitReport()
+    total_a = acc._drop_turns(messages, sizes, keep_a, tail, sum(sizes), cap, report_a)
+    total_b = _drop_turns_by_scanning(messages, sizes, keep_b, tail, sum(sizes), cap, report_b)
+    assert (total_a, keep_a, report_a) == (total_b, keep_b, report_b)
+    turns = acc._droppable_turns(messages, 0, min(lo, hi)) + tail
+    total_a = acc._drop_turns(messages, sizes, keep_a, turns, total_a, cap, report_a)
+    total_b = _drop_turns_by_scanning(messages, sizes, keep_b, turns, total_b, cap, report_b)
+    assert (total_a, keep_a, report_a) == (total_b, keep_b, report_b)

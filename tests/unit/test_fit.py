@@ -2,6 +2,7 @@
 helpers (issue 2). Token costs come from ``acc_builders.tok``: a quarter
 token per character, 100 per image, 4 per message."""
 
+import json
 import re
 
 import pytest
@@ -484,3 +485,66 @@ def test_choose_summary_ties_keep_the_first():
     digests = acc.canonical_view([U("1"), AS("2"), U("3"), AS("4")])[1]
     a, b = _record(1, 2, digests, "a"), _record(1, 2, digests, "b")
     assert acc.choose_summary([a, b], digests) is a
+
+
+# -- the protected head yields in an emergency (issue 10) ------------------------------
+
+
+def test_old_tool_call_arguments_are_shortened_to_a_json_object_with_a_marker():
+    code = json.dumps({"code": "print('x')\n" * 400, "timeout": 30})
+    messages = [S(), U("run it"), A("a", arguments=code), T("a", "ok"), AS("done"), U("q")]
+    out, report = fit(messages, cap=total(messages) - 500, keep_first=4)
+    assert not report.over_budget and report.shortened_messages >= 1
+    arguments = out[2]["tool_calls"][0]["function"]["arguments"]
+    parsed = json.loads(arguments)
+    assert isinstance(parsed, dict) and "shortened to fit the context window" in parsed["_omitted"]
+    assert code.startswith(parsed["_start"])
+    assert out[2]["tool_calls"][0]["id"] == "a" and out[3] == T("a", "ok")
+    assert check_openai(out) == [] and violations_added(messages, out) == []
+
+
+def test_arguments_of_the_current_turn_stay_verbatim():
+    code = json.dumps({"code": "x = 1\n" * 400})
+    messages = [S(), U("q"), A("a", arguments=code), T("a", "r" * 4000)]
+    out, _ = fit(messages, cap=tok(S()) + tok(U("q")) + tok(A("a", arguments=code)) + 100)
+    assert out[2] == messages[2]
+
+
+def test_a_protected_head_that_is_a_whole_tool_chain_yields_when_the_cap_needs_it():
+    # issue 10: keep_first=2 whose head is a tool chain with large arguments;
+    # the system message and the last user message alone fit easily
+    head = [U("start"), A("a", "b", arguments='{"q": "' + "w" * 900 + '"}'), T("a", "r" * 800), T("b", "s" * 800)]
+    head += [AS("summary of results " * 20)]
+    messages = [S(), *head, U("u2" * 100), AS("a2" * 100), U("now")]
+    cap = tok(S()) + tok(U("now")) + 40
+    out, report = fit(messages, cap=cap, keep_first=2)
+    assert total(out) <= cap and not report.over_budget
+    assert out[0] == S() and out[-1] == U("now")
+    assert check_openai(out) == [] and violations_added(messages, out) == []
+
+
+def test_the_head_is_shortened_before_it_is_dropped():
+    messages = [S(), U("first " * 200), AS("reply " * 200), U("u2" * 50), AS("a2" * 50), U("now")]
+    cap = total(messages) - total(messages[3:5]) - 100  # dropping the tail's turn is not enough
+    out, report = fit(messages, cap=cap, keep_first=2)
+    assert not report.over_budget
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert MARK in out[1]["content"] or MARK in out[2]["content"]
+
+
+def test_out_of_reach_sends_the_smallest_order_safe_list_and_says_over_budget():
+    messages = [S("s" * 400), U("u1" * 50), AS("a1" * 50), S("late"), U("u2" * 50), AS("a2"), U("q" * 400)]
+    out, report = fit(messages, cap=50, keep_first=2)
+    assert out == [S("s" * 400), S("late"), U("q" * 400)]
+    assert report.over_budget and report.tokens_after == total(out)
+    assert check_openai(out) == [] and violations_added(messages, out) == []
+
+
+def test_a_turn_kept_for_role_order_goes_when_the_head_yields():
+    # [u2] alone cannot go while the head's assistant a1 stays (a1 -> late
+    # system is rejected by Mistral); once the head yields, both can
+    messages = [S(), U("u1" * 40), AS("a1" * 40), U("u2" * 40), S("late"), AS("a3"), U("u4")]
+    cap = tok(S()) + tok(S("late")) + tok(U("u4")) + 30
+    out, report = fit(messages, cap=cap, keep_first=2)
+    assert not report.over_budget
+    assert check_openai(out) == [] and violations_added(messages, out) == []

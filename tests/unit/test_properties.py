@@ -7,10 +7,10 @@ duplicate and displaced results, errored and aborted turns, ``tool_calls: []``,
 
 For ``repair_transcript``, for ``fit_to_budget`` after it, and for the whole
 ``Filter.inlet`` / ``Filter.request`` path: the output passes the OpenAI
-rules, adds no Mistral/Anthropic/Gemini violation (fit and the filter: none
-but through fit's documented last-resort pass, see ``order_safe_only``), keeps
-every system message and the last user message verbatim, and fits the cap
-whenever the irreducible part does (``irreducible``). Garbage bodies never
+rules, adds no Mistral/Anthropic/Gemini violation, keeps every system message
+and the last user message verbatim, and fits the cap whenever the irreducible
+part does: the system messages and the latest user turn (``irreducible``;
+a protected head yields in an emergency, issue 10). Garbage bodies never
 make the filter raise. ``clean_chats`` are valid for every provider, so any
 violation in their outputs was added by the filter.
 """
@@ -18,7 +18,6 @@ violation in their outputs was added by the filter.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 
 import pytest
@@ -249,31 +248,18 @@ def last_user_index(messages: list) -> int:
     return len(messages)
 
 
-HEAD_MESSAGE_FLOOR = 64  # issue 2: tokens each shortened protected-head message may still need
+def latest_turn_start(messages: list) -> int:
+    """Where the latest user turn begins (with no user message: the last
+    unit), as fit_to_budget sees it."""
+    return acc.align_tail_start_to_atomic_boundary(messages, max(0, acc._last_user_index(messages)), 0)
 
 
-def floor_cost(message: dict, cost) -> int:
-    """What a protected-head message may still cost once fit_to_budget has
-    shortened it: issue 2's 64 tokens, plus its tool-call names and
-    arguments, which are never cut."""
-    if message.get("tool_calls"):
-        return cost({**message, "content": ""}) + HEAD_MESSAGE_FLOOR
-    return HEAD_MESSAGE_FLOOR
-
-
-def irreducible(messages: list, keep_first: int, cost) -> int:
-    """What fit_to_budget can never remove: the systems, the last user
-    message and what follows it (the current turn is never dropped), and
-    each other message of the protected head at its floor."""
-    prefix = acc.protected_head_end(messages, keep_first)
-    lu = last_user_index(messages)
-    need = 0
-    for i, m in enumerate(messages):
-        if m.get("role") == "system" or i >= lu:
-            need += cost(m)
-        elif i < prefix:
-            need += min(cost(m), floor_cost(m, cost))
-    return need
+def irreducible(messages: list, cost) -> int:
+    """What fit_to_budget can never remove: the system messages and the
+    latest user turn (at their full cost: an upper bound, as some of them
+    may still be shortened)."""
+    turn = latest_turn_start(messages)
+    return sum(cost(m) for i, m in enumerate(messages) if m.get("role") == "system" or i >= turn)
 
 
 # -- repair_transcript ---------------------------------------------------------------------
@@ -364,38 +350,11 @@ def test_repair_never_mutates_its_input(chat):
 
 
 # -- fit_to_budget after repair --------------------------------------------------------------
-#
-# fit_to_budget drops turns in two passes: a strict one that never joins two
-# messages into an order some provider rejects, and, when that is not enough,
-# a last-resort one that ignores the order (cap first, as its docstring
-# says). A violation in the output may only come from that last pass: the
-# properties check the strict result (the filter with the last pass
-# switched off) for added violations, and the real result against it. When
-# the last pass is needed at all, and when it may be used, is a design
-# question left open by issue 2 (see test_fit's strict xfails).
 
 
-@contextlib.contextmanager
-def order_safe_only():
-    """The filter with fit_to_budget's last-resort pass switched off."""
-    original = acc._drop_turns
-
-    def strict_only(messages, sizes, keep, turns, total, cap, report, strict):
-        return original(messages, sizes, keep, turns, total, cap, report, strict) if strict else total
-
-    acc._drop_turns = strict_only
-    try:
-        yield
-    finally:
-        acc._drop_turns = original
-
-
-def assert_violations_only_from_the_last_resort(before, out, order_safe_out):
+def assert_provider_safe(before, out):
     assert check_openai(out) == []
-    assert check_openai(order_safe_out) == []
-    assert violations_added(before, order_safe_out) == []
-    if out == order_safe_out:
-        assert violations_added(before, out) == []
+    assert violations_added(before, out) == []
 
 
 @st.composite
@@ -414,18 +373,14 @@ def test_fit_output_is_provider_safe_and_keeps_what_it_must(case):
     chat, repaired, cap, keep_first = case
     prefix = acc.protected_head_end(repaired, keep_first)
     out, report = acc.fit_to_budget(repaired, tok, cap, prefix)
-    with order_safe_only():
-        safe_out, safe_report = acc.fit_to_budget(repaired, tok, cap, prefix)
-    assert_violations_only_from_the_last_resort(chat, out, safe_out)
+    assert_provider_safe(chat, out)
     assert_kept_verbatim(chat, out)
-    assert_kept_verbatim(chat, safe_out)
     assert report.tokens_after == sum(tok(m) for m in out)
     assert report.over_budget == (report.tokens_after > cap)
-    # the protected head is never dropped: each of its messages is still
-    # there (maybe shortened), in order
-    head = [m for m in repaired[:prefix] if m.get("role") != "system"]
-    kept_head = [m for m in out if m.get("role") != "system"][: len(head)]
-    assert [m.get("role") for m in kept_head] == [m.get("role") for m in head]
+    # the latest user turn is never dropped: its messages are all there
+    # (tool outputs maybe shortened), in order
+    turn = repaired[latest_turn_start(repaired) :]
+    assert [m.get("role") for m in out[len(out) - len(turn) :]] == [m.get("role") for m in turn]
 
 
 @st.composite
@@ -434,19 +389,40 @@ def tight_fit_cases(draw):
     chat = draw(any_chats)
     repaired, _ = acc.repair_transcript(chat)
     keep_first = draw(st.integers(0, 4))
-    need = irreducible(repaired, keep_first, tok)
+    need = irreducible(repaired, tok)
     cap = max(1, need + draw(st.one_of(st.just(0), st.integers(0, 20), st.integers(0, 500))))
-    return repaired, cap, keep_first
+    return chat, repaired, cap, keep_first
 
 
 @FAST
 @given(tight_fit_cases())
-def test_fit_fits_whenever_the_irreducible_part_does(case):
-    repaired, cap, keep_first = case
+def test_fit_fits_whenever_systems_and_the_latest_user_turn_do_whatever_keep_first(case):
+    chat, repaired, cap, keep_first = case
     prefix = acc.protected_head_end(repaired, keep_first)
     out, report = acc.fit_to_budget(repaired, tok, cap, prefix)
     assert sum(tok(m) for m in out) <= cap
     assert not report.over_budget
+    assert_provider_safe(chat, out)
+
+
+@st.composite
+def out_of_reach_cases(draw):
+    """Caps below the irreducible part: nothing can reach them."""
+    chat = draw(any_chats)
+    repaired, _ = acc.repair_transcript(chat)
+    need = irreducible(repaired, tok)
+    return chat, repaired, draw(st.integers(1, need)), draw(st.integers(0, 4))
+
+
+@FAST
+@given(out_of_reach_cases())
+def test_fit_out_of_reach_sends_no_more_than_the_irreducible_part_and_says_so(case):
+    chat, repaired, cap, keep_first = case
+    out, report = acc.fit_to_budget(repaired, tok, cap, acc.protected_head_end(repaired, keep_first))
+    assert_provider_safe(chat, out)
+    assert_kept_verbatim(chat, out)
+    assert report.tokens_after == sum(tok(m) for m in out) <= irreducible(repaired, tok)
+    assert report.over_budget == (report.tokens_after > cap)
 
 
 # -- the whole inlet / request path ----------------------------------------------------------
@@ -532,17 +508,14 @@ def test_inlet_output_is_safe_and_fits(mode, case):
     assert isinstance(out, dict)
     assert {k: v for k, v in out.items() if k != "messages"} == {k: v for k, v in body.items() if k != "messages"}
     sent = out["messages"]
-    with order_safe_only():
-        safe_sent = run_hook(f, hook, copy.deepcopy(body))["messages"]
-    assert_violations_only_from_the_last_resort(chat, sent, safe_sent)
+    assert_provider_safe(chat, sent)
     assert_kept_verbatim(chat, sent)
-    assert_kept_verbatim(chat, safe_sent)
 
     encoding = acc.encoding_for_model(MODELS[mode])
     fixed = f.counter.tools_tokens(tools, encoding) + acc.TOKENS_PER_REQUEST
     used = f.counter.messages_tokens(sent, encoding) + fixed - acc.TOKENS_PER_REQUEST
     repaired, _ = acc.repair_transcript(chat)
-    need = fixed + irreducible(repaired, keep_first, lambda m: f.counter.message_tokens(m, encoding))
+    need = fixed + irreducible(repaired, lambda m: f.counter.message_tokens(m, encoding))
     # The filter skips exact counting when its estimate is far enough below
     # the cap; that is only sound where the estimate errs by less than
     # ESTIMATE_MARGIN (text where it does not: test_estimate_below_exact_*).

@@ -4,6 +4,7 @@ promise that inlet never raises into Open WebUI."""
 import asyncio
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,11 @@ def test_inlet_request_and_outlet_accept_any_body(body):
     f = acc.Filter()
     for hook in (f.inlet, f.request, f.outlet):
         run(hook(body, __user__={"id": "u"}))
+
+
+def test_readme_lists_every_valve():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    for name in list(acc.Filter.Valves.model_fields) + list(acc.Filter.UserValves.model_fields):
+        assert f"`{name}`" in readme, name
+    for name in acc.LEGACY_VALVES:
+        assert f"`{name}`" in readme, name

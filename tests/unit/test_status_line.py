@@ -102,12 +102,15 @@ def test_a_store_fault_is_said_once_then_again_when_it_changes():
 
 
 def test_the_usage_part_is_hidden_below_the_share_but_trims_are_said():
-    quiet = acc.SentOutcome(used=100, cap=1000)
-    assert acc.status_line("en", quiet, usage_threshold=0.8) == ""
-    trimmed = acc.SentOutcome(used=700, cap=1000, left_out=4)
-    line = acc.status_line("en", trimmed, usage_threshold=0.8)
-    assert line == acc.status_text("en", "left_out", messages=4)
-    assert acc.status_line("en", acc.SentOutcome(used=900, cap=1000), 0.8).startswith("900 / 1.0k")
+    f = _filter(cap=2500, status_usage_threshold=0.99, max_summary_tokens=256)
+    _, quiet = _hooks(f, _chat(1))
+    assert quiet == []  # well under 99 % of the cap, nothing else to say
+    _, trimmed = _hooks(f, _chat(6))
+    [line] = trimmed
+    assert " tokens sent" not in line and "left out to fit" in line
+    f.valves.status_usage_threshold = 0.5
+    _, shown = _hooks(f, _chat(6))
+    assert " / 2.5k tokens sent" in shown[0]
 
 
 @pytest.mark.parametrize("language", ["en", "zh", "ja", "ko", "fr", "de", "es", "pt", "ru", "it", "pl"])
@@ -134,3 +137,34 @@ def test_failure_reasons_have_their_own_words():
     assert acc.SentOutcome(used=5, cap=9, left_out=1).after(acc.SentOutcome(used=7, cap=9, covered=3, left_out=2)) == (
         acc.SentOutcome(used=5, cap=9, covered=3, left_out=3)
     )
+
+
+def test_a_settings_note_is_said_once_per_chat_not_under_every_reply():
+    f = _filter(cap=2500, max_summary_tokens=2048)  # corrected: more than half the cap
+    _, first = _hooks(f, _chat(1))
+    _, second = _hooks(f, _chat(2))
+    assert "max_summary_tokens" in first[0]
+    assert "max_summary_tokens" not in second[0]
+    f.valves.max_summary_tokens = 4000  # a different correction is said again
+    _, third = _hooks(f, _chat(3))
+    assert "max_summary_tokens (4000)" in third[0]
+
+
+def test_renamed_ids_alone_are_not_called_a_repair():
+    # Some providers reuse ids every round: renaming them is routine and
+    # would otherwise put "repaired" under every reply.
+    call = {"id": "exec_0", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    chat = [{"role": "system", "content": "s"}]
+    for i in range(3):
+        chat += [
+            {"role": "user", "content": f"step {i}"},
+            {"role": "assistant", "content": None, "tool_calls": [dict(call)]},
+            {"role": "tool", "tool_call_id": "exec_0", "content": f"out {i}"},
+            {"role": "assistant", "content": f"done {i}"},
+        ]
+    chat.append({"role": "user", "content": "next"})
+    f = _filter(cap=8000)
+    body, lines = _hooks(f, chat)
+    ids = [c["id"] for m in body["messages"] for c in m.get("tool_calls") or []]
+    assert len(set(ids)) == 3  # made unique
+    assert acc.status_text("en", "repaired") not in lines[0]

@@ -53,7 +53,7 @@ def test_the_older_filters_stored_valves_load_and_mean_the_same():
     assert (acc.resolve_settings(v, "gpt-4").threshold, acc.resolve_settings(v, "gpt-4").max_context) == (8000, 32000)
     assert acc.resolve_settings(v, "other").max_context == 128000
     text = notes_text(v)
-    assert "carried over from the older filter: debug_mode → debug" in text
+    assert "carried over from the older filter: compression_style → summary_style, debug_mode → debug" in text
     assert "summary_llm_timeout_seconds → summary_timeout_seconds" in text
     assert "token_usage_status_threshold → status_usage_threshold" in text
     assert (
@@ -62,7 +62,7 @@ def test_the_older_filters_stored_valves_load_and_mean_the_same():
     )
     # the same Notes reach the status line, in the user's language
     assert [str(w) for w in s.warnings[:2]] == [str(n) for n in v._notes]
-    assert s.warnings[0].text("zh").startswith("已沿用旧版过滤器的设置：debug_mode → debug")
+    assert s.warnings[0].text("zh").startswith("已沿用旧版过滤器的设置：compression_style → summary_style")
 
 
 def test_the_older_filters_notes_are_logged_once(caplog):
@@ -251,3 +251,19 @@ def test_valves_never_raise_whatever_is_stored(values):
 def test_user_valves_never_raise(values):
     u = acc.Filter.UserValves(**values)
     assert isinstance(u.enabled, bool) and isinstance(u.show_status, bool)
+
+
+@pytest.mark.parametrize(
+    "share, cap, used, shown",
+    [
+        (0.0, 1000, 10, True),
+        (0.0, 0, 10, True),
+        (0.8, 1000, 799, False),
+        (0.8, 1000, 800, True),
+        (0.8, 0, 10**6, False),
+        (1.0, 1000, 1000, True),
+    ],
+)
+def test_usage_is_shown_from_the_threshold_share_of_the_cap(share, cap, used, shown):
+    s = acc.resolve_settings(acc.Filter.Valves(status_usage_threshold=share, max_context_tokens=cap), "m")
+    assert acc.usage_shown(s, used) is shown
