@@ -1,4 +1,4 @@
-"""Atomic units, tail-boundary alignment and the protected head (issue 2).
+"""Atomic units, tail-boundary alignment and the protected head.
 
 A unit is what must be kept or dropped together: ``assistant(tool_calls)``
 with all its results, further call/result steps of the same chain and the
@@ -38,8 +38,7 @@ def test_chain_without_follow_up_ends_at_next_non_tool_message():
     assert acc.get_atomic_groups([U(), A("a"), T("a"), A("b")]) == [[0], [1, 2, 3]]
 
 
-def test_assistant_calls_without_results_then_new_calls():
-    # a call turn directly followed by another call turn: the first is alone
+def test_call_turn_directly_followed_by_another_call_turn_is_a_unit_of_its_own():
     assert acc.get_atomic_groups([U(), A("a"), A("b"), T("b"), AS()]) == [[0], [1], [2, 3, 4]]
 
 
@@ -58,7 +57,7 @@ def test_user_message_breaks_a_chain_and_later_results_are_strays():
     assert acc.get_atomic_groups(messages) == [[0], [1, 2], [3], [4], [5]]
 
 
-def test_groups_of_empty_and_odd_lists():
+def test_empty_list_has_no_units_and_malformed_entries_are_units_of_their_own():
     assert acc.get_atomic_groups([]) == []
     assert acc.atomic_spans([]) == []
     # non-dict entries and missing roles are units of their own, never a crash
@@ -94,9 +93,11 @@ def test_groups_cover_every_index_once_in_order():
     assert groups == [[0], [1], [2], [3, 4], [5], [6], [7, 8, 9, 10, 11, 12], [13], [14]]
 
 
-def test_seed_example_native_tool_sequence():
-    """The seed's pattern: assistant(tool_calls) -> tool -> assistant follow-up
-    is one block, with a failed call in a 30+ message chat."""
+def test_every_tail_cut_of_a_tool_chat_lands_on_a_unit_and_passes_the_provider_rules():
+    """In a 33-message chat of user -> call -> result -> answer rounds (one
+    result an error), each call, its result and its answer are one unit, and
+    a tail cut anywhere starts on a unit boundary, never on a tool result, and
+    gives a list OpenAI's rules accept."""
     messages = [S()]
     for k in range(8):
         messages += [U(f"q{k}"), A(f"c{k}"), T(f"c{k}", "error: timeout" if k == 3 else "ok"), AS(f"a{k}")]
@@ -107,8 +108,6 @@ def test_seed_example_native_tool_sequence():
         base = 1 + 4 * k
         assert groups[1 + 2 * k] == [base]
         assert groups[2 + 2 * k] == [base + 1, base + 2, base + 3]
-    # every raw start the seed would compute lands on a boundary that does
-    # not start with a tool message
     for keep_last in range(0, 33):
         raw = max(0, len(messages) - keep_last)
         start = acc.align_tail_start_to_atomic_boundary(messages, raw, 1)
@@ -174,7 +173,7 @@ def test_out_of_range_inputs_are_clamped(raw, prefix, expected):
     assert acc.align_tail_start_to_atomic_boundary(CHAT, raw, prefix) == expected
 
 
-def test_align_on_empty_list():
+def test_cut_in_an_empty_list_is_zero():
     assert acc.align_tail_start_to_atomic_boundary([], 3, 1) == 0
     assert acc.align_tail_start_to_atomic_boundary([], 0, 0) == 0
 
@@ -189,9 +188,9 @@ def test_align_result_is_always_a_valid_boundary():
             assert got in starts or got == prefix
 
 
-def test_seed_tail_alignment_never_starts_with_a_tool_message():
-    """The seed's bug: keep_last fell inside assistant(tool_calls) -> tool ->
-    follow-up, so the kept tail opened with an orphan tool message."""
+def test_cut_on_a_tool_result_moves_back_to_its_call_so_the_tail_never_opens_with_a_result():
+    """A kept tail that would open with a tool result (an orphan without its
+    call) starts at the call turn instead, keeping call, result and answer."""
     messages = [S(), U("start"), AS("hi"), U("look it up"), A("s1"), T("s1", "found"), AS("here it is"), U("thanks")]
     keep_last = 3  # raw cut at index 5, the tool result
     raw = len(messages) - keep_last
@@ -215,7 +214,7 @@ def test_protected_head_extends_to_the_end_of_its_unit():
     assert acc.protected_head_end(messages, 4) == 5
 
 
-def test_protected_head_beyond_the_list():
+def test_protected_head_past_the_list_ends_at_the_list_end():
     assert acc.protected_head_end(CHAT, 50) == len(CHAT)
     assert acc.protected_head_end([], 1) == 0
     assert acc.protected_head_end([S(), S("b")], 1) == 2
@@ -227,10 +226,10 @@ def test_protected_head_skips_leading_and_late_systems():
     assert acc.protected_head_end(messages, 2) == 5
 
 
-# -- the Filter's names for the seed fix ---------------------------------------
+# -- Filter methods ------------------------------------------------------------
 
 
-def test_filter_methods_delegate():
+def test_filter_methods_answer_like_the_module_functions():
     f = acc.Filter()
     messages = [S(), U(), A("a"), T("a"), AS(), U()]
     assert f._get_atomic_groups(messages) == [[0], [1], [2, 3, 4], [5]]

@@ -1,4 +1,4 @@
-"""Token accounting (issue 5): encodings per model family, exact counts the
+"""Token accounting: encodings per model family, exact counts the
 way providers bill, image sizes, the estimator off the request path, the
 bounded content-keyed caches, and the published estimator error table.
 
@@ -74,7 +74,7 @@ def n(encoding, text: str) -> int:
         "GPT-4O",
     ],
 )
-def test_o200k_for_gpt4o_and_o_series(model):
+def test_gpt4o_gpt5_and_o_series_models_use_o200k(model):
     assert acc.encoding_for_model(model) == "o200k_base"
 
 
@@ -97,7 +97,7 @@ def test_o200k_for_gpt4o_and_o_series(model):
         "",
     ],
 )
-def test_cl100k_otherwise(model):
+def test_every_other_model_uses_cl100k(model):
     assert acc.encoding_for_model(model) == "cl100k_base"
 
 
@@ -107,7 +107,7 @@ def test_override_wins_and_unknown_override_is_ignored():
     assert acc.encoding_for_model("gpt-4o", "p50k_base") == "o200k_base"
 
 
-def test_override_through_model_thresholds():
+def test_model_thresholds_override_the_encoding_per_model_pattern():
     valves = acc.Filter.Valves(
         model_thresholds=json.dumps(
             {
@@ -138,7 +138,7 @@ def test_plain_message_is_text_plus_message_overhead(counter, tiktoken_cl100k):
     assert acc.TOKENS_PER_MESSAGE + 1 == 4
 
 
-def test_request_overhead(counter):
+def test_a_request_costs_its_messages_plus_a_fixed_overhead(counter):
     messages = [{"role": "system", "content": "Hello, world!"}, {"role": "user", "content": "Hello, world!"}]
     assert counter.messages_tokens(messages, ENC) == acc.TOKENS_PER_REQUEST + 8 + 8 == 19
 
@@ -203,7 +203,7 @@ def test_injected_summary_is_counted_like_any_system_message(counter, tiktoken_c
     assert n(tiktoken_cl100k, summary["content"]) > n(tiktoken_cl100k, "The user wants a cheaper plan.")
 
 
-def test_tool_schemas_count(counter, tiktoken_cl100k):
+def test_tool_schemas_cost_the_tokens_of_their_json(counter, tiktoken_cl100k):
     tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
     text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
     assert counter.tools_tokens(tools, ENC) == n(tiktoken_cl100k, text)
@@ -315,7 +315,7 @@ def tiles_by_hand(width: int, height: int) -> int:
         ((3000, 100), 765),  # 2048x68: 4 tiles
     ],
 )
-def test_openai_tile_formula(size, expected):
+def test_high_detail_image_costs_85_plus_170_per_512px_tile_after_scaling(size, expected):
     assert 85 + 170 * tiles_by_hand(*size) == expected
     for make in (png, jpeg, webp_vp8x):
         assert acc.image_tokens(make(*size), "high") == expected
@@ -346,6 +346,7 @@ def test_request_path_never_waits_for_the_encoding(monkeypatch, tiktoken_cl100k)
         return real(name)
 
     monkeypatch.setattr(tiktoken, "get_encoding", slow_get_encoding)
+    earlier = set(threading.enumerate())  # loader threads other tests left behind do not count
     c = acc.TokenCounter()
     text = "Please summarize the quarterly report in three bullet points. " * 20
     started = time.perf_counter()
@@ -354,7 +355,7 @@ def test_request_path_never_waits_for_the_encoding(monkeypatch, tiktoken_cl100k)
     assert elapsed < 0.05, f"message_tokens waited {elapsed:.3f}s for tiktoken"
     assert tokens == 4 + acc.estimate_text_tokens(text, ENC)  # the estimate
     assert not c.is_exact(ENC)
-    assert any(t.name == f"acc-tiktoken-{ENC}" and t.is_alive() for t in threading.enumerate())
+    assert any(t.name == f"acc-tiktoken-{ENC}" and t.is_alive() for t in set(threading.enumerate()) - earlier)
     # the load finishes in the background; then counts are exact
     assert c.wait_ready(ENC, timeout=10) and released.is_set()
     assert c.message_tokens({"role": "user", "content": text}, ENC) == 4 + n(tiktoken_cl100k, text)
@@ -546,8 +547,6 @@ def test_estimator_features_count_every_character_once():
 
 
 def test_an_encoding_without_a_fitted_row_is_estimated_with_cl100k_weights():
-    # (replaces a test comparing o200k's row with cl100k's: the rows are the
-    # same list of numbers today, so it could not fail; issue 12.6)
     text = "Hello wörld, 你好, 🙂 — 42 tokens?"
     assert acc.estimate_text_tokens(text, "p50k_base") == acc.estimate_text_tokens(text, "cl100k_base") > 0
 
