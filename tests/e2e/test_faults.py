@@ -90,17 +90,8 @@ def fault_lines(lines: list, reason: str) -> list:
     ]
 
 
-def status_wired(filter_source: str) -> bool:
-    return UNAVAILABLE in filter_source.lower()
-
-
 def assert_fault_status(client, chat_id: str, reason: str, filter_source: str, deadline: float = 20) -> list:
-    """The chat's status line says summaries are unavailable, with ``reason``.
-
-    Until the filter emits that wording (the lead's status-line work) this
-    marks the test XFAIL here, after every other assertion has run."""
-    if not status_wired(filter_source):
-        pytest.xfail(f"status line '{UNAVAILABLE}: <{reason}>' not wired in the filter yet")
+    """The chat's status line says summaries are unavailable, with ``reason``."""
     return wait_for(
         lambda: fault_lines(status_lines(client, chat_id), reason),
         deadline=deadline,
