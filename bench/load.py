@@ -94,8 +94,11 @@ class Postgres:
     def rows_per_chat(self, chat_ids: list) -> dict:
         import psycopg
 
-        with psycopg.connect(self.dsn) as conn:
-            rows = conn.execute("SELECT chat_id, count(*) FROM acc_chat_summary GROUP BY chat_id").fetchall()
+        try:
+            with psycopg.connect(self.dsn) as conn:
+                rows = conn.execute("SELECT chat_id, count(*) FROM acc_chat_summary GROUP BY chat_id").fetchall()
+        except psycopg.errors.UndefinedTable:  # no table: the filter never stored one (the phase without it)
+            rows = []
         counts = dict(rows)
         return {c: counts.get(c, 0) for c in chat_ids}
 

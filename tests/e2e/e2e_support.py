@@ -402,3 +402,15 @@ def check_turn(conv: Conversation, turn: Turn, cap: int, *, markers: bool = True
 
 def provider_errors(reqs: list) -> list:
     return [r for r in reqs if r["status"] is not None and r["status"] >= 400]
+
+
+def status_lines(client, chat_id: str) -> list:
+    """Every status line the chat's replies show, as Open WebUI stored them
+    (``statusHistory``): exactly what the page displays under each reply."""
+    chat = client.get_chat(chat_id)["chat"]
+    lines = []
+    for message in (chat.get("history") or {}).get("messages", {}).values():
+        for status in message.get("statusHistory") or []:
+            if isinstance(status, dict) and status.get("description"):
+                lines.append(status["description"])
+    return lines

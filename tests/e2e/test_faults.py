@@ -37,6 +37,7 @@ from e2e_support import (
     provider_errors,
     request_markers,
     settle,
+    status_lines,
     summary_text,
     wait_for,
 )
@@ -69,16 +70,6 @@ REASON_WORDS = {
     "model_error": ("model error", "summarizer error", "error"),
     "empty": ("empty",),
 }
-
-
-def status_lines(client, chat_id: str) -> list:
-    chat = client.get_chat(chat_id)["chat"]
-    lines = []
-    for message in (chat.get("history") or {}).get("messages", {}).values():
-        for status in message.get("statusHistory") or []:
-            if isinstance(status, dict) and status.get("description"):
-                lines.append(status["description"])
-    return lines
 
 
 def fault_lines(lines: list, reason: str) -> list:

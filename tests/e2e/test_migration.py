@@ -11,7 +11,17 @@ import os
 import sqlite3
 
 import pytest
-from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, Conversation, brief, check_turn, has_summary, provider_errors
+from e2e_support import (
+    CHAT_MODEL,
+    E2E_VALVES,
+    FILTER_ID,
+    Conversation,
+    brief,
+    check_turn,
+    has_summary,
+    provider_errors,
+    status_lines,
+)
 
 import async_context_compression as acc_module
 
@@ -98,16 +108,6 @@ def store_valves_in_database(server, function_id: str, valves: dict) -> None:
     with sqlite3.connect(path, timeout=30) as db:
         changed = db.execute("UPDATE function SET valves = ? WHERE id = ?", (json.dumps(valves), function_id)).rowcount
     assert changed == 1, f"function {function_id} not found in {path}"
-
-
-def status_lines(client, chat_id: str) -> list:
-    chat = client.get_chat(chat_id)["chat"]
-    lines = []
-    for message in (chat.get("history") or {}).get("messages", {}).values():
-        for status in message.get("statusHistory") or []:
-            if isinstance(status, dict) and status.get("description"):
-                lines.append(status["description"])
-    return lines
 
 
 def test_pasting_over_the_older_filter_keeps_every_chat_working(

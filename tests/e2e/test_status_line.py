@@ -7,19 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from e2e_support import E2E_VALVES, Conversation, settle, wait_for
+from e2e_support import E2E_VALVES, Conversation, settle, status_lines, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def status_lines(client, chat_id: str) -> list:
-    chat = client.get_chat(chat_id)["chat"]
-    lines = []
-    for message in (chat.get("history") or {}).get("messages", {}).values():
-        for status in message.get("statusHistory") or []:
-            if isinstance(status, dict) and status.get("description"):
-                lines.append(status["description"])
-    return lines
 
 
 def test_status_line_shows_usage_and_background_summaries(acc, provider):
