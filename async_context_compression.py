@@ -62,6 +62,21 @@ log = logging.getLogger("async_context_compression")
 Message = dict
 Messages = list
 
+
+class _BoundedDict(OrderedDict):
+    """An LRU mapping that never grows past ``limit`` entries."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 # ---------------------------------------------------------------------------
 # 1. Pure transcript functions
 # ---------------------------------------------------------------------------
@@ -1780,6 +1795,7 @@ class TokenCounter:
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
         self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
+        self._tools_counts = _BoundedDict(256)  # (exact?, encoding, schemas digest) -> tokens
 
     # -- encodings, loaded off the request path --
     def start_loading(self, encoding: str) -> None:
@@ -1912,7 +1928,13 @@ class TokenCounter:
             text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             return 0
-        return self.text_tokens(text, encoding)
+        # the same schemas come with every request of a chat (Open WebUI's
+        # built-in tools are about 21k characters): tokenized once
+        key = (encoding in self._encodings, encoding, hashlib.blake2b(text.encode(), digest_size=16).digest())
+        count = self._tools_counts.get(key)
+        if count is None:
+            count = self._tools_counts[key] = self.text_tokens(text, encoding)
+        return count
 
     def cache_len(self) -> int:
         return len(self._cache)
@@ -4342,20 +4364,6 @@ HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
-
-
-class _BoundedDict(OrderedDict):
-    """An LRU mapping that never grows past ``limit`` entries."""
-
-    def __init__(self, limit: int):
-        super().__init__()
-        self.limit = limit
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        self.move_to_end(key)
-        while len(self) > self.limit:
-            self.popitem(last=False)
 
 
 @dataclass(frozen=True)

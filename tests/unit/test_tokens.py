@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import hashlib
 import json
 import os
@@ -566,3 +567,19 @@ def test_estimator_error_stays_within_the_published_table(counter):
         assert high <= pub_high + 0.0005, f"{name}: over-estimates by {high:.1%}, published worst {pub_high:.1%}"
     worst_low = min(low for low, _ in published.values())
     assert 1 / (1 + worst_low) - 1 <= acc.ESTIMATE_MARGIN, "ESTIMATE_MARGIN no longer covers the published worst case"
+
+
+def test_the_same_tool_schemas_are_tokenized_once(counter, monkeypatch):
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": "Looks things up. " * 50}}
+        for i in range(8)
+    ]
+    first = counter.tools_tokens(tools, ENC)
+    calls = []
+    real = counter.text_tokens
+    monkeypatch.setattr(counter, "text_tokens", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert counter.tools_tokens(copy.deepcopy(tools), ENC) == first > 500
+    assert calls == []  # every request of a chat carries the same schemas
+    changed = copy.deepcopy(tools)
+    changed[0]["function"]["name"] = "renamed"
+    assert counter.tools_tokens(changed, ENC) != 0 and len(calls) == 1
