@@ -275,13 +275,15 @@ async def test_no_database_is_store_absent():
 
 async def test_hold_renews_while_the_work_runs_and_releases_at_the_end(db):
     store, other = db.store(), db.store()
-    async with store.hold("s1", "w1", ttl=0.8, renew_every=0.2) as held:
+    # a TTL several heartbeats long, so that a busy machine delaying one
+    # heartbeat does not expire the lease (that is what the TTL is for)
+    async with store.hold("s1", "w1", ttl=2.0, renew_every=0.3) as held:
         assert held and not held.lost
         first = (await store.lease("s1"))["expires_at"]
-        for _ in range(4):  # 2 s: more than twice the TTL
-            await asyncio.sleep(0.5)
+        for _ in range(5):  # 5 s: more than twice the TTL
+            await asyncio.sleep(1.0)
             assert not await other.try_claim("s1", "w2", ttl=30), "a live holder's lease expired under it"
-        assert (await store.lease("s1"))["expires_at"] > first + 1.0
+        assert (await store.lease("s1"))["expires_at"] > first + 2.0
         assert not held.lost
     assert await store.lease("s1") is None
     assert await other.try_claim("s1", "w2", ttl=30)
