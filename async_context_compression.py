@@ -1601,28 +1601,11 @@ _ENCODINGS = ("cl100k_base", "o200k_base")
 # on held-out samples the worst is 11% (docs/en/benchmarks.md). The bound
 # costs English a high median: letters must also cover Dutch or Indonesian,
 # which need ~45% more tokens per letter. o200k's file is not available
-# offline, so its row is cl100k's (o200k needs about as many tokens for
+# offline, so it has no row and uses cl100k's (o200k needs about as many tokens for
 # English and code, fewer for CJK and other scripts): conservative until it
 # is fitted where the file is cached.
 _ESTIMATOR = {
     "cl100k_base": (
-        0.306,
-        1.113,
-        0.855,
-        0.027,
-        0.602,
-        0.538,
-        2.31,
-        1.415,
-        0.695,
-        2.189,
-        1.27,
-        0.989,
-        1.421,
-        2.329,
-        3.436,
-    ),
-    "o200k_base": (
         0.306,
         1.113,
         0.855,
