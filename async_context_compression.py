@@ -276,8 +276,9 @@ class TranscriptView:
     Only for a list that is not changed meanwhile; ``messages`` is not copied.
     The sub-lists assume the list has no malformed message (step one)."""
 
-    def __init__(self, messages: Messages):
+    def __init__(self, messages: Messages, context: Optional["RepairContext"] = None):
         self.messages = messages
+        self.context = context
 
     @cached_property
     def callers(self) -> list:
@@ -307,7 +308,8 @@ class RepairStep:
     list) when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
-    fix: Callable[[Messages, RepairReport], Messages]
+    fix: Callable[..., Messages]  # (messages, report), plus the RepairContext where uses_context
+    uses_context: bool = False
 
     @property
     def __name__(self) -> str:
@@ -605,12 +607,14 @@ SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_too
 
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
-    return len(set(ids)) != len(ids)
+    before = view.context.call_ids if view.context is not None else ()
+    return len(set(ids)) != len(ids) or any(cid in before for cid in ids)
 
 
 def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
     """``call_id`` with a numeric suffix (``exec_0`` -> ``exec_0_2``), cut to
-    the 40-character limit, that no other id of the request uses."""
+    the 40-character limit, that no id assigned so far uses (the smallest such
+    suffix: ``next_suffix`` only remembers where the search may start)."""
     n = next_suffix.get(call_id, 2)
     while True:
         suffix = f"_{n}"
@@ -622,32 +626,34 @@ def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
             return candidate
 
 
-def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
+def make_tool_call_ids_unique(
+    messages: Messages, report: RepairReport, context: Optional["RepairContext"] = None
+) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
     pairing is per turn, so each turn's results are already its own (right
-    after it). A reused id is renamed on the call and its result alike, the
-    same way on every request of the chat (the n-th reuse gets suffix
-    ``_n``, skipping ids the request holds), and the first use keeps its id."""
+    after it). Turns are read in order: an id already assigned earlier in the
+    request is renamed, on the call and its results alike, to the smallest
+    ``_n`` suffix not assigned yet. So the first use keeps its id, and a
+    turn's ids depend only on the turns before it: every request of a chat
+    sends the same ids for its older turns, and a list can be repaired in
+    parts (``context`` carries the ids of the parts before, and is updated)."""
+    taken = context.call_ids if context is not None else set()
+    next_suffix = context.next_suffix if context is not None else {}
     turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
-    taken = {c["id"] for i in turns for c in messages[i]["tool_calls"]}
-    taken.update(m["tool_call_id"] for m in messages if m["role"] == "tool")
-    seen: set = set()
-    next_suffix: dict = {}
     out = list(messages)
     n = len(messages)
     count = 0
     for i in turns:
         message = messages[i]
         calls = message["tool_calls"]
-        renamed: dict = {}  # old id -> new id, in this turn
+        renamed: dict = {}  # old id -> new id, in this turn (its ids are distinct after pairing)
         for call in calls:
             cid = call["id"]
-            if cid in seen:
-                new_id = renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-                seen.add(new_id)
+            if cid in taken:
+                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
             else:
-                seen.add(cid)
+                taken.add(cid)
         if not renamed:
             continue
         count += len(renamed)
@@ -662,7 +668,7 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
     return out
 
 
-MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique)
+MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique, uses_context=True)
 
 
 def _safe_name(name: Any, limit: int = 64) -> str:
@@ -820,12 +826,13 @@ def _has_null_content(view: TranscriptView) -> bool:
     return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
 
 
-def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
+def fix_null_content(messages: Messages, report: RepairReport, context: Optional["RepairContext"] = None) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
     at all says nothing and would become an empty block Anthropic rejects, so
-    it goes, except the latest one, which is the request itself."""
-    last_user = _last_user_index(messages)
+    it goes, except the latest one, which is the request itself (not in this
+    part when ``context.user_follows``)."""
+    last_user = -1 if context is not None and context.user_follows else _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
         if message.get("content") is None and _role(message) == "user" and i != last_user:
@@ -838,7 +845,7 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
-FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content)
+FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content, uses_context=True)
 
 # In an order where no later step can undo an earlier one; each step's check
 # may assume the invariants of the steps before it.
@@ -856,31 +863,242 @@ _REPAIR_STEPS: tuple[RepairStep, ...] = (
 )
 
 
-def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
+@dataclass
+class RepairContext:
+    """What repairing a later part of a list needs to know of the parts
+    before it: a list cut where ``repair_cut`` allows is repaired part by
+    part, each part with the context the parts before it left, to exactly
+    what repairing it whole gives."""
+
+    call_ids: set = field(default_factory=set)  # tool-call ids assigned so far (A4)
+    next_suffix: dict = field(default_factory=dict)  # where _fresh_call_id's search may start
+    user_follows: bool = False  # a user message comes after this part (fix_null_content)
+
+    def copy(self) -> "RepairContext":
+        return RepairContext(set(self.call_ids), dict(self.next_suffix), self.user_follows)
+
+
+def repair_transcript(messages: Messages, context: Optional[RepairContext] = None) -> tuple[Messages, RepairReport]:
     """Apply every repair invariant. Returns a new list; input messages are
     never mutated (changed messages are shallow copies), and a list no
-    step's check objects to comes back with the very same messages."""
+    step's check objects to comes back with the very same messages.
+    ``context``: this list is a part of a longer one (see RepairContext);
+    it is updated with what this part assigned."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
-    view = TranscriptView(out)
+    view = TranscriptView(out, context)
     for step in _REPAIR_STEPS:
         if step.broken(view):
-            out = step.fix(out, report)
-            view = TranscriptView(out)
+            out = step.fix(out, report, context) if step.uses_context else step.fix(out, report)
+            view = TranscriptView(out, context)
+    if context is not None:
+        context.call_ids.update(c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"])
     return out, report
+
+
+def repair_cut(messages: Messages) -> int:
+    """The last index where ``messages`` can be cut so that the part before
+    it is repaired alone, with ``RepairContext(user_follows=True)``, to what
+    it is within the whole list (0: nowhere). Every step but two looks no
+    further than the span from one assistant message to the next, so the cut
+    is at an assistant message no step drops (a dict, not ended in error);
+    the two are carried by the context: the tool-call ids assigned before,
+    and whether a user message comes later (one must: the latest user
+    message, the request itself, is never in the part before)."""
+    i = len(messages) - 1
+    while i >= 0 and _role(messages[i]) != "user":
+        i -= 1
+    while i > 0:
+        i -= 1
+        message = messages[i]
+        if _role(message) == "assistant" and not _is_errored_assistant(message):
+            return i
+    return 0
+
+
+@dataclass
+class RepairedPart:
+    """A list's first messages (up to a ``repair_cut``), as they came, and
+    their repair: what the next request of the same chat, which starts with
+    the same messages, need not repair again. It holds its own copies, never
+    the dicts sent: Open WebUI changes some of those after inlet (it appends
+    RAG context and system prompts to the first system message in place)."""
+
+    source: Messages  # copies of the messages as they came, compared with the next request's
+    origins: list  # per message of the repair: its index in ``source`` if it is that message unchanged, else -1
+    repaired: list  # per message of the repair: this part's own copy where origins is -1, else None
+    report: RepairReport
+    context: RepairContext  # after the part
+    # (index in source, index in the repair) of the plain system messages
+    # (``_plain_system``): their text may differ in the next request (a system
+    # prompt with the time in it) without changing the repair of the rest
+    loose: list = field(default_factory=list)
+    # per encoding: the token-count cache entry of each message of the repair
+    # (None where not known), so that the next request computes no cache key
+    # for them (``entries_of``, ``note_entries``)
+    entries: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.origins)
+
+    def starts(self, messages: Messages) -> bool:
+        """Whether ``messages`` starts with this part's messages: equal, but
+        for the text of its plain system messages."""
+        source, at = self.source, 0
+        try:
+            for i, _ in self.loose:
+                if messages[at:i] != source[at:i] or not _plain_system(messages[i]):
+                    return False
+                at = i + 1
+            return messages[at : len(source)] == source[at:]  # compared in C: a fraction of json.dumps
+        except Exception:  # a value whose comparison raises: not the same messages
+            return False
+
+    def reuse(self, messages: Messages) -> Messages:
+        """The repair of a list that ``starts`` with this part's messages:
+        that list's own message objects where repair kept them, copies of the
+        repaired ones."""
+        return [messages[j] if j >= 0 else _detached(m) for j, m in zip(self.origins, self.repaired)]
+
+    def entries_of(self, encoding: str) -> list:
+        """The cache entries known for this part's messages (a new list, to
+        hand to ``TokenCounter.cached_sizes`` with the list this part's
+        repair starts, and to give back with ``note_entries``)."""
+        return list(self.entries.get(encoding) or ())
+
+    def note_entries(self, encoding: str, entries: list) -> None:
+        self.entries[encoding] = entries[: len(self.origins)]
+
+
+def _plain_system(message: Any) -> bool:
+    """A system message of role and text only: no repair step changes it,
+    whatever its text (and repair elsewhere never depends on its text)."""
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "system"
+        and isinstance(message.get("content"), str)
+        and len(message) == 2
+    )
+
+
+def _detached(message: Any) -> Any:
+    """A copy of a message that Open WebUI's in-place edits of the copy
+    (``message["content"] = ...``, or a text part's ``text``) never reach."""
+    if not isinstance(message, dict):
+        return message
+    copy = dict(message)
+    content = copy.get("content")
+    if isinstance(content, list):
+        copy["content"] = [dict(p) if isinstance(p, dict) else p for p in content]
+    return copy
+
+
+def _origins(source: Messages, out: Messages, offset: int) -> list:
+    position = {id(m): i + offset for i, m in enumerate(source)}
+    return [position.get(id(m), -1) for m in out]
+
+
+def repair_in_parts(
+    messages: Messages, known: Optional[RepairedPart]
+) -> tuple[Messages, RepairReport, Optional[RepairedPart]]:
+    """``repair_transcript(messages)``, reusing ``known`` when the list
+    ``starts`` with its messages, and the part up to this list's
+    ``repair_cut`` for the next request. Pure: reads its inputs, builds new
+    lists (copies only of what is new)."""
+    cut = repair_cut(messages)
+    if known is not None and len(known.source) <= cut and known.starts(messages):
+        start, head = len(known.source), known.reuse(messages)
+        source, origins, repaired, loose = list(known.source), known.origins, known.repaired, known.loose
+        for i, _ in loose:
+            source[i] = _detached(messages[i])  # its text as now
+        entries = {name: list(sizes) for name, sizes in known.entries.items()}
+        for sizes in entries.values():
+            for _, k in loose:
+                if k < len(sizes):
+                    sizes[k] = None  # counted again: its text may have changed
+        report, context = merge_reports(RepairReport(), known.report), known.context.copy()
+    else:
+        start, head, source, origins, repaired, loose = 0, [], [], [], [], []
+        entries, report, context = {}, RepairReport(), RepairContext()
+    context.user_follows = True
+    middle, middle_report = repair_transcript(messages[start:cut], context)
+    report = merge_reports(report, middle_report)
+    middle_origins = _origins(messages[start:cut], middle, start)
+    part = RepairedPart(
+        source=source + [_detached(m) for m in messages[start:cut]],
+        origins=origins + middle_origins,
+        repaired=repaired + [None if j >= 0 else _detached(m) for j, m in zip(middle_origins, middle)],
+        report=report,
+        context=context.copy(),
+        loose=loose
+        + [(j, k) for k, j in enumerate(middle_origins, len(origins)) if j >= 0 and _plain_system(messages[j])],
+        entries={name: sizes + [None] * len(middle) for name, sizes in entries.items()},
+    )
+    context.user_follows = False
+    tail, tail_report = repair_transcript(messages[cut:], context)
+    return head + middle + tail, merge_reports(report, tail_report), part if cut else None
+
+
+class RepairMemo:
+    """Per chat, the repaired first part of its last request
+    (``RepairedPart``): a chat that needs repair on every request (ids reused
+    every round, unanswered calls) is repaired in full once, then only in
+    what is new. A bounded table; an entry is used only when the new request
+    starts with exactly its messages, so a wrong key costs time, never a
+    wrong list. The entries keep the messages they compare with alive:
+    bounded in messages too."""
+
+    def __init__(self, size: int = 64, max_messages: int = 100_000):
+        self._parts: OrderedDict = OrderedDict()
+        self._size = size
+        self._max_messages = max_messages
+        self._messages = 0
+
+    def get(self, key: str) -> Optional[RepairedPart]:
+        return self._parts.get(key)
+
+    def keep(self, key: str, part: Optional[RepairedPart]) -> None:
+        old = self._parts.pop(key, None)
+        if old is not None:
+            self._messages -= len(old.source)
+        if part is None or len(part.source) > self._max_messages:
+            return
+        self._parts[key] = part
+        self._messages += len(part.source)
+        while len(self._parts) > self._size or self._messages > self._max_messages:
+            _, dropped = self._parts.popitem(last=False)
+            self._messages -= len(dropped.source)
+
+    def __len__(self) -> int:
+        return len(self._parts)
 
 
 REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 
-async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
-    """``repair_transcript`` for the request path: a long list (a chat of
-    thousands of messages) is repaired in a worker thread, so the event
-    loop serves other requests meanwhile. Repair is pure: it reads the
-    input and builds new lists and dicts, nothing shared."""
-    if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
-        return await asyncio.to_thread(repair_transcript, messages)
-    return repair_transcript(messages)
+async def repair_request(
+    messages: Messages, memo: Optional[RepairMemo] = None, key: str = ""
+) -> tuple[Messages, RepairReport, Optional[RepairedPart]]:
+    """``repair_transcript`` for the request path, with the part of the list
+    remembered for the chat's next request (None without a ``memo``): with a
+    memo, only what the chat's last request did not hold is repaired; more
+    than REPAIR_ON_LOOP_MESSAGES messages to repair (a chat of thousands seen
+    for the first time) are repaired in a worker thread, so the event loop
+    serves other requests meanwhile. The memo is read and written on the loop."""
+    if not isinstance(messages, list):
+        return (*repair_transcript(messages), None)
+    if memo is None:
+        if len(messages) > REPAIR_ON_LOOP_MESSAGES:
+            return (*await asyncio.to_thread(repair_transcript, messages), None)
+        return (*repair_transcript(messages), None)
+    known = memo.get(key)
+    new = len(messages) - (len(known.source) if known is not None else 0)
+    if new > REPAIR_ON_LOOP_MESSAGES:
+        out, report, part = await asyncio.to_thread(repair_in_parts, messages, known)
+    else:
+        out, report, part = repair_in_parts(messages, known)
+    memo.keep(key, part)
+    return out, report, part
 
 
 def _needs_repair(messages: Messages) -> bool:
@@ -1490,7 +1708,23 @@ def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
 def canonical_messages(messages: Messages) -> Messages:
     """The canonical list of a repaired list: its non-system messages (the
     coordinates every summary's counts are in)."""
-    return [m for m in messages if _role(m) != "system"]
+    return [m for m in messages if not isinstance(m, dict) or m.get("role") != "system"]
+
+
+def system_messages(messages: Messages) -> Messages:
+    return [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+
+
+def canonical_opening(messages: Messages, count: int = 2) -> Messages:
+    """The first ``count`` canonical messages, without building the whole
+    canonical list (a chat's anchor needs two)."""
+    opening = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") != "system":
+            opening.append(m)
+            if len(opening) == count:
+                break
+    return opening
 
 
 def canonical_view(messages: Messages) -> tuple[Messages, list[str]]:
@@ -1527,10 +1761,7 @@ BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compacti
 
 def has_builtin_summary(messages: Messages) -> bool:
     """Open WebUI's own compaction already summarized this request."""
-    return any(
-        isinstance(m, dict) and m.get("role") == "system" and BUILTIN_SUMMARY_MARK in _text_of(m.get("content"))
-        for m in messages
-    )
+    return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
 
 
 def index_after_head(view: Messages, head_count: int) -> int:
@@ -1923,30 +2154,45 @@ class TokenCounter:
         return len(self._cache)
 
     # -- primitives of the request policy (count_request, fit_request) --
-    def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
+    def cached_sizes(
+        self, messages: Messages, encoding: str, entries: Optional[list] = None, offset: int = 0
+    ) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
         already knows it, else None; the cache entries of the messages whose
         size is None, in order). Exact counts once the encoding is loaded,
         estimates with their margin before. One cache look-up per message,
-        nothing counted."""
+        nothing counted. ``entries``: the cache entries (for this encoding)
+        of a longer list whose messages from ``offset`` on are ``messages``,
+        None where not known; no key is computed for the known ones, and the
+        list is completed with the entries looked up."""
         cache, limit = self._cache, self._cache_size
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
         sizes: list = []
         missing: list = []
-        for message in messages:
+        held = len(entries) if entries is not None else 0
+        for at, message in enumerate(messages, offset):
             if not isinstance(message, dict):
                 sizes.append(0)
+                if entries is not None and at >= held:
+                    entries.append(None)
                 continue
-            key = _cache_key(message, encoding)
-            entry = cache.get(key)
+            entry = entries[at] if at < held else None
             if entry is None:
-                entry = cache[key] = [None, None]
-                if len(cache) > limit:
-                    cache.popitem(last=False)
-            else:
-                cache.move_to_end(key)
+                key = _cache_key(message, encoding)
+                entry = cache.get(key)
+                if entry is None:
+                    entry = cache[key] = [None, None]
+                    if len(cache) > limit:
+                        cache.popitem(last=False)
+                else:
+                    cache.move_to_end(key)
+                if entries is not None:
+                    if at < held:
+                        entries[at] = entry
+                    else:
+                        entries.append(entry)
             value = entry[slot]
             if value is None:
                 sizes.append(None)
@@ -2084,20 +2330,27 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 
 
 async def fit_request(
-    counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
+    counter: TokenCounter,
+    messages: Messages,
+    cap: int,
+    prefix: int,
+    fixed: int,
+    encoding: str,
+    entries: Optional[list] = None,
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
     ``prefix`` messages while it can), counted under the policy above; the
     report's ``tokens_after`` equals ``count_request`` of the list returned.
     Holds the event loop only for slices of cache look-ups: counting and
-    fitting a long list happen in a worker thread."""
+    fitting a long list happen in a worker thread. ``entries``: see
+    ``TokenCounter.cached_sizes`` (completed for ``messages``)."""
     exact = counter.is_exact(encoding)
     sizes: list = []
     missing: list = []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
         if at:
             await asyncio.sleep(0)  # other requests run between slices
-        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
+        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding, entries, at)
         sizes += part_sizes
         missing += part_missing
     if missing:
@@ -4537,11 +4790,8 @@ def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: in
     """What every request of a chat sends besides its conversation: tool
     schemas and framing (``fixed``) and the system prompts, never this
     filter's own summary message, which the planner counts by itself."""
-    return fixed + sum(
-        counter.message_tokens(m, encoding, exact=False)
-        for m in messages
-        if _role(m) == "system" and not is_summary_message(m)
-    )
+    systems = system_messages(messages)
+    return fixed + sum(counter.message_tokens(m, encoding, exact=False) for m in systems if not is_summary_message(m))
 
 
 class _LeaseLost(Exception):
@@ -4907,6 +5157,7 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.status = self.summaries.status
+        self.repairs = RepairMemo()  # per chat: its last request's repair, to reuse
         _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -5025,19 +5276,25 @@ class Filter:
 
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
-        messages, repair = await repair_request(body["messages"])
+        messages, repair, part = await repair_request(body["messages"], self.repairs, ctx.chat_key())
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
-        if summaries and not has_builtin_summary(messages):
-            record, fault = await self._lookup_summary(ctx, messages)
+        systems = system_messages(messages)  # one pass; the filter's helpers below read only these
+        if summaries and not has_builtin_summary(systems):
+            record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
         else:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
-        self.summaries.request_overhead[ctx.chat_key()] = request_overhead_tokens(self.counter, view, fixed, s.encoding)
-        view, fit = await self._fit(view, s, prefix, fixed)
+        overhead = request_overhead_tokens(self.counter, systems if view is messages else view, fixed, s.encoding)
+        self.summaries.request_overhead[ctx.chat_key()] = overhead
+        # the entries of the part's messages, by position: only where the view is the repaired list
+        entries = part.entries_of(s.encoding) if part is not None and view is messages else None
+        view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding, entries)
+        if entries is not None:
+            part.note_entries(s.encoding, entries)
         if fit.changed():
             view, again = repair_transcript(view)
             repair = merge_reports(repair, again)
@@ -5069,16 +5326,15 @@ class Filter:
             await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
         return {**body, "messages": view}
 
-    async def _fit(self, view: Messages, s: Settings, prefix: int, fixed: int) -> tuple[Messages, FitReport]:
-        return await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
-
-    async def _lookup_summary(self, ctx: RequestContext, messages: Messages) -> tuple[Optional[SummaryRecord], str]:
+    async def _lookup_summary(
+        self, ctx: RequestContext, messages: Messages, canonical_count: int
+    ) -> tuple[Optional[SummaryRecord], str]:
         """The stored summary this request can use, and the fault that kept
-        summaries from being read ("" when none)."""
-        canon = canonical_messages(messages)  # digests below only as far as needed
-        if len(canon) < 3:
+        summaries from being read ("" when none). ``canonical_count``: how
+        many non-system messages ``messages`` has."""
+        if canonical_count < 3:
             return None, ""
-        anchor = conversation_anchor([canonical_digest(m) for m in canon[:2]])
+        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
         try:
             records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
         except StoreUnavailable as exc:
@@ -5091,6 +5347,7 @@ class Filter:
             return None, "r_store_down"
         # a summary whose tail would open with an assistant is not used:
         # the history, trimmed if need be, is sent instead
+        canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
             return None, ""  # no summary yet: the history needs no fingerprint

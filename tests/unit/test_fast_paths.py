@@ -216,7 +216,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
         language="en",
         settings=acc.resolve_settings(f.valves, "m"),
     )
-    chosen, fault = asyncio.run(f._lookup_summary(ctx, messages))
+    chosen, fault = asyncio.run(f._lookup_summary(ctx, messages, len(acc.canonical_messages(messages))))
     assert fault == ""
     usable = [r for r in records if acc.summary_tail_joins(canon, r.head_count, r.covered_count)]
     assert chosen is acc.choose_summary(usable, digests)
