@@ -118,6 +118,32 @@ def _is_errored_assistant(message: Message) -> bool:
     return bool(message.get("error"))
 
 
+def _text_chars(message: Any) -> int:
+    """About how many characters counting ``message`` tokenizes."""
+    if not isinstance(message, dict):
+        return 0
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
+    for call in _tool_calls(message):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def _kept_chars(message: Any) -> int:
+    """About how many characters keeping ``message`` alive keeps: its text,
+    tool-call arguments and image URLs (data URLs are whole images)."""
+    size = _text_chars(message)
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):
+        for part in content:
+            image = part.get("image_url") if isinstance(part, dict) else None
+            url = image.get("url") if isinstance(image, dict) else image
+            size += len(url) if isinstance(url, str) else 0
+    return size
+
+
 def _text_of(content: Any) -> str:
     """The text a message shows, whatever shape its content has."""
     if isinstance(content, str):
@@ -933,6 +959,7 @@ class RepairedPart:
     # (``_plain_system``): their text may differ in the next request (a system
     # prompt with the time in it) without changing the repair of the rest
     loose: list = field(default_factory=list)
+    chars: int = 0  # about how much text ``source`` keeps alive (RepairMemo's bound)
     # per encoding: the token-count cache entry of each message of the repair
     # (None where not known), so that the next request computes no cache key
     # for them (``entries_of``, ``note_entries``)
@@ -1011,15 +1038,17 @@ def repair_in_parts(
         source, origins, repaired, loose = list(known.source), known.origins, known.repaired, known.loose
         for i, _ in loose:
             source[i] = _detached(messages[i])  # its text as now
-        entries = {name: list(sizes) for name, sizes in known.entries.items()}
+        # dict(): a snapshot, as this may run in a worker thread while the loop notes entries
+        entries = {name: list(sizes) for name, sizes in dict(known.entries).items()}
         for sizes in entries.values():
             for _, k in loose:
                 if k < len(sizes):
                     sizes[k] = None  # counted again: its text may have changed
         report, context = merge_reports(RepairReport(), known.report), known.context.copy()
+        chars = known.chars
     else:
         start, head, source, origins, repaired, loose = 0, [], [], [], [], []
-        entries, report, context = {}, RepairReport(), RepairContext()
+        entries, report, context, chars = {}, RepairReport(), RepairContext(), 0
     context.user_follows = True
     middle, middle_report = repair_transcript(messages[start:cut], context)
     report = merge_reports(report, middle_report)
@@ -1032,6 +1061,7 @@ def repair_in_parts(
         context=context.copy(),
         loose=loose
         + [(j, k) for k, j in enumerate(middle_origins, len(origins)) if j >= 0 and _plain_system(messages[j])],
+        chars=chars + sum(_kept_chars(m) for m in messages[start:cut]),
         entries={name: sizes + [None] * len(middle) for name, sizes in entries.items()},
     )
     context.user_follows = False
@@ -1045,29 +1075,35 @@ class RepairMemo:
     every round, unanswered calls) is repaired in full once, then only in
     what is new. A bounded table; an entry is used only when the new request
     starts with exactly its messages, so a wrong key costs time, never a
-    wrong list. The entries keep the messages they compare with alive:
-    bounded in messages too."""
+    wrong list. The entries keep the text they compare with alive: bounded
+    in messages and in characters too (the least recently used go first;
+    a chat larger than the whole bound is not kept)."""
 
-    def __init__(self, size: int = 64, max_messages: int = 100_000):
+    def __init__(self, size: int = 64, max_messages: int = 100_000, max_chars: int = 16_000_000):
         self._parts: OrderedDict = OrderedDict()
         self._size = size
         self._max_messages = max_messages
+        self._max_chars = max_chars
         self._messages = 0
+        self._chars = 0
 
     def get(self, key: str) -> Optional[RepairedPart]:
         return self._parts.get(key)
 
     def keep(self, key: str, part: Optional[RepairedPart]) -> None:
-        old = self._parts.pop(key, None)
-        if old is not None:
-            self._messages -= len(old.source)
-        if part is None or len(part.source) > self._max_messages:
+        self._forget(self._parts.pop(key, None))
+        if part is None or len(part.source) > self._max_messages or part.chars > self._max_chars:
             return
         self._parts[key] = part
         self._messages += len(part.source)
-        while len(self._parts) > self._size or self._messages > self._max_messages:
-            _, dropped = self._parts.popitem(last=False)
-            self._messages -= len(dropped.source)
+        self._chars += part.chars
+        while len(self._parts) > self._size or self._messages > self._max_messages or self._chars > self._max_chars:
+            self._forget(self._parts.popitem(last=False)[1])
+
+    def _forget(self, part: Optional[RepairedPart]) -> None:
+        if part is not None:
+            self._messages -= len(part.source)
+            self._chars -= part.chars
 
     def __len__(self) -> int:
         return len(self._parts)
@@ -2296,19 +2332,6 @@ ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitte
 
 def _with_margin(estimate: int) -> int:
     return -int(-estimate * (1 + ESTIMATE_MARGIN) // 1)
-
-
-def _text_chars(message: Any) -> int:
-    """About how many characters counting ``message`` tokenizes."""
-    if not isinstance(message, dict):
-        return 0
-    content = message.get("content")
-    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
-    for call in _tool_calls(message):
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        size += len(arguments) if isinstance(arguments, str) else 0
-    return size
 
 
 def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from acc_builders import AS, A, S, T, U
+from acc_builders import AS, IMG, A, S, T, U
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_fast_paths import any_message, near_valid_chats
@@ -248,6 +248,22 @@ def test_the_memo_stays_within_its_bounds():
     _, _, big = acc.repair_in_parts(reused_chat(30), None)
     memo.keep("big", big)  # more messages than the whole memo may hold: not kept
     assert memo.get("big") is None and memo._messages == sum(len(p.source) for p in memo._parts.values())
+
+
+def test_the_memo_is_bounded_in_the_text_it_keeps_alive_images_included():
+    memo = acc.RepairMemo(size=10, max_messages=10_000, max_chars=50_000)
+    for n in range(6):
+        chat = reused_chat(2)
+        chat[1] = U([{"type": "text", "text": "look"}, IMG("data:image/png;base64," + "A" * 20_000)])
+        _, _, part = acc.repair_in_parts(chat, None)
+        assert part.chars > 20_000
+        memo.keep(f"chat{n}", part)
+        assert memo._chars <= 50_000
+    assert len(memo) == 2 and memo.get("chat5") is not None
+    document = reused_chat(2)
+    document[1] = U("x" * 60_000)
+    memo.keep("document", acc.repair_in_parts(document, None)[2])
+    assert memo.get("document") is None and memo._chars == sum(p.chars for p in memo._parts.values())
 
 
 def test_token_cache_entries_are_remembered_by_position_for_the_next_request():
