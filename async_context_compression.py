@@ -3,7 +3,7 @@ title: Async Context Compression
 id: async_context_compression
 author: Async Context Compression team
 author_url: https://github.com/async-context-compression
-version: 1.1.0
+version: 1.2.0
 required_open_webui_version: 0.9.0
 license: MIT
 description: Keeps long chats inside the model's context window without ever breaking them: tool-call-safe trimming under a hard token cap, and summaries of older turns made in the background.
@@ -1020,6 +1020,22 @@ def _detached(message: Any) -> Any:
     return copy
 
 
+def _detached_all(messages: Messages) -> Messages:
+    # dict() for the usual message (text content), the general copy for the rest
+    return [
+        dict(m) if m.__class__ is dict and m.get("content").__class__ is not list else _detached(m) for m in messages
+    ]
+
+
+def _kept_chars_all(messages: Messages) -> int:
+    total = 0
+    for m in messages:
+        content = m.get("content") if m.__class__ is dict else None
+        # the usual message (text, no calls) without the general walk
+        total += len(content) if content.__class__ is str and "tool_calls" not in m else _kept_chars(m)
+    return total
+
+
 def _origins(source: Messages, out: Messages, offset: int) -> list:
     position = {id(m): i + offset for i, m in enumerate(source)}
     return [position.get(id(m), -1) for m in out]
@@ -1054,14 +1070,18 @@ def repair_in_parts(
     report = merge_reports(report, middle_report)
     middle_origins = _origins(messages[start:cut], middle, start)
     part = RepairedPart(
-        source=source + [_detached(m) for m in messages[start:cut]],
+        source=source + _detached_all(messages[start:cut]),
         origins=origins + middle_origins,
         repaired=repaired + [None if j >= 0 else _detached(m) for j, m in zip(middle_origins, middle)],
         report=report,
         context=context.copy(),
         loose=loose
-        + [(j, k) for k, j in enumerate(middle_origins, len(origins)) if j >= 0 and _plain_system(messages[j])],
-        chars=chars + sum(_kept_chars(m) for m in messages[start:cut]),
+        + [
+            (j, k)
+            for k, j in enumerate(middle_origins, len(origins))
+            if j >= 0 and messages[j].get("role") == "system" and _plain_system(messages[j])
+        ],
+        chars=chars + _kept_chars_all(messages[start:cut]),
         entries={name: sizes + [None] * len(middle) for name, sizes in entries.items()},
     )
     context.user_follows = False
