@@ -5319,7 +5319,9 @@ class Filter:
 
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
-        messages, repair, part = await repair_request(body["messages"], self.repairs, ctx.chat_key())
+        messages, repair, part = await repair_request(
+            body["messages"], self.repairs, _repair_key(ctx, body["messages"])
+        )
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
@@ -5450,6 +5452,19 @@ class Filter:
 
 
 # -- small helpers of the Filter -----------------------------------------------
+
+
+def _repair_key(ctx: RequestContext, messages: Messages) -> str:
+    """The repair memo's key: the chat, or for API calls without a chat id
+    (agents sending several conversations with one key) the conversation's
+    opening as it came. Only a hint: the memo compares the messages."""
+    if ctx.chat_id:
+        return ctx.chat_key()
+    try:
+        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
+        return ctx.chat_key(conversation_anchor([canonical_digest(m) for m in opening]))
+    except Exception:  # a malformed opening: repair will drop it; the user's slot will do
+        return ctx.chat_key()
 
 
 async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:

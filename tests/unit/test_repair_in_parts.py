@@ -316,3 +316,29 @@ def test_inlet_with_the_memo_sends_what_a_fresh_filter_sends_turn_after_turn():
         assert len(remembering.repairs) == 1
 
     asyncio.run(run())
+
+
+def test_api_conversations_without_a_chat_id_each_keep_their_own_part():
+    async def run():
+        f = acc.Filter()
+        one, other = reused_chat(3), [S(), U("other")] + reused_chat(3)[2:]
+        for chat in (one, other, one + [AS("x"), U("y")], other + [AS("x"), U("y")]):
+            body = {"model": "gpt-4o", "messages": copy.deepcopy(chat)}
+            sent = await f.inlet(body, {"id": "agent"}, {})
+            assert sent["messages"] == acc.repair_transcript(chat)[0]
+        assert len(f.repairs) == 2  # one per conversation, not one slot per user
+
+    asyncio.run(run())
+
+
+def test_a_malformed_opening_falls_back_to_the_users_slot():
+    ctx = acc.RequestContext(
+        user={"id": "u"},
+        user_id="u",
+        chat_id="",
+        model_id="m",
+        language="en",
+        settings=acc.resolve_settings(acc.Filter().valves, "m"),
+    )
+    assert acc._repair_key(ctx, [{"role": "assistant", "tool_calls": ["junk"]}, U()]) == ctx.chat_key()
+    assert acc._repair_key(ctx, [U("a"), AS("b"), U("c")]) != ctx.chat_key()
