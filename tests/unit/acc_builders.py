@@ -93,3 +93,18 @@ def tok(message: dict) -> int:
 
 def total(messages: list) -> int:
     return sum(tok(m) for m in messages)
+
+
+def request_context(valves: Any, chat_id: str = "c", user_id: str = "u", model_id: str = "m") -> Any:
+    """A RequestContext as the Filter builds one for a request, with the
+    settings these valves give the model."""
+    import async_context_compression as acc
+
+    return acc.RequestContext(
+        user={"id": user_id},
+        user_id=user_id,
+        chat_id=chat_id,
+        model_id=model_id,
+        language="en",
+        settings=acc.resolve_settings(valves, model_id),
+    )

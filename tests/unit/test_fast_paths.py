@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
+from acc_builders import request_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -208,14 +209,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
         )
     f = _shared_filter()
     f.store = _Store(records)
-    ctx = acc.RequestContext(
-        user={"id": "u"},
-        user_id="u",
-        chat_id="c",
-        model_id="m",
-        language="en",
-        settings=acc.resolve_settings(f.valves, "m"),
-    )
+    ctx = request_context(f.valves)
     chosen, fault = asyncio.run(f._lookup_summary(ctx, messages, len(acc.canonical_messages(messages))))
     assert fault == ""
     usable = [r for r in records if acc.summary_tail_joins(canon, r.head_count, r.covered_count)]

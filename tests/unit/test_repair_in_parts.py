@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from acc_builders import AS, IMG, A, S, T, U
+from acc_builders import AS, IMG, A, S, T, U, request_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_fast_paths import any_message, near_valid_chats
@@ -332,13 +332,6 @@ def test_api_conversations_without_a_chat_id_each_keep_their_own_part():
 
 
 def test_a_malformed_opening_falls_back_to_the_users_slot():
-    ctx = acc.RequestContext(
-        user={"id": "u"},
-        user_id="u",
-        chat_id="",
-        model_id="m",
-        language="en",
-        settings=acc.resolve_settings(acc.Filter().valves, "m"),
-    )
+    ctx = request_context(acc.Filter().valves, chat_id="")
     assert acc._repair_key(ctx, [{"role": "assistant", "tool_calls": ["junk"]}, U()]) == ctx.chat_key()
     assert acc._repair_key(ctx, [U("a"), AS("b"), U("c")]) != ctx.chat_key()
