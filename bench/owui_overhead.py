@@ -319,7 +319,7 @@ async def replay(turns: list, chat_id: str, mode: str, workers: int, record, val
     def make():
         f = harness.new_filter(harness.FakeStore([record] if record is not None else []))
         if mode == "none":
-            f.repairs = None
+            f.repairs = None  # harmless once the memo is gone: then this is the only path
         for name, value in valves.items():
             setattr(f.valves, name, value)
         return f
@@ -333,7 +333,7 @@ async def replay(turns: list, chat_id: str, mode: str, workers: int, record, val
         if mode == "cold":
             f = filters[k % workers] = make()
             harness.clear_shared_caches()
-        elif mode == "cleared":
+        elif mode == "cleared" and HAS_MEMO:
             f.repairs = acc.RepairMemo()
         body = json.loads(raw)  # Open WebUI parses every request anew
         gc.collect()
@@ -357,6 +357,14 @@ async def hit_rate(turns: list, chat_id: str, workers: int, record, valves: dict
 def q(values: list, p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p * (len(values) - 1))))]
+
+
+HAS_MEMO = hasattr(acc, "RepairMemo")  # removed after this measurement (issue 21)
+
+
+def scenarios() -> tuple:
+    """The modes measured: with the memo and without, or only without once it is gone."""
+    return SCENARIOS if HAS_MEMO else tuple(s for s in SCENARIOS if s[1] in ("none", "cold"))
 
 
 SCENARIOS = (
@@ -417,7 +425,7 @@ def report_kind(kind: str, rows: list, captured: list, chat_id: str, args) -> di
                 f"  {'':28} {'CPU med ms':>10} {'CPU p90 ms':>10} {'wall med ms':>11} | "
                 f"{'% OWUI wall':>11} {'% OWUI CPU':>10}"
             )
-            for name, mode, workers in SCENARIOS:
+            for name, mode, workers in scenarios():
                 cpus, walls = asyncio.run(replay(turns, chat_id, mode, workers, record, valves, hook))
                 med = q(cpus, 0.5)
                 figures["sections"][(label, hook, name)] = med
@@ -425,7 +433,7 @@ def report_kind(kind: str, rows: list, captured: list, chat_id: str, args) -> di
                     f"  {name:28} {med * 1000:10.1f} {q(cpus, 0.9) * 1000:10.1f} {q(walls, 0.5) * 1000:11.1f} | "
                     f"{med / base:10.1%} {med / base_cpu:10.1%}"
                 )
-            for workers in (1, 2):
+            for workers in (1, 2) if HAS_MEMO else ():
                 hits, calls = asyncio.run(hit_rate(turns, chat_id, workers, record, valves, hook))
                 print(f"  memo hits, {workers} worker(s): {hits} of {calls} repairs")
     return figures
