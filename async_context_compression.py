@@ -1157,13 +1157,6 @@ async def repair_request(
     return out, report, part
 
 
-def _needs_repair(messages: Messages) -> bool:
-    """Whether any step would change the list: the union of the steps'
-    checks, in order (each check may assume the ones before it passed)."""
-    view = TranscriptView(messages)
-    return any(step.broken(view) for step in _REPAIR_STEPS)
-
-
 # -- The summary message ----------------------------------------------------
 
 SUMMARY_OPEN = "<conversation_summary>"
@@ -1783,12 +1776,6 @@ def canonical_opening(messages: Messages, count: int = 2) -> Messages:
     return opening
 
 
-def canonical_view(messages: Messages) -> tuple[Messages, list[str]]:
-    """Non-system messages of a repaired list and their digests."""
-    canon = canonical_messages(messages)
-    return canon, [canonical_digest(m) for m in canon]
-
-
 def prefix_fingerprint(digests: list, count: int) -> str:
     return hashlib.sha256("|".join(digests[:count]).encode()).hexdigest()
 
@@ -2099,19 +2086,6 @@ class TokenCounter:
     def is_exact(self, encoding: str) -> bool:
         return encoding in self._encodings
 
-    def wait_ready(self, encoding: str, timeout: float = 30.0) -> bool:
-        """For tests and benchmarks only: block until the encoding loaded."""
-        self.start_loading(encoding)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if encoding in self._encodings:
-                return True
-            with self._lock:
-                if encoding not in self._loading:
-                    return encoding in self._encodings
-            time.sleep(0.01)
-        return encoding in self._encodings
-
     # -- text --
     def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
@@ -2205,9 +2179,6 @@ class TokenCounter:
         if count is None:
             count = self._tools_counts[key] = self.text_tokens(text, encoding)
         return count
-
-    def cache_len(self) -> int:
-        return len(self._cache)
 
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(

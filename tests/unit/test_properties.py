@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit.probes import wait_ready
 from devkit.provider_rules import check_openai, violations_added
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -443,7 +444,7 @@ def _exact_filter():
     except Exception:
         return None
     f = acc.Filter()
-    return f if f.counter.wait_ready("cl100k_base", 30) else None
+    return f if wait_ready(f.counter, "cl100k_base", 30) else None
 
 
 _FILTERS: dict = {}
@@ -531,7 +532,7 @@ def test_inlet_output_is_safe_and_fits(mode, case):
 def test_estimate_below_exact_does_not_break_the_cap():
     filter_for("exact")  # skips when cl100k is not available offline
     f = acc.Filter()  # a fresh one: no exact count of this text cached yet
-    assert f.counter.wait_ready("cl100k_base", 30)
+    assert wait_ready(f.counter, "cl100k_base", 30)
     f.valves.max_context_tokens = 600
     f.valves.keep_first = 0
     letters = " ".join("xyz"[i % 3] for i in range(1000))
@@ -542,7 +543,7 @@ def test_estimate_below_exact_does_not_break_the_cap():
         {"role": "user", "content": "and?"},
     ]
     probe = acc.TokenCounter()  # counts on the side, leaving f's cache alone
-    assert probe.wait_ready("cl100k_base", 30)
+    assert wait_ready(probe, "cl100k_base", 30)
     estimate = sum(probe.message_tokens(m, "cl100k_base", exact=False) for m in chat)
     if not estimate * (1 + acc.ESTIMATE_MARGIN) < 600 < probe.messages_tokens(chat, "cl100k_base"):
         pytest.skip("the estimator no longer underrates this text: pick text it does")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import async_context_compression as acc
+from devkit.probes import canonical_view, needs_repair
 from devkit.provider_rules import check_openai
 
 
@@ -119,7 +120,7 @@ def test_messages_with_a_role_openai_rejects_are_dropped():
         sent, _ = _run(_filter(cap=0), {"model": "gpt-4o", "messages": chat})
         assert check_openai(sent["messages"]) == []
     # alone, such a message is enough for repair to act (the fast path agrees)
-    assert acc._needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
+    assert needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
 
 
 def test_tool_calls_missing_type_or_string_arguments_are_completed():
@@ -254,7 +255,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         {"role": "tool", "tool_call_id": "call_0", "content": "result"},
         {"role": "assistant", "content": "Here it is."},
     ]
-    canon, digests = acc.canonical_view(at_outlet)
+    canon, digests = canonical_view(at_outlet)
     head = acc.canonical_head(canon, 0)
     covered = acc.summary_target(canon, head, 2)
     assert (head, covered) == (0, 1)  # what the planner saves
@@ -268,7 +269,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         summary="The user sent a report.",
     )
     chat = [{"role": "system", "content": "s"}, *at_outlet, {"role": "user", "content": "Thanks. And now?"}]
-    assert not acc.summary_tail_joins(acc.canonical_view(chat)[0], head, covered)
+    assert not acc.summary_tail_joins(canonical_view(chat)[0], head, covered)
     f = _filter(cap=0, keep_first=0)
     f.store = _FakeStore([record])
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
@@ -283,7 +284,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         anchor="a",
         head_count=0,
         covered_count=4,
-        fingerprint=acc.prefix_fingerprint(acc.canonical_view(chat)[1], 4),
+        fingerprint=acc.prefix_fingerprint(canonical_view(chat)[1], 4),
         summary="Earlier: a report.",
     )
     f.store = _FakeStore([record, ok])

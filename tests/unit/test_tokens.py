@@ -24,6 +24,7 @@ import zlib
 import pytest
 
 import async_context_compression as acc
+from devkit.probes import cache_len, wait_ready
 
 ENC = "cl100k_base"
 
@@ -40,7 +41,7 @@ def tiktoken_cl100k():
 @pytest.fixture
 def counter(tiktoken_cl100k):
     c = acc.TokenCounter()
-    assert c.wait_ready(ENC, timeout=30)
+    assert wait_ready(c, ENC, timeout=30)
     return c
 
 
@@ -228,7 +229,7 @@ def test_o200k_counts_are_exact_where_its_file_is_cached():
 
     encoding = tiktoken.get_encoding("o200k_base")
     c = acc.TokenCounter()
-    assert c.wait_ready("o200k_base", timeout=30)
+    assert wait_ready(c, "o200k_base", timeout=30)
     text = "你好，世界 — Hello, world! def f(x): return x * 2"
     assert c.message_tokens({"role": "user", "content": text}, "o200k_base") == 4 + n(encoding, text)
 
@@ -358,7 +359,7 @@ def test_request_path_never_waits_for_the_encoding(monkeypatch, tiktoken_cl100k)
     assert not c.is_exact(ENC)
     assert any(t.name == f"acc-tiktoken-{ENC}" and t.is_alive() for t in set(threading.enumerate()) - earlier)
     # the load finishes in the background; then counts are exact
-    assert c.wait_ready(ENC, timeout=10) and released.is_set()
+    assert wait_ready(c, ENC, timeout=10) and released.is_set()
     assert c.message_tokens({"role": "user", "content": text}, ENC) == 4 + n(tiktoken_cl100k, text)
 
 
@@ -413,13 +414,13 @@ def spy_counts(monkeypatch, c):
 
 def test_cache_is_bounded(tiktoken_cl100k):
     c = acc.TokenCounter(cache_size=7)
-    assert c.wait_ready(ENC, timeout=30)
+    assert wait_ready(c, ENC, timeout=30)
     for i in range(200):
         message = {"role": "user", "content": f"message number {i}"}
         c.message_tokens(message, ENC)
         c.message_tokens(message, ENC, exact=False)
         acc.count_request(c, [message, {"role": "assistant", "content": f"reply {i}"}], ENC, 0)
-        assert c.cache_len() <= 7
+        assert cache_len(c) <= 7
 
 
 def test_cache_is_keyed_by_content_not_by_object(monkeypatch, counter):
@@ -487,7 +488,7 @@ def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
     """O(new messages) per inlet: the second request of a grown chat counts
     (estimates or tokenizes) only the messages it has not seen."""
     f = acc.Filter()
-    assert f.counter.wait_ready(ENC, timeout=30)
+    assert wait_ready(f.counter, ENC, timeout=30)
     f.valves.max_context_tokens = 2000
     chat = [{"role": "system", "content": "Be brief."}]
     for i in range(30):

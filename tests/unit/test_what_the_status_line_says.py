@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 import async_context_compression as acc
+from devkit.probes import wait_ready
 
 LONG = "The quarterly figures were compared with the plan in detail. " * 40
 
@@ -30,7 +31,7 @@ def _filter(cap: int = 3000, **valves) -> acc.Filter:
     f.valves.compression_threshold_tokens = cap // 2
     for key, value in valves.items():
         setattr(f.valves, key, value)
-    assert f.counter.wait_ready("cl100k_base", 60)
+    assert wait_ready(f.counter, "cl100k_base", 60)
     return f
 
 
