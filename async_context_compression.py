@@ -76,6 +76,14 @@ class _BoundedDict(OrderedDict):
         while len(self) > self.limit:
             self.popitem(last=False)
 
+    def recall(self, key, default=None):
+        """The value of ``key``, which becomes the most recently used."""
+        try:
+            self.move_to_end(key)
+        except KeyError:
+            return default
+        return self[key]
+
 
 # ---------------------------------------------------------------------------
 # 1. Pure transcript functions
@@ -960,10 +968,6 @@ class RepairedPart:
     # prompt with the time in it) without changing the repair of the rest
     loose: list = field(default_factory=list)
     chars: int = 0  # about how much text ``source`` keeps alive (RepairMemo's bound)
-    # per encoding: the token-count cache entry of each message of the repair
-    # (None where not known), so that the next request computes no cache key
-    # for them (``entries_of``, ``note_entries``)
-    entries: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.origins)
@@ -986,15 +990,6 @@ class RepairedPart:
         that list's own message objects where repair kept them, copies of the
         repaired ones."""
         return [messages[j] if j >= 0 else _detached(m) for j, m in zip(self.origins, self.repaired)]
-
-    def entries_of(self, encoding: str) -> list:
-        """The cache entries known for this part's messages (a new list, to
-        hand to ``TokenCounter.cached_sizes`` with the list this part's
-        repair starts, and to give back with ``note_entries``)."""
-        return list(self.entries.get(encoding) or ())
-
-    def note_entries(self, encoding: str, entries: list) -> None:
-        self.entries[encoding] = entries[: len(self.origins)]
 
 
 def _plain_system(message: Any) -> bool:
@@ -1054,17 +1049,11 @@ def repair_in_parts(
         source, origins, repaired, loose = list(known.source), known.origins, known.repaired, known.loose
         for i, _ in loose:
             source[i] = _detached(messages[i])  # its text as now
-        # dict(): a snapshot, as this may run in a worker thread while the loop notes entries
-        entries = {name: list(sizes) for name, sizes in dict(known.entries).items()}
-        for sizes in entries.values():
-            for _, k in loose:
-                if k < len(sizes):
-                    sizes[k] = None  # counted again: its text may have changed
         report, context = merge_reports(RepairReport(), known.report), known.context.copy()
         chars = known.chars
     else:
         start, head, source, origins, repaired, loose = 0, [], [], [], [], []
-        entries, report, context, chars = {}, RepairReport(), RepairContext(), 0
+        report, context, chars = RepairReport(), RepairContext(), 0
     context.user_follows = True
     middle, middle_report = repair_transcript(messages[start:cut], context)
     report = merge_reports(report, middle_report)
@@ -1082,7 +1071,6 @@ def repair_in_parts(
             if j >= 0 and messages[j].get("role") == "system" and _plain_system(messages[j])
         ],
         chars=chars + _kept_chars_all(messages[start:cut]),
-        entries={name: sizes + [None] * len(middle) for name, sizes in entries.items()},
     )
     context.user_follows = False
     tail, tail_report = repair_transcript(messages[cut:], context)
@@ -1134,19 +1122,18 @@ REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 async def repair_request(
     messages: Messages, memo: Optional[RepairMemo] = None, key: str = ""
-) -> tuple[Messages, RepairReport, Optional[RepairedPart]]:
-    """``repair_transcript`` for the request path, with the part of the list
-    remembered for the chat's next request (None without a ``memo``): with a
-    memo, only what the chat's last request did not hold is repaired; more
+) -> tuple[Messages, RepairReport]:
+    """``repair_transcript`` for the request path: with a memo, only what
+    the chat's last request did not hold is repaired; more
     than REPAIR_ON_LOOP_MESSAGES messages to repair (a chat of thousands seen
     for the first time) are repaired in a worker thread, so the event loop
     serves other requests meanwhile. The memo is read and written on the loop."""
     if not isinstance(messages, list):
-        return (*repair_transcript(messages), None)
+        return repair_transcript(messages)
     if memo is None:
         if len(messages) > REPAIR_ON_LOOP_MESSAGES:
-            return (*await asyncio.to_thread(repair_transcript, messages), None)
-        return (*repair_transcript(messages), None)
+            return await asyncio.to_thread(repair_transcript, messages)
+        return repair_transcript(messages)
     known = memo.get(key)
     new = len(messages) - (len(known.source) if known is not None else 0)
     if new > REPAIR_ON_LOOP_MESSAGES:
@@ -1154,7 +1141,7 @@ async def repair_request(
     else:
         out, report, part = repair_in_parts(messages, known)
     memo.keep(key, part)
-    return out, report, part
+    return out, report
 
 
 # -- The summary message ----------------------------------------------------
@@ -2049,8 +2036,7 @@ class TokenCounter:
         self._encodings: dict = {}
         self._loading: set = set()
         self._lock = threading.Lock()
-        self._cache: OrderedDict = OrderedDict()
-        self._cache_size = cache_size
+        self._cache = _BoundedDict(cache_size)
         self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
         self._tools_counts = _BoundedDict(256)  # (exact?, encoding, schemas digest) -> tokens
 
@@ -2114,14 +2100,9 @@ class TokenCounter:
         """The cache entry of a message's content: [estimate, exact count],
         either None until computed. Least recently used entries go first."""
         key = _cache_key(message, encoding)
-        cache = self._cache
-        entry = cache.get(key)
+        entry = self._cache.recall(key)
         if entry is None:
-            entry = cache[key] = [None, None]
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
+            entry = self._cache[key] = [None, None]
         return entry
 
     def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
@@ -2181,45 +2162,21 @@ class TokenCounter:
         return count
 
     # -- primitives of the request policy (count_request, fit_request) --
-    def cached_sizes(
-        self, messages: Messages, encoding: str, entries: Optional[list] = None, offset: int = 0
-    ) -> tuple[list, list]:
+    def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
         already knows it, else None; the cache entries of the messages whose
         size is None, in order). Exact counts once the encoding is loaded,
-        estimates with their margin before. One cache look-up per message,
-        nothing counted. ``entries``: the cache entries (for this encoding)
-        of a longer list whose messages from ``offset`` on are ``messages``,
-        None where not known; no key is computed for the known ones, and the
-        list is completed with the entries looked up."""
-        cache, limit = self._cache, self._cache_size
+        estimates with their margin before. Nothing counted."""
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
         sizes: list = []
         missing: list = []
-        held = len(entries) if entries is not None else 0
-        for at, message in enumerate(messages, offset):
+        for message in messages:
             if not isinstance(message, dict):
                 sizes.append(0)
-                if entries is not None and at >= held:
-                    entries.append(None)
                 continue
-            entry = entries[at] if at < held else None
-            if entry is None:
-                key = _cache_key(message, encoding)
-                entry = cache.get(key)
-                if entry is None:
-                    entry = cache[key] = [None, None]
-                    if len(cache) > limit:
-                        cache.popitem(last=False)
-                else:
-                    cache.move_to_end(key)
-                if entries is not None:
-                    if at < held:
-                        entries[at] = entry
-                    else:
-                        entries.append(entry)
+            entry = self._entry(message, encoding)
             value = entry[slot]
             if value is None:
                 sizes.append(None)
@@ -2335,12 +2292,8 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
     """How many tokens a request of ``messages`` is: ``fixed`` (see
     ``request_fixed_tokens``) plus each message's size under the policy
     above. Never tokenizes; estimates messages never seen before."""
-    sizes, missing = counter.cached_sizes(messages, encoding)
-    for i, entry in zip([i for i, size in enumerate(sizes) if size is None], missing):
-        if entry[0] is None:
-            entry[0] = counter._count_message(messages[i], encoding, False)
-        sizes[i] = _with_margin(entry[0])
-    return fixed + sum(sizes)
+    sizes, _ = counter.cached_sizes(messages, encoding)
+    return fixed + sum(counter.estimated_size(m, encoding) if n is None else n for m, n in zip(messages, sizes))
 
 
 async def fit_request(
@@ -2350,21 +2303,19 @@ async def fit_request(
     prefix: int,
     fixed: int,
     encoding: str,
-    entries: Optional[list] = None,
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
     ``prefix`` messages while it can), counted under the policy above; the
     report's ``tokens_after`` equals ``count_request`` of the list returned.
     Holds the event loop only for slices of cache look-ups: counting and
-    fitting a long list happen in a worker thread. ``entries``: see
-    ``TokenCounter.cached_sizes`` (completed for ``messages``)."""
+    fitting a long list happen in a worker thread."""
     exact = counter.is_exact(encoding)
     sizes: list = []
     missing: list = []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
         if at:
             await asyncio.sleep(0)  # other requests run between slices
-        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding, entries, at)
+        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
         sizes += part_sizes
         missing += part_missing
     if missing:
@@ -4804,8 +4755,8 @@ def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: in
     """What every request of a chat sends besides its conversation: tool
     schemas and framing (``fixed``) and the system prompts, never this
     filter's own summary message, which the planner counts by itself."""
-    systems = system_messages(messages)
-    return fixed + sum(counter.message_tokens(m, encoding, exact=False) for m in systems if not is_summary_message(m))
+    systems = [m for m in system_messages(messages) if not is_summary_message(m)]
+    return count_request(counter, systems, encoding, fixed)
 
 
 class _LeaseLost(Exception):
@@ -4842,9 +4793,11 @@ class BackgroundSummarizer:
         await _emit(ctx.emitter, text, done=done)
 
     # -- the next request, counted one way --------------------------------
-    def count(self, messages: Messages, encoding: str) -> int:
-        """Tokens of these messages under the one token policy (layer 3)."""
-        return count_request(self.counter, messages, encoding, 0)
+    def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
+        """Tokens of a request of ``conversation`` plus what the chat's
+        requests carry besides it, under the one token policy (layer 3)."""
+        overhead = self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+        return count_request(self.counter, conversation, ctx.settings.encoding, overhead)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
@@ -4853,15 +4806,14 @@ class BackgroundSummarizer:
         plus what the chat's requests carry besides the conversation."""
         canon = branch.messages
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return self.count(kept, ctx.settings.encoding) + self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+        return self._request_tokens(ctx, kept)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """A cheap estimate, so that chats far below the trigger cost no
-        database read and no digests."""
-        s = ctx.settings
-        estimate = self.counter.messages_tokens(canon, s.encoding, exact=False)
-        overhead = self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
-        return estimate + overhead > s.trigger_tokens * (1 - ESTIMATE_MARGIN)
+        """Whether the next request would be over the trigger without any
+        summary: an upper bound of ``plan``'s count (a summary only makes it
+        smaller), so chats below the trigger cost no database read and no
+        digests. Never tokenizes."""
+        return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
     def start(self, ctx: RequestContext, branch: Branch) -> None:
@@ -5290,9 +5242,7 @@ class Filter:
 
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
-        messages, repair, part = await repair_request(
-            body["messages"], self.repairs, _repair_key(ctx, body["messages"])
-        )
+        messages, repair = await repair_request(body["messages"], self.repairs, _repair_key(ctx, body["messages"]))
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
@@ -5306,11 +5256,7 @@ class Filter:
             prefix = protected_head_end(messages, s.keep_first)
         overhead = request_overhead_tokens(self.counter, systems if view is messages else view, fixed, s.encoding)
         self.summaries.request_overhead[ctx.chat_key()] = overhead
-        # the entries of the part's messages, by position: only where the view is the repaired list
-        entries = part.entries_of(s.encoding) if part is not None and view is messages else None
-        view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding, entries)
-        if entries is not None:
-            part.note_entries(s.encoding, entries)
+        view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
             view, again = repair_transcript(view)
             repair = merge_reports(repair, again)

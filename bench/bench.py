@@ -452,7 +452,7 @@ _CACHES = ("token count cache", "overhead per chat", "message digests")  # fill 
 def table_sizes(f: "acc.Filter") -> dict:
     """Every table the filter keeps between requests, with its bound."""
     sizes = {
-        "token count cache": (cache_len(f.counter), f.counter._cache_size),
+        "token count cache": (cache_len(f.counter), f.counter._cache.limit),
         "overhead per chat": (len(f.summaries.request_overhead), f.summaries.request_overhead.limit),
         "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
         "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),

@@ -266,43 +266,6 @@ def test_the_memo_is_bounded_in_the_text_it_keeps_alive_images_included():
     assert memo.get("document") is None and memo._chars == sum(p.chars for p in memo._parts.values())
 
 
-def test_token_cache_entries_are_remembered_by_position_for_the_next_request():
-    counter = acc.TokenCounter()
-    first = reused_chat(3)
-    sent, _, part = acc.repair_in_parts(first, None)
-    entries = part.entries_of("cl100k_base")
-    assert entries == []
-    counter.cached_sizes(sent, "cl100k_base", entries)
-    assert len(entries) == len(sent) and all(e is not None for e in entries)
-    part.note_entries("cl100k_base", entries)
-    grown = copy.deepcopy(first) + [AS("more"), U("next")]
-    sent_next, _, part_next = acc.repair_in_parts(grown, part)
-    known = part_next.entries_of("cl100k_base")
-    assert known[0] is None  # the system prompt: its text may change between requests, counted again
-    assert known[1 : len(part)] == entries[1 : len(part)]
-    assert known[len(part) :] == [None] * (len(part_next) - len(part))
-    assert part_next.entries_of("o200k_base") == []
-    # the entries known by position are what the cache gives for those very messages
-    fresh: list = []
-    counter.cached_sizes(sent_next, "cl100k_base", fresh)
-    assert all(a is b for a, b in zip(known[1 : len(part)], fresh[1:]))
-
-
-def test_known_entries_spare_the_cache_key_and_give_the_same_sizes():
-    counter = acc.TokenCounter()
-    chat = reused_chat(4)
-    entries: list = []
-    sizes, _ = counter.cached_sizes(chat, "cl100k_base", entries)
-    keys = []
-    real = acc._cache_key
-    acc._cache_key = lambda m, e: keys.append(m) or real(m, e)
-    try:
-        again, _ = counter.cached_sizes(chat + [U("new")], "cl100k_base", list(entries))
-    finally:
-        acc._cache_key = real
-    assert again[: len(sizes)] == sizes and keys == [U("new")]
-
-
 def test_inlet_with_the_memo_sends_what_a_fresh_filter_sends_turn_after_turn():
     async def run():
         remembering = acc.Filter()
