@@ -1367,7 +1367,7 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report):
     if total <= cap:
         return out, total, report
     report = replace(report)
-    out, total = _shrink_protected(out, token_of, total, cap, report)
+    out, total = _shrink_kept_messages(out, token_of, total, cap, report)
     return out, total, report
 
 
@@ -1443,7 +1443,9 @@ def _shrinkable_order(messages: Messages) -> list[int]:
     return tools + others
 
 
-def _shrink_protected(messages, token_of, total, cap, report):
+def _shrink_kept_messages(messages, token_of, total, cap, report):
+    """Shortens the messages that dropping turns kept (protected or not),
+    largest first, one kind of shortening per pass, until ``total`` fits."""
     out = list(messages)
     order = _shrinkable_order(out)
     last_user = _last_user_index(out)
@@ -1698,10 +1700,8 @@ def canonical_digest(message: Message) -> str:
     names = ",".join(str((c.get("function") or {}).get("name", "")) for c in calls) if calls else ""
     content = message.get("content")
     key = _digest_key(message.get("role"), content, names)
-    digest = _DIGESTS.get(key) if key is not None else None
-    if digest is not None:
-        _DIGESTS.move_to_end(key)
-    else:
+    digest = _DIGESTS.recall(key) if key is not None else None
+    if digest is None:
         text = _text_of(content)
         if "<" in text:
             text = _REASONING_BLOCK_RE.sub("", text)
@@ -1709,18 +1709,12 @@ def canonical_digest(message: Message) -> str:
         digest = hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
         if key is not None:
             _DIGESTS[key] = digest
-            if len(_DIGESTS) > _DIGESTS_SIZE:
-                try:
-                    _DIGESTS.popitem(last=False)
-                except KeyError:
-                    pass
     return digest
 
 
 # Digests of recent message texts, keyed by (role, hashes and lengths of the
 # text parts, tool names), so a chat's every request hashes only new text.
-_DIGESTS: "OrderedDict[tuple, str]" = OrderedDict()
-_DIGESTS_SIZE = 50_000
+_DIGESTS = _BoundedDict(50_000)
 
 
 def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
@@ -3710,7 +3704,6 @@ def summary_round_budget(
 
 # -- the answer ------------------------------------------------------------------
 
-_SUMMARY_WRAPPER_RE = re.compile(r"</?\s*conversation_summary[^>]*>", re.IGNORECASE)
 _UNCLOSED_REASONING_RE = re.compile(r"^\s*<(think|thinking|reasoning)>.*", re.DOTALL | re.IGNORECASE)
 _REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
 
@@ -3724,7 +3717,7 @@ def clean_summary_answer(text: Any) -> str:
     SummaryError (kind "empty" or "reasoning_only") when nothing is left."""
     if not isinstance(text, str):
         raise _empty_answer()
-    cleaned = _SUMMARY_WRAPPER_RE.sub("", _strip_reasoning(text)).strip()
+    cleaned = _SUMMARY_TAG_RE.sub("", _strip_reasoning(text)).strip()
     if not cleaned:
         raise _reasoning_only_answer() if text.strip() else _empty_answer()
     return cleaned
@@ -3921,7 +3914,6 @@ async def response_text(response: Any) -> str:
 
 # Keys of the summary call the filter sets itself: admin parameters never
 # replace them (the same set the settings layer refuses in the valve).
-_PROTECTED_FORM_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
 
 
 def summary_form(
@@ -3936,7 +3928,7 @@ def summary_form(
     form: dict = {}
     if isinstance(params, dict):
         for key, value in params.items():
-            if isinstance(key, str) and key not in _PROTECTED_FORM_KEYS and value is not None:
+            if isinstance(key, str) and key not in _OWN_CALL_KEYS and value is not None:
                 form[key] = deepcopy(value)
     form.update(
         model=model,
@@ -5248,16 +5240,20 @@ class Filter:
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
         if summaries and not has_builtin_summary(systems):
             record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
-        if record is not None:
+        summarized = record is not None
+        if summarized:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
         else:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
-        overhead = request_overhead_tokens(self.counter, systems if view is messages else view, fixed, s.encoding)
+        overhead = request_overhead_tokens(self.counter, view if summarized else systems, fixed, s.encoding)
         self.summaries.request_overhead[ctx.chat_key()] = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
+            # a guard, not a fix: fitting keeps whole turns of a repaired list
+            # (tests/unit/test_properties.py checks its output needs no repair),
+            # but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
             repair = merge_reports(repair, again)
         if repair.changed() or fit.changed() or s.debug:

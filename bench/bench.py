@@ -460,7 +460,7 @@ def table_sizes(f: "acc.Filter") -> dict:
         "repaired parts": (len(f.repairs), f.repairs._size),
     }
     if hasattr(acc, "_DIGESTS"):
-        sizes["message digests"] = (len(acc._DIGESTS), acc._DIGESTS_SIZE)
+        sizes["message digests"] = (len(acc._DIGESTS), acc._DIGESTS.limit)
     return sizes
 
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
-from devkit.probes import wait_ready
+from devkit.probes import needs_repair, wait_ready
 from devkit.provider_rules import check_openai, violations_added
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -375,6 +375,7 @@ def test_fit_output_is_provider_safe_and_keeps_what_it_must(case):
     prefix = acc.protected_head_end(repaired, keep_first)
     out, report = acc.fit_to_budget(repaired, tok, cap, prefix)
     assert_provider_safe(chat, out)
+    assert not needs_repair(out)  # what lets Filter._prepare's repair after fitting be a mere guard
     assert_kept_verbatim(chat, out)
     assert report.tokens_after == sum(tok(m) for m in out)
     assert report.over_budget == (report.tokens_after > cap)

@@ -507,7 +507,7 @@ def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
 
 def test_digest_cache_is_bounded_and_never_changes_a_digest(monkeypatch):
     def uncached(message):
-        monkeypatch.setattr(acc, "_DIGESTS", acc.OrderedDict())
+        monkeypatch.setattr(acc, "_DIGESTS", acc._BoundedDict(1000))
         return acc.canonical_digest(message)
 
     messages = [{"role": "user", "content": f"text {i}"} for i in range(40)]
@@ -519,8 +519,7 @@ def test_digest_cache_is_bounded_and_never_changes_a_digest(monkeypatch):
         }
     )
     expected = [uncached(m) for m in messages]
-    monkeypatch.setattr(acc, "_DIGESTS", acc.OrderedDict())
-    monkeypatch.setattr(acc, "_DIGESTS_SIZE", 5)
+    monkeypatch.setattr(acc, "_DIGESTS", acc._BoundedDict(5))
     for _ in range(3):
         assert [acc.canonical_digest(json.loads(json.dumps(m))) for m in messages] == expected
         assert len(acc._DIGESTS) <= 5
