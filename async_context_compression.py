@@ -152,20 +152,27 @@ def _kept_chars(message: Any) -> int:
     return size
 
 
+def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
+    """The texts of a message's ``content``: the string itself, or its bare
+    strings and the ``text`` of its parts (only parts whose ``type`` is in
+    ``kinds``, when given)."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return []
+    return [
+        p if isinstance(p, str) else p["text"]
+        for p in content
+        if isinstance(p, str)
+        or (isinstance(p, dict) and isinstance(p.get("text"), str) and (kinds is None or p.get("type") in kinds))
+    ]
+
+
 def _text_of(content: Any) -> str:
     """The text a message shows, whatever shape its content has."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                if isinstance(part.get("text"), str):
-                    parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
-    return "" if content is None else str(content)
+    if content is None or isinstance(content, (str, list)):
+        return "\n".join(_texts(content))
+    return str(content)
 
 
 def _has_visible_content(message: Message) -> bool:
@@ -1581,13 +1588,9 @@ _REASONING_BLOCK_RE = re.compile(
 
 
 def _output_text(parts: Any) -> str:
-    if isinstance(parts, str):
-        return parts
-    texts = []
-    for part in parts if isinstance(parts, list) else []:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return "".join(texts)
+    """A stored output item's text: its parts' texts run together, as the
+    model streamed them."""
+    return "".join(_texts(parts))
 
 
 def expand_output_items(output: list) -> Messages:
@@ -3724,20 +3727,9 @@ def clean_summary_answer(text: Any) -> str:
 
 
 def _content_text(content: Any) -> str:
-    """Text of a message's ``content``: a string, or a list of parts
-    (text / output_text parts; reasoning parts left out)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and part.get("type") in (None, "text", "output_text"):
-                if isinstance(part.get("text"), str):
-                    texts.append(part["text"])
-        return "".join(texts)
-    return ""
+    """``_output_text`` of an answer, without its reasoning parts: only
+    text / output_text parts count."""
+    return "".join(_texts(content, (None, "text", "output_text")))
 
 
 def _has_reasoning(holder: Any) -> bool:
