@@ -73,8 +73,14 @@ class _BoundedDict(OrderedDict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         self.move_to_end(key)
-        while len(self) > self.limit:
-            self.popitem(last=False)
+        while len(self) > self.limit or self._too_heavy():
+            self._dropped(self.popitem(last=False)[1])
+
+    def _too_heavy(self) -> bool:  # a subclass that bounds more than entries
+        return False
+
+    def _dropped(self, value: Any) -> None:
+        pass
 
     def recall(self, key, default=None):
         """The value of ``key``, which becomes the most recently used."""
@@ -1084,7 +1090,7 @@ def repair_in_parts(
     return head + middle + tail, merge_reports(report, tail_report), part if cut else None
 
 
-class RepairMemo:
+class RepairMemo(_BoundedDict):
     """Per chat, the repaired first part of its last request
     (``RepairedPart``): a chat that needs repair on every request (ids reused
     every round, unanswered calls) is repaired in full once, then only in
@@ -1095,33 +1101,27 @@ class RepairMemo:
     a chat larger than the whole bound is not kept)."""
 
     def __init__(self, size: int = 64, max_messages: int = 100_000, max_chars: int = 16_000_000):
-        self._parts: OrderedDict = OrderedDict()
-        self._size = size
+        super().__init__(size)
         self._max_messages = max_messages
         self._max_chars = max_chars
         self._messages = 0
         self._chars = 0
 
-    def get(self, key: str) -> Optional[RepairedPart]:
-        return self._parts.get(key)
-
     def keep(self, key: str, part: Optional[RepairedPart]) -> None:
-        self._forget(self._parts.pop(key, None))
+        if key in self:
+            self._dropped(self.pop(key))
         if part is None or len(part.source) > self._max_messages or part.chars > self._max_chars:
             return
-        self._parts[key] = part
         self._messages += len(part.source)
         self._chars += part.chars
-        while len(self._parts) > self._size or self._messages > self._max_messages or self._chars > self._max_chars:
-            self._forget(self._parts.popitem(last=False)[1])
+        self[key] = part
 
-    def _forget(self, part: Optional[RepairedPart]) -> None:
-        if part is not None:
-            self._messages -= len(part.source)
-            self._chars -= part.chars
+    def _too_heavy(self) -> bool:
+        return self._messages > self._max_messages or self._chars > self._max_chars
 
-    def __len__(self) -> int:
-        return len(self._parts)
+    def _dropped(self, part: RepairedPart) -> None:
+        self._messages -= len(part.source)
+        self._chars -= part.chars
 
 
 REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread

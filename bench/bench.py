@@ -457,7 +457,7 @@ def table_sizes(f: "acc.Filter") -> dict:
         "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
         "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),
         "settings warnings": (len(acc._WARNED), acc._WARNED.limit),
-        "repaired parts": (len(f.repairs), f.repairs._size),
+        "repaired parts": (len(f.repairs), f.repairs.limit),
     }
     if hasattr(acc, "_DIGESTS"):
         sizes["message digests"] = (len(acc._DIGESTS), acc._DIGESTS.limit)

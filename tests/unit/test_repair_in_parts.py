@@ -247,7 +247,7 @@ def test_the_memo_stays_within_its_bounds():
     assert memo.get("chat9") is not None and memo.get("chat0") is None
     _, _, big = acc.repair_in_parts(reused_chat(30), None)
     memo.keep("big", big)  # more messages than the whole memo may hold: not kept
-    assert memo.get("big") is None and memo._messages == sum(len(p.source) for p in memo._parts.values())
+    assert memo.get("big") is None and memo._messages == sum(len(p.source) for p in memo.values())
 
 
 def test_the_memo_is_bounded_in_the_text_it_keeps_alive_images_included():
@@ -263,7 +263,7 @@ def test_the_memo_is_bounded_in_the_text_it_keeps_alive_images_included():
     document = reused_chat(2)
     document[1] = U("x" * 60_000)
     memo.keep("document", acc.repair_in_parts(document, None)[2])
-    assert memo.get("document") is None and memo._chars == sum(p.chars for p in memo._parts.values())
+    assert memo.get("document") is None and memo._chars == sum(p.chars for p in memo.values())
 
 
 def test_inlet_with_the_memo_sends_what_a_fresh_filter_sends_turn_after_turn():
