@@ -2081,18 +2081,6 @@ class TokenCounter:
         return len(tokenizer.encode(text, disallowed_special=()))
 
     # -- messages --
-    def message_tokens(self, message: Message, encoding: str, exact: bool = True) -> int:
-        if not isinstance(message, dict):
-            return 0
-        slot = 1 if exact and encoding in self._encodings else 0
-        if exact and not slot:
-            self.start_loading(encoding)  # for later requests; this one is estimated
-        entry = self._entry(message, encoding)
-        value = entry[slot]
-        if value is None:
-            value = entry[slot] = self._count_message(message, encoding, slot == 1)
-        return value
-
     def _entry(self, message: Message, encoding: str) -> list:
         """The cache entry of a message's content: [estimate, exact count],
         either None until computed. Least recently used entries go first."""
@@ -2138,9 +2126,6 @@ class TokenCounter:
         if isinstance(part.get("text"), str):
             return self.text_tokens(part["text"], encoding, exact)
         return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
-
-    def messages_tokens(self, messages: Messages, encoding: str, exact: bool = True) -> int:
-        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, encoding, exact) for m in messages)
 
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""

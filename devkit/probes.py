@@ -38,3 +38,21 @@ def canonical_view(messages: list) -> tuple[list, list[str]]:
     """The canonical messages and their digests."""
     canon = acc.canonical_messages(messages)
     return canon, [acc.canonical_digest(m) for m in canon]
+
+
+def message_tokens(counter: acc.TokenCounter, message: dict, encoding: str, exact: bool = True) -> int:
+    """A message's count, through the counter's cache: exact once the
+    encoding is loaded (and ``exact``), its estimate (no margin) before."""
+    if not isinstance(message, dict):
+        return 0
+    slot = 1 if exact and counter.is_exact(encoding) else 0
+    if exact and not slot:
+        counter.start_loading(encoding)
+    entry = counter._entry(message, encoding)
+    if entry[slot] is None:
+        entry[slot] = counter._count_message(message, encoding, slot == 1)
+    return entry[slot]
+
+
+def messages_tokens(counter: acc.TokenCounter, messages: list, encoding: str, exact: bool = True) -> int:
+    return acc.TOKENS_PER_REQUEST + sum(message_tokens(counter, m, encoding, exact) for m in messages)

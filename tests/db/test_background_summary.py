@@ -25,7 +25,7 @@ import pytest
 from race_worker import run_processes
 
 import async_context_compression as acc
-from devkit.probes import canonical_view, wait_ready
+from devkit.probes import canonical_view, messages_tokens, wait_ready
 
 MARK = re.compile(r"MK-\d{4}")
 FILLER = (
@@ -421,7 +421,7 @@ async def test_window_fitting_folds_in_several_saved_rounds(db):
     assert covered == sorted(set(covered)) and covered[-1] == last_turn_start(canon)
     seen: list = []
     for i, call in enumerate(calls):
-        total = w.filter.counter.messages_tokens(call["messages"], "cl100k_base")
+        total = messages_tokens(w.filter.counter, call["messages"], "cl100k_base")
         assert total + 64 <= 1000, (i, total)
         new = MARK.findall(w.summarizer.new_section(i))
         assert new and not set(new) & set(seen)  # each round folds new messages only

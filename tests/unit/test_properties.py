@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
-from devkit.probes import needs_repair, wait_ready
+from devkit.probes import message_tokens, messages_tokens, needs_repair, wait_ready
 from devkit.provider_rules import check_openai, violations_added
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -515,14 +515,14 @@ def test_inlet_output_is_safe_and_fits(mode, case):
 
     encoding = acc.encoding_for_model(MODELS[mode])
     fixed = f.counter.tools_tokens(tools, encoding) + acc.TOKENS_PER_REQUEST
-    used = f.counter.messages_tokens(sent, encoding) + fixed - acc.TOKENS_PER_REQUEST
+    used = messages_tokens(f.counter, sent, encoding) + fixed - acc.TOKENS_PER_REQUEST
     repaired, _ = acc.repair_transcript(chat)
-    need = fixed + irreducible(repaired, lambda m: f.counter.message_tokens(m, encoding))
+    need = fixed + irreducible(repaired, lambda m: message_tokens(f.counter, m, encoding))
     # The filter skips exact counting when its estimate is far enough below
     # the cap; that is only sound where the estimate errs by less than
     # ESTIMATE_MARGIN (text where it does not: test_estimate_below_exact_*).
-    estimate = fixed + sum(f.counter.message_tokens(m, encoding, exact=False) for m in repaired)
-    exact = fixed + sum(f.counter.message_tokens(m, encoding) for m in repaired)
+    estimate = fixed + sum(message_tokens(f.counter, m, encoding, exact=False) for m in repaired)
+    exact = fixed + sum(message_tokens(f.counter, m, encoding) for m in repaired)
     if exact > estimate * (1 + acc.ESTIMATE_MARGIN):
         note(f"estimate {estimate} vs exact {exact}: outside the estimator's margin")
         return
@@ -545,11 +545,11 @@ def test_estimate_below_exact_does_not_break_the_cap():
     ]
     probe = acc.TokenCounter()  # counts on the side, leaving f's cache alone
     assert wait_ready(probe, "cl100k_base", 30)
-    estimate = sum(probe.message_tokens(m, "cl100k_base", exact=False) for m in chat)
-    if not estimate * (1 + acc.ESTIMATE_MARGIN) < 600 < probe.messages_tokens(chat, "cl100k_base"):
+    estimate = sum(message_tokens(probe, m, "cl100k_base", exact=False) for m in chat)
+    if not estimate * (1 + acc.ESTIMATE_MARGIN) < 600 < messages_tokens(probe, chat, "cl100k_base"):
         pytest.skip("the estimator no longer underrates this text: pick text it does")
     out = run_hook(f, "inlet", {"model": MODELS["exact"], "messages": chat})
-    assert probe.messages_tokens(out["messages"], "cl100k_base") <= 600
+    assert messages_tokens(probe, out["messages"], "cl100k_base") <= 600
 
 
 # -- garbage never makes the filter raise -------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import async_context_compression as acc
-from devkit.probes import canonical_view, needs_repair
+from devkit.probes import canonical_view, message_tokens, messages_tokens, needs_repair
 from devkit.provider_rules import check_openai
 
 
@@ -45,7 +45,7 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
         image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": detail}}
         counter = _EstimateOnly()
         assert (
-            counter.message_tokens({"role": "user", "content": [image]}, "cl100k_base")
+            message_tokens(counter, {"role": "user", "content": [image]}, "cl100k_base")
             == acc.TOKENS_PER_MESSAGE + 1 + acc.IMAGE_TOKENS_UNKNOWN
         )
         messages = [
@@ -58,7 +58,7 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
         out, events = _run(f, {"model": "gpt-4o", "messages": messages})
         sent = out["messages"]
         assert sent[0] == messages[0] and sent[-1] == messages[-1]
-        assert f.counter.messages_tokens(sent, "o200k_base") <= 1000
+        assert messages_tokens(f.counter, sent, "o200k_base") <= 1000
         assert not any("skipped" in str(e) for e in events), events
         assert check_openai(sent) == []
 
@@ -222,7 +222,7 @@ def test_a_large_audio_part_in_the_protected_head_is_marked_to_fit():
     f = _filter(cap=81, keep_first=1)
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
     sent = out["messages"]
-    assert f.counter.messages_tokens(sent, "o200k_base") <= 81
+    assert messages_tokens(f.counter, sent, "o200k_base") <= 81
     assert sent == [{"role": "user", "content": [{"type": "text", "text": acc._ATTACHMENT_MARKER}]}, chat[1]]
     assert check_openai(sent) == []
     # a refusal part is the reply's own text, not an attachment
