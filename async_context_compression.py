@@ -73,14 +73,8 @@ class _BoundedDict(OrderedDict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         self.move_to_end(key)
-        while len(self) > self.limit or self._too_heavy():
-            self._dropped(self.popitem(last=False)[1])
-
-    def _too_heavy(self) -> bool:  # a subclass that bounds more than entries
-        return False
-
-    def _dropped(self, value: Any) -> None:
-        pass
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
     def recall(self, key, default=None):
         """The value of ``key``, which becomes the most recently used."""
@@ -323,9 +317,8 @@ class TranscriptView:
     Only for a list that is not changed meanwhile; ``messages`` is not copied.
     The sub-lists assume the list has no malformed message (step one)."""
 
-    def __init__(self, messages: Messages, context: Optional["RepairContext"] = None):
+    def __init__(self, messages: Messages):
         self.messages = messages
-        self.context = context
 
     @cached_property
     def callers(self) -> list:
@@ -355,8 +348,7 @@ class RepairStep:
     list) when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
-    fix: Callable[..., Messages]  # (messages, report), plus the RepairContext where uses_context
-    uses_context: bool = False
+    fix: Callable[[Messages, RepairReport], Messages]
 
     @property
     def __name__(self) -> str:
@@ -654,8 +646,7 @@ SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_too
 
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
-    before = view.context.call_ids if view.context is not None else ()
-    return len(set(ids)) != len(ids) or any(cid in before for cid in ids)
+    return len(set(ids)) != len(ids)
 
 
 def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
@@ -673,9 +664,7 @@ def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
             return candidate
 
 
-def make_tool_call_ids_unique(
-    messages: Messages, report: RepairReport, context: Optional["RepairContext"] = None
-) -> Messages:
+def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
     pairing is per turn, so each turn's results are already its own (right
@@ -683,10 +672,9 @@ def make_tool_call_ids_unique(
     request is renamed, on the call and its results alike, to the smallest
     ``_n`` suffix not assigned yet. So the first use keeps its id, and a
     turn's ids depend only on the turns before it: every request of a chat
-    sends the same ids for its older turns, and a list can be repaired in
-    parts (``context`` carries the ids of the parts before, and is updated)."""
-    taken = context.call_ids if context is not None else set()
-    next_suffix = context.next_suffix if context is not None else {}
+    sends the same ids for its older turns (a warm prompt cache)."""
+    taken: set = set()
+    next_suffix: dict = {}
     turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
     out = list(messages)
     n = len(messages)
@@ -715,7 +703,7 @@ def make_tool_call_ids_unique(
     return out
 
 
-MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique, uses_context=True)
+MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique)
 
 
 def _safe_name(name: Any, limit: int = 64) -> str:
@@ -873,13 +861,12 @@ def _has_null_content(view: TranscriptView) -> bool:
     return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
 
 
-def fix_null_content(messages: Messages, report: RepairReport, context: Optional["RepairContext"] = None) -> Messages:
+def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
     at all says nothing and would become an empty block Anthropic rejects, so
-    it goes, except the latest one, which is the request itself (not in this
-    part when ``context.user_follows``)."""
-    last_user = -1 if context is not None and context.user_follows else _last_user_index(messages)
+    it goes, except the latest one, which is the request itself."""
+    last_user = _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
         if message.get("content") is None and _role(message) == "user" and i != last_user:
@@ -892,7 +879,7 @@ def fix_null_content(messages: Messages, report: RepairReport, context: Optional
     return out
 
 
-FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content, uses_context=True)
+FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content)
 
 # In an order where no later step can undo an earlier one; each step's check
 # may assume the invariants of the steps before it.
@@ -910,245 +897,30 @@ _REPAIR_STEPS: tuple[RepairStep, ...] = (
 )
 
 
-@dataclass
-class RepairContext:
-    """What repairing a later part of a list needs to know of the parts
-    before it: a list cut where ``repair_cut`` allows is repaired part by
-    part, each part with the context the parts before it left, to exactly
-    what repairing it whole gives."""
-
-    call_ids: set = field(default_factory=set)  # tool-call ids assigned so far (A4)
-    next_suffix: dict = field(default_factory=dict)  # where _fresh_call_id's search may start
-    user_follows: bool = False  # a user message comes after this part (fix_null_content)
-
-    def copy(self) -> "RepairContext":
-        return RepairContext(set(self.call_ids), dict(self.next_suffix), self.user_follows)
-
-
-def repair_transcript(messages: Messages, context: Optional[RepairContext] = None) -> tuple[Messages, RepairReport]:
+def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     """Apply every repair invariant. Returns a new list; input messages are
     never mutated (changed messages are shallow copies), and a list no
-    step's check objects to comes back with the very same messages.
-    ``context``: this list is a part of a longer one (see RepairContext);
-    it is updated with what this part assigned."""
+    step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
-    view = TranscriptView(out, context)
+    view = TranscriptView(out)
     for step in _REPAIR_STEPS:
         if step.broken(view):
-            out = step.fix(out, report, context) if step.uses_context else step.fix(out, report)
-            view = TranscriptView(out, context)
-    if context is not None:
-        context.call_ids.update(c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"])
+            out = step.fix(out, report)
+            view = TranscriptView(out)
     return out, report
-
-
-def repair_cut(messages: Messages) -> int:
-    """The last index where ``messages`` can be cut so that the part before
-    it is repaired alone, with ``RepairContext(user_follows=True)``, to what
-    it is within the whole list (0: nowhere). Every step but two looks no
-    further than the span from one assistant message to the next, so the cut
-    is at an assistant message no step drops (a dict, not ended in error);
-    the two are carried by the context: the tool-call ids assigned before,
-    and whether a user message comes later (one must: the latest user
-    message, the request itself, is never in the part before)."""
-    i = len(messages) - 1
-    while i >= 0 and _role(messages[i]) != "user":
-        i -= 1
-    while i > 0:
-        i -= 1
-        message = messages[i]
-        if _role(message) == "assistant" and not _is_errored_assistant(message):
-            return i
-    return 0
-
-
-@dataclass
-class RepairedPart:
-    """A list's first messages (up to a ``repair_cut``), as they came, and
-    their repair: what the next request of the same chat, which starts with
-    the same messages, need not repair again. It holds its own copies, never
-    the dicts sent: Open WebUI changes some of those after inlet (it appends
-    RAG context and system prompts to the first system message in place)."""
-
-    source: Messages  # copies of the messages as they came, compared with the next request's
-    origins: list  # per message of the repair: its index in ``source`` if it is that message unchanged, else -1
-    repaired: list  # per message of the repair: this part's own copy where origins is -1, else None
-    report: RepairReport
-    context: RepairContext  # after the part
-    # (index in source, index in the repair) of the plain system messages
-    # (``_plain_system``): their text may differ in the next request (a system
-    # prompt with the time in it) without changing the repair of the rest
-    loose: list = field(default_factory=list)
-    chars: int = 0  # about how much text ``source`` keeps alive (RepairMemo's bound)
-
-    def __len__(self) -> int:
-        return len(self.origins)
-
-    def starts(self, messages: Messages) -> bool:
-        """Whether ``messages`` starts with this part's messages: equal, but
-        for the text of its plain system messages."""
-        source, at = self.source, 0
-        try:
-            for i, _ in self.loose:
-                if messages[at:i] != source[at:i] or not _plain_system(messages[i]):
-                    return False
-                at = i + 1
-            return messages[at : len(source)] == source[at:]  # compared in C: a fraction of json.dumps
-        except Exception:  # a value whose comparison raises: not the same messages
-            return False
-
-    def reuse(self, messages: Messages) -> Messages:
-        """The repair of a list that ``starts`` with this part's messages:
-        that list's own message objects where repair kept them, copies of the
-        repaired ones."""
-        return [messages[j] if j >= 0 else _detached(m) for j, m in zip(self.origins, self.repaired)]
-
-
-def _plain_system(message: Any) -> bool:
-    """A system message of role and text only: no repair step changes it,
-    whatever its text (and repair elsewhere never depends on its text)."""
-    return (
-        isinstance(message, dict)
-        and message.get("role") == "system"
-        and isinstance(message.get("content"), str)
-        and len(message) == 2
-    )
-
-
-def _detached(message: Any) -> Any:
-    """A copy of a message that Open WebUI's in-place edits of the copy
-    (``message["content"] = ...``, or a text part's ``text``) never reach."""
-    if not isinstance(message, dict):
-        return message
-    copy = dict(message)
-    content = copy.get("content")
-    if isinstance(content, list):
-        copy["content"] = [dict(p) if isinstance(p, dict) else p for p in content]
-    return copy
-
-
-def _detached_all(messages: Messages) -> Messages:
-    # dict() for the usual message (text content), the general copy for the rest
-    return [
-        dict(m) if m.__class__ is dict and m.get("content").__class__ is not list else _detached(m) for m in messages
-    ]
-
-
-def _kept_chars_all(messages: Messages) -> int:
-    total = 0
-    for m in messages:
-        content = m.get("content") if m.__class__ is dict else None
-        # the usual message (text, no calls) without the general walk
-        total += len(content) if content.__class__ is str and "tool_calls" not in m else _kept_chars(m)
-    return total
-
-
-def _origins(source: Messages, out: Messages, offset: int) -> list:
-    position = {id(m): i + offset for i, m in enumerate(source)}
-    return [position.get(id(m), -1) for m in out]
-
-
-def repair_in_parts(
-    messages: Messages, known: Optional[RepairedPart]
-) -> tuple[Messages, RepairReport, Optional[RepairedPart]]:
-    """``repair_transcript(messages)``, reusing ``known`` when the list
-    ``starts`` with its messages, and the part up to this list's
-    ``repair_cut`` for the next request. Pure: reads its inputs, builds new
-    lists (copies only of what is new)."""
-    cut = repair_cut(messages)
-    if known is not None and len(known.source) <= cut and known.starts(messages):
-        start, head = len(known.source), known.reuse(messages)
-        source, origins, repaired, loose = list(known.source), known.origins, known.repaired, known.loose
-        for i, _ in loose:
-            source[i] = _detached(messages[i])  # its text as now
-        report, context = merge_reports(RepairReport(), known.report), known.context.copy()
-        chars = known.chars
-    else:
-        start, head, source, origins, repaired, loose = 0, [], [], [], [], []
-        report, context, chars = RepairReport(), RepairContext(), 0
-    context.user_follows = True
-    middle, middle_report = repair_transcript(messages[start:cut], context)
-    report = merge_reports(report, middle_report)
-    middle_origins = _origins(messages[start:cut], middle, start)
-    part = RepairedPart(
-        source=source + _detached_all(messages[start:cut]),
-        origins=origins + middle_origins,
-        repaired=repaired + [None if j >= 0 else _detached(m) for j, m in zip(middle_origins, middle)],
-        report=report,
-        context=context.copy(),
-        loose=loose
-        + [
-            (j, k)
-            for k, j in enumerate(middle_origins, len(origins))
-            if j >= 0 and messages[j].get("role") == "system" and _plain_system(messages[j])
-        ],
-        chars=chars + _kept_chars_all(messages[start:cut]),
-    )
-    context.user_follows = False
-    tail, tail_report = repair_transcript(messages[cut:], context)
-    return head + middle + tail, merge_reports(report, tail_report), part if cut else None
-
-
-class RepairMemo(_BoundedDict):
-    """Per chat, the repaired first part of its last request
-    (``RepairedPart``): a chat that needs repair on every request (ids reused
-    every round, unanswered calls) is repaired in full once, then only in
-    what is new. A bounded table; an entry is used only when the new request
-    starts with exactly its messages, so a wrong key costs time, never a
-    wrong list. The entries keep the text they compare with alive: bounded
-    in messages and in characters too (the least recently used go first;
-    a chat larger than the whole bound is not kept)."""
-
-    def __init__(self, size: int = 64, max_messages: int = 100_000, max_chars: int = 16_000_000):
-        super().__init__(size)
-        self._max_messages = max_messages
-        self._max_chars = max_chars
-        self._messages = 0
-        self._chars = 0
-
-    def keep(self, key: str, part: Optional[RepairedPart]) -> None:
-        if key in self:
-            self._dropped(self.pop(key))
-        if part is None or len(part.source) > self._max_messages or part.chars > self._max_chars:
-            return
-        self._messages += len(part.source)
-        self._chars += part.chars
-        self[key] = part
-
-    def _too_heavy(self) -> bool:
-        return self._messages > self._max_messages or self._chars > self._max_chars
-
-    def _dropped(self, part: RepairedPart) -> None:
-        self._messages -= len(part.source)
-        self._chars -= part.chars
 
 
 REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 
-async def repair_request(
-    messages: Messages, memo: Optional[RepairMemo] = None, key: str = ""
-) -> tuple[Messages, RepairReport]:
-    """``repair_transcript`` for the request path: with a memo, only what
-    the chat's last request did not hold is repaired; more
-    than REPAIR_ON_LOOP_MESSAGES messages to repair (a chat of thousands seen
-    for the first time) are repaired in a worker thread, so the event loop
-    serves other requests meanwhile. The memo is read and written on the loop."""
-    if not isinstance(messages, list):
-        return repair_transcript(messages)
-    if memo is None:
-        if len(messages) > REPAIR_ON_LOOP_MESSAGES:
-            return await asyncio.to_thread(repair_transcript, messages)
-        return repair_transcript(messages)
-    known = memo.get(key)
-    new = len(messages) - (len(known.source) if known is not None else 0)
-    if new > REPAIR_ON_LOOP_MESSAGES:
-        out, report, part = await asyncio.to_thread(repair_in_parts, messages, known)
-    else:
-        out, report, part = repair_in_parts(messages, known)
-    memo.keep(key, part)
-    return out, report
+async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
+    """``repair_transcript`` for the request path: a list of more than
+    REPAIR_ON_LOOP_MESSAGES messages (a chat of thousands) is repaired in a
+    worker thread, so the event loop serves other requests meanwhile."""
+    if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
+        return await asyncio.to_thread(repair_transcript, messages)
+    return repair_transcript(messages)
 
 
 # -- The summary message ----------------------------------------------------
@@ -5092,7 +4864,6 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.status = self.summaries.status
-        self.repairs = RepairMemo()  # per chat: its last request's repair, to reuse
         _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -5211,7 +4982,7 @@ class Filter:
 
     async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
         s = ctx.settings
-        messages, repair = await repair_request(body["messages"], self.repairs, _repair_key(ctx, body["messages"]))
+        messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
@@ -5342,19 +5113,6 @@ class Filter:
 
 
 # -- small helpers of the Filter -----------------------------------------------
-
-
-def _repair_key(ctx: RequestContext, messages: Messages) -> str:
-    """The repair memo's key: the chat, or for API calls without a chat id
-    (agents sending several conversations with one key) the conversation's
-    opening as it came. Only a hint: the memo compares the messages."""
-    if ctx.chat_id:
-        return ctx.chat_key()
-    try:
-        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
-        return ctx.chat_key(conversation_anchor([canonical_digest(m) for m in opening]))
-    except Exception:  # a malformed opening: repair will drop it; the user's slot will do
-        return ctx.chat_key()
 
 
 async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
