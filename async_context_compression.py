@@ -4727,34 +4727,28 @@ def fault_key(reason: Any) -> str:
     return text if text.startswith("r_") else _FAULT_KEYS.get(text, "r_internal")
 
 
-class StatusMemory:
-    """Per-chat memory of the status line, bounded: what inlet did, for the
-    request hook to complete; the last request's outcome, which background
-    lines repeat so the figure never disappears; the fault last shown, so a
-    fault is said once, and again when it changes."""
+@dataclass
+class ChatState:
+    """What this worker remembers of one conversation between its requests:
+    what every request carries besides the conversation (tool schemas,
+    system prompts), the reason key of the last failure to summarize it,
+    inlet's outcome for the request hook to complete, the last outcome sent
+    (background lines repeat its figure) and the fault and notes last shown
+    (each is said once, and again when it changes)."""
 
-    def __init__(self, limit: int = PER_CHAT_MEMORY):
-        self.inlet_outcome = _BoundedDict(limit)
-        self.last_sent = _BoundedDict(limit)
-        self.shown_fault = _BoundedDict(limit)
-        self.shown_notes = _BoundedDict(limit)
+    overhead: int = TOKENS_PER_REQUEST
+    last_fault: str = ""
+    inlet_sent: Optional[SentOutcome] = None
+    last_sent: Optional[SentOutcome] = None
+    shown_fault: str = ""
+    shown_notes: tuple = ()
 
-    def fault_to_show(self, key: str, fault: str) -> str:
-        return self._once(self.shown_fault, key, fault) or ""
-
-    def notes_to_show(self, key: str, notes: tuple) -> tuple:
-        return tuple(notes) if self._once(self.shown_notes, key, tuple(str(n) for n in notes)) else ()
-
-    @staticmethod
-    def _once(shown: _BoundedDict, key: str, value: Any) -> Any:
-        """``value`` the first time, and again after it changed; else None."""
-        if not value:
-            shown.pop(key, None)
-            return None
-        if shown.get(key) == value:
-            return None
-        shown[key] = value
-        return value
+    def to_show(self, sent: SentOutcome, notes: tuple) -> SentOutcome:
+        """``sent`` with only the fault and notes not said yet."""
+        fault = sent.fault or self.last_fault
+        fault_new, notes_new = fault != self.shown_fault, tuple(map(str, notes)) != self.shown_notes
+        self.shown_fault, self.shown_notes = fault, tuple(map(str, notes))
+        return replace(sent, fault=fault if fault_new else "", notes=tuple(notes) if notes_new else ())
 
 
 def request_hook_follows() -> bool:
@@ -4793,10 +4787,23 @@ class RequestContext:
     emitter: Optional[Callable] = None
     request: Any = None
 
-    def chat_key(self, anchor: str = "") -> str:
-        """Key of this chat in leases, locks and the per-chat tables: the chat
-        id, or for API calls (no chat id) the conversation's anchor."""
-        return f"{self.user_id}:{self.chat_id or 'api:' + anchor}"[:255]
+    anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
+
+    def chat_key(self) -> str:
+        """Key of this conversation in leases, locks, the repair memo and the
+        per-chat state: the chat id, or for API calls (no chat id) the
+        conversation's anchor, so that one user's API conversations share nothing."""
+        return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
+
+
+def opening_anchor(messages: Messages) -> str:
+    """The anchor of a conversation as it came: its first two non-system
+    messages. A malformed opening (repair will drop it) gives ""."""
+    try:
+        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
+        return conversation_anchor([canonical_digest(m) for m in opening])
+    except Exception:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -4854,18 +4861,39 @@ class BackgroundSummarizer:
         self.worker = uuid.uuid4().hex[:12]
         self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
         self.tasks: set = set()
-        # chat key -> request_overhead_tokens() of its latest request
-        self.request_overhead = _BoundedDict(PER_CHAT_MEMORY)
-        # chat key -> reason key of this worker's last failure to summarize it
-        self.health = _BoundedDict(PER_CHAT_MEMORY)
-        self.status = StatusMemory()
+        self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
+
+    def chat(self, ctx: RequestContext) -> ChatState:
+        """The conversation's state, created on first use."""
+        state = self.chats.get(ctx.chat_key())
+        if state is None:
+            state = self.chats[ctx.chat_key()] = ChatState()
+        return state
+
+    def note_overhead(self, ctx: RequestContext, tokens: int) -> None:
+        self.chat(ctx).overhead = tokens
+
+    def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
+        """Remembers what a request sent; returns it as its status line should
+        state it (the request hook's completed with inlet's, fault and notes
+        only when new), or None when no line is due."""
+        state = self.chat(ctx)
+        if not inlet:
+            sent = sent.after(state.inlet_sent)
+        elif not final:
+            state.inlet_sent = sent
+            return None
+        state.last_sent = sent
+        if not ctx.settings.show_status:
+            return None  # nothing said, nothing remembered as said
+        return state.to_show(sent, ctx.settings.warnings)
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
         if not ctx.settings.show_status:
             return
         text = status_text(ctx.language, key, **values)
-        sent = self.status.last_sent.get(ctx.chat_key())
+        sent = self.chat(ctx).last_sent
         if sent is not None and usage_shown(ctx.settings, sent.used):
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
@@ -4882,14 +4910,14 @@ class BackgroundSummarizer:
         plus what the chat's requests carry besides the conversation."""
         canon = branch.messages
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return self.count(kept, ctx.settings.encoding) + self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+        return self.count(kept, ctx.settings.encoding) + self.chat(ctx).overhead
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
         """A cheap estimate, so that chats far below the trigger cost no
         database read and no digests."""
         s = ctx.settings
         estimate = self.counter.messages_tokens(canon, s.encoding, exact=False)
-        overhead = self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+        overhead = self.chat(ctx).overhead
         return estimate + overhead > s.trigger_tokens * (1 - ESTIMATE_MARGIN)
 
     # -- tasks ------------------------------------------------------------
@@ -4913,7 +4941,7 @@ class BackgroundSummarizer:
             await asyncio.wait(list(self.tasks), timeout=timeout)
 
     async def _run(self, ctx: RequestContext, branch: Branch) -> None:
-        key = ctx.chat_key(branch.anchor)
+        key = ctx.chat_key()
         lock = self.locks.get(key)
         if lock is None:
             lock = self.locks[key] = asyncio.Lock()
@@ -4930,7 +4958,7 @@ class BackgroundSummarizer:
                     return
                 await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:
-                self.health[ctx.chat_key()] = fault_key(getattr(exc, "reason", "store_down"))
+                self.chat(ctx).last_fault = fault_key(getattr(exc, "reason", "store_down"))
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
@@ -4952,12 +4980,12 @@ class BackgroundSummarizer:
                 return
             await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
             record = await self._fold(ctx, branch, plan, lease)
-            self.health.pop(ctx.chat_key(), None)
+            self.chat(ctx).last_fault = ""
             await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
         except _LeaseLost:
             log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
         except SummaryError as exc:
-            self.health[ctx.chat_key()] = fault_key(exc.reason)
+            self.chat(ctx).last_fault = fault_key(exc.reason)
             delay = await self.store.back_off(key, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
             log.warning(
                 "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
@@ -4977,7 +5005,7 @@ class BackgroundSummarizer:
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens:
-            self.health.pop(ctx.chat_key(), None)  # the store answered and nothing is owed
+            self.chat(ctx).last_fault = ""  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
@@ -5199,7 +5227,6 @@ class Filter:
     def __init__(self):
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
-        self.status = self.summaries.status
         self.repairs = RepairMemo()  # per chat: its last request's repair, to reuse
         _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
@@ -5250,9 +5277,7 @@ class Filter:
         __request__: Any = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
-        return await self._guarded(
-            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=True
-        )
+        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
 
     async def request(
         self,
@@ -5265,11 +5290,9 @@ class Filter:
     ) -> dict:
         # Before every model call of a native tool loop, where inlet does not
         # run again: the loop's growing list is repaired and capped too.
-        return await self._guarded(
-            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=False
-        )
+        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, summaries: bool) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the
         safest list it can still build, at worst the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -5279,7 +5302,7 @@ class Filter:
             ctx = self._context(body, user, metadata, emitter, model, chat_id)
             if ctx is None:
                 return body
-            return await self._prepare(body, ctx, summaries)
+            return await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
             safe = self._safest(body)
@@ -5307,17 +5330,20 @@ class Filter:
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         settings = resolve_settings(self.valves, model_id, user_valves)
+        messages = body.get("messages")
+        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
+            anchor="" if chat_id or not isinstance(messages, list) else opening_anchor(messages),
             user=user,
             user_id=str(user.get("id") or "anonymous"),
-            chat_id=str(chat_id or metadata.get("chat_id") or body.get("chat_id") or ""),
+            chat_id=chat_id,
             model_id=model_id,
             language=user_language(metadata, user),
             settings=settings,
             emitter=emitter,
         )
 
-    async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
+    async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
         s = ctx.settings
         messages, repair, part = await repair_request(
             body["messages"], self.repairs, _repair_key(ctx, body["messages"])
@@ -5325,7 +5351,7 @@ class Filter:
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, ""
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        if summaries and not has_builtin_summary(systems):
+        if inlet and not has_builtin_summary(systems):
             record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
@@ -5334,7 +5360,7 @@ class Filter:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
         overhead = request_overhead_tokens(self.counter, systems if view is messages else view, fixed, s.encoding)
-        self.summaries.request_overhead[ctx.chat_key()] = overhead
+        self.summaries.note_overhead(ctx, overhead)
         # the entries of the part's messages, by position: only where the view is the repaired list
         entries = part.entries_of(s.encoding) if part is not None and view is messages else None
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding, entries)
@@ -5365,10 +5391,11 @@ class Filter:
             repaired=repair.noticeable(),
             fault=fault,
         )
-        if summaries:  # inlet: definitive only where no request hook follows
-            await self._report(ctx, sent, final=not request_hook_follows())
-        else:
-            await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
+        # inlet's line is definitive only where no request hook follows
+        shown = self.summaries.status_of(ctx, sent, inlet, final=not inlet or not request_hook_follows())
+        line = status_line(ctx.language, shown, usage_shown(s, sent.used)) if shown else ""
+        if line:
+            await _emit(ctx.emitter, line, done=True)
         return {**body, "messages": view}
 
     async def _lookup_summary(
@@ -5401,22 +5428,6 @@ class Filter:
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
         return choose_summary(records, digests), ""
-
-    async def _report(self, ctx: RequestContext, sent: SentOutcome, final: bool) -> None:
-        """Remember what was sent (for the request hook and the background
-        lines) and, on the definitive call, show it."""
-        key = ctx.chat_key()
-        if not final:
-            self.status.inlet_outcome[key] = sent
-            return
-        self.status.last_sent[key] = sent
-        if not ctx.settings.show_status:
-            return  # nothing said, nothing remembered as said
-        fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
-        notes = self.status.notes_to_show(key, ctx.settings.warnings)
-        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), usage_shown(ctx.settings, sent.used))
-        if line:
-            await _emit(ctx.emitter, line, done=True)
 
     # -- outlet ------------------------------------------------------------
     async def outlet(
@@ -5455,16 +5466,9 @@ class Filter:
 
 
 def _repair_key(ctx: RequestContext, messages: Messages) -> str:
-    """The repair memo's key: the chat, or for API calls without a chat id
-    (agents sending several conversations with one key) the conversation's
-    opening as it came. Only a hint: the memo compares the messages."""
-    if ctx.chat_id:
-        return ctx.chat_key()
-    try:
-        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
-        return ctx.chat_key(conversation_anchor([canonical_digest(m) for m in opening]))
-    except Exception:  # a malformed opening: repair will drop it; the user's slot will do
-        return ctx.chat_key()
+    """The repair memo's key: the conversation's (only a hint: the memo
+    compares the messages)."""
+    return ctx.chat_key()
 
 
 async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:

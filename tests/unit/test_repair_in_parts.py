@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from acc_builders import AS, IMG, A, S, T, U, request_context
+from acc_builders import AS, IMG, A, S, T, U
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_fast_paths import any_message, near_valid_chats
@@ -332,6 +332,27 @@ def test_api_conversations_without_a_chat_id_each_keep_their_own_part():
 
 
 def test_a_malformed_opening_falls_back_to_the_users_slot():
-    ctx = request_context(acc.Filter().valves, chat_id="")
-    assert acc._repair_key(ctx, [{"role": "assistant", "tool_calls": ["junk"]}, U()]) == ctx.chat_key()
-    assert acc._repair_key(ctx, [U("a"), AS("b"), U("c")]) != ctx.chat_key()
+    assert acc.opening_anchor([{"role": "assistant", "tool_calls": ["junk"]}, U()]) == ""
+    assert acc.opening_anchor([U("a"), AS("b"), U("c")]) != acc.opening_anchor([U("x"), AS("b"), U("c")])
+
+
+def test_two_api_conversations_of_one_user_keep_separate_state():
+    async def run():
+        f = acc.Filter()
+        one = [S("short"), U("one"), AS("a"), U("b")]
+        other = [S("a much longer system prompt " * 40), U("other"), AS("a"), U("b")]
+        for chat in (one, other):
+            await f.inlet({"model": "gpt-4o", "messages": copy.deepcopy(chat)}, {"id": "agent"}, {})
+        states = list(f.summaries.chats.values())
+        assert len(states) == 2 and states[0].overhead < states[1].overhead
+        states[1].last_fault = "r_store_down"  # as a failed summary of the other conversation leaves it
+        lines = []
+
+        async def emitter(event):
+            lines.append(event["data"]["description"])
+
+        for chat in (one, other):
+            await f.request({"model": "gpt-4o", "messages": copy.deepcopy(chat)}, {"id": "agent"}, {}, emitter)
+        assert ["unavailable" in line for line in lines] == [False, True]
+
+    asyncio.run(run())
