@@ -512,17 +512,17 @@ async def test_worker_that_finds_the_work_done_releases_its_lease(db):
 # -- failures ---------------------------------------------------------------------
 
 FAILURES = {
-    "raises": (RuntimeError("connection refused"), "model error"),
-    "timeout": (("sleep", 5.0), "timeout"),
-    "empty": ("", "empty answer"),
-    "reasoning-only": ("<think>The user wants MK-0101 folded… let me think.</think>\n", "reasoning-only answer"),
-    "direct-connection": (acc.SummaryError("direct connection", "browser-side model"), "direct connection"),
+    "raises": (RuntimeError("connection refused"), acc.Fault.MODEL_ERROR),
+    "timeout": (("sleep", 5.0), acc.Fault.TIMEOUT),
+    "empty": ("", acc.Fault.EMPTY),
+    "reasoning-only": ("<think>The user wants MK-0101 folded… let me think.</think>\n", acc.Fault.REASONING_ONLY),
+    "direct-connection": (acc.SummaryError(acc.Fault.DIRECT, "browser-side model"), acc.Fault.DIRECT),
 }
 
 
 @pytest.mark.parametrize("kind", list(FAILURES))
 async def test_failure_backs_off_then_retries(db, backoff, kind):
-    failure, reason = FAILURES[kind]
+    failure, fault = FAILURES[kind]
     w = Worker(db)
     w.filter.valves.summary_timeout_seconds = 0.3
     w.summarizer.script = [failure]
@@ -531,9 +531,9 @@ async def test_failure_backs_off_then_retries(db, backoff, kind):
     assert len(w.summarizer.calls) == 1
     assert await w.records(chat) == []  # nothing is saved
     failed = [s for s in w.statuses() if s.startswith("Summary failed: ")]
-    assert failed and acc.STATUS_TEXTS["en"][acc._REASON_KEYS[reason]] in failed[0] and "next try in" in failed[0]
+    assert failed and acc.STATUS_TEXTS["en"][fault.key] in failed[0] and "next try in" in failed[0]
     lease = await w.store.lease("alice:chat-1")
-    assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, reason)
+    assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, fault.text)
 
     sent, view = await w.inlet(chat)  # inlet works, without a summary
     assert view == sent

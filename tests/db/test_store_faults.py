@@ -108,11 +108,11 @@ async def test_without_the_schema_setting_the_fault_is_permission_denied_and_hea
         for _ in range(3):
             with pytest.raises(acc.StoreUnavailable) as info:
                 await store.find("u1", "chat-1", "anchor-1")
-            assert info.value.reason == acc.STORE_DENIED
+            assert info.value.fault == acc.Fault.STORE_DENIED
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.try_claim("alice:chat-1", "w1")
-        assert info.value.reason == acc.STORE_DENIED
-        assert store.fault == acc.STORE_DENIED
+        assert info.value.fault == acc.Fault.STORE_DENIED
+        assert store.fault == acc.Fault.STORE_DENIED
         warnings = store_warnings(caplog)
         assert len(warnings) == 1, warnings  # once, with the fix an admin can apply
         assert FIX_TEXT in warnings[0] and "permission denied" in warnings[0]
@@ -159,8 +159,8 @@ async def test_postgres_restart_costs_only_the_calls_made_while_down(own_pg, pre
         for call in (store.find("u1", "chat-1", "anchor-1"), store.try_claim("s1", "w1"), store.save(record())):
             with pytest.raises(acc.StoreUnavailable) as info:
                 await asyncio.wait_for(call, 20)
-            assert info.value.reason == acc.STORE_DOWN
-        assert store.fault == acc.STORE_DOWN
+            assert info.value.fault == acc.Fault.STORE_DOWN
+        assert store.fault == acc.Fault.STORE_DOWN
         own_pg.resume()
         assert len(await store.find("u1", "chat-1", "anchor-1")) == 3  # the first call after the restart
         assert await store.try_claim("s1", "w1")
@@ -179,7 +179,7 @@ async def test_postgres_down_before_the_first_call_creates_the_tables_later(own_
         own_pg.pause()
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.find("u1", "chat-1", "anchor-1")
-        assert info.value.reason == acc.STORE_DOWN
+        assert info.value.fault == acc.Fault.STORE_DOWN
         own_pg.resume()
         assert await store.find("u1", "chat-1", "anchor-1") == []
         assert {acc.SUMMARY_TABLE, acc.LEASE_TABLE} <= await table_names(engine)
@@ -225,12 +225,12 @@ async def test_sqlite_lock_held_long_is_store_busy_and_nothing_is_half_written(t
         started = time.monotonic()
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.save(record(covered=9, summary="never stored"))
-        assert info.value.reason == acc.STORE_BUSY
+        assert info.value.fault == acc.Fault.STORE_BUSY
         assert time.monotonic() - started < 10
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.try_claim("s1", "w1")
-        assert info.value.reason == acc.STORE_BUSY
-        assert store.fault == acc.STORE_BUSY
+        assert info.value.fault == acc.Fault.STORE_BUSY
+        assert store.fault == acc.Fault.STORE_BUSY
         # readers still work (WAL off here: the lock is a RESERVED one)
         assert [r.covered_count for r in await store.find("u1", "chat-1", "anchor-1")] == [3]
         locker.rollback()
@@ -249,17 +249,17 @@ def test_fault_classification_of_driver_errors():
             super().__init__(text)
             self.sqlstate = sqlstate
 
-    assert acc.classify_store_error(PgError("permission denied for schema public", "42501")) == acc.STORE_DENIED
-    assert acc.classify_store_error(PgError("canceling statement due to lock timeout", "55P03")) == acc.STORE_BUSY
-    assert acc.classify_store_error(PgError("terminating connection", "57P01")) == acc.STORE_DOWN
-    assert acc.classify_store_error(sqlite3.OperationalError("database is locked")) == acc.STORE_BUSY
+    assert acc.classify_store_error(PgError("permission denied for schema public", "42501")) == acc.Fault.STORE_DENIED
+    assert acc.classify_store_error(PgError("canceling statement due to lock timeout", "55P03")) == acc.Fault.STORE_BUSY
+    assert acc.classify_store_error(PgError("terminating connection", "57P01")) == acc.Fault.STORE_DOWN
+    assert acc.classify_store_error(sqlite3.OperationalError("database is locked")) == acc.Fault.STORE_BUSY
     assert acc.classify_store_error(sqlite3.OperationalError("attempt to write a readonly database")) == (
-        acc.STORE_DENIED
+        acc.Fault.STORE_DENIED
     )
-    assert acc.classify_store_error(ConnectionRefusedError(111, "Connection refused")) == acc.STORE_DOWN
+    assert acc.classify_store_error(ConnectionRefusedError(111, "Connection refused")) == acc.Fault.STORE_DOWN
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = sqlite3.OperationalError("database is locked")
-    assert acc.classify_store_error(wrapped) == acc.STORE_BUSY
+    assert acc.classify_store_error(wrapped) == acc.Fault.STORE_BUSY
     assert acc.classify_store_error(KeyError("a bug")) is None  # raised as it is, never hidden
 
 
@@ -267,7 +267,7 @@ async def test_no_database_is_store_absent():
     store = acc.SummaryStore(lambda: None)
     with pytest.raises(acc.StoreUnavailable) as info:
         await store.find("u1", "chat-1", "anchor-1")
-    assert info.value.reason == acc.STORE_ABSENT
+    assert info.value.fault == acc.Fault.STORE_ABSENT
 
 
 # -- the lease: short, with a heartbeat ------------------------------------------------------

@@ -345,7 +345,7 @@ def test_two_api_conversations_of_one_user_keep_separate_state():
             await f.inlet({"model": "gpt-4o", "messages": copy.deepcopy(chat)}, {"id": "agent"}, {})
         states = list(f.summaries.chats.values())
         assert len(states) == 2 and states[0].overhead < states[1].overhead
-        states[1].last_fault = "r_store_down"  # as a failed summary of the other conversation leaves it
+        states[1].last_fault = acc.Fault.STORE_DOWN  # as a failed summary of the other conversation leaves it
         lines = []
 
         async def emitter(event):

@@ -179,7 +179,10 @@ def test_settings_notes_are_translated_in_the_status_line():
         acc.status_text("ja", "settings", reason=warning)
         == "設定：keep_last = -3 は 0–10000 の範囲外です。0 を使用します"
     )
-    assert acc.status_text("zh", "summary_failed", reason="timeout", retry="8s") == "摘要失败：摘要模型超时 · 8s 后重试"
+    assert (
+        acc.status_text("zh", "summary_failed", reason=acc.Fault.TIMEOUT, retry="8s")
+        == "摘要失败：摘要模型超时 · 8s 后重试"
+    )
 
 
 def test_status_text_never_raises():
