@@ -4563,28 +4563,6 @@ def messages_phrase(language: str, n: int) -> str:
     return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
 
 
-# Keys of the status line before the texts were redesigned, still accepted
-# (with their old value names) until every caller uses the new keys.
-def _legacy_parts(key: str, values: dict) -> Optional[list]:
-    values = dict(values)
-    if "budget" in values:
-        values["cap"] = values.pop("budget")
-    if "count" in values:
-        values["messages"] = values.pop("count")
-    sent = ("sent", {"used": values.get("used", 0), "cap": values.get("cap", 0)})
-    if key == "usage":
-        return [sent]
-    if key == "usage_summary":
-        return [sent, ("in_summary", {"messages": values.get("covered", 0)})]
-    if key == "trimmed":
-        return [sent, ("left_out", {"messages": values.get("dropped", 0)})]
-    if key == "over":
-        return [sent, ("over_cap", {})]
-    if key in ("summarizing", "summary_done") and "messages" in values:
-        return [(key, {"messages": values["messages"]})]
-    return None
-
-
 class _Missing(dict):
     def __missing__(self, key):
         return "?"
@@ -4597,9 +4575,6 @@ def status_text(language: str, key: str, **values: Any) -> str:
     quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
     ``reason`` that is a Fault or its key, is shown translated."""
     try:
-        parts = _legacy_parts(key, values)
-        if parts is not None:
-            return " · ".join(_render(language, k, v) for k, v in parts)
         return _render(language, key, values)
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
@@ -4735,18 +4710,24 @@ def request_hook_follows() -> bool:
     package's; unknown (not inside Open WebUI): inlet's line is definitive."""
     if not _OWUI_VERSION:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-        try:
-            if not isinstance(version, str):
+        if not isinstance(version, str):
+            try:
                 from importlib.metadata import version as installed
 
                 version = installed("open-webui")
-            _OWUI_VERSION.append(tuple(int(p) for p in re.findall(r"\d+", version)[:3]))
-        except Exception:
-            _OWUI_VERSION.append(())
-    return bool(_OWUI_VERSION[0]) and _OWUI_VERSION[0] >= (0, 11, 2)
+            except Exception:
+                version = None
+        _OWUI_VERSION.append(owui_version(version))
+    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
 
 
 _OWUI_VERSION: list = []
+
+
+def owui_version(version: Any) -> tuple:
+    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    return tuple(int(part or 0) for part in match.groups()) if match else ()
 
 
 @dataclass
@@ -5491,10 +5472,9 @@ def open_webui_limits(version: Any = None) -> list:
     effects outside a server); unknown or unreadable: nothing is claimed."""
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
-    if match is None:
+    have = owui_version(version)
+    if not have:
         return []
-    have = tuple(int(part or 0) for part in match.groups())
     limits = []
     if have < (0, 9, 0):
         limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
