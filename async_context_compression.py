@@ -3508,9 +3508,6 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-# The balanced instructions, for token budgets that need the prompt's size.
-SUMMARIZER_PROMPT = _SUMMARY_FRAME.replace("{instructions}", _SUMMARY_STYLES["balanced"])
-
 _IMAGE_MARK = "[image]"
 _AUDIO_MARK = "[audio]"
 _FILE_MARK = "[file]"

@@ -229,7 +229,9 @@ def test_styles_and_custom_prompt():
     assert len({concise, balanced, faithful}) == 3
     assert "verbatim" in faithful and all(w in faithful for w in ("figure", "name", "identifier", "path", "decision"))
     assert all("at most 300 tokens" in p for p in (concise, balanced, faithful))
-    assert balanced == acc.SUMMARIZER_PROMPT.replace("{max_tokens}", "300")
+    assert balanced == acc._SUMMARY_FRAME.replace("{instructions}", acc._SUMMARY_STYLES["balanced"]).replace(
+        "{max_tokens}", "300"
+    )
     assert acc.build_summarizer_messages("", ["b"], 300, style="unknown")[0]["content"] == balanced
     custom = acc.build_summarizer_messages("", ["b"], 300, style="faithful", prompt="Summarize {max_tokens} {x}")
     assert custom[0]["content"] == "Summarize 300 {x}"  # replaces the instructions; other braces kept
