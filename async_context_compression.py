@@ -3452,18 +3452,6 @@ class SummaryStore:
 
         return await self._run(op)
 
-    async def lease(self, scope: str) -> Optional[dict]:
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                row = (await conn.execute(sa.select(t).where(t.c.scope == scope))).mappings().first()
-                return dict(row) if row else None
-
-        return await self._run(op)
-
 
 def choose_summary(
     records: Iterable[SummaryRecord], digests: list, allow_full: bool = False

@@ -23,7 +23,7 @@ import time
 import uuid
 
 import pytest
-from pg_support import admin_url_of, limited_role, pg_admin
+from pg_support import admin_url_of, lease_row, limited_role, pg_admin
 from test_store import record, table_names
 
 import async_context_compression as acc
@@ -78,7 +78,7 @@ async def test_tables_land_in_database_schema_for_a_role_locked_out_of_public(pg
         await store.save(record(covered=4, summary="kept in the schema"))
         async with store.hold("alice:chat-1", "w1") as held:
             assert held
-            assert (await store.lease("alice:chat-1"))["holder"] == "w1"
+            assert (await lease_row(store, "alice:chat-1"))["holder"] == "w1"
         assert [r.summary for r in await store.find("u1", "chat-1", "anchor-1")] == ["kept in the schema"]
         assert store.fault is None
 
@@ -279,13 +279,13 @@ async def test_hold_renews_while_the_work_runs_and_releases_at_the_end(db):
     # heartbeat does not expire the lease (that is what the TTL is for)
     async with store.hold("s1", "w1", ttl=2.0, renew_every=0.3) as held:
         assert held and not held.lost
-        first = (await store.lease("s1"))["expires_at"]
+        first = (await lease_row(store, "s1"))["expires_at"]
         for _ in range(5):  # 5 s: more than twice the TTL
             await asyncio.sleep(1.0)
             assert not await other.try_claim("s1", "w2", ttl=30), "a live holder's lease expired under it"
-        assert (await store.lease("s1"))["expires_at"] > first + 2.0
+        assert (await lease_row(store, "s1"))["expires_at"] > first + 2.0
         assert not held.lost
-    assert await store.lease("s1") is None
+    assert await lease_row(store, "s1") is None
     assert await other.try_claim("s1", "w2", ttl=30)
 
 
@@ -294,7 +294,7 @@ async def test_hold_not_taken_yields_false_and_leaves_the_other_lease(db):
     assert await other.try_claim("s1", "w2", ttl=30)
     async with store.hold("s1", "w1") as held:
         assert not held
-    assert (await store.lease("s1"))["holder"] == "w2"
+    assert (await lease_row(store, "s1"))["holder"] == "w2"
 
 
 async def test_hold_ends_in_a_back_off_that_stays(db):
@@ -303,7 +303,7 @@ async def test_hold_ends_in_a_back_off_that_stays(db):
         assert held
         delay = await store.back_off("s1", "w1", "timeout", base=5, ceiling=60)
         await asyncio.sleep(0.25)  # heartbeats after the back-off do not turn it back into a lease
-    lease = await store.lease("s1")
+    lease = await lease_row(store, "s1")
     assert (lease["holder"], lease["note"]) == ("back-off", "timeout")
     assert lease["expires_at"] <= time.time() + delay
 
@@ -338,7 +338,7 @@ async def test_killed_holder_frees_the_lease_within_its_ttl(db):
         while not await store.try_claim("hold-scope", "survivor", ttl=30):
             assert time.time() - killed < ttl + 1.0, "the dead holder's lease did not free within its TTL"
             await asyncio.sleep(0.1)
-        assert (await store.lease("hold-scope"))["holder"] == "survivor"
+        assert (await lease_row(store, "hold-scope"))["holder"] == "survivor"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -353,7 +353,7 @@ async def test_each_write_is_one_transaction(db):
 
     engine = db.engine()
     store = db.store(engine)
-    await store.lease("warm-up")  # tables made
+    await lease_row(store, "warm-up")  # tables made
     begins = []
     event.listen(engine.sync_engine, "begin", lambda conn: begins.append(1))
 
