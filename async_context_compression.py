@@ -3,7 +3,7 @@ title: Async Context Compression
 id: async_context_compression
 author: Async Context Compression team
 author_url: https://github.com/async-context-compression
-version: 1.2.0
+version: 1.3.0
 required_open_webui_version: 0.9.0
 license: MIT
 description: Keeps long chats inside the model's context window without ever breaking them: tool-call-safe trimming under a hard token cap, and summaries of older turns made in the background.
@@ -18,9 +18,16 @@ requirements: tiktoken
 #   4. Settings: valves resolved per model, never raising.
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
-#   7. Status texts per UI language.
-#   8. Background summaries: plan, lease, fold in rounds, save, back off.
+#   7. Status texts per UI language, and what one request sent (SentOutcome).
+#   8. Background summaries: per-conversation state (ChatState), plan, lease,
+#      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
+#
+# A request travels: Filter.inlet -> resolve_settings (4) -> repair_request
+# (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request
+# (3) -> status_line (7); Open WebUI's request hook repeats repair and fit on
+# the final list. After the reply, Filter.outlet -> canonical view (2) ->
+# BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400;
 # devkit/provider_rules.py checks each one):
@@ -52,6 +59,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cached_property, lru_cache
 from typing import Any, ClassVar, Optional
 
@@ -75,6 +83,14 @@ class _BoundedDict(OrderedDict):
         self.move_to_end(key)
         while len(self) > self.limit:
             self.popitem(last=False)
+
+    def recall(self, key, default=None):
+        """The value of ``key``, which becomes the most recently used."""
+        try:
+            self.move_to_end(key)
+        except KeyError:
+            return default
+        return self[key]
 
 
 # ---------------------------------------------------------------------------
@@ -144,20 +160,27 @@ def _kept_chars(message: Any) -> int:
     return size
 
 
+def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
+    """The texts of a message's ``content``: the string itself, or its bare
+    strings and the ``text`` of its parts (only parts whose ``type`` is in
+    ``kinds``, when given)."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return []
+    return [
+        p if isinstance(p, str) else p["text"]
+        for p in content
+        if isinstance(p, str)
+        or (isinstance(p, dict) and isinstance(p.get("text"), str) and (kinds is None or p.get("type") in kinds))
+    ]
+
+
 def _text_of(content: Any) -> str:
     """The text a message shows, whatever shape its content has."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                if isinstance(part.get("text"), str):
-                    parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
-    return "" if content is None else str(content)
+    if content is None or isinstance(content, (str, list)):
+        return "\n".join(_texts(content))
+    return str(content)
 
 
 def _has_visible_content(message: Message) -> bool:
@@ -302,9 +325,8 @@ class TranscriptView:
     Only for a list that is not changed meanwhile; ``messages`` is not copied.
     The sub-lists assume the list has no malformed message (step one)."""
 
-    def __init__(self, messages: Messages, context: Optional["RepairContext"] = None):
+    def __init__(self, messages: Messages):
         self.messages = messages
-        self.context = context
 
     @cached_property
     def callers(self) -> list:
@@ -334,8 +356,7 @@ class RepairStep:
     list) when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
-    fix: Callable[..., Messages]  # (messages, report), plus the RepairContext where uses_context
-    uses_context: bool = False
+    fix: Callable[[Messages, RepairReport], Messages]
 
     @property
     def __name__(self) -> str:
@@ -633,8 +654,7 @@ SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_too
 
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
-    before = view.context.call_ids if view.context is not None else ()
-    return len(set(ids)) != len(ids) or any(cid in before for cid in ids)
+    return len(set(ids)) != len(ids)
 
 
 def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
@@ -652,9 +672,7 @@ def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
             return candidate
 
 
-def make_tool_call_ids_unique(
-    messages: Messages, report: RepairReport, context: Optional["RepairContext"] = None
-) -> Messages:
+def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
     pairing is per turn, so each turn's results are already its own (right
@@ -662,10 +680,9 @@ def make_tool_call_ids_unique(
     request is renamed, on the call and its results alike, to the smallest
     ``_n`` suffix not assigned yet. So the first use keeps its id, and a
     turn's ids depend only on the turns before it: every request of a chat
-    sends the same ids for its older turns, and a list can be repaired in
-    parts (``context`` carries the ids of the parts before, and is updated)."""
-    taken = context.call_ids if context is not None else set()
-    next_suffix = context.next_suffix if context is not None else {}
+    sends the same ids for its older turns (a warm prompt cache)."""
+    taken: set = set()
+    next_suffix: dict = {}
     turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
     out = list(messages)
     n = len(messages)
@@ -694,7 +711,7 @@ def make_tool_call_ids_unique(
     return out
 
 
-MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique, uses_context=True)
+MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique)
 
 
 def _safe_name(name: Any, limit: int = 64) -> str:
@@ -852,13 +869,12 @@ def _has_null_content(view: TranscriptView) -> bool:
     return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
 
 
-def fix_null_content(messages: Messages, report: RepairReport, context: Optional["RepairContext"] = None) -> Messages:
+def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
     at all says nothing and would become an empty block Anthropic rejects, so
-    it goes, except the latest one, which is the request itself (not in this
-    part when ``context.user_follows``)."""
-    last_user = -1 if context is not None and context.user_follows else _last_user_index(messages)
+    it goes, except the latest one, which is the request itself."""
+    last_user = _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
         if message.get("content") is None and _role(message) == "user" and i != last_user:
@@ -871,7 +887,7 @@ def fix_null_content(messages: Messages, report: RepairReport, context: Optional
     return out
 
 
-FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content, uses_context=True)
+FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content)
 
 # In an order where no later step can undo an earlier one; each step's check
 # may assume the invariants of the steps before it.
@@ -889,279 +905,30 @@ _REPAIR_STEPS: tuple[RepairStep, ...] = (
 )
 
 
-@dataclass
-class RepairContext:
-    """What repairing a later part of a list needs to know of the parts
-    before it: a list cut where ``repair_cut`` allows is repaired part by
-    part, each part with the context the parts before it left, to exactly
-    what repairing it whole gives."""
-
-    call_ids: set = field(default_factory=set)  # tool-call ids assigned so far (A4)
-    next_suffix: dict = field(default_factory=dict)  # where _fresh_call_id's search may start
-    user_follows: bool = False  # a user message comes after this part (fix_null_content)
-
-    def copy(self) -> "RepairContext":
-        return RepairContext(set(self.call_ids), dict(self.next_suffix), self.user_follows)
-
-
-def repair_transcript(messages: Messages, context: Optional[RepairContext] = None) -> tuple[Messages, RepairReport]:
+def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     """Apply every repair invariant. Returns a new list; input messages are
     never mutated (changed messages are shallow copies), and a list no
-    step's check objects to comes back with the very same messages.
-    ``context``: this list is a part of a longer one (see RepairContext);
-    it is updated with what this part assigned."""
+    step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
-    view = TranscriptView(out, context)
+    view = TranscriptView(out)
     for step in _REPAIR_STEPS:
         if step.broken(view):
-            out = step.fix(out, report, context) if step.uses_context else step.fix(out, report)
-            view = TranscriptView(out, context)
-    if context is not None:
-        context.call_ids.update(c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"])
+            out = step.fix(out, report)
+            view = TranscriptView(out)
     return out, report
-
-
-def repair_cut(messages: Messages) -> int:
-    """The last index where ``messages`` can be cut so that the part before
-    it is repaired alone, with ``RepairContext(user_follows=True)``, to what
-    it is within the whole list (0: nowhere). Every step but two looks no
-    further than the span from one assistant message to the next, so the cut
-    is at an assistant message no step drops (a dict, not ended in error);
-    the two are carried by the context: the tool-call ids assigned before,
-    and whether a user message comes later (one must: the latest user
-    message, the request itself, is never in the part before)."""
-    i = len(messages) - 1
-    while i >= 0 and _role(messages[i]) != "user":
-        i -= 1
-    while i > 0:
-        i -= 1
-        message = messages[i]
-        if _role(message) == "assistant" and not _is_errored_assistant(message):
-            return i
-    return 0
-
-
-@dataclass
-class RepairedPart:
-    """A list's first messages (up to a ``repair_cut``), as they came, and
-    their repair: what the next request of the same chat, which starts with
-    the same messages, need not repair again. It holds its own copies, never
-    the dicts sent: Open WebUI changes some of those after inlet (it appends
-    RAG context and system prompts to the first system message in place)."""
-
-    source: Messages  # copies of the messages as they came, compared with the next request's
-    origins: list  # per message of the repair: its index in ``source`` if it is that message unchanged, else -1
-    repaired: list  # per message of the repair: this part's own copy where origins is -1, else None
-    report: RepairReport
-    context: RepairContext  # after the part
-    # (index in source, index in the repair) of the plain system messages
-    # (``_plain_system``): their text may differ in the next request (a system
-    # prompt with the time in it) without changing the repair of the rest
-    loose: list = field(default_factory=list)
-    chars: int = 0  # about how much text ``source`` keeps alive (RepairMemo's bound)
-    # per encoding: the token-count cache entry of each message of the repair
-    # (None where not known), so that the next request computes no cache key
-    # for them (``entries_of``, ``note_entries``)
-    entries: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.origins)
-
-    def starts(self, messages: Messages) -> bool:
-        """Whether ``messages`` starts with this part's messages: equal, but
-        for the text of its plain system messages."""
-        source, at = self.source, 0
-        try:
-            for i, _ in self.loose:
-                if messages[at:i] != source[at:i] or not _plain_system(messages[i]):
-                    return False
-                at = i + 1
-            return messages[at : len(source)] == source[at:]  # compared in C: a fraction of json.dumps
-        except Exception:  # a value whose comparison raises: not the same messages
-            return False
-
-    def reuse(self, messages: Messages) -> Messages:
-        """The repair of a list that ``starts`` with this part's messages:
-        that list's own message objects where repair kept them, copies of the
-        repaired ones."""
-        return [messages[j] if j >= 0 else _detached(m) for j, m in zip(self.origins, self.repaired)]
-
-    def entries_of(self, encoding: str) -> list:
-        """The cache entries known for this part's messages (a new list, to
-        hand to ``TokenCounter.cached_sizes`` with the list this part's
-        repair starts, and to give back with ``note_entries``)."""
-        return list(self.entries.get(encoding) or ())
-
-    def note_entries(self, encoding: str, entries: list) -> None:
-        self.entries[encoding] = entries[: len(self.origins)]
-
-
-def _plain_system(message: Any) -> bool:
-    """A system message of role and text only: no repair step changes it,
-    whatever its text (and repair elsewhere never depends on its text)."""
-    return (
-        isinstance(message, dict)
-        and message.get("role") == "system"
-        and isinstance(message.get("content"), str)
-        and len(message) == 2
-    )
-
-
-def _detached(message: Any) -> Any:
-    """A copy of a message that Open WebUI's in-place edits of the copy
-    (``message["content"] = ...``, or a text part's ``text``) never reach."""
-    if not isinstance(message, dict):
-        return message
-    copy = dict(message)
-    content = copy.get("content")
-    if isinstance(content, list):
-        copy["content"] = [dict(p) if isinstance(p, dict) else p for p in content]
-    return copy
-
-
-def _detached_all(messages: Messages) -> Messages:
-    # dict() for the usual message (text content), the general copy for the rest
-    return [
-        dict(m) if m.__class__ is dict and m.get("content").__class__ is not list else _detached(m) for m in messages
-    ]
-
-
-def _kept_chars_all(messages: Messages) -> int:
-    total = 0
-    for m in messages:
-        content = m.get("content") if m.__class__ is dict else None
-        # the usual message (text, no calls) without the general walk
-        total += len(content) if content.__class__ is str and "tool_calls" not in m else _kept_chars(m)
-    return total
-
-
-def _origins(source: Messages, out: Messages, offset: int) -> list:
-    position = {id(m): i + offset for i, m in enumerate(source)}
-    return [position.get(id(m), -1) for m in out]
-
-
-def repair_in_parts(
-    messages: Messages, known: Optional[RepairedPart]
-) -> tuple[Messages, RepairReport, Optional[RepairedPart]]:
-    """``repair_transcript(messages)``, reusing ``known`` when the list
-    ``starts`` with its messages, and the part up to this list's
-    ``repair_cut`` for the next request. Pure: reads its inputs, builds new
-    lists (copies only of what is new)."""
-    cut = repair_cut(messages)
-    if known is not None and len(known.source) <= cut and known.starts(messages):
-        start, head = len(known.source), known.reuse(messages)
-        source, origins, repaired, loose = list(known.source), known.origins, known.repaired, known.loose
-        for i, _ in loose:
-            source[i] = _detached(messages[i])  # its text as now
-        # dict(): a snapshot, as this may run in a worker thread while the loop notes entries
-        entries = {name: list(sizes) for name, sizes in dict(known.entries).items()}
-        for sizes in entries.values():
-            for _, k in loose:
-                if k < len(sizes):
-                    sizes[k] = None  # counted again: its text may have changed
-        report, context = merge_reports(RepairReport(), known.report), known.context.copy()
-        chars = known.chars
-    else:
-        start, head, source, origins, repaired, loose = 0, [], [], [], [], []
-        entries, report, context, chars = {}, RepairReport(), RepairContext(), 0
-    context.user_follows = True
-    middle, middle_report = repair_transcript(messages[start:cut], context)
-    report = merge_reports(report, middle_report)
-    middle_origins = _origins(messages[start:cut], middle, start)
-    part = RepairedPart(
-        source=source + _detached_all(messages[start:cut]),
-        origins=origins + middle_origins,
-        repaired=repaired + [None if j >= 0 else _detached(m) for j, m in zip(middle_origins, middle)],
-        report=report,
-        context=context.copy(),
-        loose=loose
-        + [
-            (j, k)
-            for k, j in enumerate(middle_origins, len(origins))
-            if j >= 0 and messages[j].get("role") == "system" and _plain_system(messages[j])
-        ],
-        chars=chars + _kept_chars_all(messages[start:cut]),
-        entries={name: sizes + [None] * len(middle) for name, sizes in entries.items()},
-    )
-    context.user_follows = False
-    tail, tail_report = repair_transcript(messages[cut:], context)
-    return head + middle + tail, merge_reports(report, tail_report), part if cut else None
-
-
-class RepairMemo:
-    """Per chat, the repaired first part of its last request
-    (``RepairedPart``): a chat that needs repair on every request (ids reused
-    every round, unanswered calls) is repaired in full once, then only in
-    what is new. A bounded table; an entry is used only when the new request
-    starts with exactly its messages, so a wrong key costs time, never a
-    wrong list. The entries keep the text they compare with alive: bounded
-    in messages and in characters too (the least recently used go first;
-    a chat larger than the whole bound is not kept)."""
-
-    def __init__(self, size: int = 64, max_messages: int = 100_000, max_chars: int = 16_000_000):
-        self._parts: OrderedDict = OrderedDict()
-        self._size = size
-        self._max_messages = max_messages
-        self._max_chars = max_chars
-        self._messages = 0
-        self._chars = 0
-
-    def get(self, key: str) -> Optional[RepairedPart]:
-        return self._parts.get(key)
-
-    def keep(self, key: str, part: Optional[RepairedPart]) -> None:
-        self._forget(self._parts.pop(key, None))
-        if part is None or len(part.source) > self._max_messages or part.chars > self._max_chars:
-            return
-        self._parts[key] = part
-        self._messages += len(part.source)
-        self._chars += part.chars
-        while len(self._parts) > self._size or self._messages > self._max_messages or self._chars > self._max_chars:
-            self._forget(self._parts.popitem(last=False)[1])
-
-    def _forget(self, part: Optional[RepairedPart]) -> None:
-        if part is not None:
-            self._messages -= len(part.source)
-            self._chars -= part.chars
-
-    def __len__(self) -> int:
-        return len(self._parts)
 
 
 REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 
-async def repair_request(
-    messages: Messages, memo: Optional[RepairMemo] = None, key: str = ""
-) -> tuple[Messages, RepairReport, Optional[RepairedPart]]:
-    """``repair_transcript`` for the request path, with the part of the list
-    remembered for the chat's next request (None without a ``memo``): with a
-    memo, only what the chat's last request did not hold is repaired; more
-    than REPAIR_ON_LOOP_MESSAGES messages to repair (a chat of thousands seen
-    for the first time) are repaired in a worker thread, so the event loop
-    serves other requests meanwhile. The memo is read and written on the loop."""
-    if not isinstance(messages, list):
-        return (*repair_transcript(messages), None)
-    if memo is None:
-        if len(messages) > REPAIR_ON_LOOP_MESSAGES:
-            return (*await asyncio.to_thread(repair_transcript, messages), None)
-        return (*repair_transcript(messages), None)
-    known = memo.get(key)
-    new = len(messages) - (len(known.source) if known is not None else 0)
-    if new > REPAIR_ON_LOOP_MESSAGES:
-        out, report, part = await asyncio.to_thread(repair_in_parts, messages, known)
-    else:
-        out, report, part = repair_in_parts(messages, known)
-    memo.keep(key, part)
-    return out, report, part
-
-
-def _needs_repair(messages: Messages) -> bool:
-    """Whether any step would change the list: the union of the steps'
-    checks, in order (each check may assume the ones before it passed)."""
-    view = TranscriptView(messages)
-    return any(step.broken(view) for step in _REPAIR_STEPS)
+async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
+    """``repair_transcript`` for the request path: a list of more than
+    REPAIR_ON_LOOP_MESSAGES messages (a chat of thousands) is repaired in a
+    worker thread, so the event loop serves other requests meanwhile."""
+    if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
+        return await asyncio.to_thread(repair_transcript, messages)
+    return repair_transcript(messages)
 
 
 # -- The summary message ----------------------------------------------------
@@ -1387,7 +1154,7 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report):
     if total <= cap:
         return out, total, report
     report = replace(report)
-    out, total = _shrink_protected(out, token_of, total, cap, report)
+    out, total = _shrink_kept_messages(out, token_of, total, cap, report)
     return out, total, report
 
 
@@ -1463,7 +1230,9 @@ def _shrinkable_order(messages: Messages) -> list[int]:
     return tools + others
 
 
-def _shrink_protected(messages, token_of, total, cap, report):
+def _shrink_kept_messages(messages, token_of, total, cap, report):
+    """Shortens the messages that dropping turns kept (protected or not),
+    largest first, one kind of shortening per pass, until ``total`` fits."""
     out = list(messages)
     order = _shrinkable_order(out)
     last_user = _last_user_index(out)
@@ -1599,13 +1368,9 @@ _REASONING_BLOCK_RE = re.compile(
 
 
 def _output_text(parts: Any) -> str:
-    if isinstance(parts, str):
-        return parts
-    texts = []
-    for part in parts if isinstance(parts, list) else []:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return "".join(texts)
+    """A stored output item's text: its parts' texts run together, as the
+    model streamed them."""
+    return "".join(_texts(parts))
 
 
 def expand_output_items(output: list) -> Messages:
@@ -1718,10 +1483,8 @@ def canonical_digest(message: Message) -> str:
     names = ",".join(str((c.get("function") or {}).get("name", "")) for c in calls) if calls else ""
     content = message.get("content")
     key = _digest_key(message.get("role"), content, names)
-    digest = _DIGESTS.get(key) if key is not None else None
-    if digest is not None:
-        _DIGESTS.move_to_end(key)
-    else:
+    digest = _DIGESTS.recall(key) if key is not None else None
+    if digest is None:
         text = _text_of(content)
         if "<" in text:
             text = _REASONING_BLOCK_RE.sub("", text)
@@ -1729,18 +1492,12 @@ def canonical_digest(message: Message) -> str:
         digest = hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
         if key is not None:
             _DIGESTS[key] = digest
-            if len(_DIGESTS) > _DIGESTS_SIZE:
-                try:
-                    _DIGESTS.popitem(last=False)
-                except KeyError:
-                    pass
     return digest
 
 
 # Digests of recent message texts, keyed by (role, hashes and lengths of the
 # text parts, tool names), so a chat's every request hashes only new text.
-_DIGESTS: "OrderedDict[tuple, str]" = OrderedDict()
-_DIGESTS_SIZE = 50_000
+_DIGESTS = _BoundedDict(50_000)
 
 
 def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
@@ -1781,12 +1538,6 @@ def canonical_opening(messages: Messages, count: int = 2) -> Messages:
             if len(opening) == count:
                 break
     return opening
-
-
-def canonical_view(messages: Messages) -> tuple[Messages, list[str]]:
-    """Non-system messages of a repaired list and their digests."""
-    canon = canonical_messages(messages)
-    return canon, [canonical_digest(m) for m in canon]
 
 
 def prefix_fingerprint(digests: list, count: int) -> str:
@@ -2062,8 +1813,7 @@ class TokenCounter:
         self._encodings: dict = {}
         self._loading: set = set()
         self._lock = threading.Lock()
-        self._cache: OrderedDict = OrderedDict()
-        self._cache_size = cache_size
+        self._cache = _BoundedDict(cache_size)
         self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
         self._tools_counts = _BoundedDict(256)  # (exact?, encoding, schemas digest) -> tokens
 
@@ -2099,19 +1849,6 @@ class TokenCounter:
     def is_exact(self, encoding: str) -> bool:
         return encoding in self._encodings
 
-    def wait_ready(self, encoding: str, timeout: float = 30.0) -> bool:
-        """For tests and benchmarks only: block until the encoding loaded."""
-        self.start_loading(encoding)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if encoding in self._encodings:
-                return True
-            with self._lock:
-                if encoding not in self._loading:
-                    return encoding in self._encodings
-            time.sleep(0.01)
-        return encoding in self._encodings
-
     # -- text --
     def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
@@ -2124,30 +1861,13 @@ class TokenCounter:
         return len(tokenizer.encode(text, disallowed_special=()))
 
     # -- messages --
-    def message_tokens(self, message: Message, encoding: str, exact: bool = True) -> int:
-        if not isinstance(message, dict):
-            return 0
-        slot = 1 if exact and encoding in self._encodings else 0
-        if exact and not slot:
-            self.start_loading(encoding)  # for later requests; this one is estimated
-        entry = self._entry(message, encoding)
-        value = entry[slot]
-        if value is None:
-            value = entry[slot] = self._count_message(message, encoding, slot == 1)
-        return value
-
     def _entry(self, message: Message, encoding: str) -> list:
         """The cache entry of a message's content: [estimate, exact count],
         either None until computed. Least recently used entries go first."""
         key = _cache_key(message, encoding)
-        cache = self._cache
-        entry = cache.get(key)
+        entry = self._cache.recall(key)
         if entry is None:
-            entry = cache[key] = [None, None]
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
+            entry = self._cache[key] = [None, None]
         return entry
 
     def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
@@ -2187,9 +1907,6 @@ class TokenCounter:
             return self.text_tokens(part["text"], encoding, exact)
         return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
 
-    def messages_tokens(self, messages: Messages, encoding: str, exact: bool = True) -> int:
-        return TOKENS_PER_REQUEST + sum(self.message_tokens(m, encoding, exact) for m in messages)
-
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
         if not tools:
@@ -2206,49 +1923,22 @@ class TokenCounter:
             count = self._tools_counts[key] = self.text_tokens(text, encoding)
         return count
 
-    def cache_len(self) -> int:
-        return len(self._cache)
-
     # -- primitives of the request policy (count_request, fit_request) --
-    def cached_sizes(
-        self, messages: Messages, encoding: str, entries: Optional[list] = None, offset: int = 0
-    ) -> tuple[list, list]:
+    def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
         already knows it, else None; the cache entries of the messages whose
         size is None, in order). Exact counts once the encoding is loaded,
-        estimates with their margin before. One cache look-up per message,
-        nothing counted. ``entries``: the cache entries (for this encoding)
-        of a longer list whose messages from ``offset`` on are ``messages``,
-        None where not known; no key is computed for the known ones, and the
-        list is completed with the entries looked up."""
-        cache, limit = self._cache, self._cache_size
+        estimates with their margin before. Nothing counted."""
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
         sizes: list = []
         missing: list = []
-        held = len(entries) if entries is not None else 0
-        for at, message in enumerate(messages, offset):
+        for message in messages:
             if not isinstance(message, dict):
                 sizes.append(0)
-                if entries is not None and at >= held:
-                    entries.append(None)
                 continue
-            entry = entries[at] if at < held else None
-            if entry is None:
-                key = _cache_key(message, encoding)
-                entry = cache.get(key)
-                if entry is None:
-                    entry = cache[key] = [None, None]
-                    if len(cache) > limit:
-                        cache.popitem(last=False)
-                else:
-                    cache.move_to_end(key)
-                if entries is not None:
-                    if at < held:
-                        entries[at] = entry
-                    else:
-                        entries.append(entry)
+            entry = self._entry(message, encoding)
             value = entry[slot]
             if value is None:
                 sizes.append(None)
@@ -2364,12 +2054,16 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
     """How many tokens a request of ``messages`` is: ``fixed`` (see
     ``request_fixed_tokens``) plus each message's size under the policy
     above. Never tokenizes; estimates messages never seen before."""
-    sizes, missing = counter.cached_sizes(messages, encoding)
-    for i, entry in zip([i for i, size in enumerate(sizes) if size is None], missing):
-        if entry[0] is None:
-            entry[0] = counter._count_message(messages[i], encoding, False)
-        sizes[i] = _with_margin(entry[0])
-    return fixed + sum(sizes)
+    sizes, _ = counter.cached_sizes(messages, encoding)
+    return fixed + sum(counter.estimated_size(m, encoding) if n is None else n for m, n in zip(messages, sizes))
+
+
+def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
+    """What every request of a chat sends besides its conversation: tool
+    schemas and framing (``fixed``) and the system prompts, never this
+    filter's own summary message, which the planner counts by itself."""
+    systems = [m for m in system_messages(messages) if not is_summary_message(m)]
+    return count_request(counter, systems, encoding, fixed)
 
 
 async def fit_request(
@@ -2379,21 +2073,19 @@ async def fit_request(
     prefix: int,
     fixed: int,
     encoding: str,
-    entries: Optional[list] = None,
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
     ``prefix`` messages while it can), counted under the policy above; the
     report's ``tokens_after`` equals ``count_request`` of the list returned.
     Holds the event loop only for slices of cache look-ups: counting and
-    fitting a long list happen in a worker thread. ``entries``: see
-    ``TokenCounter.cached_sizes`` (completed for ``messages``)."""
+    fitting a long list happen in a worker thread."""
     exact = counter.is_exact(encoding)
     sizes: list = []
     missing: list = []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
         if at:
             await asyncio.sleep(0)  # other requests run between slices
-        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding, entries, at)
+        part_sizes, part_missing = counter.cached_sizes(messages[at : at + ON_LOOP_MESSAGES], encoding)
         sizes += part_sizes
         missing += part_missing
     if missing:
@@ -2913,13 +2605,47 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
-# Reason keys of StoreUnavailable (the status line and the log name them).
-STORE_DENIED = "store_denied"  # the role may not create or use the tables
-STORE_DOWN = "store_down"  # connection refused, closed, or the server restarting
-STORE_BUSY = "store_busy"  # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
-STORE_ERROR = "store_error"  # any other database error
-STORE_ABSENT = "store_absent"  # no database here at all (Open WebUI or SQLAlchemy missing)
 STORE_FIX = "set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE"
+
+
+class Fault(Enum):
+    """Why summaries failed, in one vocabulary for the store, the summarizer,
+    the status line and the log: each member carries its short log text, the
+    status-text key that says it (layer 7; "": nothing worth telling the
+    user) and, for the store, the log line that explains it."""
+
+    TIMEOUT = ("timeout", "r_timeout", "")
+    MODEL_ERROR = ("model error", "r_model_error", "")
+    EMPTY = ("empty answer", "r_empty", "")
+    REASONING_ONLY = ("reasoning-only answer", "r_reasoning_only", "")
+    DIRECT = ("direct connection", "r_direct", "")
+    UNREADABLE = ("unreadable answer", "r_unreadable", "")
+    NO_SUMMARIZER = ("no summarizer", "r_no_summarizer", "")
+    INTERNAL = ("internal error", "r_internal", "")
+    # the role may not create or use the tables
+    STORE_DENIED = (
+        "store_denied",
+        "r_store_denied",
+        "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
+    )
+    # connection refused, closed, or the server restarting
+    STORE_DOWN = (
+        "store_down",
+        "r_store_down",
+        "the database is unreachable ({detail}); summaries resume once it answers again",
+    )
+    # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
+    STORE_BUSY = (
+        "store_busy",
+        "r_store_busy",
+        "the database stayed locked or busy after retries ({detail}); retried on later turns",
+    )
+    STORE_ERROR = ("store_error", "r_store_down", "database error ({detail})")  # any other database error
+    # no database here at all (Open WebUI or SQLAlchemy missing): nothing to tell the user
+    STORE_ABSENT = ("store_absent", "", "no database ({detail})")
+
+    def __init__(self, text: str, key: str, explained: str):
+        self.text, self.key, self.explained = text, key, explained or "{detail}"
 
 
 @dataclass
@@ -2938,12 +2664,12 @@ class SummaryRecord:
 
 
 class StoreUnavailable(RuntimeError):
-    """The summary store cannot be used now; ``reason`` is one of the
-    STORE_* keys above."""
+    """The summary store cannot be used now; ``fault`` is one of the STORE_*
+    members of Fault."""
 
-    def __init__(self, message: str = "", reason: str = STORE_ERROR):
-        super().__init__(message or reason)
-        self.reason = reason
+    def __init__(self, message: str = "", fault: Fault = Fault.STORE_ERROR):
+        super().__init__(message or fault.text)
+        self.fault = fault
 
 
 _TABLES: dict = {}  # schema (None: the connection's default) -> tables
@@ -3050,35 +2776,35 @@ def _error_chain(exc: BaseException) -> list:
 
 
 def classify_store_error(exc: BaseException) -> Optional[str]:
-    """The STORE_* reason of a database error; None when ``exc`` is not one
+    """The STORE_* Fault of a database error; None when ``exc`` is not one
     (a bug, which is raised as it is)."""
     chain = _error_chain(exc)
     for e in chain:
         code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if isinstance(code, str) and code:
             if code in _PG_DENIED:
-                return STORE_DENIED
+                return Fault.STORE_DENIED
             if code in _PG_BUSY:
-                return STORE_BUSY
+                return Fault.STORE_BUSY
             if code.startswith(_PG_DOWN):
-                return STORE_DOWN
+                return Fault.STORE_DOWN
     text = " ".join(str(e).lower() for e in chain)
     if any(t in text for t in _DENIED_TEXT):
-        return STORE_DENIED
+        return Fault.STORE_DENIED
     if any(t in text for t in _BUSY_TEXT) or "queuepool limit" in text:
-        return STORE_BUSY
+        return Fault.STORE_BUSY
     if any(getattr(e, "connection_invalidated", False) for e in chain) or any(t in text for t in _DOWN_TEXT):
-        return STORE_DOWN
+        return Fault.STORE_DOWN
     if any(isinstance(e, (ConnectionError, OSError)) for e in chain):
-        return STORE_DOWN
+        return Fault.STORE_DOWN
     try:
         import sqlalchemy.exc
     except ImportError:
         return None
     if any(isinstance(e, sqlalchemy.exc.SQLAlchemyError) for e in chain):
-        return STORE_ERROR
+        return Fault.STORE_ERROR
     if any(type(e).__module__.split(".")[0] in ("psycopg", "psycopg2", "sqlite3", "aiosqlite") for e in chain):
-        return STORE_ERROR
+        return Fault.STORE_ERROR
     return None
 
 
@@ -3087,19 +2813,6 @@ def _missing_table(exc: BaseException) -> bool:
         if getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower():
             return True
     return False
-
-
-def _is_transient_db_error(exc: Exception) -> bool:
-    return classify_store_error(exc) == STORE_BUSY
-
-
-_STORE_FAULT_TEXT = {
-    STORE_DENIED: "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
-    STORE_DOWN: "the database is unreachable ({detail}); summaries resume once it answers again",
-    STORE_BUSY: "the database stayed locked or busy after retries ({detail}); retried on later turns",
-    STORE_ERROR: "database error ({detail})",
-    STORE_ABSENT: "no database ({detail})",
-}
 
 
 class LeaseHold:
@@ -3151,7 +2864,7 @@ class _Holding:
                 # after back_off the row is no longer ours: nothing is deleted
                 await self.store.release(self.hold.scope, self.hold.holder)
             except StoreUnavailable as exc:
-                log.debug("lease not released (%s); it expires within %.0fs", exc.reason, self.ttl)
+                log.debug("lease not released (%s); it expires within %.0fs", exc.fault.text, self.ttl)
 
 
 class SummaryStore:
@@ -3173,7 +2886,7 @@ class SummaryStore:
         self._schema_retry_at = 0.0
         self._schema_fault: Optional[StoreUnavailable] = None
         self._t: dict = {}
-        self.fault: Optional[str] = None
+        self.fault: Optional[Fault] = None
         self.fault_detail = ""
         self._logged: Optional[str] = None
 
@@ -3186,16 +2899,13 @@ class SummaryStore:
         return schema or None
 
     # -- faults ------------------------------------------------------------
-    def _failed(self, reason: str, exc: BaseException) -> StoreUnavailable:
+    def _failed(self, fault: Fault, exc: BaseException) -> StoreUnavailable:
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
-        self.fault, self.fault_detail = reason, detail
-        if self._logged != reason:
-            self._logged = reason
-            log.warning(
-                "async_context_compression: summary store failing: %s",
-                _STORE_FAULT_TEXT.get(reason, "{detail}").format(detail=detail),
-            )
-        return StoreUnavailable(f"{reason}: {detail}", reason)
+        self.fault, self.fault_detail = fault, detail
+        if self._logged != fault:
+            self._logged = fault
+            log.warning("async_context_compression: summary store failing: %s", fault.explained.format(detail=detail))
+        return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
     def _worked(self) -> None:
         if self._logged is not None:
@@ -3206,24 +2916,24 @@ class SummaryStore:
     async def _engine(self) -> Any:
         engine = self._engine_getter()
         if engine is None:
-            raise StoreUnavailable("no database (Open WebUI is not installed here)", STORE_ABSENT)
+            raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
         try:
             _tables()
         except ImportError as exc:
-            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", STORE_ABSENT)
+            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", Fault.STORE_ABSENT)
         if self._ready_for is not engine:
             if self._schema_lock is None:
                 self._schema_lock = asyncio.Lock()
             async with self._schema_lock:
                 if self._ready_for is not engine:
                     if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
-                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.reason)
+                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.fault)
                     schema = self.schema_for(engine)
                     try:
                         await self._create_schema(engine, schema)
                     except StoreUnavailable as exc:
                         self._schema_fault = exc
-                        wait = DENIED_RETRY if exc.reason == STORE_DENIED else 0.0
+                        wait = DENIED_RETRY if exc.fault == Fault.STORE_DENIED else 0.0
                         self._schema_retry_at = time.monotonic() + wait
                         raise
                     self._schema_fault = None
@@ -3244,7 +2954,7 @@ class SummaryStore:
                     raise
                 # a denied CREATE stays denied; a race with another worker
                 # creating the same tables (duplicate, locked) is tried again
-                if reason == STORE_DENIED or attempt == 4 or (reason == STORE_DOWN and attempt >= 1):
+                if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt >= 1):
                     raise self._failed(reason, exc) from exc
                 log.debug("schema creation retry: %s", exc)
                 await asyncio.sleep(0.05 * (attempt + 1))
@@ -3273,16 +2983,16 @@ class SummaryStore:
                 reason = classify_store_error(exc)
                 if reason is None:
                     raise
-                if reason == STORE_ERROR and _missing_table(exc) and not recreated:
+                if reason == Fault.STORE_ERROR and _missing_table(exc) and not recreated:
                     recreated = 1  # dropped since we made them (or another schema): make them again
                     self._ready_for = None
                     engine = await self._engine()
                     continue
-                if reason == STORE_BUSY and busy < BUSY_RETRIES:
+                if reason == Fault.STORE_BUSY and busy < BUSY_RETRIES:
                     busy += 1
                     await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))
                     continue
-                if reason == STORE_DOWN and reconnects < 1:
+                if reason == Fault.STORE_DOWN and reconnects < 1:
                     reconnects += 1
                     continue
                 raise self._failed(reason, exc) from exc
@@ -3433,18 +3143,6 @@ class SummaryStore:
 
         return await self._run(op)
 
-    async def lease(self, scope: str) -> Optional[dict]:
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                row = (await conn.execute(sa.select(t).where(t.c.scope == scope))).mappings().first()
-                return dict(row) if row else None
-
-        return await self._run(op)
-
 
 def choose_summary(
     records: Iterable[SummaryRecord], digests: list, allow_full: bool = False
@@ -3489,31 +3187,25 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-# The balanced instructions, for token budgets that need the prompt's size.
-SUMMARIZER_PROMPT = _SUMMARY_FRAME.replace("{instructions}", _SUMMARY_STYLES["balanced"])
-
 _IMAGE_MARK = "[image]"
 _AUDIO_MARK = "[audio]"
 _FILE_MARK = "[file]"
 
 
 class SummaryError(RuntimeError):
-    """A summary could not be made; ``reason`` is short and user-facing,
-    ``kind`` a stable code ("empty", "reasoning_only", "model_error",
-    "unreadable", or the reason itself)."""
+    """A summary could not be made, for ``fault``."""
 
-    def __init__(self, reason: str, detail: str = "", kind: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.kind = kind or reason
+    def __init__(self, fault: Fault, detail: str = ""):
+        super().__init__(f"{fault.text}: {detail}" if detail else fault.text)
+        self.fault = fault
 
 
 def _empty_answer() -> SummaryError:
-    return SummaryError("empty answer", kind="empty")
+    return SummaryError(Fault.EMPTY)
 
 
 def _reasoning_only_answer() -> SummaryError:
-    return SummaryError("reasoning-only answer", "the model answered with its reasoning only", kind="reasoning_only")
+    return SummaryError(Fault.REASONING_ONLY, "the model answered with its reasoning only")
 
 
 def _part_marker(part: Any) -> Optional[str]:
@@ -3788,7 +3480,6 @@ def summary_round_budget(
 
 # -- the answer ------------------------------------------------------------------
 
-_SUMMARY_WRAPPER_RE = re.compile(r"</?\s*conversation_summary[^>]*>", re.IGNORECASE)
 _UNCLOSED_REASONING_RE = re.compile(r"^\s*<(think|thinking|reasoning)>.*", re.DOTALL | re.IGNORECASE)
 _REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
 
@@ -3802,27 +3493,16 @@ def clean_summary_answer(text: Any) -> str:
     SummaryError (kind "empty" or "reasoning_only") when nothing is left."""
     if not isinstance(text, str):
         raise _empty_answer()
-    cleaned = _SUMMARY_WRAPPER_RE.sub("", _strip_reasoning(text)).strip()
+    cleaned = _SUMMARY_TAG_RE.sub("", _strip_reasoning(text)).strip()
     if not cleaned:
         raise _reasoning_only_answer() if text.strip() else _empty_answer()
     return cleaned
 
 
 def _content_text(content: Any) -> str:
-    """Text of a message's ``content``: a string, or a list of parts
-    (text / output_text parts; reasoning parts left out)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and part.get("type") in (None, "text", "output_text"):
-                if isinstance(part.get("text"), str):
-                    texts.append(part["text"])
-        return "".join(texts)
-    return ""
+    """``_output_text`` of an answer, without its reasoning parts: only
+    text / output_text parts count."""
+    return "".join(_texts(content, (None, "text", "output_text")))
 
 
 def _has_reasoning(holder: Any) -> bool:
@@ -3871,15 +3551,15 @@ def _responses_output(output: Any) -> tuple[str, bool]:
 def _payload_text(response: dict) -> str:
     """Text of a parsed, non-streamed answer: chat completions or Responses."""
     if response.get("error"):
-        raise SummaryError("model error", _error_detail(response["error"]), kind="model_error")
+        raise SummaryError(Fault.MODEL_ERROR, _error_detail(response["error"]))
     if "choices" in response:
         try:
             choice = response["choices"][0]
             message = choice.get("message") or choice.get("delta") or {}
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+            raise SummaryError(Fault.UNREADABLE, str(response)[:300])
         if not isinstance(message, dict):
-            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+            raise SummaryError(Fault.UNREADABLE, str(response)[:300])
         text = _content_text(message.get("content"))
         if not text and isinstance(choice.get("text"), str):
             text = choice["text"]  # legacy completions
@@ -3888,14 +3568,14 @@ def _payload_text(response: dict) -> str:
         return _answer(response["output_text"], False)
     if "output" in response:
         if response.get("status") == "failed":
-            raise SummaryError("model error", _error_detail(response.get("error") or "failed"), kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
         return _answer(*_responses_output(response["output"]))
     if isinstance(response.get("message"), dict):  # Ollama's native answer
         message = response["message"]
         return _answer(_content_text(message.get("content")), _has_reasoning(message))
     if isinstance(response.get("detail"), str):
-        raise SummaryError("model error", response["detail"][:300], kind="model_error")
-    raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+        raise SummaryError(Fault.MODEL_ERROR, response["detail"][:300])
+    raise SummaryError(Fault.UNREADABLE, str(response)[:300])
 
 
 def completion_text(response: Any) -> str:
@@ -3917,7 +3597,7 @@ def completion_text(response: Any) -> str:
             detail = str(response)[:300]
             if isinstance(response, dict):
                 detail = _error_detail(response.get("error") or response.get("detail") or response)
-            raise SummaryError("model error", f"HTTP {status}: {detail}", kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {detail}")
     if isinstance(response, (bytes, bytearray)):
         response = response.decode("utf-8", "replace")
     if isinstance(response, str):
@@ -3931,7 +3611,7 @@ def completion_text(response: Any) -> str:
             return _sse_text(response)
         return _answer(response, False)  # a pipe's plain text
     if not isinstance(response, dict):
-        raise SummaryError("unreadable answer", type(response).__name__, kind="unreadable")
+        raise SummaryError(Fault.UNREADABLE, type(response).__name__)
     return _payload_text(response)
 
 
@@ -3957,7 +3637,7 @@ def _sse_text(stream: str) -> str:
         kind = event.get("type")
         if event.get("error") or kind in ("error", "response.failed"):
             error = event.get("error") or (event.get("response") or {}).get("error") or event.get("message")
-            raise SummaryError("model error", _error_detail(error), kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, _error_detail(error))
         if isinstance(kind, str) and kind.startswith("response."):
             if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
                 deltas.append(event["delta"])
@@ -3992,14 +3672,13 @@ async def response_text(response: Any) -> str:
         status = getattr(response, "status_code", None)
         body = "".join(chunks)
         if isinstance(status, int) and status >= 400:
-            raise SummaryError("model error", f"HTTP {status}: {body[:300]}", kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {body[:300]}")
         return completion_text(body)
     return completion_text(response)
 
 
 # Keys of the summary call the filter sets itself: admin parameters never
 # replace them (the same set the settings layer refuses in the valve).
-_PROTECTED_FORM_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
 
 
 def summary_form(
@@ -4014,7 +3693,7 @@ def summary_form(
     form: dict = {}
     if isinstance(params, dict):
         for key, value in params.items():
-            if isinstance(key, str) and key not in _PROTECTED_FORM_KEYS and value is not None:
+            if isinstance(key, str) and key not in _OWN_CALL_KEYS and value is not None:
                 form[key] = deepcopy(value)
     form.update(
         model=model,
@@ -4042,27 +3721,27 @@ async def owui_complete(
         from open_webui.models.users import Users  # type: ignore
         from open_webui.utils.chat import generate_chat_completion  # type: ignore
     except Exception:
-        raise SummaryError("no summarizer", "Open WebUI is not installed here")
+        raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
     if request is None:
-        raise SummaryError("no summarizer", "no request context")
+        raise SummaryError(Fault.NO_SUMMARIZER, "no request context")
     state = getattr(request, "state", None)
     direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
     if isinstance(direct_model, dict) and direct_model.get("id") == model:
         raise SummaryError(
-            "direct connection",
+            Fault.DIRECT,
             "a browser-side model cannot be called in the background; set summary_model to a server model",
         )
     account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
     if account is None:
-        raise SummaryError("no summarizer", "user not found")
+        raise SummaryError(Fault.NO_SUMMARIZER, "user not found")
     form = summary_form(model, messages, max_tokens, temperature, params)
     try:
         response = await generate_chat_completion(request, form, account, bypass_filter=True)
     except Exception as exc:
         text = str(exc)
         if "direct connection" in text.lower() or "websocket" in text.lower():
-            raise SummaryError("direct connection", text[:300])
-        raise SummaryError("model error", text[:300], kind="model_error")
+            raise SummaryError(Fault.DIRECT, text[:300])
+        raise SummaryError(Fault.MODEL_ERROR, text[:300])
     return await response_text(response)
 
 
@@ -4497,17 +4176,6 @@ MESSAGE_NOUNS: dict = {
     "ko": ("메시지 {n}개",),
 }
 
-# Why a summary failed (SummaryError.reason) -> the text that says it.
-_REASON_KEYS = {
-    "timeout": "r_timeout",
-    "model error": "r_model_error",
-    "empty answer": "r_empty",
-    "reasoning-only answer": "r_reasoning_only",
-    "direct connection": "r_direct",
-    "unreadable answer": "r_unreadable",
-    "no summarizer": "r_no_summarizer",
-}
-
 
 def user_language(metadata: Any, user: Any = None) -> str:
     candidates = []
@@ -4558,28 +4226,6 @@ def messages_phrase(language: str, n: int) -> str:
     return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
 
 
-# Keys of the status line before the texts were redesigned, still accepted
-# (with their old value names) until every caller uses the new keys.
-def _legacy_parts(key: str, values: dict) -> Optional[list]:
-    values = dict(values)
-    if "budget" in values:
-        values["cap"] = values.pop("budget")
-    if "count" in values:
-        values["messages"] = values.pop("count")
-    sent = ("sent", {"used": values.get("used", 0), "cap": values.get("cap", 0)})
-    if key == "usage":
-        return [sent]
-    if key == "usage_summary":
-        return [sent, ("in_summary", {"messages": values.get("covered", 0)})]
-    if key == "trimmed":
-        return [sent, ("left_out", {"messages": values.get("dropped", 0)})]
-    if key == "over":
-        return [sent, ("over_cap", {})]
-    if key in ("summarizing", "summary_done") and "messages" in values:
-        return [(key, {"messages": values["messages"]})]
-    return None
-
-
 class _Missing(dict):
     def __missing__(self, key):
         return "?"
@@ -4590,11 +4236,8 @@ def status_text(language: str, key: str, **values: Any) -> str:
     Never raises. ``messages`` is a count shown with its noun; ``used`` and
     ``cap`` are token counts shown as 12k (except in settings Notes, which
     quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
-    ``reason`` naming a SummaryError reason, is shown translated."""
+    ``reason`` that is a Fault or its key, is shown translated."""
     try:
-        parts = _legacy_parts(key, values)
-        if parts is not None:
-            return " · ".join(_render(language, k, v) for k, v in parts)
         return _render(language, key, values)
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
@@ -4617,9 +4260,9 @@ def _render(language: str, key: str, values: dict) -> str:
             value = messages_phrase(language, value)
         elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
             value = format_tokens(value)
-        elif name == "reason" and isinstance(value, str) and _REASON_KEYS.get(value, value).startswith("r_"):
-            reason = _REASON_KEYS.get(value, value)
-            value = table.get(reason) or english.get(reason, value)
+        elif name == "reason" and isinstance(value, (Fault, str)):
+            reason = value.key if isinstance(value, Fault) else value
+            value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
         shown[name] = value
     try:
         return template.format_map(_Missing(shown))
@@ -4627,30 +4270,12 @@ def _render(language: str, key: str, values: dict) -> str:
         return english.get(key, key).format_map(_Missing(shown))
 
 
-# ---------------------------------------------------------------------------
-# 8. Background summaries: plan, lease, fold in rounds, save, back off
-# ---------------------------------------------------------------------------
-# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
-# once. The summarizer decides whether the next request would be over the
-# trigger, takes the chat's lease (one worker per chat, across workers and
-# replicas), folds older messages into the summary in as many rounds as the
-# summary model's window needs, saves each round, and backs off after
-# failures. Every count here is in canonical coordinates (layer 2).
-
-STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
-MAX_BACKGROUND_TASKS = 64
-HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
-BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
-_MAX_ROUNDS = 8
-PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
-
-
 @dataclass(frozen=True)
 class SentOutcome:
     """What one request sent, as its status line states it: tokens against
     the cap, messages the summary stands for, messages left out to fit,
-    whether it is still over the cap or was repaired, and the fault (a
-    status-text reason key) that kept summaries away, if any."""
+    whether it is still over the cap or was repaired, and the fault that kept
+    summaries away, if any."""
 
     used: int
     cap: int
@@ -4658,7 +4283,7 @@ class SentOutcome:
     left_out: int = 0
     over_cap: bool = False
     repaired: bool = False
-    fault: str = ""
+    fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
@@ -4691,7 +4316,7 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
         parts.append(status_text(language, "over_cap"))
     if sent.repaired:
         parts.append(status_text(language, "repaired"))
-    if sent.fault:
+    if sent.fault and sent.fault.key:
         parts.append(status_text(language, "summaries_down", reason=sent.fault))
     if sent.notes:
         reasons = "; ".join(note.text(language) if isinstance(note, Note) else str(note) for note in sent.notes)
@@ -4699,83 +4324,55 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
     return " · ".join(parts)
 
 
-_FAULT_KEYS = {
-    "timeout": "r_timeout",
-    "model error": "r_model_error",
-    "model_error": "r_model_error",
-    "empty": "r_empty",
-    "empty answer": "r_empty",
-    "reasoning_only": "r_reasoning_only",
-    "reasoning-only answer": "r_reasoning_only",
-    "direct": "r_direct",
-    "direct connection": "r_direct",
-    "unreadable": "r_unreadable",
-    "unreadable answer": "r_unreadable",
-    "no summarizer": "r_no_summarizer",
-    "no_summarizer": "r_no_summarizer",
-    "store_down": "r_store_down",
-    "store_denied": "r_store_denied",
-    "store_busy": "r_store_busy",
-    "store_error": "r_store_down",
-    "store_absent": "",  # no database here at all (outside Open WebUI): nothing to report
-}
+async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
+    if emitter is None:
+        return
+    try:
+        await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
+    except Exception as exc:  # a closed socket must not break the request
+        log.debug("status event not delivered: %s", exc)
 
 
-def fault_key(reason: Any) -> str:
-    """The status-text key of a failure reason (SummaryError or store)."""
-    text = str(reason or "")
-    return text if text.startswith("r_") else _FAULT_KEYS.get(text, "r_internal")
+# ---------------------------------------------------------------------------
+# 8. Background summaries: plan, lease, fold in rounds, save, back off
+# ---------------------------------------------------------------------------
+# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
+# once. The summarizer decides whether the next request would be over the
+# trigger, takes the chat's lease (one worker per chat, across workers and
+# replicas), folds older messages into the summary in as many rounds as the
+# summary model's window needs, saves each round, and backs off after
+# failures. Every count here is in canonical coordinates (layer 2).
+
+STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
+MAX_BACKGROUND_TASKS = 64
+HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
+BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
+_MAX_ROUNDS = 8
+PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 
 
-class StatusMemory:
-    """Per-chat memory of the status line, bounded: what inlet did, for the
-    request hook to complete; the last request's outcome, which background
-    lines repeat so the figure never disappears; the fault last shown, so a
-    fault is said once, and again when it changes."""
+@dataclass
+class ChatState:
+    """What this worker remembers of one conversation between its requests:
+    what every request carries besides the conversation (tool schemas,
+    system prompts), the reason key of the last failure to summarize it,
+    inlet's outcome for the request hook to complete, the last outcome sent
+    (background lines repeat its figure) and the fault and notes last shown
+    (each is said once, and again when it changes)."""
 
-    def __init__(self, limit: int = PER_CHAT_MEMORY):
-        self.inlet_outcome = _BoundedDict(limit)
-        self.last_sent = _BoundedDict(limit)
-        self.shown_fault = _BoundedDict(limit)
-        self.shown_notes = _BoundedDict(limit)
+    overhead: int = TOKENS_PER_REQUEST
+    last_fault: Optional[Fault] = None
+    inlet_sent: Optional[SentOutcome] = None
+    last_sent: Optional[SentOutcome] = None
+    shown_fault: Optional[Fault] = None
+    shown_notes: tuple = ()
 
-    def fault_to_show(self, key: str, fault: str) -> str:
-        return self._once(self.shown_fault, key, fault) or ""
-
-    def notes_to_show(self, key: str, notes: tuple) -> tuple:
-        return tuple(notes) if self._once(self.shown_notes, key, tuple(str(n) for n in notes)) else ()
-
-    @staticmethod
-    def _once(shown: _BoundedDict, key: str, value: Any) -> Any:
-        """``value`` the first time, and again after it changed; else None."""
-        if not value:
-            shown.pop(key, None)
-            return None
-        if shown.get(key) == value:
-            return None
-        shown[key] = value
-        return value
-
-
-def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
-    so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. The version is the one Open WebUI loaded, else the installed
-    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
-    if not _OWUI_VERSION:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-        try:
-            if not isinstance(version, str):
-                from importlib.metadata import version as installed
-
-                version = installed("open-webui")
-            _OWUI_VERSION.append(tuple(int(p) for p in re.findall(r"\d+", version)[:3]))
-        except Exception:
-            _OWUI_VERSION.append(())
-    return bool(_OWUI_VERSION[0]) and _OWUI_VERSION[0] >= (0, 11, 2)
-
-
-_OWUI_VERSION: list = []
+    def to_show(self, sent: SentOutcome, notes: tuple) -> SentOutcome:
+        """``sent`` with only the fault and notes not said yet."""
+        fault = sent.fault if sent.fault and sent.fault.key else self.last_fault  # STORE_ABSENT: not worth a word
+        fault_new, notes_new = fault != self.shown_fault, tuple(map(str, notes)) != self.shown_notes
+        self.shown_fault, self.shown_notes = fault, tuple(map(str, notes))
+        return replace(sent, fault=fault if fault_new else None, notes=tuple(notes) if notes_new else ())
 
 
 @dataclass
@@ -4793,10 +4390,23 @@ class RequestContext:
     emitter: Optional[Callable] = None
     request: Any = None
 
-    def chat_key(self, anchor: str = "") -> str:
-        """Key of this chat in leases, locks and the per-chat tables: the chat
-        id, or for API calls (no chat id) the conversation's anchor."""
-        return f"{self.user_id}:{self.chat_id or 'api:' + anchor}"[:255]
+    anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
+
+    def chat_key(self) -> str:
+        """Key of this conversation in leases, locks, the repair memo and the
+        per-chat state: the chat id, or for API calls (no chat id) the
+        conversation's anchor, so that one user's API conversations share nothing."""
+        return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
+
+
+def opening_anchor(messages: Messages) -> str:
+    """The anchor of a conversation as it came: its first two non-system
+    messages. A malformed opening (repair will drop it) gives ""."""
+    try:
+        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
+        return conversation_anchor([canonical_digest(m) for m in opening])
+    except Exception:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -4829,14 +4439,6 @@ class FoldPlan:
     next_request: int
 
 
-def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
-    """What every request of a chat sends besides its conversation: tool
-    schemas and framing (``fixed``) and the system prompts, never this
-    filter's own summary message, which the planner counts by itself."""
-    systems = system_messages(messages)
-    return fixed + sum(counter.message_tokens(m, encoding, exact=False) for m in systems if not is_summary_message(m))
-
-
 class _LeaseLost(Exception):
     """The chat's lease was taken over while summarizing (after an outage
     longer than its TTL): stop without saving."""
@@ -4854,26 +4456,48 @@ class BackgroundSummarizer:
         self.worker = uuid.uuid4().hex[:12]
         self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
         self.tasks: set = set()
-        # chat key -> request_overhead_tokens() of its latest request
-        self.request_overhead = _BoundedDict(PER_CHAT_MEMORY)
-        # chat key -> reason key of this worker's last failure to summarize it
-        self.health = _BoundedDict(PER_CHAT_MEMORY)
-        self.status = StatusMemory()
+        self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
+
+    def chat(self, ctx: RequestContext) -> ChatState:
+        """The conversation's state, created on first use."""
+        state = self.chats.get(ctx.chat_key())
+        if state is None:
+            state = self.chats[ctx.chat_key()] = ChatState()
+        return state
+
+    def note_overhead(self, ctx: RequestContext, tokens: int) -> None:
+        self.chat(ctx).overhead = tokens
+
+    def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
+        """Remembers what a request sent; returns it as its status line should
+        state it (the request hook's completed with inlet's, fault and notes
+        only when new), or None when no line is due."""
+        state = self.chat(ctx)
+        if not inlet:
+            sent = sent.after(state.inlet_sent)
+        elif not final:
+            state.inlet_sent = sent
+            return None
+        state.last_sent = sent
+        if not ctx.settings.show_status:
+            return None  # nothing said, nothing remembered as said
+        return state.to_show(sent, ctx.settings.warnings)
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
         if not ctx.settings.show_status:
             return
         text = status_text(ctx.language, key, **values)
-        sent = self.status.last_sent.get(ctx.chat_key())
+        sent = self.chat(ctx).last_sent
         if sent is not None and usage_shown(ctx.settings, sent.used):
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
 
     # -- the next request, counted one way --------------------------------
-    def count(self, messages: Messages, encoding: str) -> int:
-        """Tokens of these messages under the one token policy (layer 3)."""
-        return count_request(self.counter, messages, encoding, 0)
+    def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
+        """Tokens of a request of ``conversation`` plus what the chat's
+        requests carry besides it, under the one token policy (layer 3)."""
+        return count_request(self.counter, conversation, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
@@ -4882,15 +4506,14 @@ class BackgroundSummarizer:
         plus what the chat's requests carry besides the conversation."""
         canon = branch.messages
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return self.count(kept, ctx.settings.encoding) + self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
+        return self._request_tokens(ctx, kept)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """A cheap estimate, so that chats far below the trigger cost no
-        database read and no digests."""
-        s = ctx.settings
-        estimate = self.counter.messages_tokens(canon, s.encoding, exact=False)
-        overhead = self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
-        return estimate + overhead > s.trigger_tokens * (1 - ESTIMATE_MARGIN)
+        """Whether the next request would be over the trigger without any
+        summary: an upper bound of ``plan``'s count (a summary only makes it
+        smaller), so chats below the trigger cost no database read and no
+        digests. Never tokenizes."""
+        return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
     def start(self, ctx: RequestContext, branch: Branch) -> None:
@@ -4913,7 +4536,7 @@ class BackgroundSummarizer:
             await asyncio.wait(list(self.tasks), timeout=timeout)
 
     async def _run(self, ctx: RequestContext, branch: Branch) -> None:
-        key = ctx.chat_key(branch.anchor)
+        key = ctx.chat_key()
         lock = self.locks.get(key)
         if lock is None:
             lock = self.locks[key] = asyncio.Lock()
@@ -4930,7 +4553,7 @@ class BackgroundSummarizer:
                     return
                 await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:
-                self.health[ctx.chat_key()] = fault_key(getattr(exc, "reason", "store_down"))
+                self.chat(ctx).last_fault = exc.fault
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
@@ -4952,20 +4575,20 @@ class BackgroundSummarizer:
                 return
             await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
             record = await self._fold(ctx, branch, plan, lease)
-            self.health.pop(ctx.chat_key(), None)
+            self.chat(ctx).last_fault = None
             await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
         except _LeaseLost:
             log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
         except SummaryError as exc:
-            self.health[ctx.chat_key()] = fault_key(exc.reason)
-            delay = await self.store.back_off(key, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
+            self.chat(ctx).last_fault = exc.fault
+            delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
             log.warning(
                 "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
                 ctx.chat_id or "api",
                 exc,
                 delay,
             )
-            await self._say(ctx, "summary_failed", done=True, reason=fault_key(exc.reason), retry=f"{delay:.0f}s")
+            await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
         """A fold when the next request would be over the trigger and enough
@@ -4977,7 +4600,7 @@ class BackgroundSummarizer:
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens:
-            self.health.pop(ctx.chat_key(), None)  # the store answered and nothing is owed
+            self.chat(ctx).last_fault = None  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
@@ -5050,7 +4673,7 @@ class BackgroundSummarizer:
             )
             await self.store.save(record)
         if record is None:
-            raise SummaryError("nothing to fold")
+            raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
 
     async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
@@ -5070,11 +4693,11 @@ class BackgroundSummarizer:
                 timeout=s.summary_timeout,
             )
         except TimeoutError:
-            raise SummaryError("timeout", f"no answer within {s.summary_timeout:.0f}s")
+            raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
         except SummaryError:
             raise
         except Exception as exc:
-            raise SummaryError("model error", str(exc)[:300])
+            raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
         return clean_summary_answer(answer)
 
     def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
@@ -5096,6 +4719,93 @@ class BackgroundSummarizer:
         # old boundary) contributes its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
         return plan_rounds(blocks, budget, count, stops)
+
+
+# -- What the running Open WebUI offers (read once per process) ----------------
+
+
+def request_hook_follows() -> bool:
+    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
+    so that inlet's line is not the definitive one: tools and RAG are added
+    after inlet. The version is the one Open WebUI loaded, else the installed
+    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
+    if not _OWUI_VERSION:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+        if not isinstance(version, str):
+            try:
+                from importlib.metadata import version as installed
+
+                version = installed("open-webui")
+            except Exception:
+                version = None
+        _OWUI_VERSION.append(owui_version(version))
+    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
+
+
+_OWUI_VERSION: list = []
+
+
+def owui_version(version: Any) -> tuple:
+    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    return tuple(int(part or 0) for part in match.groups()) if match else ()
+
+
+def open_webui_limits(version: Any = None) -> list:
+    """What the running Open WebUI lacks that this filter would use, as log
+    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
+    when Open WebUI has loaded it (never imported here: importing it has side
+    effects outside a server); unknown or unreadable: nothing is claimed."""
+    if version is None:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    have = owui_version(version)
+    if not have:
+        return []
+    limits = []
+    if have < (0, 9, 0):
+        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
+    if have < (0, 10, 0):
+        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
+    if have < (0, 11, 2):
+        limits.append(
+            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
+        )
+    return [f"Open WebUI {version}: {limit}" for limit in limits]
+
+
+def _log_open_webui_limits() -> None:
+    for limit in open_webui_limits():
+        if limit not in _WARNED:
+            _WARNED[limit] = True
+            log.warning("async_context_compression: %s", limit)
+
+
+_OWUI_CONFIG: list = []
+
+
+async def _builtin_compaction_enabled() -> bool:
+    """Whether Open WebUI 0.12's own (blocking) compaction is switched on;
+    then summarizing here as well would summarize its summaries again."""
+    if not _OWUI_CONFIG:
+        try:
+            from open_webui.models.config import Config  # type: ignore
+        except (Exception, SystemExit):  # looked up once: a failed import is slow
+            Config = None
+        _OWUI_CONFIG.append(Config)
+    if _OWUI_CONFIG[0] is None:
+        return False
+    try:
+        return bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+    except Exception:
+        return False
+
+
+_WARNED = _LOGGED_NOTES  # the benchmark reports its size
+
+
+def _warn_once(warnings: Iterable[Note]) -> None:
+    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
 
 
 # ---------------------------------------------------------------------------
@@ -5199,8 +4909,6 @@ class Filter:
     def __init__(self):
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
-        self.status = self.summaries.status
-        self.repairs = RepairMemo()  # per chat: its last request's repair, to reuse
         _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -5250,9 +4958,7 @@ class Filter:
         __request__: Any = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
-        return await self._guarded(
-            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=True
-        )
+        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
 
     async def request(
         self,
@@ -5265,11 +4971,9 @@ class Filter:
     ) -> dict:
         # Before every model call of a native tool loop, where inlet does not
         # run again: the loop's growing list is repaired and capped too.
-        return await self._guarded(
-            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=False
-        )
+        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, summaries: bool) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the
         safest list it can still build, at worst the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -5279,7 +4983,7 @@ class Filter:
             ctx = self._context(body, user, metadata, emitter, model, chat_id)
             if ctx is None:
                 return body
-            return await self._prepare(body, ctx, summaries)
+            return await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
             safe = self._safest(body)
@@ -5307,40 +5011,41 @@ class Filter:
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         settings = resolve_settings(self.valves, model_id, user_valves)
+        messages = body.get("messages")
+        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
+            anchor="" if chat_id or not isinstance(messages, list) else opening_anchor(messages),
             user=user,
             user_id=str(user.get("id") or "anonymous"),
-            chat_id=str(chat_id or metadata.get("chat_id") or body.get("chat_id") or ""),
+            chat_id=chat_id,
             model_id=model_id,
             language=user_language(metadata, user),
             settings=settings,
             emitter=emitter,
         )
 
-    async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
+    async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
         s = ctx.settings
-        messages, repair, part = await repair_request(
-            body["messages"], self.repairs, _repair_key(ctx, body["messages"])
-        )
+        messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
-        record, fault = None, ""
+        record, fault = None, None
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        if summaries and not has_builtin_summary(systems):
+        if inlet and not has_builtin_summary(systems):
             record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
-        if record is not None:
+        summarized = record is not None
+        if summarized:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
         else:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
-        overhead = request_overhead_tokens(self.counter, systems if view is messages else view, fixed, s.encoding)
-        self.summaries.request_overhead[ctx.chat_key()] = overhead
-        # the entries of the part's messages, by position: only where the view is the repaired list
-        entries = part.entries_of(s.encoding) if part is not None and view is messages else None
-        view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding, entries)
-        if entries is not None:
-            part.note_entries(s.encoding, entries)
+        overhead = request_overhead_tokens(self.counter, view if summarized else systems, fixed, s.encoding)
+        self.summaries.note_overhead(ctx, overhead)
+        view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
+            # a guard, not a fix: fitting keeps whole turns of a repaired list
+            # (tests/unit/test_properties.py checks its output needs no repair),
+            # but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
             repair = merge_reports(repair, again)
         if repair.changed() or fit.changed() or s.debug:
@@ -5365,58 +5070,43 @@ class Filter:
             repaired=repair.noticeable(),
             fault=fault,
         )
-        if summaries:  # inlet: definitive only where no request hook follows
-            await self._report(ctx, sent, final=not request_hook_follows())
-        else:
-            await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
+        # inlet's line is definitive only where no request hook follows
+        shown = self.summaries.status_of(ctx, sent, inlet, final=not inlet or not request_hook_follows())
+        line = status_line(ctx.language, shown, usage_shown(s, sent.used)) if shown else ""
+        if line:
+            await _emit(ctx.emitter, line, done=True)
         return {**body, "messages": view}
 
     async def _lookup_summary(
         self, ctx: RequestContext, messages: Messages, canonical_count: int
-    ) -> tuple[Optional[SummaryRecord], str]:
+    ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
         """The stored summary this request can use, and the fault that kept
-        summaries from being read ("" when none). ``canonical_count``: how
+        summaries from being read (None when none). ``canonical_count``: how
         many non-system messages ``messages`` has."""
         if canonical_count < 3:
-            return None, ""
+            return None, None
         anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
         try:
             records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
         except StoreUnavailable as exc:
-            return None, fault_key(getattr(exc, "reason", "store_down"))
+            return None, exc.fault
         except TimeoutError:
             log.warning("async_context_compression: summary lookup took over %.0fs; trimming only", STORE_TIMEOUT)
-            return None, "r_store_busy"
+            return None, Fault.STORE_BUSY
         except Exception as exc:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
-            return None, "r_store_down"
+            return None, Fault.STORE_DOWN
         # a summary whose tail would open with an assistant is not used:
         # the history, trimmed if need be, is sent instead
         canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
-            return None, ""  # no summary yet: the history needs no fingerprint
+            return None, None  # no summary yet: the history needs no fingerprint
         # Digests only as far as a record can reach (one more, so that
         # choose_summary sees the same limit as with every digest).
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
-        return choose_summary(records, digests), ""
-
-    async def _report(self, ctx: RequestContext, sent: SentOutcome, final: bool) -> None:
-        """Remember what was sent (for the request hook and the background
-        lines) and, on the definitive call, show it."""
-        key = ctx.chat_key()
-        if not final:
-            self.status.inlet_outcome[key] = sent
-            return
-        self.status.last_sent[key] = sent
-        if not ctx.settings.show_status:
-            return  # nothing said, nothing remembered as said
-        fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
-        notes = self.status.notes_to_show(key, ctx.settings.warnings)
-        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), usage_shown(ctx.settings, sent.used))
-        if line:
-            await _emit(ctx.emitter, line, done=True)
+        return choose_summary(records, digests), None
 
     # -- outlet ------------------------------------------------------------
     async def outlet(
@@ -5449,86 +5139,3 @@ class Filter:
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries."""
         await self.summaries.wait(timeout)
-
-
-# -- small helpers of the Filter -----------------------------------------------
-
-
-def _repair_key(ctx: RequestContext, messages: Messages) -> str:
-    """The repair memo's key: the chat, or for API calls without a chat id
-    (agents sending several conversations with one key) the conversation's
-    opening as it came. Only a hint: the memo compares the messages."""
-    if ctx.chat_id:
-        return ctx.chat_key()
-    try:
-        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
-        return ctx.chat_key(conversation_anchor([canonical_digest(m) for m in opening]))
-    except Exception:  # a malformed opening: repair will drop it; the user's slot will do
-        return ctx.chat_key()
-
-
-async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
-    if emitter is None:
-        return
-    try:
-        await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
-    except Exception as exc:  # a closed socket must not break the request
-        log.debug("status event not delivered: %s", exc)
-
-
-_OWUI_CONFIG: list = []
-
-
-async def _builtin_compaction_enabled() -> bool:
-    """Whether Open WebUI 0.12's own (blocking) compaction is switched on;
-    then summarizing here as well would summarize its summaries again."""
-    if not _OWUI_CONFIG:
-        try:
-            from open_webui.models.config import Config  # type: ignore
-        except (Exception, SystemExit):  # looked up once: a failed import is slow
-            Config = None
-        _OWUI_CONFIG.append(Config)
-    if _OWUI_CONFIG[0] is None:
-        return False
-    try:
-        return bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
-    except Exception:
-        return False
-
-
-_WARNED = _LOGGED_NOTES  # the benchmark reports its size
-
-
-def _warn_once(warnings: Iterable[Note]) -> None:
-    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
-
-
-def open_webui_limits(version: Any = None) -> list:
-    """What the running Open WebUI lacks that this filter would use, as log
-    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
-    when Open WebUI has loaded it (never imported here: importing it has side
-    effects outside a server); unknown or unreadable: nothing is claimed."""
-    if version is None:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
-    if match is None:
-        return []
-    have = tuple(int(part or 0) for part in match.groups())
-    limits = []
-    if have < (0, 9, 0):
-        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
-    if have < (0, 10, 0):
-        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
-    if have < (0, 11, 2):
-        limits.append(
-            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
-            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
-        )
-    return [f"Open WebUI {version}: {limit}" for limit in limits]
-
-
-def _log_open_webui_limits() -> None:
-    for limit in open_webui_limits():
-        if limit not in _WARNED:
-            _WARNED[limit] = True
-            log.warning("async_context_compression: %s", limit)

@@ -72,6 +72,7 @@ from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
 ensure_offline_cl100k()
 
 import async_context_compression as acc  # noqa: E402
+from devkit.probes import messages_tokens, wait_ready  # noqa: E402
 
 ENCODING = "cl100k_base"
 MODEL = "bench-model"
@@ -218,7 +219,7 @@ class FakeSummarizer:
         new = text.split("New messages to fold in:\n", 1)[-1]
         self.calls.append(
             {
-                "tokens": self.counter.messages_tokens(messages, ENCODING),
+                "tokens": messages_tokens(self.counter, messages, ENCODING),
                 "new_tokens": self.counter.text_tokens(new, ENCODING),
                 "facts": set(FACT.findall(new)),
             }
@@ -237,7 +238,7 @@ async def run_chat(
     for key, value in valves.items():
         setattr(f.valves, key, value)
     f.store = acc.SummaryStore(lambda: engine)
-    assert f.counter.wait_ready(ENCODING, 60), "tiktoken's cl100k file is missing"
+    assert wait_ready(f.counter, ENCODING, 60), "tiktoken's cl100k file is missing"
     summarizer = FakeSummarizer(f.counter)
     f.complete = summarizer
     meta = {"chat_id": f"bench-{profile}-{turns}", "message_id": "m"}
@@ -257,7 +258,7 @@ async def run_chat(
         return result["messages"]
 
     def tokens_of(message: dict) -> int:
-        return f.counter.messages_tokens([message], ENCODING)
+        return messages_tokens(f.counter, [message], ENCODING)
 
     def common(request: list, before: list) -> int:
         """How many leading messages ``request`` shares with ``before``."""
@@ -289,7 +290,7 @@ async def run_chat(
             sent = [SYSTEM] + as_inlet_sees_it(stored + turn[:1])
             if (
                 over_since is None
-                and f.counter.messages_tokens(sent, ENCODING) + fixed > valves["compression_threshold_tokens"]
+                and messages_tokens(f.counter, sent, ENCODING) + fixed > valves["compression_threshold_tokens"]
             ):
                 over_since = t
             request = await inlet(stored, turn[0]["content"])
@@ -311,7 +312,7 @@ async def run_chat(
         await engine.dispose()
 
     chat_messages = [SYSTEM] + as_inlet_sees_it(stored)
-    chat_tokens = f.counter.messages_tokens(chat_messages, ENCODING)
+    chat_tokens = messages_tokens(f.counter, chat_messages, ENCODING)
     facts = set(FACT.findall(json.dumps(chat_messages, ensure_ascii=False)))
     kept = facts & set(FACT.findall(json.dumps(final, ensure_ascii=False)))
     summary = next((m for m in final if acc.is_summary_message(m)), None)
@@ -341,13 +342,13 @@ async def run_chat(
         "new_per_call": (sum(c["new_tokens"] for c in summarizer.calls) / len(summarizer.calls))
         if summarizer.calls
         else 0.0,
-        "final_tokens": f.counter.messages_tokens(final, ENCODING),
+        "final_tokens": messages_tokens(f.counter, final, ENCODING),
         # prompt tokens that repeat the previous request's prefix (whole messages), from the first turn over the threshold
         "prefix_share": sum(same for _, same, _ in window) / sent_tokens if sent_tokens else 0.0,
         # the same with the previous reply counted as cached too (providers that keep the KV of what they wrote)
         "reply_share": sum(more for _, _, more in window) / sent_tokens if sent_tokens else 0.0,
         "requests": requests,
-        "turn_tokens": (chat_tokens - f.counter.messages_tokens([SYSTEM], ENCODING)) / turns,
+        "turn_tokens": (chat_tokens - messages_tokens(f.counter, [SYSTEM], ENCODING)) / turns,
     }
 
 
@@ -400,7 +401,7 @@ async def cache_runs(runs: list, failed: list) -> None:
     the previous request's prefix, and how often the summary is rewritten."""
     v = CACHE_VALVES
     counter = acc.Filter().counter
-    assert counter.wait_ready(ENCODING, 60)
+    assert wait_ready(counter, ENCODING, 60)
     tools_tokens = counter.tools_tokens(tool_schemas(CACHE_RUNS[-1][3]), ENCODING)
     print(
         f"\nPrompt cache: threshold {v['compression_threshold_tokens']}, cap {v['max_context_tokens']}, "

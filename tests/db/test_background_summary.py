@@ -22,9 +22,11 @@ import sys
 import time
 
 import pytest
+from pg_support import lease_row
 from race_worker import run_processes
 
 import async_context_compression as acc
+from devkit.probes import canonical_view, messages_tokens, wait_ready
 
 MARK = re.compile(r"MK-\d{4}")
 FILLER = (
@@ -133,7 +135,7 @@ def as_inlet_sees_it(stored: list) -> list:
 
 
 def canonical(stored: list) -> tuple[list, list]:
-    return acc.canonical_view(as_inlet_sees_it(stored))
+    return canonical_view(as_inlet_sees_it(stored))
 
 
 def anchor_of(stored: list) -> str:
@@ -207,7 +209,7 @@ class Worker:
         self.filter.complete = self.summarizer
         for key, value in {**VALVES, **valves}.items():
             setattr(self.filter.valves, key, value)  # no validation: tests may go below a valve's minimum
-        assert self.filter.counter.wait_ready("cl100k_base", 60)
+        assert wait_ready(self.filter.counter, "cl100k_base", 60)
         self.events: list = []
 
     async def _emit(self, event):
@@ -319,7 +321,7 @@ async def test_outlet_summary_is_applied_by_inlet_at_the_same_coverage(db):
     [record] = await w.records(chat)
     assert (record.user_id, record.chat_id, record.head_count) == ("alice", "chat-1", 1)
     assert record.covered_count == last_turn_start(canon)
-    assert record.fingerprint == acc.prefix_fingerprint(acc.canonical_view(canon)[1], record.covered_count)
+    assert record.fingerprint == acc.prefix_fingerprint(canonical_view(canon)[1], record.covered_count)
 
     statuses = w.statuses()
     assert any(s.startswith("Summarizing") and "in the background" in s for s in statuses)
@@ -420,7 +422,7 @@ async def test_window_fitting_folds_in_several_saved_rounds(db):
     assert covered == sorted(set(covered)) and covered[-1] == last_turn_start(canon)
     seen: list = []
     for i, call in enumerate(calls):
-        total = w.filter.counter.messages_tokens(call["messages"], "cl100k_base")
+        total = messages_tokens(w.filter.counter, call["messages"], "cl100k_base")
         assert total + 64 <= 1000, (i, total)
         new = MARK.findall(w.summarizer.new_section(i))
         assert new and not set(new) & set(seen)  # each round folds new messages only
@@ -444,7 +446,7 @@ async def test_fifty_concurrent_outlets_make_one_summary(db):
     await w.filter.wait_for_background()
     assert len(w.summarizer.calls) == 1
     assert len(await w.records(chat)) == 1
-    assert await w.store.lease("alice:chat-1") is None
+    assert await lease_row(w.store, "alice:chat-1") is None
 
 
 async def test_two_workers_sharing_the_database_make_one_summary(db):
@@ -469,7 +471,7 @@ async def test_two_processes_sharing_the_database_make_one_summary(db):
     store = db.store()
     chat = stored_chat(range(8))
     assert len(await store.find("alice", "chat-1", anchor_of(chat))) == 1
-    assert await store.lease("alice:chat-1") is None
+    assert await lease_row(store, "alice:chat-1") is None
 
 
 class GatedStore:
@@ -502,7 +504,7 @@ async def test_worker_that_finds_the_work_done_releases_its_lease(db):
     gate.set()
     await late.filter.wait_for_background()
     assert late.summarizer.calls == []
-    assert await fast.store.lease("alice:chat-1") is None
+    assert await lease_row(fast.store, "alice:chat-1") is None
     # So the next summary of this chat is not held up until the lease expires.
     longer = chat + stored_chat(range(8, 14))
     await fast.outlet(longer)
@@ -512,17 +514,17 @@ async def test_worker_that_finds_the_work_done_releases_its_lease(db):
 # -- failures ---------------------------------------------------------------------
 
 FAILURES = {
-    "raises": (RuntimeError("connection refused"), "model error"),
-    "timeout": (("sleep", 5.0), "timeout"),
-    "empty": ("", "empty answer"),
-    "reasoning-only": ("<think>The user wants MK-0101 folded… let me think.</think>\n", "reasoning-only answer"),
-    "direct-connection": (acc.SummaryError("direct connection", "browser-side model"), "direct connection"),
+    "raises": (RuntimeError("connection refused"), acc.Fault.MODEL_ERROR),
+    "timeout": (("sleep", 5.0), acc.Fault.TIMEOUT),
+    "empty": ("", acc.Fault.EMPTY),
+    "reasoning-only": ("<think>The user wants MK-0101 folded… let me think.</think>\n", acc.Fault.REASONING_ONLY),
+    "direct-connection": (acc.SummaryError(acc.Fault.DIRECT, "browser-side model"), acc.Fault.DIRECT),
 }
 
 
 @pytest.mark.parametrize("kind", list(FAILURES))
 async def test_failure_backs_off_then_retries(db, backoff, kind):
-    failure, reason = FAILURES[kind]
+    failure, fault = FAILURES[kind]
     w = Worker(db)
     w.filter.valves.summary_timeout_seconds = 0.3
     w.summarizer.script = [failure]
@@ -531,9 +533,9 @@ async def test_failure_backs_off_then_retries(db, backoff, kind):
     assert len(w.summarizer.calls) == 1
     assert await w.records(chat) == []  # nothing is saved
     failed = [s for s in w.statuses() if s.startswith("Summary failed: ")]
-    assert failed and acc.STATUS_TEXTS["en"][acc._REASON_KEYS[reason]] in failed[0] and "next try in" in failed[0]
-    lease = await w.store.lease("alice:chat-1")
-    assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, reason)
+    assert failed and acc.STATUS_TEXTS["en"][fault.key] in failed[0] and "next try in" in failed[0]
+    lease = await lease_row(w.store, "alice:chat-1")
+    assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, fault.text)
 
     sent, view = await w.inlet(chat)  # inlet works, without a summary
     assert view == sent
@@ -544,7 +546,7 @@ async def test_failure_backs_off_then_retries(db, backoff, kind):
     await w.outlet(chat)  # after it: the retry succeeds
     assert len(w.summarizer.calls) == 2
     [record] = await w.records(chat)
-    assert await w.store.lease("alice:chat-1") is None
+    assert await lease_row(w.store, "alice:chat-1") is None
     sent, view = await w.inlet(chat)
     assert_applied(sent, view, record)
 
@@ -554,10 +556,10 @@ async def test_back_off_grows_with_repeated_failures(db, backoff):
     w.summarizer.script = [RuntimeError("down"), RuntimeError("still down")]
     chat = stored_chat(range(8))
     await w.outlet(chat)
-    first = await w.store.lease("alice:chat-1")
+    first = await lease_row(w.store, "alice:chat-1")
     await asyncio.sleep(max(0.0, first["expires_at"] - time.time()) + 0.05)
     await w.outlet(chat)
-    second = await w.store.lease("alice:chat-1")
+    second = await lease_row(w.store, "alice:chat-1")
     assert second["failures"] == 2
     assert second["expires_at"] - time.time() > 0.6  # 2 x 0.4 s, minus the time spent
     assert any("next try in 1s" in s or "next try in 0s" in s for s in w.statuses())
@@ -656,7 +658,7 @@ async def test_api_call_without_chat_id_is_scoped_to_the_user_and_conversation(d
     assert w.summarizer.calls[1]["user"]["id"] == "bob"
     assert [r.user_id for r in await w.records(chat, chat_id="")] == ["alice"]
     assert [r.user_id for r in await w.records(chat, chat_id="", user=BOB)] == ["bob"]
-    assert await w.store.lease("alice:api:" + anchor_of(chat)) is None
+    assert await lease_row(w.store, "alice:api:" + anchor_of(chat)) is None
 
 
 async def test_another_users_chat_with_the_same_id_gets_nothing(db):
