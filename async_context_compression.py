@@ -3677,10 +3677,6 @@ async def response_text(response: Any) -> str:
     return completion_text(response)
 
 
-# Keys of the summary call the filter sets itself: admin parameters never
-# replace them (the same set the settings layer refuses in the valve).
-
-
 def summary_form(
     model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
 ) -> dict:
