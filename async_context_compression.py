@@ -4594,6 +4594,17 @@ class FoldPlan:
     next_request: int
 
 
+def fold_deadline(s: Settings) -> int:
+    """Tokens of the next request past which a summary is written even if it
+    cannot fold down to the low water mark: halfway from the trigger to the
+    cap, so it is ready before the cap forces trimming. Without a cap nothing
+    is trimmed: twice the trigger, so that a chat whose fixed part never lets
+    a fold reach the mark is still summarized."""
+    if s.max_context <= s.trigger_tokens:
+        return 2 * s.trigger_tokens
+    return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
+
+
 class _LeaseLost(Exception):
     """The chat's lease was taken over while summarizing (after an outage
     longer than its TTL): stop without saving."""
@@ -4792,7 +4803,7 @@ class BackgroundSummarizer:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        if fresh < self._worth_folding(s, previous) and not (
+        if fresh < self._worth_folding(s, previous, used) and not (
             s.max_context and used > s.max_context or ctx.force_summary
         ):
             return None  # too little new to be worth rewriting the summary
@@ -4811,20 +4822,23 @@ class BackgroundSummarizer:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
-    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord]) -> int:
+    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low
         water mark to the trigger (``summary_low_water``), so that after a
         rewrite the next one is many turns away and the prompt prefix, which
         providers bill at a fraction and answer faster, changes rarely; and
         twice what each call re-sends (instructions and previous summary), so
         that the summarizer reads at most about 1.5x the chat over its life.
-        A rewrite that cannot fold that much yet waits over the trigger, never
-        past the cap (``plan``)."""
+        A rewrite that cannot fold that much yet waits over the trigger, but
+        only until halfway to the cap (``fold_deadline``): where tool schemas
+        and system prompts leave less than that stretch to fold, waiting
+        longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
-        return max(int(s.trigger_tokens * (1 - s.low_water)), 2 * resent)
+        deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
+        return max(deep, 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
         """Fold the plan's messages, every one whole, in as many rounds as

@@ -4,6 +4,7 @@ it sends: the summary once, the system prompt and tool schemas once."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 from test_background_summary import ALICE, BOB, FILLER, MODEL, SYSTEM, FakeSummarizer, Worker, stored_chat
 
@@ -153,3 +154,17 @@ async def test_a_lower_low_water_mark_means_rarer_rewrites(db):
     often = await _rewrites(db, low_water=0.9, user=BOB)  # 0.9 is the old 10% rule; BOB: his own summaries
     assert 1 <= len(rare) < len(often), (rare, often)
     assert min(rare[1:]) > max(often[1:]), (rare, often)  # fewer rewrites, each folding more
+
+
+async def test_past_the_fold_deadline_the_low_water_mark_no_longer_holds_a_summary_back(db):
+    # Where tool schemas and system prompts leave less than the low water
+    # stretch to fold, waiting for more would end at the cap, in trimming:
+    # halfway from the trigger to the cap, a summary is worth writing again.
+    w = Worker(db, compression_threshold_tokens=3000, max_context_tokens=5000, summary_trigger_ratio=1.0)
+    s = acc.resolve_settings(w.filter.valves, MODEL)
+    deadline = acc.fold_deadline(s)
+    assert s.trigger_tokens < deadline == 4000 < s.max_context
+    worth = w.filter.summaries._worth_folding
+    assert worth(s, None, deadline) >= (1 - s.low_water) * s.trigger_tokens
+    assert worth(s, None, deadline + 1) < (1 - s.low_water) * s.trigger_tokens
+    assert acc.fold_deadline(replace(s, max_context=0)) == 2 * s.trigger_tokens  # still summarized, just later
