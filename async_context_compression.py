@@ -2238,6 +2238,7 @@ class Settings:
     summary_style: str = "balanced"  # one of SUMMARY_STYLES
     summary_prompt: str = ""  # "" = the built-in instructions
     summary_model_params: dict = field(default_factory=dict)  # merged into the summary call
+    low_water: float = 0.5  # share of the trigger the next request should fall to after a summary rewrite
 
 
 _SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
@@ -2249,6 +2250,7 @@ _VALVE_BOUNDS: dict = {
     "compression_threshold_tokens": (0, _TOKEN_LIMIT),
     "max_context_tokens": (0, _TOKEN_LIMIT),
     "summary_trigger_ratio": (0.1, 1.0),
+    "summary_low_water": (0.1, 0.9),
     "keep_first": (0, 10_000),
     "keep_last": (0, 10_000),
     "summary_model_max_context": (0, _TOKEN_LIMIT),
@@ -2658,6 +2660,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_style=style,
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
         summary_model_params=params,
+        low_water=float(bounded["summary_low_water"]),
     )
 
 
@@ -4481,7 +4484,6 @@ async def _emit(emitter: Optional[Callable], description: str, done: bool) -> No
 
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
-HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
@@ -4810,15 +4812,19 @@ class BackgroundSummarizer:
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord]) -> int:
-        """Fewest new tokens worth a summary call: a share of the trigger, and
+        """Fewest new tokens worth a summary call: the stretch from the low
+        water mark to the trigger (``summary_low_water``), so that after a
+        rewrite the next one is many turns away and the prompt prefix, which
+        providers bill at a fraction and answer faster, changes rarely; and
         twice what each call re-sends (instructions and previous summary), so
-        that the summarizer reads at most about 1.5x the chat over its life
-        and the prompt prefix, which providers cache, changes rarely."""
+        that the summarizer reads at most about 1.5x the chat over its life.
+        A rewrite that cannot fold that much yet waits over the trigger, never
+        past the cap (``plan``)."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
-        return max(int(s.trigger_tokens * HYSTERESIS), 2 * resent)
+        return max(int(s.trigger_tokens * (1 - s.low_water)), 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
         """Fold the plan's messages, every one whole, in as many rounds as
@@ -5038,6 +5044,10 @@ class Filter:
         summary_trigger_ratio: float = Field(
             default=0.75,
             description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
+        )
+        summary_low_water: float = Field(
+            default=0.5,
+            description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much, so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
         )
         keep_first: int = Field(
             default=1,

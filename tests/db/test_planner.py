@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from test_background_summary import ALICE, FILLER, MODEL, SYSTEM, FakeSummarizer, Worker, stored_chat
+from test_background_summary import ALICE, BOB, FILLER, MODEL, SYSTEM, FakeSummarizer, Worker, stored_chat
 
 import async_context_compression as acc
 from devkit.probes import messages_tokens
@@ -116,3 +116,40 @@ async def test_admin_model_parameters_and_style_reach_the_summary_call(db):
     [call] = w.summarizer.calls
     assert call["params"] == {"chat_template_kwargs": {"enable_thinking": False}}
     assert call["messages"][0]["content"] == acc.summary_instructions(256, "faithful")
+
+
+async def _rewrites(db, low_water: float, user: dict = ALICE) -> list:
+    """A chat whose kept tail (keep_last 20, about two thirds of the
+    trigger) leaves a rewrite little to fold, one turn at a time through
+    outlet: the tokens of the new messages each summary call folded."""
+    w = Worker(
+        db,
+        compression_threshold_tokens=3000,
+        keep_last=20,
+        max_summary_tokens=256,
+        summary_low_water=low_water,
+    )
+    chat: list = []
+    for i in range(60):
+        chat = chat + stored_chat(range(i, i + 1))
+        await w.outlet(chat, user=user)
+    count = w.filter.counter.text_tokens
+    return [count(w.summarizer.new_section(k), "cl100k_base") for k in range(len(w.summarizer.calls))]
+
+
+async def test_a_rewrite_waits_until_it_folds_down_to_the_low_water_mark(db):
+    # Every rewrite makes the provider re-read the prompt after the system
+    # prompt. The old rule (a rewrite needs 10% of the trigger) rewrote the
+    # summary whenever the next request crossed the trigger, folding ~1,200
+    # tokens each time here; now each rewrite folds at least the stretch from
+    # the low water mark to the trigger, so rewrites come many turns apart.
+    folded = await _rewrites(db, low_water=0.5)
+    assert len(folded) >= 3, folded  # the first summary and at least two rewrites
+    assert all(tokens >= (1 - 0.5) * 3000 for tokens in folded[1:]), folded
+
+
+async def test_a_lower_low_water_mark_means_rarer_rewrites(db):
+    rare = await _rewrites(db, low_water=0.2)
+    often = await _rewrites(db, low_water=0.9, user=BOB)  # 0.9 is the old 10% rule; BOB: his own summaries
+    assert 1 <= len(rare) < len(often), (rare, often)
+    assert min(rare[1:]) > max(often[1:]), (rare, often)  # fewer rewrites, each folding more

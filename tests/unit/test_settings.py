@@ -38,6 +38,7 @@ def test_valve_names_and_defaults_are_the_ones_admins_know():
         ),
         ({"keep_last": -3}, "keep_last", -3, "keep_last = -3 is outside 0–10000; using 0"),
         ({"summary_trigger_ratio": 3}, "summary_trigger_ratio", 3.0, "summary_trigger_ratio = 3.0 is outside"),
+        ({"summary_low_water": 0}, "summary_low_water", 0.0, "summary_low_water = 0.0 is outside 0.1–0.9; using 0.1"),
         ({"model_thresholds": "{not json"}, "model_thresholds", "{not json", "model_thresholds cannot be read"),
         (
             {"model_thresholds": '{"gpt-4o": {"max_context_tokens": "lots"}}'},

@@ -140,6 +140,7 @@ def test_values_of_the_wrong_type_are_converted_or_replaced_and_explained(values
     [
         ({"summary_trigger_ratio": 3}, "trigger_tokens", 64000, "summary_trigger_ratio = 3.0 is outside 0.1–1.0"),
         ({"max_summary_tokens": 1}, "max_summary_tokens", 64, "max_summary_tokens = 1 is outside 64–"),
+        ({"summary_low_water": 3}, "low_water", 0.9, "summary_low_water = 3.0 is outside 0.1–0.9"),
         ({"summary_timeout_seconds": 10**12}, "summary_timeout", 86400.0, "summary_timeout_seconds = 1000000000000"),
         ({"max_context_tokens": 10**30}, "max_context", 1_000_000_000, "is outside 0–1000000000"),
         ({"status_usage_threshold": 80}, "status_usage_threshold", 0.8, "status_usage_threshold = 80.0"),
@@ -163,12 +164,14 @@ def test_new_valves_reach_the_settings():
         summary_prompt="  Keep every ticket number.  ",
         summary_model_params='{"chat_template_kwargs": {"enable_thinking": false}, "top_p": 0.9}',
         status_usage_threshold=0.5,
+        summary_low_water=0.3,
     )
     s = acc.resolve_settings(v, "m")
-    assert (s.summary_style, s.summary_prompt, s.status_usage_threshold) == (
+    assert (s.summary_style, s.summary_prompt, s.status_usage_threshold, s.low_water) == (
         "faithful",
         "Keep every ticket number.",
         0.5,
+        0.3,
     )
     assert s.summary_model_params == {"chat_template_kwargs": {"enable_thinking": False}, "top_p": 0.9}
     assert s.warnings == ()
