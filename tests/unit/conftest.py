@@ -1,12 +1,11 @@
 """Shared setup of the unit tests: the repository root is importable
 (``import async_context_compression``, ``import devkit``) however pytest is
-started, and ``acc_builders`` (next to this file) holds the message builders."""
+started (``acc_builders``, the shared builders and fakes, is one folder up:
+see ``tests/conftest.py``)."""
 
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(os.path.dirname(_HERE))
-for _path in (_ROOT, _HERE):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
-from acc_builders import request_context
+from acc_builders import RecordStore, request_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -179,14 +179,6 @@ def _shared_filter() -> "acc.Filter":
     return _FILTERS[0]
 
 
-class _Store:
-    def __init__(self, records):
-        self.records = records
-
-    async def find(self, user_id, chat_id, anchor, limit=16):
-        return list(self.records)
-
-
 @SETTINGS
 @given(st.integers(3, 12), st.lists(st.tuples(st.integers(-1, 14), st.integers(-1, 14), st.booleans()), max_size=4))
 def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(length, specs):
@@ -209,7 +201,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
             )
         )
     f = _shared_filter()
-    f.store = _Store(records)
+    f.store = RecordStore(records)
     ctx = request_context(f.valves)
     chosen, fault = asyncio.run(f._lookup_summary(ctx, messages, len(acc.canonical_messages(messages))))
     assert fault is None

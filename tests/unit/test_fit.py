@@ -36,7 +36,7 @@ def fit(messages, cap, keep_first=0, fixed=0):
 # go, oldest first, and a list that needs no cut is left alone.
 
 
-def test_astrbot_tool_chain_dropped_atomically():
+def test_a_tool_chain_is_dropped_whole_so_no_call_or_result_is_left_alone():
     messages = [S("sys" * 10), A("tc1"), T("tc1", "r" * 200), U("q" * 40)]
     out, report = fit(messages, cap=40)
     assert out == [S("sys" * 10), U("q" * 40)]
@@ -44,7 +44,7 @@ def test_astrbot_tool_chain_dropped_atomically():
     assert check_openai(out) == []
 
 
-def test_astrbot_leading_orphan_removed_by_repair():
+def test_a_leading_orphan_result_is_removed_then_whole_turns_go_oldest_first():
     messages = [S("sys"), T("orphan", "x" * 40), U("u1" * 20), AS("a1" * 20), U("u2")]
     repaired, rep = acc.repair_transcript(messages)
     assert repaired == [S("sys"), U("u1" * 20), AS("a1" * 20), U("u2")]
@@ -58,14 +58,14 @@ def test_astrbot_leading_orphan_removed_by_repair():
     assert (report.dropped_messages, report.dropped_turns) == (2, 1)
 
 
-def test_astrbot_plain_chat_regression():
+def test_a_plain_chat_over_the_cap_loses_its_oldest_whole_turn():
     messages = [S(), U("u1" * 20), AS("a1" * 20), U("u2"), AS("a2")]
     out, report = fit(messages, cap=30)
     assert out == [S(), U("u2"), AS("a2")]
     assert (report.dropped_messages, report.dropped_turns) == (2, 1)
 
 
-def test_astrbot_multiple_tool_calls():
+def test_parallel_calls_and_their_results_are_dropped_as_one_turn():
     messages = [S(), A("tc1", "tc2"), T("tc1", "a" * 100), T("tc2", "b" * 100), U("q")]
     out, report = fit(messages, cap=20)
     assert out == [S(), U("q")]
@@ -74,7 +74,7 @@ def test_astrbot_multiple_tool_calls():
 
 
 @pytest.mark.parametrize("cap", [1, 5, 1000])
-def test_astrbot_system_only(cap):
+def test_a_lone_system_prompt_is_sent_whatever_the_cap(cap):
     messages = [S("only the system prompt")]
     out, report = fit(messages, cap=cap)
     assert out == messages
@@ -397,7 +397,7 @@ def _stored_output():
     ]
 
 
-def test_expand_output_items():
+def test_stored_output_items_expand_to_a_call_its_result_and_the_reply():
     out = acc.expand_output_items(_stored_output())
     assert out == [
         {

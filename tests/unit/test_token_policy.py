@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from acc_builders import EstimateOnly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,11 +28,6 @@ def loaded():
     if not wait_ready(c, ENC, timeout=30):
         pytest.skip("cl100k_base not available offline")
     return c
-
-
-class EstimateOnly(acc.TokenCounter):
-    def start_loading(self, encoding: str) -> None:
-        return None
 
 
 def exact_counter() -> acc.TokenCounter:

@@ -7,32 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from acc_builders import RecordStore, make_filter
 
 import async_context_compression as acc
-from devkit.probes import messages_tokens, wait_ready
+from devkit.probes import messages_tokens
 
 LONG = "The quarterly figures were compared with the plan in detail. " * 40
-
-
-class _Store:
-    def __init__(self, records=(), error=None):
-        self.records, self.error = list(records), error
-
-    async def find(self, *args, **kwargs):
-        if self.error:
-            raise self.error
-        return self.records
-
-
-def _filter(cap: int = 3000, **valves) -> acc.Filter:
-    f = acc.Filter()
-    f.store = _Store()
-    f.valves.max_context_tokens = cap
-    f.valves.compression_threshold_tokens = cap // 2
-    for key, value in valves.items():
-        setattr(f.valves, key, value)
-    assert wait_ready(f.counter, "cl100k_base", 60)
-    return f
 
 
 def _chat(turns: int) -> list:
@@ -63,7 +43,7 @@ def _hooks(f: acc.Filter, messages: list, tools=None, language="en", user=None):
 
 
 def test_the_line_states_the_tokens_of_the_list_sent_with_its_tools():
-    f = _filter(cap=8000)
+    f = make_filter(8000, counter="exact", store=RecordStore(), compression_threshold_tokens=4000)
     tools = [{"type": "function", "function": {"name": f"t{i}", "description": LONG}} for i in range(3)]
     body, lines = _hooks(f, _chat(2), tools=tools)
     assert len(lines) == 1  # the request hook's line only: inlet's would omit the tools
@@ -73,7 +53,7 @@ def test_the_line_states_the_tokens_of_the_list_sent_with_its_tools():
 
 
 def test_messages_left_out_by_inlet_and_request_add_up():
-    f = _filter(cap=2500)
+    f = make_filter(2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250)
     tools = [{"type": "function", "function": {"name": "t", "description": LONG}}]
     body, lines = _hooks(f, _chat(6), tools=tools)
     [line] = lines
@@ -82,28 +62,35 @@ def test_messages_left_out_by_inlet_and_request_add_up():
 
 
 def test_switched_off_for_the_user_shows_no_line_at_all():
-    f = _filter(cap=2500)
+    f = make_filter(2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250)
     valves = f.UserValves(show_status=False)
     _, lines = _hooks(f, _chat(6), user={"id": "u1", "valves": valves})
     assert lines == []
 
 
 def test_a_store_fault_is_said_once_then_again_when_it_changes():
-    f = _filter(cap=2500)
-    f.store = _Store(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
+    f = make_filter(2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250)
+    f.store = RecordStore(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
     _, first = _hooks(f, _chat(6))
     _, second = _hooks(f, _chat(6))
     down = acc.status_text("en", "summaries_down", reason="r_store_down")
     assert down in first[0] and down not in second[0]
-    f.store = _Store()
+    f.store = RecordStore()
     _, healed = _hooks(f, _chat(6))
-    f.store = _Store(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
+    f.store = RecordStore(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
     _, again = _hooks(f, _chat(6))
     assert down not in healed[0] and down in again[0]
 
 
 def test_the_usage_part_is_hidden_below_the_share_but_trims_are_said():
-    f = _filter(cap=2500, status_usage_threshold=0.99, max_summary_tokens=256)
+    f = make_filter(
+        2500,
+        counter="exact",
+        store=RecordStore(),
+        compression_threshold_tokens=1250,
+        status_usage_threshold=0.99,
+        max_summary_tokens=256,
+    )
     _, quiet = _hooks(f, _chat(1))
     assert quiet == []  # well under 99 % of the cap, nothing else to say
     _, trimmed = _hooks(f, _chat(6))
@@ -141,7 +128,9 @@ def test_failure_reasons_have_their_own_words():
 
 
 def test_a_settings_note_is_said_once_per_chat_not_under_every_reply():
-    f = _filter(cap=2500, max_summary_tokens=2048)  # corrected: more than half the cap
+    f = make_filter(
+        2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250, max_summary_tokens=2048
+    )  # corrected: more than half the cap
     _, first = _hooks(f, _chat(1))
     _, second = _hooks(f, _chat(2))
     assert "max_summary_tokens" in first[0]
@@ -164,7 +153,7 @@ def test_renamed_ids_alone_are_not_called_a_repair():
             {"role": "assistant", "content": f"done {i}"},
         ]
     chat.append({"role": "user", "content": "next"})
-    f = _filter(cap=8000)
+    f = make_filter(8000, counter="exact", store=RecordStore(), compression_threshold_tokens=4000)
     body, lines = _hooks(f, chat)
     ids = [c["id"] for m in body["messages"] for c in m.get("tool_calls") or []]
     assert len(set(ids)) == 3  # made unique
