@@ -2439,6 +2439,7 @@ RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
 RATIO_MIN_TOKENS = 40  # requests counted smaller than this say little (framing dominates)
 RATIO_CUT_SHARE = 0.98  # a reported prompt this close to the request's own bound may have been cut
 RATIOS_REFRESH = 60.0  # seconds between reads of the ratios other workers stored
+RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
 RATIO_PATHS = ("exact", "estimate", "replayed")
 
 
@@ -2486,14 +2487,18 @@ def sample_ratio(reported: int, counted: int) -> Optional[float]:
     return min(max(reported / counted, RATIO_FLOOR), RATIO_CEILING)
 
 
-def robust_ratio(ratios: Iterable[float]) -> float:
+def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
     """The median of the last RATIO_SAMPLES ratios (each clamped): one
     outlier among three or more moves it at most to its neighbour; 1.0
-    without any."""
+    without any. ``upper``: the second highest instead (one outlier still
+    cannot move it), for the estimator, whose error depends on the text:
+    the cap then holds for the chat's most demanding recent mix."""
     recent = [min(max(float(r), RATIO_FLOOR), RATIO_CEILING) for r in ratios if isinstance(r, (int, float))]
     recent = sorted(recent[-RATIO_SAMPLES:])
     if not recent:
         return 1.0
+    if upper:
+        return recent[-2] if len(recent) >= 2 else recent[-1]
     mid = len(recent) // 2
     return recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
 
@@ -2545,16 +2550,16 @@ class ModelTokens:
         self.tasks: set = set()
         self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
 
-    def scale(self, model: str, exact: bool = True) -> float:
+    def scale(self, model: str, exact: bool = True) -> Optional[float]:
         """Model tokens per counted token: the path's own ratios, else (the
         estimator errs high) the exact path's, else those replayed from
-        earlier replies of an existing chat, else 1.0."""
+        earlier replies of an existing chat, else None (nothing learned)."""
         paths = ("exact", "replayed") if exact else ("estimate", "exact", "replayed")
         for path in paths:
             found = self.ratios.get((model, path))
             if found:
-                return robust_ratio(ratio for _, ratio in sorted(found.values()))
-        return 1.0
+                return robust_ratio((ratio for _, ratio in sorted(found.values())), upper=path == "estimate")
+        return None
 
     def knows(self, model: str) -> bool:
         return any(self.ratios.get((model, path)) for path in RATIO_PATHS)
@@ -3123,22 +3128,25 @@ def usage_shown(settings: Settings, used: int) -> bool:
     return cap > 0 and used >= share * cap
 
 
-def in_counted_units(settings: Settings, scale: float, prompt_bound: int = 0) -> Settings:
+def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
     """``settings`` whose token budgets (cap, threshold, trigger), given in
     the model's own tokens, are converted to counted tokens: divided by
     ``scale`` (the model's tokens per counted token, ``ModelTokens.scale``).
     ``prompt_bound`` (``request_prompt_bound``, model tokens) lowers the cap
     and the trigger with it. The one place the correction is applied; the
-    status figure converts back with ``to_model_tokens``."""
+    status figure converts back with ``to_model_tokens``. A learned scale
+    keeps RATIO_SAFETY of room; None (nothing learned) is 1.0 without it."""
     cap = settings.max_context
     trigger = settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
         cap = prompt_bound
-    scale = min(max(float(scale or 1.0), RATIO_FLOOR), RATIO_CEILING)
+    learned = scale is not None
+    scale = min(max(float(scale), RATIO_FLOOR), RATIO_CEILING) if learned else 1.0
+    divisor = scale * (1 + RATIO_SAFETY) if learned else 1.0
 
     def counted(tokens: int) -> int:
-        return max(1, int(tokens / scale)) if tokens > 0 else 0
+        return max(1, int(tokens / divisor)) if tokens > 0 else 0
 
     return replace(
         settings,

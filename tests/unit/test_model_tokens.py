@@ -96,20 +96,25 @@ def _settings(cap=15000, threshold=64000, **valves):
 def test_in_counted_units_divides_every_budget_once():
     s = _settings(15000, 9000)
     c = acc.in_counted_units(s, 1.3)
-    assert (c.max_context, c.threshold, c.trigger_tokens) == (11538, 6923, int(s.trigger_tokens / 1.3))
+    room = 1.3 * (1 + acc.RATIO_SAFETY)  # a learned ratio keeps a little room
+    assert (c.max_context, c.threshold, c.trigger_tokens) == (
+        int(15000 / room),
+        int(9000 / room),
+        int(s.trigger_tokens / room),
+    )
     assert c.model_cap == 15000 and c.scale == 1.3
-    assert acc.to_model_tokens(c, c.max_context) <= 15000
-    same = acc.in_counted_units(s, 1.0)
-    assert (same.max_context, same.trigger_tokens, same.model_cap) == (15000, s.trigger_tokens, 15000)
+    assert 0.98 * 15000 < acc.to_model_tokens(c, c.max_context) <= 15000
+    same = acc.in_counted_units(s, None)  # nothing learned: today's counts
+    assert (same.max_context, same.trigger_tokens, same.model_cap, same.scale) == (15000, s.trigger_tokens, 15000, 1.0)
 
 
 def test_the_requests_bound_lowers_the_cap_and_the_trigger():
     s = _settings(15000, 64000)
-    c = acc.in_counted_units(s, 1.0, prompt_bound=6000)
+    c = acc.in_counted_units(s, None, prompt_bound=6000)
     assert c.model_cap == 6000 and c.max_context == 6000
     assert c.trigger_tokens == int(s.trigger_tokens * 6000 / 15000)
-    assert acc.in_counted_units(s, 1.0, prompt_bound=90000).model_cap == 15000  # the valve is lower
-    uncapped = acc.in_counted_units(_settings(0, 5000), 1.0, prompt_bound=4000)
+    assert acc.in_counted_units(s, None, prompt_bound=90000).model_cap == 15000  # the valve is lower
+    uncapped = acc.in_counted_units(_settings(0, 5000), None, prompt_bound=4000)
     assert uncapped.model_cap == 4000 and uncapped.trigger_tokens <= 3000
 
 
@@ -130,11 +135,11 @@ def test_usage_shown_compares_the_figure_with_the_cap_it_is_shown_against():
 
 def test_a_reply_relates_to_what_was_counted_for_it():
     t = acc.ModelTokens()
-    assert t.scale("llama") == 1.0
+    assert t.scale("llama") is None
     t.note_sent("r1", "llama", True, 1000)
     assert t.learn("r1", {"prompt_tokens": 1300}) == ("llama", "exact", pytest.approx(1.3))
     assert t.scale("llama") == pytest.approx(1.3)
-    assert t.scale("other") == 1.0
+    assert t.scale("other") is None
     assert t.learn("r1", {"prompt_tokens": 5000}) is None  # related once
     assert t.learn("unknown", {"prompt_tokens": 5000}) is None
     assert t.unsaved and t.unsaved[-1][1:4] == ("llama", "exact", pytest.approx(1.3))
@@ -166,6 +171,11 @@ def test_the_estimator_has_its_own_ratio_and_falls_back_to_the_exact_one():
     t.note_sent("b", "m", False, 1000)
     t.learn("b", {"prompt_tokens": 900})
     assert t.scale("m", exact=False) == pytest.approx(0.9)
+    t.note_sent("c", "m", False, 1000)
+    t.learn("c", {"prompt_tokens": 1000})
+    t.note_sent("d", "m", False, 1000)
+    t.learn("d", {"prompt_tokens": 5000})  # an outlier
+    assert t.scale("m", exact=False) == pytest.approx(1.0)  # the second highest: never the outlier
     assert t.scale("m", exact=True) == pytest.approx(1.3)
 
 
@@ -304,7 +314,7 @@ def test_a_model_that_reports_no_usage_keeps_todays_counts():
         await f.wait_for_background(10)
 
     asyncio.run(run())
-    assert f.tokens.scale("llama") == 1.0 and not f.store.rows
+    assert f.tokens.scale("llama") is None and not f.store.rows
 
 
 def test_the_requests_num_ctx_bounds_the_cap_whatever_the_valves_say():
