@@ -92,12 +92,12 @@ def test_fifty_turns_past_the_window_with_the_summarizer_down(acc, provider, mod
     print(f"\n[e2e] {model}: 50 turns in {time.monotonic() - started:.0f}s, last request {last['model_tokens']}")
 
 
-def test_thirty_turns_past_the_window_with_summaries_working(acc, provider):
+def test_forty_turns_past_the_window_with_summaries_working(acc, provider):
     set_up(acc, compression_threshold_tokens=8000, debug=False)
     conv = Conversation(acc, provider, seed=23, model=VLLM_MODEL)
     conv.add_turns(1, words=40)
     conv.store("model tokens, summaries on")
-    turns = grow(conv, 30, words=330)
+    turns = grow(conv, 40, words=400)
     problems = check_chat(conv, turns, VLLM_MODEL)
     assert not problems, "\n".join(problems[:12])
     assert any(has_summary(r) for t in turns for r in t.requests), "no summary was ever applied"
