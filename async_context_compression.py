@@ -14,7 +14,8 @@ requirements: tiktoken
 #   1. Pure transcript functions: atomic groups, boundary alignment, repair,
 #      summary placement, budget fitting. Plain message lists in, new lists out.
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints.
-#   3. Token accounting: tiktoken (loaded off the request path) + estimator.
+#   3. Token accounting: tiktoken (loaded off the request path) + estimator,
+#      and each model's own tokens per counted token, learned from usage.
 #   4. Settings: valves resolved per model, never raising.
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
@@ -2429,10 +2430,12 @@ async def fit_request(
 # exactly the request that produced it (the request hook notes it under the
 # reply's message id, outlet reads the reply's usage). Per model and count
 # path ("exact" tokenizer, "estimate"), the median of the last ratios, each
-# clamped, is the model's ``scale``: model tokens per counted token. It is
+# clamped (the estimator's: the second highest, its error depends on the
+# text), is the model's ``scale``: model tokens per counted token. It is
 # applied once, as a change of units (``in_counted_units``): the cap, the
 # threshold and the trigger are divided by it, the status figure multiplied.
-# A model that reports no usage keeps scale 1.0 (today's counts).
+# A model that reports no usage keeps today's counts (no scale). The ratios
+# are stored beside the summaries (layer 5) and read in the background.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
@@ -4851,7 +4854,10 @@ def user_language(metadata: Any, user: Any = None) -> str:
 
 
 def format_tokens(value: int) -> str:
-    if value >= 10_000:
+    """812, 6.9k, 14.7k, 128k: at most 0.5% off below 100k (whole thousands
+    from 10k would be up to 5% off: the figure would hide how close to the
+    cap a request is)."""
+    if value >= 100_000:
         return f"{value / 1000:.0f}k"
     if value >= 1_000:
         return f"{value / 1000:.1f}k"

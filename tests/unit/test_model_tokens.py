@@ -295,7 +295,7 @@ def test_a_chat_grows_past_the_window_of_a_13x_model_without_a_request_over_it()
     assert all(own <= 4000 for own, _ in replies[1:]), replies  # from the second reply on, the model's tokens
     assert replies[0][0] <= spec.window  # the first fits the window here; learned from its usage
     for own, figure in replies[1:]:
-        assert abs(_figure(figure) - own) <= max(0.05 * own, 100), (own, figure)  # "k" figures round to 0.1k
+        assert abs(_figure(figure) - own) <= 0.05 * own, (own, figure)
     assert f.store.rows and {row[1] for row in f.store.rows} == {"llama"}  # shared through the store
 
 

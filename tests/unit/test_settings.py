@@ -128,7 +128,7 @@ def test_status_texts_follow_the_ui_language():
     assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "fr-FR"}}) == "fr"
     assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "nl-NL"}}) == "en"
     assert acc.user_language({}, {"info": {"language": "pt-BR"}}) == "pt"
-    assert acc.status_text("zh", "sent", used=12345, cap=128000) == "已发送 12k / 128k tokens"
+    assert acc.status_text("zh", "sent", used=12345, cap=128000) == "已发送 12.3k / 128k tokens"
     assert acc.status_text("en", "sent", used=950, cap=0) == "950 tokens sent"
     assert acc.status_text("de", "left_out", messages=1) == "1 Nachricht weggelassen, um das Limit einzuhalten"
 
@@ -194,7 +194,7 @@ def test_status_keys_of_the_previous_line_still_render_in_the_new_texts():
     assert acc.status_text("en", "usage", used=950, budget=0) == "950 tokens sent"
     assert (
         acc.status_text("en", "trimmed", used=12345, budget=20000, dropped=3)
-        == "12k / 20k tokens sent · 3 messages left out to fit"
+        == "12.3k / 20.0k tokens sent · 3 messages left out to fit"
     )
     assert (
         acc.status_text("zh", "usage_summary", used=5, budget=9000, covered=1)
