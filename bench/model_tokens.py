@@ -42,6 +42,7 @@ ensure_offline_cl100k()
 from corpus import make_text  # noqa: E402
 
 import async_context_compression as acc  # noqa: E402
+from devkit import probes  # noqa: E402
 from devkit.fake_provider import ModelSpec, model_tokens  # noqa: E402
 
 CAP = 15000
@@ -85,7 +86,7 @@ def _filter(exact: bool) -> acc.Filter:
     f.valves.compression_threshold_tokens = 0
     f.valves.show_status = True
     if exact:
-        assert f.counter.wait_ready("cl100k_base", 60)
+        assert probes.wait_ready(f.counter, "cl100k_base", 60)
     else:
         f.counter = _NoFile()  # the estimator's path
     return f

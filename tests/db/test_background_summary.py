@@ -25,6 +25,7 @@ import pytest
 from race_worker import run_processes
 
 import async_context_compression as acc
+from devkit.probes import canonical_view, messages_tokens, wait_ready
 
 MARK = re.compile(r"MK-\d{4}")
 FILLER = (
@@ -133,7 +134,7 @@ def as_inlet_sees_it(stored: list) -> list:
 
 
 def canonical(stored: list) -> tuple[list, list]:
-    return acc.canonical_view(as_inlet_sees_it(stored))
+    return canonical_view(as_inlet_sees_it(stored))
 
 
 def anchor_of(stored: list) -> str:
@@ -207,7 +208,7 @@ class Worker:
         self.filter.complete = self.summarizer
         for key, value in {**VALVES, **valves}.items():
             setattr(self.filter.valves, key, value)  # no validation: tests may go below a valve's minimum
-        assert self.filter.counter.wait_ready("cl100k_base", 60)
+        assert wait_ready(self.filter.counter, "cl100k_base", 60)
         self.events: list = []
 
     async def _emit(self, event):
@@ -319,7 +320,7 @@ async def test_outlet_summary_is_applied_by_inlet_at_the_same_coverage(db):
     [record] = await w.records(chat)
     assert (record.user_id, record.chat_id, record.head_count) == ("alice", "chat-1", 1)
     assert record.covered_count == last_turn_start(canon)
-    assert record.fingerprint == acc.prefix_fingerprint(acc.canonical_view(canon)[1], record.covered_count)
+    assert record.fingerprint == acc.prefix_fingerprint(canonical_view(canon)[1], record.covered_count)
 
     statuses = w.statuses()
     assert any(s.startswith("Summarizing") and "in the background" in s for s in statuses)
@@ -420,7 +421,7 @@ async def test_window_fitting_folds_in_several_saved_rounds(db):
     assert covered == sorted(set(covered)) and covered[-1] == last_turn_start(canon)
     seen: list = []
     for i, call in enumerate(calls):
-        total = w.filter.counter.messages_tokens(call["messages"], "cl100k_base")
+        total = messages_tokens(w.filter.counter, call["messages"], "cl100k_base")
         assert total + 64 <= 1000, (i, total)
         new = MARK.findall(w.summarizer.new_section(i))
         assert new and not set(new) & set(seen)  # each round folds new messages only

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 import async_context_compression as acc
+from devkit import probes
 
 
 def rows(model="llama", path="exact", n=3, ratio=1.3, worker="w1"):
@@ -49,7 +50,7 @@ async def test_workers_adding_at_once_lose_nothing_they_keep(db):
 async def test_the_filter_saves_and_refreshes_through_the_store(db):
     f = acc.Filter()
     f.store = db.store()
-    assert f.counter.wait_ready("cl100k_base", 60)
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
     text = "The quarterly figures were compared with the plan in detail. " * 20
     meta = {"chat_id": "c1", "message_id": "a1"}
     msgs = [{"role": "user", "content": text}]

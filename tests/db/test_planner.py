@@ -8,6 +8,7 @@ import copy
 from test_background_summary import ALICE, FILLER, MODEL, SYSTEM, FakeSummarizer, Worker, stored_chat
 
 import async_context_compression as acc
+from devkit.probes import messages_tokens
 
 
 async def _summarized(db, **valves):
@@ -22,7 +23,7 @@ async def test_next_request_counts_the_summary_once(db):
     w, chat, record = await _summarized(db)
     sent, view = await w.inlet(chat)
     assert any(acc.is_summary_message(m) for m in view)
-    inlet_count = w.filter.counter.messages_tokens(view, "cl100k_base")
+    inlet_count = messages_tokens(w.filter.counter, view, "cl100k_base")
 
     ctx = w.filter._context(
         {"model": MODEL, "messages": sent}, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1"
@@ -53,7 +54,7 @@ async def test_tool_schemas_seen_by_request_count_in_the_next_request(db):
     planned = w.filter.summaries.next_request_tokens(
         ctx, acc.Branch.of(canon, [None] * len(canon)), record.summary, record.head_count, record.covered_count
     )
-    with_tools = w.filter.counter.messages_tokens(view, "cl100k_base") + w.filter.counter.tools_tokens(
+    with_tools = messages_tokens(w.filter.counter, view, "cl100k_base") + w.filter.counter.tools_tokens(
         tools, "cl100k_base"
     )
     assert with_tools <= planned <= with_tools * (1 + acc.ESTIMATE_MARGIN)
@@ -73,7 +74,7 @@ async def test_summarizer_reads_at_most_one_and_a_half_times_the_chat_over_its_l
     count = w.filter.counter.text_tokens
     read = sum(count(m["content"], "cl100k_base") for call in w.summarizer.calls for m in call["messages"])
     canon = [m for m in acc.expand_stored_messages(chat)[0] if m["role"] != "system"]
-    whole = w.filter.counter.messages_tokens(canon, "cl100k_base")
+    whole = messages_tokens(w.filter.counter, canon, "cl100k_base")
     assert len(w.summarizer.calls) >= 3
     sizes = [[count(m["content"], "cl100k_base") for m in call["messages"]] for call in w.summarizer.calls]
     assert read <= 1.5 * whole, (read, whole, sizes)

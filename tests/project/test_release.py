@@ -63,6 +63,7 @@ def test_works_without_open_webui_installed(tmp_path):
         sys.modules["open_webui"] = None  # any import of it now fails
         sys.path.insert(0, {str(ROOT)!r})
         import async_context_compression as acc
+        from devkit.probes import messages_tokens
 
         async def main():
             f = acc.Filter()
@@ -75,7 +76,7 @@ def test_works_without_open_webui_installed(tmp_path):
             assert [m["role"] for m in out["messages"]][0] == "system"
             assert not any(m["role"] == "tool" for m in out["messages"])
             assert out["messages"][-1] == chat[-1]
-            assert acc.TokenCounter().messages_tokens(out["messages"], "cl100k_base", exact=False) <= 200
+            assert messages_tokens(acc.TokenCounter(), out["messages"], "cl100k_base", exact=False) <= 200
             again = await f.request(out, __user__={{"id": "u"}})
             assert again["messages"] == out["messages"]
             stored = {{"model": "m", "chat_id": "c", "messages": [dict(m, id=str(i)) for i, m in enumerate(chat)]}}

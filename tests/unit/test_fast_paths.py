@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit.probes import canonical_view, needs_repair
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -135,7 +136,7 @@ def near_valid_chats(draw):
 @given(st.one_of(st.lists(any_message, max_size=8), near_valid_chats()))
 def test_the_repair_shortcut_is_taken_exactly_when_no_pass_changes_anything(messages):
     out, report = all_passes(messages)
-    assert acc._needs_repair(messages) == (not unchanged(messages, out, report))
+    assert needs_repair(messages) == (not unchanged(messages, out, report))
 
 
 @SETTINGS
@@ -192,7 +193,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
     messages = [{"role": "system", "content": "s"}] + [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(length)
     ]
-    canon, digests = acc.canonical_view(messages)
+    canon, digests = canonical_view(messages)
     records = []
     for head, covered, matches in specs:
         fingerprint = acc.prefix_fingerprint(digests, max(0, covered)) if matches else "0" * 64

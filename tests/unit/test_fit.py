@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit.probes import canonical_view
 from devkit.provider_rules import check_openai, violations_added
 
 MARK = "characters trimmed to fit the context window"
@@ -433,7 +434,7 @@ def test_canonical_digest_equal_for_inlet_and_stored_views():
     )
     assert ids == ["m1", "m2", "m2", "m2"]
     assert [acc.canonical_digest(m) for m in inlet] == [acc.canonical_digest(m) for m in stored]
-    assert acc.canonical_view(inlet)[1] == acc.canonical_view(stored)[1]
+    assert canonical_view(inlet)[1] == canonical_view(stored)[1]
 
 
 def test_canonical_digest_tells_different_messages_apart():
@@ -463,8 +464,8 @@ def _record(head, covered, digests, summary="s", fingerprint=None):
 
 def test_choose_summary_prefix_must_match_and_most_advanced_wins():
     branch = [U(f"u{i}") if i % 2 == 0 else AS(f"a{i}") for i in range(10)]
-    digests = acc.canonical_view(branch)[1]
-    other = acc.canonical_view(branch[:5] + [AS("another branch")] + branch[6:])[1]
+    digests = canonical_view(branch)[1]
+    other = canonical_view(branch[:5] + [AS("another branch")] + branch[6:])[1]
     r4 = _record(1, 4, digests, "four")
     r6 = _record(1, 6, digests, "six")
     r8_other = _record(1, 8, other, "other branch")
@@ -482,7 +483,7 @@ def test_choose_summary_prefix_must_match_and_most_advanced_wins():
 
 
 def test_choose_summary_ties_keep_the_first():
-    digests = acc.canonical_view([U("1"), AS("2"), U("3"), AS("4")])[1]
+    digests = canonical_view([U("1"), AS("2"), U("3"), AS("4")])[1]
     a, b = _record(1, 2, digests, "a"), _record(1, 2, digests, "b")
     assert acc.choose_summary([a, b], digests) is a
 

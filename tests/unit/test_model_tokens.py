@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit import probes
 from devkit.fake_provider import ModelSpec, model_tokens
 
 LONG = "The quarterly figures were compared with the plan in detail. " * 12
@@ -202,7 +203,7 @@ def test_tables_are_bounded():
 
 def test_replayed_samples_from_the_usage_stored_on_earlier_replies():
     counter = acc.TokenCounter()
-    assert counter.wait_ready("cl100k_base", 60)
+    assert probes.wait_ready(counter, "cl100k_base", 60)
     spec = ModelSpec(ratio=1.3)
     stored, sent = [], []
     for i in range(4):
@@ -288,7 +289,7 @@ def test_a_chat_grows_past_the_window_of_a_13x_model_without_a_request_over_it()
     f.valves.max_context_tokens = 4000
     f.valves.compression_threshold_tokens = 0
     f.valves.summary_model = "none-such"  # summaries would fail: only the cap protects
-    assert f.counter.wait_ready("cl100k_base", 60)
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
     spec = ModelSpec(ratio=1.3, window=4400)
     replies = _run_chat(f, spec, 24)
     assert replies[-1][0] > 3000  # it really grew to the cap
@@ -304,7 +305,7 @@ def test_a_model_that_reports_no_usage_keeps_todays_counts():
     f.store = _Store()
     f.valves.max_context_tokens = 4000
     f.valves.compression_threshold_tokens = 0
-    assert f.counter.wait_ready("cl100k_base", 60)
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
 
     async def run():
         meta = {"chat_id": "c1", "message_id": "a0"}
@@ -322,7 +323,7 @@ def test_the_requests_num_ctx_bounds_the_cap_whatever_the_valves_say():
     f.store = _Store()
     f.valves.max_context_tokens = 128000
     f.valves.compression_threshold_tokens = 0
-    assert f.counter.wait_ready("cl100k_base", 60)
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
     spec = ModelSpec(ratio=1.0, window=3000, on_overflow="cut")
     replies = _run_chat(f, spec, 16, options={"num_ctx": 3000, "num_predict": 200})
     assert max(own for own, _ in replies) > 2000

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit.probes import message_tokens, messages_tokens, needs_repair, wait_ready
 from devkit.provider_rules import check_openai, violations_added
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -374,6 +375,7 @@ def test_fit_output_is_provider_safe_and_keeps_what_it_must(case):
     prefix = acc.protected_head_end(repaired, keep_first)
     out, report = acc.fit_to_budget(repaired, tok, cap, prefix)
     assert_provider_safe(chat, out)
+    assert not needs_repair(out)  # what lets Filter._prepare's repair after fitting be a mere guard
     assert_kept_verbatim(chat, out)
     assert report.tokens_after == sum(tok(m) for m in out)
     assert report.over_budget == (report.tokens_after > cap)
@@ -443,7 +445,7 @@ def _exact_filter():
     except Exception:
         return None
     f = acc.Filter()
-    return f if f.counter.wait_ready("cl100k_base", 30) else None
+    return f if wait_ready(f.counter, "cl100k_base", 30) else None
 
 
 _FILTERS: dict = {}
@@ -513,14 +515,14 @@ def test_inlet_output_is_safe_and_fits(mode, case):
 
     encoding = acc.encoding_for_model(MODELS[mode])
     fixed = f.counter.tools_tokens(tools, encoding) + acc.TOKENS_PER_REQUEST
-    used = f.counter.messages_tokens(sent, encoding) + fixed - acc.TOKENS_PER_REQUEST
+    used = messages_tokens(f.counter, sent, encoding) + fixed - acc.TOKENS_PER_REQUEST
     repaired, _ = acc.repair_transcript(chat)
-    need = fixed + irreducible(repaired, lambda m: f.counter.message_tokens(m, encoding))
+    need = fixed + irreducible(repaired, lambda m: message_tokens(f.counter, m, encoding))
     # The filter skips exact counting when its estimate is far enough below
     # the cap; that is only sound where the estimate errs by less than
     # ESTIMATE_MARGIN (text where it does not: test_estimate_below_exact_*).
-    estimate = fixed + sum(f.counter.message_tokens(m, encoding, exact=False) for m in repaired)
-    exact = fixed + sum(f.counter.message_tokens(m, encoding) for m in repaired)
+    estimate = fixed + sum(message_tokens(f.counter, m, encoding, exact=False) for m in repaired)
+    exact = fixed + sum(message_tokens(f.counter, m, encoding) for m in repaired)
     if exact > estimate * (1 + acc.ESTIMATE_MARGIN):
         note(f"estimate {estimate} vs exact {exact}: outside the estimator's margin")
         return
@@ -531,7 +533,7 @@ def test_inlet_output_is_safe_and_fits(mode, case):
 def test_estimate_below_exact_does_not_break_the_cap():
     filter_for("exact")  # skips when cl100k is not available offline
     f = acc.Filter()  # a fresh one: no exact count of this text cached yet
-    assert f.counter.wait_ready("cl100k_base", 30)
+    assert wait_ready(f.counter, "cl100k_base", 30)
     f.valves.max_context_tokens = 600
     f.valves.keep_first = 0
     letters = " ".join("xyz"[i % 3] for i in range(1000))
@@ -542,12 +544,12 @@ def test_estimate_below_exact_does_not_break_the_cap():
         {"role": "user", "content": "and?"},
     ]
     probe = acc.TokenCounter()  # counts on the side, leaving f's cache alone
-    assert probe.wait_ready("cl100k_base", 30)
-    estimate = sum(probe.message_tokens(m, "cl100k_base", exact=False) for m in chat)
-    if not estimate * (1 + acc.ESTIMATE_MARGIN) < 600 < probe.messages_tokens(chat, "cl100k_base"):
+    assert wait_ready(probe, "cl100k_base", 30)
+    estimate = sum(message_tokens(probe, m, "cl100k_base", exact=False) for m in chat)
+    if not estimate * (1 + acc.ESTIMATE_MARGIN) < 600 < messages_tokens(probe, chat, "cl100k_base"):
         pytest.skip("the estimator no longer underrates this text: pick text it does")
     out = run_hook(f, "inlet", {"model": MODELS["exact"], "messages": chat})
-    assert probe.messages_tokens(out["messages"], "cl100k_base") <= 600
+    assert messages_tokens(probe, out["messages"], "cl100k_base") <= 600
 
 
 # -- garbage never makes the filter raise -------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import async_context_compression as acc
+from devkit.probes import canonical_view, message_tokens, messages_tokens, needs_repair
 from devkit.provider_rules import check_openai
 
 
@@ -44,7 +45,7 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
         image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": detail}}
         counter = _EstimateOnly()
         assert (
-            counter.message_tokens({"role": "user", "content": [image]}, "cl100k_base")
+            message_tokens(counter, {"role": "user", "content": [image]}, "cl100k_base")
             == acc.TOKENS_PER_MESSAGE + 1 + acc.IMAGE_TOKENS_UNKNOWN
         )
         messages = [
@@ -57,7 +58,7 @@ def test_image_part_with_a_malformed_detail_is_counted_and_capped():
         out, events = _run(f, {"model": "gpt-4o", "messages": messages})
         sent = out["messages"]
         assert sent[0] == messages[0] and sent[-1] == messages[-1]
-        assert f.counter.messages_tokens(sent, "o200k_base") <= 1000
+        assert messages_tokens(f.counter, sent, "o200k_base") <= 1000
         assert not any("skipped" in str(e) for e in events), events
         assert check_openai(sent) == []
 
@@ -119,7 +120,7 @@ def test_messages_with_a_role_openai_rejects_are_dropped():
         sent, _ = _run(_filter(cap=0), {"model": "gpt-4o", "messages": chat})
         assert check_openai(sent["messages"]) == []
     # alone, such a message is enough for repair to act (the fast path agrees)
-    assert acc._needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
+    assert needs_repair([{"role": "function", "content": "x"}, {"role": "user", "content": "q"}])
 
 
 def test_tool_calls_missing_type_or_string_arguments_are_completed():
@@ -221,7 +222,7 @@ def test_a_large_audio_part_in_the_protected_head_is_marked_to_fit():
     f = _filter(cap=81, keep_first=1)
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
     sent = out["messages"]
-    assert f.counter.messages_tokens(sent, "o200k_base") <= 81
+    assert messages_tokens(f.counter, sent, "o200k_base") <= 81
     assert sent == [{"role": "user", "content": [{"type": "text", "text": acc._ATTACHMENT_MARKER}]}, chat[1]]
     assert check_openai(sent) == []
     # a refusal part is the reply's own text, not an attachment
@@ -254,7 +255,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         {"role": "tool", "tool_call_id": "call_0", "content": "result"},
         {"role": "assistant", "content": "Here it is."},
     ]
-    canon, digests = acc.canonical_view(at_outlet)
+    canon, digests = canonical_view(at_outlet)
     head = acc.canonical_head(canon, 0)
     covered = acc.summary_target(canon, head, 2)
     assert (head, covered) == (0, 1)  # what the planner saves
@@ -268,7 +269,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         summary="The user sent a report.",
     )
     chat = [{"role": "system", "content": "s"}, *at_outlet, {"role": "user", "content": "Thanks. And now?"}]
-    assert not acc.summary_tail_joins(acc.canonical_view(chat)[0], head, covered)
+    assert not acc.summary_tail_joins(canonical_view(chat)[0], head, covered)
     f = _filter(cap=0, keep_first=0)
     f.store = _FakeStore([record])
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
@@ -283,7 +284,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         anchor="a",
         head_count=0,
         covered_count=4,
-        fingerprint=acc.prefix_fingerprint(acc.canonical_view(chat)[1], 4),
+        fingerprint=acc.prefix_fingerprint(canonical_view(chat)[1], 4),
         summary="Earlier: a report.",
     )
     f.store = _FakeStore([record, ok])

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit.probes import wait_ready
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -30,7 +31,7 @@ def rough_count(text: str) -> int:
 def exact():
     counter = acc.TokenCounter()
     counter.start_loading("cl100k_base")
-    assert counter.wait_ready("cl100k_base", 60)
+    assert wait_ready(counter, "cl100k_base", 60)
     return lambda text: counter.text_tokens(text, "cl100k_base")
 
 

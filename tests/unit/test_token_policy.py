@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import async_context_compression as acc
+from devkit.probes import wait_ready
 
 ENC = "cl100k_base"
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -23,7 +24,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(H
 def loaded():
     pytest.importorskip("tiktoken")
     c = acc.TokenCounter()
-    if not c.wait_ready(ENC, timeout=30):
+    if not wait_ready(c, ENC, timeout=30):
         pytest.skip("cl100k_base not available offline")
     return c
 
@@ -35,7 +36,7 @@ class EstimateOnly(acc.TokenCounter):
 
 def exact_counter() -> acc.TokenCounter:
     c = acc.TokenCounter()
-    assert c.wait_ready(ENC, timeout=30)
+    assert wait_ready(c, ENC, timeout=30)
     return c
 
 

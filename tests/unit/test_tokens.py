@@ -24,6 +24,7 @@ import zlib
 import pytest
 
 import async_context_compression as acc
+from devkit.probes import cache_len, message_tokens, messages_tokens, wait_ready
 
 ENC = "cl100k_base"
 
@@ -40,7 +41,7 @@ def tiktoken_cl100k():
 @pytest.fixture
 def counter(tiktoken_cl100k):
     c = acc.TokenCounter()
-    assert c.wait_ready(ENC, timeout=30)
+    assert wait_ready(c, ENC, timeout=30)
     return c
 
 
@@ -135,19 +136,19 @@ def test_unknown_encoding_in_model_thresholds_is_refused_with_a_reason():
 def test_plain_message_is_text_plus_message_overhead(counter, tiktoken_cl100k):
     # 'Hello' ',' ' world' '!' = 4 tokens; + 3 per message + 1 for the role
     assert n(tiktoken_cl100k, "Hello, world!") == 4
-    assert counter.message_tokens({"role": "user", "content": "Hello, world!"}, ENC) == 8
+    assert message_tokens(counter, {"role": "user", "content": "Hello, world!"}, ENC) == 8
     assert acc.TOKENS_PER_MESSAGE + 1 == 4
 
 
 def test_a_request_costs_its_messages_plus_a_fixed_overhead(counter):
     messages = [{"role": "system", "content": "Hello, world!"}, {"role": "user", "content": "Hello, world!"}]
-    assert counter.messages_tokens(messages, ENC) == acc.TOKENS_PER_REQUEST + 8 + 8 == 19
+    assert messages_tokens(counter, messages, ENC) == acc.TOKENS_PER_REQUEST + 8 + 8 == 19
 
 
 def test_name_costs_its_tokens_plus_one(counter, tiktoken_cl100k):
     message = {"role": "user", "name": "alice", "content": "Hello, world!"}
     assert n(tiktoken_cl100k, "alice") == 1
-    assert counter.message_tokens(message, ENC) == 8 + acc.TOKENS_PER_NAME + 1 == 10
+    assert message_tokens(counter, message, ENC) == 8 + acc.TOKENS_PER_NAME + 1 == 10
 
 
 def test_tool_calls_cost_names_and_arguments(counter, tiktoken_cl100k):
@@ -162,7 +163,7 @@ def test_tool_calls_cost_names_and_arguments(counter, tiktoken_cl100k):
     # get_weather = 2, {"city": "Paris"} = 6, search = 1, {"q": "tiktoken"} = 8
     expected = 4 + (acc.TOKENS_PER_TOOL_CALL + 2 + 6) + (acc.TOKENS_PER_TOOL_CALL + 1 + 8)
     assert expected == 4 + 16 + 17 == 37
-    assert counter.message_tokens(message, ENC) == expected
+    assert message_tokens(counter, message, ENC) == expected
 
 
 def test_non_string_arguments_are_counted_as_json(counter, tiktoken_cl100k):
@@ -175,13 +176,13 @@ def test_non_string_arguments_are_counted_as_json(counter, tiktoken_cl100k):
         ],
     }
     text = json.dumps(arguments, ensure_ascii=False)
-    assert counter.message_tokens(message, ENC) == 4 + acc.TOKENS_PER_TOOL_CALL + 2 + n(tiktoken_cl100k, text)
+    assert message_tokens(counter, message, ENC) == 4 + acc.TOKENS_PER_TOOL_CALL + 2 + n(tiktoken_cl100k, text)
 
 
 def test_tool_result_costs_its_text_and_the_call_reference(counter, tiktoken_cl100k):
     message = {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 °C"}
     assert n(tiktoken_cl100k, "Sunny, 21 °C") == 7
-    assert counter.message_tokens(message, ENC) == 4 + 7 + acc.TOKENS_PER_NAME == 12
+    assert message_tokens(counter, message, ENC) == 4 + 7 + acc.TOKENS_PER_NAME == 12
 
 
 def test_image_parts_are_estimated_from_their_size(counter, tiktoken_cl100k):
@@ -195,12 +196,12 @@ def test_image_parts_are_estimated_from_their_size(counter, tiktoken_cl100k):
         ],
     }
     assert n(tiktoken_cl100k, "What is in this image?") == 6
-    assert counter.message_tokens(message, ENC) == 4 + 6 + 765 + 85 + acc.IMAGE_TOKENS_UNKNOWN
+    assert message_tokens(counter, message, ENC) == 4 + 6 + 765 + 85 + acc.IMAGE_TOKENS_UNKNOWN
 
 
 def test_injected_summary_is_counted_like_any_system_message(counter, tiktoken_cl100k):
     summary = acc.build_summary_message("The user wants a cheaper plan. 用户要便宜的套餐。")
-    assert counter.message_tokens(summary, ENC) == 4 + n(tiktoken_cl100k, summary["content"])
+    assert message_tokens(counter, summary, ENC) == 4 + n(tiktoken_cl100k, summary["content"])
     assert n(tiktoken_cl100k, summary["content"]) > n(tiktoken_cl100k, "The user wants a cheaper plan.")
 
 
@@ -228,9 +229,9 @@ def test_o200k_counts_are_exact_where_its_file_is_cached():
 
     encoding = tiktoken.get_encoding("o200k_base")
     c = acc.TokenCounter()
-    assert c.wait_ready("o200k_base", timeout=30)
+    assert wait_ready(c, "o200k_base", timeout=30)
     text = "你好，世界 — Hello, world! def f(x): return x * 2"
-    assert c.message_tokens({"role": "user", "content": text}, "o200k_base") == 4 + n(encoding, text)
+    assert message_tokens(c, {"role": "user", "content": text}, "o200k_base") == 4 + n(encoding, text)
 
 
 # -- images: sizes from the data URL's header, OpenAI's tile rule -------------------------------
@@ -351,15 +352,15 @@ def test_request_path_never_waits_for_the_encoding(monkeypatch, tiktoken_cl100k)
     c = acc.TokenCounter()
     text = "Please summarize the quarterly report in three bullet points. " * 20
     started = time.perf_counter()
-    tokens = c.message_tokens({"role": "user", "content": text}, ENC)
+    tokens = message_tokens(c, {"role": "user", "content": text}, ENC)
     elapsed = time.perf_counter() - started
     assert elapsed < 0.05, f"message_tokens waited {elapsed:.3f}s for tiktoken"
     assert tokens == 4 + acc.estimate_text_tokens(text, ENC)  # the estimate
     assert not c.is_exact(ENC)
     assert any(t.name == f"acc-tiktoken-{ENC}" and t.is_alive() for t in set(threading.enumerate()) - earlier)
     # the load finishes in the background; then counts are exact
-    assert c.wait_ready(ENC, timeout=10) and released.is_set()
-    assert c.message_tokens({"role": "user", "content": text}, ENC) == 4 + n(tiktoken_cl100k, text)
+    assert wait_ready(c, ENC, timeout=10) and released.is_set()
+    assert message_tokens(c, {"role": "user", "content": text}, ENC) == 4 + n(tiktoken_cl100k, text)
 
 
 def test_inlet_does_not_wait_for_the_encoding_either(monkeypatch, tiktoken_cl100k):
@@ -383,7 +384,7 @@ def test_inlet_does_not_wait_for_the_encoding_either(monkeypatch, tiktoken_cl100
     assert time.perf_counter() - started < 1.0
     assert not f.counter.is_exact(ENC)
     assert out["messages"][-1]["content"] == "and now?"
-    estimated = f.counter.messages_tokens(out["messages"], ENC, exact=False)
+    estimated = messages_tokens(f.counter, out["messages"], ENC, exact=False)
     assert estimated <= int(300 / (1 + acc.ESTIMATE_MARGIN))  # the lowered cap of the estimate-only path
 
 
@@ -413,25 +414,25 @@ def spy_counts(monkeypatch, c):
 
 def test_cache_is_bounded(tiktoken_cl100k):
     c = acc.TokenCounter(cache_size=7)
-    assert c.wait_ready(ENC, timeout=30)
+    assert wait_ready(c, ENC, timeout=30)
     for i in range(200):
         message = {"role": "user", "content": f"message number {i}"}
-        c.message_tokens(message, ENC)
-        c.message_tokens(message, ENC, exact=False)
+        message_tokens(c, message, ENC)
+        message_tokens(c, message, ENC, exact=False)
         acc.count_request(c, [message, {"role": "assistant", "content": f"reply {i}"}], ENC, 0)
-        assert c.cache_len() <= 7
+        assert cache_len(c) <= 7
 
 
 def test_cache_is_keyed_by_content_not_by_object(monkeypatch, counter):
     calls = spy_counts(monkeypatch, counter)
     first = {"role": "user", "content": "The same words, " * 10}
-    counter.message_tokens(first, ENC)
+    message_tokens(counter, first, ENC)
     again = json.loads(json.dumps(first))  # equal content, new objects (a new request)
     assert again is not first and again["content"] is not first["content"]
-    counter.message_tokens(again, ENC)
+    message_tokens(counter, again, ENC)
     assert len(calls) == 1, "identical content must hit the cache"
     changed = {**first, "content": first["content"] + "and one more."}
-    assert counter.message_tokens(changed, ENC) > counter.message_tokens(first, ENC)
+    assert message_tokens(counter, changed, ENC) > message_tokens(counter, first, ENC)
     assert len(calls) == 2, "changed content must be recounted"
 
 
@@ -465,21 +466,21 @@ def test_whatever_the_count_depends_on_is_in_the_key(monkeypatch, counter, chang
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}],
     }
     calls = spy_counts(monkeypatch, counter)
-    counter.message_tokens(base, ENC)
+    message_tokens(counter, base, ENC)
     other = change(base)
-    counter.message_tokens(other, ENC)
+    message_tokens(counter, other, ENC)
     assert len(calls) == 2
-    assert counter.message_tokens(other, ENC) == counter._count_message(other, ENC, True)
+    assert message_tokens(counter, other, ENC) == counter._count_message(other, ENC, True)
 
 
 def test_estimates_and_exact_counts_are_cached_apart(monkeypatch, counter):
     calls = spy_counts(monkeypatch, counter)
     message = {"role": "user", "content": "count me twice " * 30}
-    estimate = counter.message_tokens(message, ENC, exact=False)
-    exact = counter.message_tokens(message, ENC)
+    estimate = message_tokens(counter, message, ENC, exact=False)
+    exact = message_tokens(counter, message, ENC)
     assert calls == [(message["content"], False), (message["content"], True)]
-    assert counter.message_tokens(dict(message), ENC, exact=False) == estimate
-    assert counter.message_tokens(dict(message), ENC) == exact
+    assert message_tokens(counter, dict(message), ENC, exact=False) == estimate
+    assert message_tokens(counter, dict(message), ENC) == exact
     assert len(calls) == 2
 
 
@@ -487,7 +488,7 @@ def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
     """O(new messages) per inlet: the second request of a grown chat counts
     (estimates or tokenizes) only the messages it has not seen."""
     f = acc.Filter()
-    assert f.counter.wait_ready(ENC, timeout=30)
+    assert wait_ready(f.counter, ENC, timeout=30)
     f.valves.max_context_tokens = 2000
     chat = [{"role": "system", "content": "Be brief."}]
     for i in range(30):
@@ -506,7 +507,7 @@ def test_repeated_inlets_count_only_new_messages(monkeypatch, tiktoken_cl100k):
 
 def test_digest_cache_is_bounded_and_never_changes_a_digest(monkeypatch):
     def uncached(message):
-        monkeypatch.setattr(acc, "_DIGESTS", acc.OrderedDict())
+        monkeypatch.setattr(acc, "_DIGESTS", acc._BoundedDict(1000))
         return acc.canonical_digest(message)
 
     messages = [{"role": "user", "content": f"text {i}"} for i in range(40)]
@@ -518,8 +519,7 @@ def test_digest_cache_is_bounded_and_never_changes_a_digest(monkeypatch):
         }
     )
     expected = [uncached(m) for m in messages]
-    monkeypatch.setattr(acc, "_DIGESTS", acc.OrderedDict())
-    monkeypatch.setattr(acc, "_DIGESTS_SIZE", 5)
+    monkeypatch.setattr(acc, "_DIGESTS", acc._BoundedDict(5))
     for _ in range(3):
         assert [acc.canonical_digest(json.loads(json.dumps(m))) for m in messages] == expected
         assert len(acc._DIGESTS) <= 5

@@ -141,3 +141,26 @@ def test_renaming_is_final(chat):
     once, _ = acc.repair_transcript(chat)
     twice, report = acc.repair_transcript(once)
     assert twice == once and not report.changed()
+
+
+@SETTINGS
+@given(chats_with_reused_ids(), chats_with_reused_ids())
+def test_the_ids_of_older_turns_never_change_when_turns_are_added(first, more):
+    """Prompt caches and the provider's view of the history stay stable: a
+    turn's ids depend only on the turns before it."""
+    old, _ = acc.repair_transcript(first)
+    grown, _ = acc.repair_transcript(first + more)
+    # fix_null_content keeps only the latest user message without content
+    latest_user_empty = any(m.get("role") == "user" and m.get("content") is None for m in first)
+    assert old == grown[: len(old)] or latest_user_empty
+
+
+def test_an_id_a_later_turn_brings_does_not_rename_an_earlier_turn():
+    first = [U("1"), A("x"), T("x"), AS(), U("2"), A("x"), T("x"), AS(), U("3")]
+    grown = first + [A("x_2"), T("x_2"), AS(), U("4")]  # the provider itself sends x_2 now
+    old, _ = acc.repair_transcript(first)
+    new, _ = acc.repair_transcript(grown)
+    assert call_ids(old) == ["x", "x_2"]
+    assert new[: len(old)] == old
+    assert call_ids(new) == ["x", "x_2", "x_2_2"]
+    assert [m["tool_call_id"] for m in new if m["role"] == "tool"] == ["x", "x_2", "x_2_2"]

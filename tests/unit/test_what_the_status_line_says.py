@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 import async_context_compression as acc
+from devkit.probes import messages_tokens, wait_ready
 
 LONG = "The quarterly figures were compared with the plan in detail. " * 40
 
@@ -30,7 +31,7 @@ def _filter(cap: int = 3000, **valves) -> acc.Filter:
     f.valves.compression_threshold_tokens = cap // 2
     for key, value in valves.items():
         setattr(f.valves, key, value)
-    assert f.counter.wait_ready("cl100k_base", 60)
+    assert wait_ready(f.counter, "cl100k_base", 60)
     return f
 
 
@@ -66,7 +67,7 @@ def test_the_line_states_the_tokens_of_the_list_sent_with_its_tools():
     tools = [{"type": "function", "function": {"name": f"t{i}", "description": LONG}} for i in range(3)]
     body, lines = _hooks(f, _chat(2), tools=tools)
     assert len(lines) == 1  # the request hook's line only: inlet's would omit the tools
-    sent = f.counter.messages_tokens(body["messages"], "cl100k_base") + f.counter.tools_tokens(tools, "cl100k_base")
+    sent = messages_tokens(f.counter, body["messages"], "cl100k_base") + f.counter.tools_tokens(tools, "cl100k_base")
     assert f.counter.tools_tokens(tools, "cl100k_base") > 1000
     assert lines[0].startswith(f"{acc.format_tokens(sent)} / 8.0k")
 
