@@ -3,7 +3,7 @@ title: Async Context Compression
 id: async_context_compression
 author: Async Context Compression team
 author_url: https://github.com/async-context-compression
-version: 1.2.0
+version: 1.3.0
 required_open_webui_version: 0.9.0
 license: MIT
 description: Keeps long chats inside the model's context window without ever breaking them: tool-call-safe trimming under a hard token cap, and summaries of older turns made in the background.
@@ -53,6 +53,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cached_property, lru_cache
 from typing import Any, ClassVar, Optional
 
@@ -2869,13 +2870,47 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
-# Reason keys of StoreUnavailable (the status line and the log name them).
-STORE_DENIED = "store_denied"  # the role may not create or use the tables
-STORE_DOWN = "store_down"  # connection refused, closed, or the server restarting
-STORE_BUSY = "store_busy"  # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
-STORE_ERROR = "store_error"  # any other database error
-STORE_ABSENT = "store_absent"  # no database here at all (Open WebUI or SQLAlchemy missing)
 STORE_FIX = "set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE"
+
+
+class Fault(Enum):
+    """Why summaries failed, in one vocabulary for the store, the summarizer,
+    the status line and the log: each member carries its short log text, the
+    status-text key that says it (layer 7; "": nothing worth telling the
+    user) and, for the store, the log line that explains it."""
+
+    TIMEOUT = ("timeout", "r_timeout", "")
+    MODEL_ERROR = ("model error", "r_model_error", "")
+    EMPTY = ("empty answer", "r_empty", "")
+    REASONING_ONLY = ("reasoning-only answer", "r_reasoning_only", "")
+    DIRECT = ("direct connection", "r_direct", "")
+    UNREADABLE = ("unreadable answer", "r_unreadable", "")
+    NO_SUMMARIZER = ("no summarizer", "r_no_summarizer", "")
+    INTERNAL = ("internal error", "r_internal", "")
+    # the role may not create or use the tables
+    STORE_DENIED = (
+        "store_denied",
+        "r_store_denied",
+        "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
+    )
+    # connection refused, closed, or the server restarting
+    STORE_DOWN = (
+        "store_down",
+        "r_store_down",
+        "the database is unreachable ({detail}); summaries resume once it answers again",
+    )
+    # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
+    STORE_BUSY = (
+        "store_busy",
+        "r_store_busy",
+        "the database stayed locked or busy after retries ({detail}); retried on later turns",
+    )
+    STORE_ERROR = ("store_error", "r_store_down", "database error ({detail})")  # any other database error
+    # no database here at all (Open WebUI or SQLAlchemy missing): nothing to tell the user
+    STORE_ABSENT = ("store_absent", "", "no database ({detail})")
+
+    def __init__(self, text: str, key: str, explained: str):
+        self.text, self.key, self.explained = text, key, explained or "{detail}"
 
 
 @dataclass
@@ -2894,12 +2929,12 @@ class SummaryRecord:
 
 
 class StoreUnavailable(RuntimeError):
-    """The summary store cannot be used now; ``reason`` is one of the
-    STORE_* keys above."""
+    """The summary store cannot be used now; ``fault`` is one of the STORE_*
+    members of Fault."""
 
-    def __init__(self, message: str = "", reason: str = STORE_ERROR):
-        super().__init__(message or reason)
-        self.reason = reason
+    def __init__(self, message: str = "", fault: Fault = Fault.STORE_ERROR):
+        super().__init__(message or fault.text)
+        self.fault = fault
 
 
 _TABLES: dict = {}  # schema (None: the connection's default) -> tables
@@ -3017,35 +3052,35 @@ def _error_chain(exc: BaseException) -> list:
 
 
 def classify_store_error(exc: BaseException) -> Optional[str]:
-    """The STORE_* reason of a database error; None when ``exc`` is not one
+    """The STORE_* Fault of a database error; None when ``exc`` is not one
     (a bug, which is raised as it is)."""
     chain = _error_chain(exc)
     for e in chain:
         code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if isinstance(code, str) and code:
             if code in _PG_DENIED:
-                return STORE_DENIED
+                return Fault.STORE_DENIED
             if code in _PG_BUSY:
-                return STORE_BUSY
+                return Fault.STORE_BUSY
             if code.startswith(_PG_DOWN):
-                return STORE_DOWN
+                return Fault.STORE_DOWN
     text = " ".join(str(e).lower() for e in chain)
     if any(t in text for t in _DENIED_TEXT):
-        return STORE_DENIED
+        return Fault.STORE_DENIED
     if any(t in text for t in _BUSY_TEXT) or "queuepool limit" in text:
-        return STORE_BUSY
+        return Fault.STORE_BUSY
     if any(getattr(e, "connection_invalidated", False) for e in chain) or any(t in text for t in _DOWN_TEXT):
-        return STORE_DOWN
+        return Fault.STORE_DOWN
     if any(isinstance(e, (ConnectionError, OSError)) for e in chain):
-        return STORE_DOWN
+        return Fault.STORE_DOWN
     try:
         import sqlalchemy.exc
     except ImportError:
         return None
     if any(isinstance(e, sqlalchemy.exc.SQLAlchemyError) for e in chain):
-        return STORE_ERROR
+        return Fault.STORE_ERROR
     if any(type(e).__module__.split(".")[0] in ("psycopg", "psycopg2", "sqlite3", "aiosqlite") for e in chain):
-        return STORE_ERROR
+        return Fault.STORE_ERROR
     return None
 
 
@@ -3054,19 +3089,6 @@ def _missing_table(exc: BaseException) -> bool:
         if getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower():
             return True
     return False
-
-
-def _is_transient_db_error(exc: Exception) -> bool:
-    return classify_store_error(exc) == STORE_BUSY
-
-
-_STORE_FAULT_TEXT = {
-    STORE_DENIED: "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
-    STORE_DOWN: "the database is unreachable ({detail}); summaries resume once it answers again",
-    STORE_BUSY: "the database stayed locked or busy after retries ({detail}); retried on later turns",
-    STORE_ERROR: "database error ({detail})",
-    STORE_ABSENT: "no database ({detail})",
-}
 
 
 class LeaseHold:
@@ -3118,7 +3140,7 @@ class _Holding:
                 # after back_off the row is no longer ours: nothing is deleted
                 await self.store.release(self.hold.scope, self.hold.holder)
             except StoreUnavailable as exc:
-                log.debug("lease not released (%s); it expires within %.0fs", exc.reason, self.ttl)
+                log.debug("lease not released (%s); it expires within %.0fs", exc.fault.text, self.ttl)
 
 
 class SummaryStore:
@@ -3140,7 +3162,7 @@ class SummaryStore:
         self._schema_retry_at = 0.0
         self._schema_fault: Optional[StoreUnavailable] = None
         self._t: dict = {}
-        self.fault: Optional[str] = None
+        self.fault: Optional[Fault] = None
         self.fault_detail = ""
         self._logged: Optional[str] = None
 
@@ -3153,16 +3175,13 @@ class SummaryStore:
         return schema or None
 
     # -- faults ------------------------------------------------------------
-    def _failed(self, reason: str, exc: BaseException) -> StoreUnavailable:
+    def _failed(self, fault: Fault, exc: BaseException) -> StoreUnavailable:
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
-        self.fault, self.fault_detail = reason, detail
-        if self._logged != reason:
-            self._logged = reason
-            log.warning(
-                "async_context_compression: summary store failing: %s",
-                _STORE_FAULT_TEXT.get(reason, "{detail}").format(detail=detail),
-            )
-        return StoreUnavailable(f"{reason}: {detail}", reason)
+        self.fault, self.fault_detail = fault, detail
+        if self._logged != fault:
+            self._logged = fault
+            log.warning("async_context_compression: summary store failing: %s", fault.explained.format(detail=detail))
+        return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
     def _worked(self) -> None:
         if self._logged is not None:
@@ -3173,24 +3192,24 @@ class SummaryStore:
     async def _engine(self) -> Any:
         engine = self._engine_getter()
         if engine is None:
-            raise StoreUnavailable("no database (Open WebUI is not installed here)", STORE_ABSENT)
+            raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
         try:
             _tables()
         except ImportError as exc:
-            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", STORE_ABSENT)
+            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", Fault.STORE_ABSENT)
         if self._ready_for is not engine:
             if self._schema_lock is None:
                 self._schema_lock = asyncio.Lock()
             async with self._schema_lock:
                 if self._ready_for is not engine:
                     if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
-                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.reason)
+                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.fault)
                     schema = self.schema_for(engine)
                     try:
                         await self._create_schema(engine, schema)
                     except StoreUnavailable as exc:
                         self._schema_fault = exc
-                        wait = DENIED_RETRY if exc.reason == STORE_DENIED else 0.0
+                        wait = DENIED_RETRY if exc.fault == Fault.STORE_DENIED else 0.0
                         self._schema_retry_at = time.monotonic() + wait
                         raise
                     self._schema_fault = None
@@ -3211,7 +3230,7 @@ class SummaryStore:
                     raise
                 # a denied CREATE stays denied; a race with another worker
                 # creating the same tables (duplicate, locked) is tried again
-                if reason == STORE_DENIED or attempt == 4 or (reason == STORE_DOWN and attempt >= 1):
+                if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt >= 1):
                     raise self._failed(reason, exc) from exc
                 log.debug("schema creation retry: %s", exc)
                 await asyncio.sleep(0.05 * (attempt + 1))
@@ -3240,16 +3259,16 @@ class SummaryStore:
                 reason = classify_store_error(exc)
                 if reason is None:
                     raise
-                if reason == STORE_ERROR and _missing_table(exc) and not recreated:
+                if reason == Fault.STORE_ERROR and _missing_table(exc) and not recreated:
                     recreated = 1  # dropped since we made them (or another schema): make them again
                     self._ready_for = None
                     engine = await self._engine()
                     continue
-                if reason == STORE_BUSY and busy < BUSY_RETRIES:
+                if reason == Fault.STORE_BUSY and busy < BUSY_RETRIES:
                     busy += 1
                     await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))
                     continue
-                if reason == STORE_DOWN and reconnects < 1:
+                if reason == Fault.STORE_DOWN and reconnects < 1:
                     reconnects += 1
                     continue
                 raise self._failed(reason, exc) from exc
@@ -3435,18 +3454,6 @@ class SummaryStore:
 
         return await self._run(op)
 
-    async def lease(self, scope: str) -> Optional[dict]:
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                row = (await conn.execute(sa.select(t).where(t.c.scope == scope))).mappings().first()
-                return dict(row) if row else None
-
-        return await self._run(op)
-
 
 def choose_summary(
     records: Iterable[SummaryRecord], digests: list, allow_full: bool = False
@@ -3491,31 +3498,25 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-# The balanced instructions, for token budgets that need the prompt's size.
-SUMMARIZER_PROMPT = _SUMMARY_FRAME.replace("{instructions}", _SUMMARY_STYLES["balanced"])
-
 _IMAGE_MARK = "[image]"
 _AUDIO_MARK = "[audio]"
 _FILE_MARK = "[file]"
 
 
 class SummaryError(RuntimeError):
-    """A summary could not be made; ``reason`` is short and user-facing,
-    ``kind`` a stable code ("empty", "reasoning_only", "model_error",
-    "unreadable", or the reason itself)."""
+    """A summary could not be made, for ``fault``."""
 
-    def __init__(self, reason: str, detail: str = "", kind: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.kind = kind or reason
+    def __init__(self, fault: Fault, detail: str = ""):
+        super().__init__(f"{fault.text}: {detail}" if detail else fault.text)
+        self.fault = fault
 
 
 def _empty_answer() -> SummaryError:
-    return SummaryError("empty answer", kind="empty")
+    return SummaryError(Fault.EMPTY)
 
 
 def _reasoning_only_answer() -> SummaryError:
-    return SummaryError("reasoning-only answer", "the model answered with its reasoning only", kind="reasoning_only")
+    return SummaryError(Fault.REASONING_ONLY, "the model answered with its reasoning only")
 
 
 def _part_marker(part: Any) -> Optional[str]:
@@ -3861,15 +3862,15 @@ def _responses_output(output: Any) -> tuple[str, bool]:
 def _payload_text(response: dict) -> str:
     """Text of a parsed, non-streamed answer: chat completions or Responses."""
     if response.get("error"):
-        raise SummaryError("model error", _error_detail(response["error"]), kind="model_error")
+        raise SummaryError(Fault.MODEL_ERROR, _error_detail(response["error"]))
     if "choices" in response:
         try:
             choice = response["choices"][0]
             message = choice.get("message") or choice.get("delta") or {}
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+            raise SummaryError(Fault.UNREADABLE, str(response)[:300])
         if not isinstance(message, dict):
-            raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+            raise SummaryError(Fault.UNREADABLE, str(response)[:300])
         text = _content_text(message.get("content"))
         if not text and isinstance(choice.get("text"), str):
             text = choice["text"]  # legacy completions
@@ -3878,14 +3879,14 @@ def _payload_text(response: dict) -> str:
         return _answer(response["output_text"], False)
     if "output" in response:
         if response.get("status") == "failed":
-            raise SummaryError("model error", _error_detail(response.get("error") or "failed"), kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
         return _answer(*_responses_output(response["output"]))
     if isinstance(response.get("message"), dict):  # Ollama's native answer
         message = response["message"]
         return _answer(_content_text(message.get("content")), _has_reasoning(message))
     if isinstance(response.get("detail"), str):
-        raise SummaryError("model error", response["detail"][:300], kind="model_error")
-    raise SummaryError("unreadable answer", str(response)[:300], kind="unreadable")
+        raise SummaryError(Fault.MODEL_ERROR, response["detail"][:300])
+    raise SummaryError(Fault.UNREADABLE, str(response)[:300])
 
 
 def completion_text(response: Any) -> str:
@@ -3907,7 +3908,7 @@ def completion_text(response: Any) -> str:
             detail = str(response)[:300]
             if isinstance(response, dict):
                 detail = _error_detail(response.get("error") or response.get("detail") or response)
-            raise SummaryError("model error", f"HTTP {status}: {detail}", kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {detail}")
     if isinstance(response, (bytes, bytearray)):
         response = response.decode("utf-8", "replace")
     if isinstance(response, str):
@@ -3921,7 +3922,7 @@ def completion_text(response: Any) -> str:
             return _sse_text(response)
         return _answer(response, False)  # a pipe's plain text
     if not isinstance(response, dict):
-        raise SummaryError("unreadable answer", type(response).__name__, kind="unreadable")
+        raise SummaryError(Fault.UNREADABLE, type(response).__name__)
     return _payload_text(response)
 
 
@@ -3947,7 +3948,7 @@ def _sse_text(stream: str) -> str:
         kind = event.get("type")
         if event.get("error") or kind in ("error", "response.failed"):
             error = event.get("error") or (event.get("response") or {}).get("error") or event.get("message")
-            raise SummaryError("model error", _error_detail(error), kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, _error_detail(error))
         if isinstance(kind, str) and kind.startswith("response."):
             if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
                 deltas.append(event["delta"])
@@ -3982,7 +3983,7 @@ async def response_text(response: Any) -> str:
         status = getattr(response, "status_code", None)
         body = "".join(chunks)
         if isinstance(status, int) and status >= 400:
-            raise SummaryError("model error", f"HTTP {status}: {body[:300]}", kind="model_error")
+            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {body[:300]}")
         return completion_text(body)
     return completion_text(response)
 
@@ -4031,27 +4032,27 @@ async def owui_complete(
         from open_webui.models.users import Users  # type: ignore
         from open_webui.utils.chat import generate_chat_completion  # type: ignore
     except Exception:
-        raise SummaryError("no summarizer", "Open WebUI is not installed here")
+        raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
     if request is None:
-        raise SummaryError("no summarizer", "no request context")
+        raise SummaryError(Fault.NO_SUMMARIZER, "no request context")
     state = getattr(request, "state", None)
     direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
     if isinstance(direct_model, dict) and direct_model.get("id") == model:
         raise SummaryError(
-            "direct connection",
+            Fault.DIRECT,
             "a browser-side model cannot be called in the background; set summary_model to a server model",
         )
     account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
     if account is None:
-        raise SummaryError("no summarizer", "user not found")
+        raise SummaryError(Fault.NO_SUMMARIZER, "user not found")
     form = summary_form(model, messages, max_tokens, temperature, params)
     try:
         response = await generate_chat_completion(request, form, account, bypass_filter=True)
     except Exception as exc:
         text = str(exc)
         if "direct connection" in text.lower() or "websocket" in text.lower():
-            raise SummaryError("direct connection", text[:300])
-        raise SummaryError("model error", text[:300], kind="model_error")
+            raise SummaryError(Fault.DIRECT, text[:300])
+        raise SummaryError(Fault.MODEL_ERROR, text[:300])
     return await response_text(response)
 
 
@@ -4486,17 +4487,6 @@ MESSAGE_NOUNS: dict = {
     "ko": ("메시지 {n}개",),
 }
 
-# Why a summary failed (SummaryError.reason) -> the text that says it.
-_REASON_KEYS = {
-    "timeout": "r_timeout",
-    "model error": "r_model_error",
-    "empty answer": "r_empty",
-    "reasoning-only answer": "r_reasoning_only",
-    "direct connection": "r_direct",
-    "unreadable answer": "r_unreadable",
-    "no summarizer": "r_no_summarizer",
-}
-
 
 def user_language(metadata: Any, user: Any = None) -> str:
     candidates = []
@@ -4550,28 +4540,6 @@ def messages_phrase(language: str, n: int) -> str:
     return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
 
 
-# Keys of the status line before the texts were redesigned, still accepted
-# (with their old value names) until every caller uses the new keys.
-def _legacy_parts(key: str, values: dict) -> Optional[list]:
-    values = dict(values)
-    if "budget" in values:
-        values["cap"] = values.pop("budget")
-    if "count" in values:
-        values["messages"] = values.pop("count")
-    sent = ("sent", {"used": values.get("used", 0), "cap": values.get("cap", 0)})
-    if key == "usage":
-        return [sent]
-    if key == "usage_summary":
-        return [sent, ("in_summary", {"messages": values.get("covered", 0)})]
-    if key == "trimmed":
-        return [sent, ("left_out", {"messages": values.get("dropped", 0)})]
-    if key == "over":
-        return [sent, ("over_cap", {})]
-    if key in ("summarizing", "summary_done") and "messages" in values:
-        return [(key, {"messages": values["messages"]})]
-    return None
-
-
 class _Missing(dict):
     def __missing__(self, key):
         return "?"
@@ -4582,11 +4550,8 @@ def status_text(language: str, key: str, **values: Any) -> str:
     Never raises. ``messages`` is a count shown with its noun; ``used`` and
     ``cap`` are token counts shown as 12k (except in settings Notes, which
     quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
-    ``reason`` naming a SummaryError reason, is shown translated."""
+    ``reason`` that is a Fault or its key, is shown translated."""
     try:
-        parts = _legacy_parts(key, values)
-        if parts is not None:
-            return " · ".join(_render(language, k, v) for k, v in parts)
         return _render(language, key, values)
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
@@ -4609,9 +4574,9 @@ def _render(language: str, key: str, values: dict) -> str:
             value = messages_phrase(language, value)
         elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
             value = format_tokens(value)
-        elif name == "reason" and isinstance(value, str) and _REASON_KEYS.get(value, value).startswith("r_"):
-            reason = _REASON_KEYS.get(value, value)
-            value = table.get(reason) or english.get(reason, value)
+        elif name == "reason" and isinstance(value, (Fault, str)):
+            reason = value.key if isinstance(value, Fault) else value
+            value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
         shown[name] = value
     try:
         return template.format_map(_Missing(shown))
@@ -4641,8 +4606,8 @@ PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 class SentOutcome:
     """What one request sent, as its status line states it: tokens against
     the cap, messages the summary stands for, messages left out to fit,
-    whether it is still over the cap or was repaired, and the fault (a
-    status-text reason key) that kept summaries away, if any."""
+    whether it is still over the cap or was repaired, and the fault that kept
+    summaries away, if any."""
 
     used: int
     cap: int
@@ -4650,7 +4615,7 @@ class SentOutcome:
     left_out: int = 0
     over_cap: bool = False
     repaired: bool = False
-    fault: str = ""
+    fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
@@ -4683,7 +4648,7 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
         parts.append(status_text(language, "over_cap"))
     if sent.repaired:
         parts.append(status_text(language, "repaired"))
-    if sent.fault:
+    if sent.fault and sent.fault.key:
         parts.append(status_text(language, "summaries_down", reason=sent.fault))
     if sent.notes:
         reasons = "; ".join(note.text(language) if isinstance(note, Note) else str(note) for note in sent.notes)
@@ -4691,62 +4656,28 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
     return " · ".join(parts)
 
 
-_FAULT_KEYS = {
-    "timeout": "r_timeout",
-    "model error": "r_model_error",
-    "model_error": "r_model_error",
-    "empty": "r_empty",
-    "empty answer": "r_empty",
-    "reasoning_only": "r_reasoning_only",
-    "reasoning-only answer": "r_reasoning_only",
-    "direct": "r_direct",
-    "direct connection": "r_direct",
-    "unreadable": "r_unreadable",
-    "unreadable answer": "r_unreadable",
-    "no summarizer": "r_no_summarizer",
-    "no_summarizer": "r_no_summarizer",
-    "store_down": "r_store_down",
-    "store_denied": "r_store_denied",
-    "store_busy": "r_store_busy",
-    "store_error": "r_store_down",
-    "store_absent": "",  # no database here at all (outside Open WebUI): nothing to report
-}
+@dataclass
+class ChatState:
+    """What this worker remembers of one conversation between its requests:
+    what every request carries besides the conversation (tool schemas,
+    system prompts), the reason key of the last failure to summarize it,
+    inlet's outcome for the request hook to complete, the last outcome sent
+    (background lines repeat its figure) and the fault and notes last shown
+    (each is said once, and again when it changes)."""
 
+    overhead: int = TOKENS_PER_REQUEST
+    last_fault: Optional[Fault] = None
+    inlet_sent: Optional[SentOutcome] = None
+    last_sent: Optional[SentOutcome] = None
+    shown_fault: Optional[Fault] = None
+    shown_notes: tuple = ()
 
-def fault_key(reason: Any) -> str:
-    """The status-text key of a failure reason (SummaryError or store)."""
-    text = str(reason or "")
-    return text if text.startswith("r_") else _FAULT_KEYS.get(text, "r_internal")
-
-
-class StatusMemory:
-    """Per-chat memory of the status line, bounded: what inlet did, for the
-    request hook to complete; the last request's outcome, which background
-    lines repeat so the figure never disappears; the fault last shown, so a
-    fault is said once, and again when it changes."""
-
-    def __init__(self, limit: int = PER_CHAT_MEMORY):
-        self.inlet_outcome = _BoundedDict(limit)
-        self.last_sent = _BoundedDict(limit)
-        self.shown_fault = _BoundedDict(limit)
-        self.shown_notes = _BoundedDict(limit)
-
-    def fault_to_show(self, key: str, fault: str) -> str:
-        return self._once(self.shown_fault, key, fault) or ""
-
-    def notes_to_show(self, key: str, notes: tuple) -> tuple:
-        return tuple(notes) if self._once(self.shown_notes, key, tuple(str(n) for n in notes)) else ()
-
-    @staticmethod
-    def _once(shown: _BoundedDict, key: str, value: Any) -> Any:
-        """``value`` the first time, and again after it changed; else None."""
-        if not value:
-            shown.pop(key, None)
-            return None
-        if shown.get(key) == value:
-            return None
-        shown[key] = value
-        return value
+    def to_show(self, sent: SentOutcome, notes: tuple) -> SentOutcome:
+        """``sent`` with only the fault and notes not said yet."""
+        fault = sent.fault if sent.fault and sent.fault.key else self.last_fault  # STORE_ABSENT: not worth a word
+        fault_new, notes_new = fault != self.shown_fault, tuple(map(str, notes)) != self.shown_notes
+        self.shown_fault, self.shown_notes = fault, tuple(map(str, notes))
+        return replace(sent, fault=fault if fault_new else None, notes=tuple(notes) if notes_new else ())
 
 
 def request_hook_follows() -> bool:
@@ -4756,18 +4687,24 @@ def request_hook_follows() -> bool:
     package's; unknown (not inside Open WebUI): inlet's line is definitive."""
     if not _OWUI_VERSION:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-        try:
-            if not isinstance(version, str):
+        if not isinstance(version, str):
+            try:
                 from importlib.metadata import version as installed
 
                 version = installed("open-webui")
-            _OWUI_VERSION.append(tuple(int(p) for p in re.findall(r"\d+", version)[:3]))
-        except Exception:
-            _OWUI_VERSION.append(())
-    return bool(_OWUI_VERSION[0]) and _OWUI_VERSION[0] >= (0, 11, 2)
+            except Exception:
+                version = None
+        _OWUI_VERSION.append(owui_version(version))
+    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
 
 
 _OWUI_VERSION: list = []
+
+
+def owui_version(version: Any) -> tuple:
+    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    return tuple(int(part or 0) for part in match.groups()) if match else ()
 
 
 @dataclass
@@ -4787,10 +4724,23 @@ class RequestContext:
     message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
 
-    def chat_key(self, anchor: str = "") -> str:
-        """Key of this chat in leases, locks and the per-chat tables: the chat
-        id, or for API calls (no chat id) the conversation's anchor."""
-        return f"{self.user_id}:{self.chat_id or 'api:' + anchor}"[:255]
+    anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
+
+    def chat_key(self) -> str:
+        """Key of this conversation in leases, locks, the repair memo and the
+        per-chat state: the chat id, or for API calls (no chat id) the
+        conversation's anchor, so that one user's API conversations share nothing."""
+        return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
+
+
+def opening_anchor(messages: Messages) -> str:
+    """The anchor of a conversation as it came: its first two non-system
+    messages. A malformed opening (repair will drop it) gives ""."""
+    try:
+        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
+        return conversation_anchor([canonical_digest(m) for m in opening])
+    except Exception:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -4848,18 +4798,39 @@ class BackgroundSummarizer:
         self.worker = uuid.uuid4().hex[:12]
         self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
         self.tasks: set = set()
-        # chat key -> request_overhead_tokens() of its latest request
-        self.request_overhead = _BoundedDict(PER_CHAT_MEMORY)
-        # chat key -> reason key of this worker's last failure to summarize it
-        self.health = _BoundedDict(PER_CHAT_MEMORY)
-        self.status = StatusMemory()
+        self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
+
+    def chat(self, ctx: RequestContext) -> ChatState:
+        """The conversation's state, created on first use."""
+        state = self.chats.get(ctx.chat_key())
+        if state is None:
+            state = self.chats[ctx.chat_key()] = ChatState()
+        return state
+
+    def note_overhead(self, ctx: RequestContext, tokens: int) -> None:
+        self.chat(ctx).overhead = tokens
+
+    def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
+        """Remembers what a request sent; returns it as its status line should
+        state it (the request hook's completed with inlet's, fault and notes
+        only when new), or None when no line is due."""
+        state = self.chat(ctx)
+        if not inlet:
+            sent = sent.after(state.inlet_sent)
+        elif not final:
+            state.inlet_sent = sent
+            return None
+        state.last_sent = sent
+        if not ctx.settings.show_status:
+            return None  # nothing said, nothing remembered as said
+        return state.to_show(sent, ctx.settings.warnings)
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
         if not ctx.settings.show_status:
             return
         text = status_text(ctx.language, key, **values)
-        sent = self.status.last_sent.get(ctx.chat_key())
+        sent = self.chat(ctx).last_sent
         if sent is not None and usage_shown(ctx.settings, sent.used):
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
@@ -4868,8 +4839,7 @@ class BackgroundSummarizer:
     def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
         """Tokens of a request of ``conversation`` plus what the chat's
         requests carry besides it, under the one token policy (layer 3)."""
-        overhead = self.request_overhead.get(ctx.chat_key(), TOKENS_PER_REQUEST)
-        return count_request(self.counter, conversation, ctx.settings.encoding, overhead)
+        return count_request(self.counter, conversation, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
@@ -4908,7 +4878,7 @@ class BackgroundSummarizer:
             await asyncio.wait(list(self.tasks), timeout=timeout)
 
     async def _run(self, ctx: RequestContext, branch: Branch) -> None:
-        key = ctx.chat_key(branch.anchor)
+        key = ctx.chat_key()
         lock = self.locks.get(key)
         if lock is None:
             lock = self.locks[key] = asyncio.Lock()
@@ -4925,7 +4895,7 @@ class BackgroundSummarizer:
                     return
                 await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:
-                self.health[ctx.chat_key()] = fault_key(getattr(exc, "reason", "store_down"))
+                self.chat(ctx).last_fault = exc.fault
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
@@ -4947,20 +4917,20 @@ class BackgroundSummarizer:
                 return
             await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
             record = await self._fold(ctx, branch, plan, lease)
-            self.health.pop(ctx.chat_key(), None)
+            self.chat(ctx).last_fault = None
             await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
         except _LeaseLost:
             log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
         except SummaryError as exc:
-            self.health[ctx.chat_key()] = fault_key(exc.reason)
-            delay = await self.store.back_off(key, holder, exc.reason, BACKOFF_BASE, BACKOFF_CEILING)
+            self.chat(ctx).last_fault = exc.fault
+            delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
             log.warning(
                 "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
                 ctx.chat_id or "api",
                 exc,
                 delay,
             )
-            await self._say(ctx, "summary_failed", done=True, reason=fault_key(exc.reason), retry=f"{delay:.0f}s")
+            await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
         """A fold when the next request would be over the trigger and enough
@@ -4972,7 +4942,7 @@ class BackgroundSummarizer:
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens:
-            self.health.pop(ctx.chat_key(), None)  # the store answered and nothing is owed
+            self.chat(ctx).last_fault = None  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
@@ -5045,7 +5015,7 @@ class BackgroundSummarizer:
             )
             await self.store.save(record)
         if record is None:
-            raise SummaryError("nothing to fold")
+            raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
 
     async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
@@ -5065,11 +5035,11 @@ class BackgroundSummarizer:
                 timeout=s.summary_timeout,
             )
         except TimeoutError:
-            raise SummaryError("timeout", f"no answer within {s.summary_timeout:.0f}s")
+            raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
         except SummaryError:
             raise
         except Exception as exc:
-            raise SummaryError("model error", str(exc)[:300])
+            raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
         return clean_summary_answer(answer)
 
     def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
@@ -5194,7 +5164,6 @@ class Filter:
     def __init__(self):
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
-        self.status = self.summaries.status
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
@@ -5245,9 +5214,7 @@ class Filter:
         __request__: Any = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
-        return await self._guarded(
-            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=True
-        )
+        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
 
     async def request(
         self,
@@ -5260,11 +5227,9 @@ class Filter:
     ) -> dict:
         # Before every model call of a native tool loop, where inlet does not
         # run again: the loop's growing list is repaired and capped too.
-        return await self._guarded(
-            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, summaries=False
-        )
+        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, summaries: bool) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the
         safest list it can still build, at worst the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -5274,7 +5239,7 @@ class Filter:
             ctx = self._context(body, user, metadata, emitter, model, chat_id)
             if ctx is None:
                 return body
-            return await self._prepare(body, ctx, summaries)
+            return await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
             safe = self._safest(body)
@@ -5307,10 +5272,13 @@ class Filter:
         scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
         settings = in_counted_units(settings, scale, bound)
         self._refresh_ratios()
+        messages = body.get("messages")
+        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
+            anchor="" if chat_id or not isinstance(messages, list) else opening_anchor(messages),
             user=user,
             user_id=str(user.get("id") or "anonymous"),
-            chat_id=str(chat_id or metadata.get("chat_id") or body.get("chat_id") or ""),
+            chat_id=chat_id,
             model_id=model_id,
             language=user_language(metadata, user),
             settings=settings,
@@ -5319,13 +5287,13 @@ class Filter:
             prompt_bound=bound,
         )
 
-    async def _prepare(self, body: dict, ctx: RequestContext, summaries: bool) -> dict:
+    async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
         s = ctx.settings
         messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
-        record, fault = None, ""
+        record, fault = None, None
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        if summaries and not has_builtin_summary(systems):
+        if inlet and not has_builtin_summary(systems):
             record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
         summarized = record is not None
         if summarized:
@@ -5335,7 +5303,7 @@ class Filter:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
         overhead = request_overhead_tokens(self.counter, view if summarized else systems, fixed, s.encoding)
-        self.summaries.request_overhead[ctx.chat_key()] = overhead
+        self.summaries.note_overhead(ctx, overhead)
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list
@@ -5365,61 +5333,46 @@ class Filter:
             repaired=repair.noticeable(),
             fault=fault,
         )
-        if not summaries or not request_hook_follows():  # what was sent for this reply, for outlet to relate
+        final = not inlet or not request_hook_follows()  # inlet's line is definitive only where no request hook follows
+        if final:  # what was sent for this reply, for outlet to relate to its usage
             exact = self.counter.is_exact(s.encoding)
             self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
-        if summaries:  # inlet: definitive only where no request hook follows
-            await self._report(ctx, sent, final=not request_hook_follows())
-        else:
-            await self._report(ctx, sent.after(self.status.inlet_outcome.get(ctx.chat_key())), final=True)
+        shown = self.summaries.status_of(ctx, sent, inlet, final=final)
+        line = status_line(ctx.language, shown, usage_shown(s, sent.used)) if shown else ""
+        if line:
+            await _emit(ctx.emitter, line, done=True)
         return {**body, "messages": view}
 
     async def _lookup_summary(
         self, ctx: RequestContext, messages: Messages, canonical_count: int
-    ) -> tuple[Optional[SummaryRecord], str]:
+    ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
         """The stored summary this request can use, and the fault that kept
-        summaries from being read ("" when none). ``canonical_count``: how
+        summaries from being read (None when none). ``canonical_count``: how
         many non-system messages ``messages`` has."""
         if canonical_count < 3:
-            return None, ""
+            return None, None
         anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
         try:
             records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
         except StoreUnavailable as exc:
-            return None, fault_key(getattr(exc, "reason", "store_down"))
+            return None, exc.fault
         except TimeoutError:
             log.warning("async_context_compression: summary lookup took over %.0fs; trimming only", STORE_TIMEOUT)
-            return None, "r_store_busy"
+            return None, Fault.STORE_BUSY
         except Exception as exc:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
-            return None, "r_store_down"
+            return None, Fault.STORE_DOWN
         # a summary whose tail would open with an assistant is not used:
         # the history, trimmed if need be, is sent instead
         canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
-            return None, ""  # no summary yet: the history needs no fingerprint
+            return None, None  # no summary yet: the history needs no fingerprint
         # Digests only as far as a record can reach (one more, so that
         # choose_summary sees the same limit as with every digest).
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
-        return choose_summary(records, digests), ""
-
-    async def _report(self, ctx: RequestContext, sent: SentOutcome, final: bool) -> None:
-        """Remember what was sent (for the request hook and the background
-        lines) and, on the definitive call, show it."""
-        key = ctx.chat_key()
-        if not final:
-            self.status.inlet_outcome[key] = sent
-            return
-        self.status.last_sent[key] = sent
-        if not ctx.settings.show_status:
-            return  # nothing said, nothing remembered as said
-        fault = self.status.fault_to_show(key, sent.fault or self.summaries.health.get(key, ""))
-        notes = self.status.notes_to_show(key, ctx.settings.warnings)
-        line = status_line(ctx.language, replace(sent, fault=fault, notes=notes), usage_shown(ctx.settings, sent.used))
-        if line:
-            await _emit(ctx.emitter, line, done=True)
+        return choose_summary(records, digests), None
 
     # -- outlet ------------------------------------------------------------
     async def outlet(
@@ -5494,7 +5447,7 @@ class Filter:
         try:
             await add(rows)
         except StoreUnavailable as exc:
-            if exc.reason != STORE_ABSENT:  # tried again with the next sample
+            if exc.fault is not Fault.STORE_ABSENT:  # tried again with the next sample
                 self.tokens.unsaved[:0] = rows[-64:]
         except Exception as exc:
             log.debug("async_context_compression: ratios not saved: %s", exc)
@@ -5565,10 +5518,9 @@ def open_webui_limits(version: Any = None) -> list:
     effects outside a server); unknown or unreadable: nothing is claimed."""
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
-    if match is None:
+    have = owui_version(version)
+    if not have:
         return []
-    have = tuple(int(part or 0) for part in match.groups())
     limits = []
     if have < (0, 9, 0):
         limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")

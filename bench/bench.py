@@ -442,14 +442,14 @@ async def measure_cold_stall(messages: list, chat_id: str, reps: int, frozen: bo
 # ---------------------------------------------------------------------------
 
 
-_CACHES = ("token count cache", "overhead per chat", "message digests")  # fill up, then stay
+_CACHES = ("token count cache", "state per chat", "message digests")  # fill up, then stay
 
 
 def table_sizes(f: "acc.Filter") -> dict:
     """Every table the filter keeps between requests, with its bound."""
     sizes = {
         "token count cache": (cache_len(f.counter), f.counter._cache.limit),
-        "overhead per chat": (len(f.summaries.request_overhead), f.summaries.request_overhead.limit),
+        "state per chat": (len(f.summaries.chats), f.summaries.chats.limit),
         "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
         "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),
         "settings warnings": (len(acc._WARNED), acc._WARNED.limit),

@@ -1,4 +1,4 @@
-"""PostgreSQL helpers shared by the store tests (a module of its own: a
+"""PostgreSQL and lease helpers shared by the store tests (a module of its own: a
 test importing ``conftest`` would get another directory's conftest when the
 whole suite runs)."""
 
@@ -47,3 +47,17 @@ def pg_admin(url: str, *statements: str) -> None:
     with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement)
+
+
+async def lease_row(store, scope: str) -> Optional[dict]:
+    """The lease row of ``scope`` as the database holds it (None: no lease),
+    read through the store's own connection and tables."""
+    sa = await store._sql()
+    t = store._t["lease"]
+
+    async def op(engine):
+        async with engine.connect() as conn:
+            row = (await conn.execute(sa.select(t).where(t.c.scope == scope))).mappings().first()
+            return dict(row) if row else None
+
+    return await store._run(op)

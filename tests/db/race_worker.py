@@ -23,6 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, HERE]
 
+from pg_support import lease_row  # noqa: E402
+
 import async_context_compression as acc  # noqa: E402
 
 
@@ -35,7 +37,7 @@ def make_engine(kind: str, url: str, schema: str):
 
 
 async def wait_for_go(store) -> bool:
-    await store.lease("warm-up")  # schema and a pooled connection before the start signal
+    await lease_row(store, "warm-up")  # schema and a pooled connection before the start signal
     print("ready", flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     return line.strip() == "go"
@@ -117,7 +119,7 @@ async def main(mode: str, kind: str, url: str, schema: str, name: str, *rest: st
     store = acc.SummaryStore(lambda: engine)
     try:
         if mode == "hold":
-            await store.lease("warm-up")
+            await lease_row(store, "warm-up")
             await hold(store, name, float(rest[0]), float(rest[1]))
         elif await wait_for_go(store):
             result = await (claim(store, name, int(rest[0])) if mode == "claim" else summarize(store, name))

@@ -22,6 +22,7 @@ import sys
 import time
 
 import pytest
+from pg_support import lease_row
 from race_worker import run_processes
 
 import async_context_compression as acc
@@ -445,7 +446,7 @@ async def test_fifty_concurrent_outlets_make_one_summary(db):
     await w.filter.wait_for_background()
     assert len(w.summarizer.calls) == 1
     assert len(await w.records(chat)) == 1
-    assert await w.store.lease("alice:chat-1") is None
+    assert await lease_row(w.store, "alice:chat-1") is None
 
 
 async def test_two_workers_sharing_the_database_make_one_summary(db):
@@ -470,7 +471,7 @@ async def test_two_processes_sharing_the_database_make_one_summary(db):
     store = db.store()
     chat = stored_chat(range(8))
     assert len(await store.find("alice", "chat-1", anchor_of(chat))) == 1
-    assert await store.lease("alice:chat-1") is None
+    assert await lease_row(store, "alice:chat-1") is None
 
 
 class GatedStore:
@@ -503,7 +504,7 @@ async def test_worker_that_finds_the_work_done_releases_its_lease(db):
     gate.set()
     await late.filter.wait_for_background()
     assert late.summarizer.calls == []
-    assert await fast.store.lease("alice:chat-1") is None
+    assert await lease_row(fast.store, "alice:chat-1") is None
     # So the next summary of this chat is not held up until the lease expires.
     longer = chat + stored_chat(range(8, 14))
     await fast.outlet(longer)
@@ -513,17 +514,17 @@ async def test_worker_that_finds_the_work_done_releases_its_lease(db):
 # -- failures ---------------------------------------------------------------------
 
 FAILURES = {
-    "raises": (RuntimeError("connection refused"), "model error"),
-    "timeout": (("sleep", 5.0), "timeout"),
-    "empty": ("", "empty answer"),
-    "reasoning-only": ("<think>The user wants MK-0101 folded… let me think.</think>\n", "reasoning-only answer"),
-    "direct-connection": (acc.SummaryError("direct connection", "browser-side model"), "direct connection"),
+    "raises": (RuntimeError("connection refused"), acc.Fault.MODEL_ERROR),
+    "timeout": (("sleep", 5.0), acc.Fault.TIMEOUT),
+    "empty": ("", acc.Fault.EMPTY),
+    "reasoning-only": ("<think>The user wants MK-0101 folded… let me think.</think>\n", acc.Fault.REASONING_ONLY),
+    "direct-connection": (acc.SummaryError(acc.Fault.DIRECT, "browser-side model"), acc.Fault.DIRECT),
 }
 
 
 @pytest.mark.parametrize("kind", list(FAILURES))
 async def test_failure_backs_off_then_retries(db, backoff, kind):
-    failure, reason = FAILURES[kind]
+    failure, fault = FAILURES[kind]
     w = Worker(db)
     w.filter.valves.summary_timeout_seconds = 0.3
     w.summarizer.script = [failure]
@@ -532,9 +533,9 @@ async def test_failure_backs_off_then_retries(db, backoff, kind):
     assert len(w.summarizer.calls) == 1
     assert await w.records(chat) == []  # nothing is saved
     failed = [s for s in w.statuses() if s.startswith("Summary failed: ")]
-    assert failed and acc.STATUS_TEXTS["en"][acc._REASON_KEYS[reason]] in failed[0] and "next try in" in failed[0]
-    lease = await w.store.lease("alice:chat-1")
-    assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, reason)
+    assert failed and acc.STATUS_TEXTS["en"][fault.key] in failed[0] and "next try in" in failed[0]
+    lease = await lease_row(w.store, "alice:chat-1")
+    assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, fault.text)
 
     sent, view = await w.inlet(chat)  # inlet works, without a summary
     assert view == sent
@@ -545,7 +546,7 @@ async def test_failure_backs_off_then_retries(db, backoff, kind):
     await w.outlet(chat)  # after it: the retry succeeds
     assert len(w.summarizer.calls) == 2
     [record] = await w.records(chat)
-    assert await w.store.lease("alice:chat-1") is None
+    assert await lease_row(w.store, "alice:chat-1") is None
     sent, view = await w.inlet(chat)
     assert_applied(sent, view, record)
 
@@ -555,10 +556,10 @@ async def test_back_off_grows_with_repeated_failures(db, backoff):
     w.summarizer.script = [RuntimeError("down"), RuntimeError("still down")]
     chat = stored_chat(range(8))
     await w.outlet(chat)
-    first = await w.store.lease("alice:chat-1")
+    first = await lease_row(w.store, "alice:chat-1")
     await asyncio.sleep(max(0.0, first["expires_at"] - time.time()) + 0.05)
     await w.outlet(chat)
-    second = await w.store.lease("alice:chat-1")
+    second = await lease_row(w.store, "alice:chat-1")
     assert second["failures"] == 2
     assert second["expires_at"] - time.time() > 0.6  # 2 x 0.4 s, minus the time spent
     assert any("next try in 1s" in s or "next try in 0s" in s for s in w.statuses())
@@ -657,7 +658,7 @@ async def test_api_call_without_chat_id_is_scoped_to_the_user_and_conversation(d
     assert w.summarizer.calls[1]["user"]["id"] == "bob"
     assert [r.user_id for r in await w.records(chat, chat_id="")] == ["alice"]
     assert [r.user_id for r in await w.records(chat, chat_id="", user=BOB)] == ["bob"]
-    assert await w.store.lease("alice:api:" + anchor_of(chat)) is None
+    assert await lease_row(w.store, "alice:api:" + anchor_of(chat)) is None
 
 
 async def test_another_users_chat_with_the_same_id_gets_nothing(db):

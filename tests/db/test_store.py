@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+from pg_support import lease_row
 from race_worker import run_processes
 
 import async_context_compression as acc
@@ -156,7 +157,7 @@ async def test_summaries_survive_a_restart(db):
     await engine.dispose()
     fresh = db.store()  # new engine, new store: a restarted worker
     assert [r.summary for r in await fresh.find("u1", "chat-1", "anchor-1")] == ["before restart"]
-    assert (await fresh.lease("scope-r"))["holder"] == "worker-a"
+    assert (await lease_row(fresh, "scope-r"))["holder"] == "worker-a"
 
 
 # -- leases ---------------------------------------------------------------------
@@ -169,10 +170,10 @@ async def test_live_lease_blocks_and_release_frees(db):
     assert not await store.try_claim("s1", "a", ttl=600)  # not re-entrant either
     assert await other.try_claim("s2", "b", ttl=600)  # other scopes are independent
     await other.release("s1", "b")  # not the holder: no effect
-    assert (await store.lease("s1"))["holder"] == "a"
+    assert (await lease_row(store, "s1"))["holder"] == "a"
     assert not await other.try_claim("s1", "b", ttl=600)
     await store.release("s1", "a")
-    assert await store.lease("s1") is None
+    assert await lease_row(store, "s1") is None
     assert await other.try_claim("s1", "b", ttl=600)
 
 
@@ -182,11 +183,11 @@ async def test_expired_lease_is_taken_over(db):
     assert not await survivor.try_claim("s1", "survivor", ttl=600)
     await asyncio.sleep(0.35)
     assert await survivor.try_claim("s1", "survivor", ttl=600)
-    lease = await survivor.lease("s1")
+    lease = await lease_row(survivor, "s1")
     assert lease["holder"] == "survivor" and lease["expires_at"] > time.time() + 500
     # The crashed worker's late release must not free the survivor's lease.
     await crashed.release("s1", "crashed")
-    assert (await survivor.lease("s1"))["holder"] == "survivor"
+    assert (await lease_row(survivor, "s1"))["holder"] == "survivor"
 
 
 async def test_back_off_grows_and_expires(db):
@@ -194,14 +195,14 @@ async def test_back_off_grows_and_expires(db):
     assert await store.try_claim("s1", "a", ttl=600)
     delay = await store.back_off("s1", "a", "model error", base=0.2, ceiling=0.5)
     assert delay == pytest.approx(0.2)
-    lease = await store.lease("s1")
+    lease = await lease_row(store, "s1")
     assert (lease["holder"], lease["failures"], lease["note"]) == ("back-off", 1, "model error")
     assert lease["expires_at"] <= time.time() + 0.2
     assert not await store.try_claim("s1", "b", ttl=600)  # backing off
     await asyncio.sleep(0.25)
     assert await store.try_claim("s1", "b", ttl=600)  # expired: retry allowed
     assert await store.back_off("s1", "b", "timeout", base=0.2, ceiling=0.5) == pytest.approx(0.4)
-    assert (await store.lease("s1"))["failures"] == 2
+    assert (await lease_row(store, "s1"))["failures"] == 2
     await asyncio.sleep(0.45)
     assert await store.try_claim("s1", "c", ttl=600)
     assert await store.back_off("s1", "c", "timeout", base=0.2, ceiling=0.5) == pytest.approx(0.5)  # ceiling
@@ -209,10 +210,10 @@ async def test_back_off_grows_and_expires(db):
     # A success releases the lease and forgets the failures.
     assert await store.try_claim("s1", "d", ttl=600)
     await store.release("s1", "d")
-    assert await store.lease("s1") is None
+    assert await lease_row(store, "s1") is None
     assert await store.try_claim("s1", "e", ttl=600)
     assert await store.back_off("s1", "e", "x" * 400, base=0.2, ceiling=0.5) == pytest.approx(0.2)
-    assert len((await store.lease("s1"))["note"]) == 255
+    assert len((await lease_row(store, "s1"))["note"]) == 255
 
 
 async def test_back_off_by_a_stale_holder_leaves_the_new_lease(db):
@@ -221,13 +222,13 @@ async def test_back_off_by_a_stale_holder_leaves_the_new_lease(db):
     await asyncio.sleep(0.15)
     assert await store.try_claim("s1", "new", ttl=600)
     await store.back_off("s1", "old", "timeout", base=60, ceiling=60)
-    lease = await store.lease("s1")
+    lease = await lease_row(store, "s1")
     assert lease["holder"] == "new" and lease["expires_at"] > time.time() + 500
 
 
 async def test_concurrent_claims_in_one_process_have_one_winner(db):
     stores = [db.store() for _ in range(3)]
-    await asyncio.gather(*(s.lease("warm-up") for s in stores))
+    await asyncio.gather(*(lease_row(s, "warm-up") for s in stores))
     for round_ in range(6):
         if round_ % 2:  # an expired lease: the takeover (UPDATE) path races
             assert await stores[0].try_claim(f"r{round_}", "crashed", ttl=-1)
@@ -251,5 +252,5 @@ async def test_two_processes_race_for_the_same_scope(db):
     assert won[0] & won[1] == set()
     assert won[0] | won[1] == set(range(rounds))
     for i in range(rounds):
-        holder = (await store.lease(f"race-{i}"))["holder"]
+        holder = (await lease_row(store, f"race-{i}"))["holder"]
         assert holder == f"{'p1' if i in won[0] else 'p2'}:{i}"

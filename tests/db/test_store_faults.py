@@ -23,7 +23,7 @@ import time
 import uuid
 
 import pytest
-from pg_support import admin_url_of, limited_role, pg_admin
+from pg_support import admin_url_of, lease_row, limited_role, pg_admin
 from test_store import record, table_names
 
 import async_context_compression as acc
@@ -78,7 +78,7 @@ async def test_tables_land_in_database_schema_for_a_role_locked_out_of_public(pg
         await store.save(record(covered=4, summary="kept in the schema"))
         async with store.hold("alice:chat-1", "w1") as held:
             assert held
-            assert (await store.lease("alice:chat-1"))["holder"] == "w1"
+            assert (await lease_row(store, "alice:chat-1"))["holder"] == "w1"
         assert [r.summary for r in await store.find("u1", "chat-1", "anchor-1")] == ["kept in the schema"]
         assert store.fault is None
 
@@ -108,11 +108,11 @@ async def test_without_the_schema_setting_the_fault_is_permission_denied_and_hea
         for _ in range(3):
             with pytest.raises(acc.StoreUnavailable) as info:
                 await store.find("u1", "chat-1", "anchor-1")
-            assert info.value.reason == acc.STORE_DENIED
+            assert info.value.fault == acc.Fault.STORE_DENIED
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.try_claim("alice:chat-1", "w1")
-        assert info.value.reason == acc.STORE_DENIED
-        assert store.fault == acc.STORE_DENIED
+        assert info.value.fault == acc.Fault.STORE_DENIED
+        assert store.fault == acc.Fault.STORE_DENIED
         warnings = store_warnings(caplog)
         assert len(warnings) == 1, warnings  # once, with the fix an admin can apply
         assert FIX_TEXT in warnings[0] and "permission denied" in warnings[0]
@@ -159,8 +159,8 @@ async def test_postgres_restart_costs_only_the_calls_made_while_down(own_pg, pre
         for call in (store.find("u1", "chat-1", "anchor-1"), store.try_claim("s1", "w1"), store.save(record())):
             with pytest.raises(acc.StoreUnavailable) as info:
                 await asyncio.wait_for(call, 20)
-            assert info.value.reason == acc.STORE_DOWN
-        assert store.fault == acc.STORE_DOWN
+            assert info.value.fault == acc.Fault.STORE_DOWN
+        assert store.fault == acc.Fault.STORE_DOWN
         own_pg.resume()
         assert len(await store.find("u1", "chat-1", "anchor-1")) == 3  # the first call after the restart
         assert await store.try_claim("s1", "w1")
@@ -179,7 +179,7 @@ async def test_postgres_down_before_the_first_call_creates_the_tables_later(own_
         own_pg.pause()
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.find("u1", "chat-1", "anchor-1")
-        assert info.value.reason == acc.STORE_DOWN
+        assert info.value.fault == acc.Fault.STORE_DOWN
         own_pg.resume()
         assert await store.find("u1", "chat-1", "anchor-1") == []
         assert {acc.SUMMARY_TABLE, acc.LEASE_TABLE} <= await table_names(engine)
@@ -225,12 +225,12 @@ async def test_sqlite_lock_held_long_is_store_busy_and_nothing_is_half_written(t
         started = time.monotonic()
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.save(record(covered=9, summary="never stored"))
-        assert info.value.reason == acc.STORE_BUSY
+        assert info.value.fault == acc.Fault.STORE_BUSY
         assert time.monotonic() - started < 10
         with pytest.raises(acc.StoreUnavailable) as info:
             await store.try_claim("s1", "w1")
-        assert info.value.reason == acc.STORE_BUSY
-        assert store.fault == acc.STORE_BUSY
+        assert info.value.fault == acc.Fault.STORE_BUSY
+        assert store.fault == acc.Fault.STORE_BUSY
         # readers still work (WAL off here: the lock is a RESERVED one)
         assert [r.covered_count for r in await store.find("u1", "chat-1", "anchor-1")] == [3]
         locker.rollback()
@@ -249,17 +249,17 @@ def test_fault_classification_of_driver_errors():
             super().__init__(text)
             self.sqlstate = sqlstate
 
-    assert acc.classify_store_error(PgError("permission denied for schema public", "42501")) == acc.STORE_DENIED
-    assert acc.classify_store_error(PgError("canceling statement due to lock timeout", "55P03")) == acc.STORE_BUSY
-    assert acc.classify_store_error(PgError("terminating connection", "57P01")) == acc.STORE_DOWN
-    assert acc.classify_store_error(sqlite3.OperationalError("database is locked")) == acc.STORE_BUSY
+    assert acc.classify_store_error(PgError("permission denied for schema public", "42501")) == acc.Fault.STORE_DENIED
+    assert acc.classify_store_error(PgError("canceling statement due to lock timeout", "55P03")) == acc.Fault.STORE_BUSY
+    assert acc.classify_store_error(PgError("terminating connection", "57P01")) == acc.Fault.STORE_DOWN
+    assert acc.classify_store_error(sqlite3.OperationalError("database is locked")) == acc.Fault.STORE_BUSY
     assert acc.classify_store_error(sqlite3.OperationalError("attempt to write a readonly database")) == (
-        acc.STORE_DENIED
+        acc.Fault.STORE_DENIED
     )
-    assert acc.classify_store_error(ConnectionRefusedError(111, "Connection refused")) == acc.STORE_DOWN
+    assert acc.classify_store_error(ConnectionRefusedError(111, "Connection refused")) == acc.Fault.STORE_DOWN
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = sqlite3.OperationalError("database is locked")
-    assert acc.classify_store_error(wrapped) == acc.STORE_BUSY
+    assert acc.classify_store_error(wrapped) == acc.Fault.STORE_BUSY
     assert acc.classify_store_error(KeyError("a bug")) is None  # raised as it is, never hidden
 
 
@@ -267,7 +267,7 @@ async def test_no_database_is_store_absent():
     store = acc.SummaryStore(lambda: None)
     with pytest.raises(acc.StoreUnavailable) as info:
         await store.find("u1", "chat-1", "anchor-1")
-    assert info.value.reason == acc.STORE_ABSENT
+    assert info.value.fault == acc.Fault.STORE_ABSENT
 
 
 # -- the lease: short, with a heartbeat ------------------------------------------------------
@@ -279,13 +279,13 @@ async def test_hold_renews_while_the_work_runs_and_releases_at_the_end(db):
     # heartbeat does not expire the lease (that is what the TTL is for)
     async with store.hold("s1", "w1", ttl=2.0, renew_every=0.3) as held:
         assert held and not held.lost
-        first = (await store.lease("s1"))["expires_at"]
+        first = (await lease_row(store, "s1"))["expires_at"]
         for _ in range(5):  # 5 s: more than twice the TTL
             await asyncio.sleep(1.0)
             assert not await other.try_claim("s1", "w2", ttl=30), "a live holder's lease expired under it"
-        assert (await store.lease("s1"))["expires_at"] > first + 2.0
+        assert (await lease_row(store, "s1"))["expires_at"] > first + 2.0
         assert not held.lost
-    assert await store.lease("s1") is None
+    assert await lease_row(store, "s1") is None
     assert await other.try_claim("s1", "w2", ttl=30)
 
 
@@ -294,7 +294,7 @@ async def test_hold_not_taken_yields_false_and_leaves_the_other_lease(db):
     assert await other.try_claim("s1", "w2", ttl=30)
     async with store.hold("s1", "w1") as held:
         assert not held
-    assert (await store.lease("s1"))["holder"] == "w2"
+    assert (await lease_row(store, "s1"))["holder"] == "w2"
 
 
 async def test_hold_ends_in_a_back_off_that_stays(db):
@@ -303,7 +303,7 @@ async def test_hold_ends_in_a_back_off_that_stays(db):
         assert held
         delay = await store.back_off("s1", "w1", "timeout", base=5, ceiling=60)
         await asyncio.sleep(0.25)  # heartbeats after the back-off do not turn it back into a lease
-    lease = await store.lease("s1")
+    lease = await lease_row(store, "s1")
     assert (lease["holder"], lease["note"]) == ("back-off", "timeout")
     assert lease["expires_at"] <= time.time() + delay
 
@@ -338,7 +338,7 @@ async def test_killed_holder_frees_the_lease_within_its_ttl(db):
         while not await store.try_claim("hold-scope", "survivor", ttl=30):
             assert time.time() - killed < ttl + 1.0, "the dead holder's lease did not free within its TTL"
             await asyncio.sleep(0.1)
-        assert (await store.lease("hold-scope"))["holder"] == "survivor"
+        assert (await lease_row(store, "hold-scope"))["holder"] == "survivor"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -353,7 +353,7 @@ async def test_each_write_is_one_transaction(db):
 
     engine = db.engine()
     store = db.store(engine)
-    await store.lease("warm-up")  # tables made
+    await lease_row(store, "warm-up")  # tables made
     begins = []
     event.listen(engine.sync_engine, "begin", lambda conn: begins.append(1))
 

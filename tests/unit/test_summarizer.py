@@ -230,7 +230,9 @@ def test_styles_and_custom_prompt():
     assert len({concise, balanced, faithful}) == 3
     assert "verbatim" in faithful and all(w in faithful for w in ("figure", "name", "identifier", "path", "decision"))
     assert all("at most 300 tokens" in p for p in (concise, balanced, faithful))
-    assert balanced == acc.SUMMARIZER_PROMPT.replace("{max_tokens}", "300")
+    assert balanced == acc._SUMMARY_FRAME.replace("{instructions}", acc._SUMMARY_STYLES["balanced"]).replace(
+        "{max_tokens}", "300"
+    )
     assert acc.build_summarizer_messages("", ["b"], 300, style="unknown")[0]["content"] == balanced
     custom = acc.build_summarizer_messages("", ["b"], 300, style="faithful", prompt="Summarize {max_tokens} {x}")
     assert custom[0]["content"] == "Summarize 300 {x}"  # replaces the instructions; other braces kept
@@ -294,10 +296,10 @@ def delta(**d):
     return {"choices": [{"index": 0, "delta": d}]}
 
 
-def kind_of(response) -> str:
+def kind_of(response) -> "acc.Fault":
     with pytest.raises(acc.SummaryError) as info:
         acc.completion_text(response)
-    return info.value.kind
+    return info.value.fault
 
 
 SHAPES = {
@@ -363,7 +365,7 @@ REASONING_ONLY = {
 
 @pytest.mark.parametrize("shape", list(REASONING_ONLY))
 def test_reasoning_only_answers_fail(shape):
-    assert kind_of(REASONING_ONLY[shape]) == "reasoning_only"
+    assert kind_of(REASONING_ONLY[shape]) is acc.Fault.REASONING_ONLY
 
 
 EMPTY = {
@@ -378,18 +380,14 @@ EMPTY = {
 
 @pytest.mark.parametrize("shape", list(EMPTY))
 def test_empty_answers_fail(shape):
-    assert kind_of(EMPTY[shape]) == "empty"
+    assert kind_of(EMPTY[shape]) is acc.Fault.EMPTY
 
 
-def test_clean_summary_answer_kinds_and_reasons():
-    for text, kind, reason in (
-        ("", "empty", "empty answer"),
-        (None, "empty", "empty answer"),
-        ("<think>x</think>", "reasoning_only", "reasoning-only answer"),
-    ):
+def test_clean_summary_answer_names_its_fault():
+    for text, fault in (("", acc.Fault.EMPTY), (None, acc.Fault.EMPTY), ("<think>x</think>", acc.Fault.REASONING_ONLY)):
         with pytest.raises(acc.SummaryError) as info:
             acc.clean_summary_answer(text)
-        assert (info.value.kind, info.value.reason) == (kind, reason)
+        assert info.value.fault is fault
     assert acc.clean_summary_answer("<conversation_summary>S1</conversation_summary>") == "S1"
 
 
@@ -407,13 +405,13 @@ ERRORS = {
 def test_error_payloads_fail_with_their_message(shape):
     with pytest.raises(acc.SummaryError) as info:
         acc.completion_text(ERRORS[shape])
-    assert info.value.reason == "model error" and "model overloaded" in str(info.value)
+    assert info.value.fault is acc.Fault.MODEL_ERROR and "model overloaded" in str(info.value)
 
 
 def test_unreadable_payloads_fail():
-    assert kind_of({"choices": []}) == "unreadable"
-    assert kind_of({"something": "else"}) == "unreadable"
-    assert kind_of(42) == "unreadable"
+    assert kind_of({"choices": []}) is acc.Fault.UNREADABLE
+    assert kind_of({"something": "else"}) is acc.Fault.UNREADABLE
+    assert kind_of(42) is acc.Fault.UNREADABLE
 
 
 def test_open_webui_response_objects():
@@ -440,7 +438,7 @@ async def test_response_text_reads_a_streaming_response():
 
     with pytest.raises(acc.SummaryError) as info:
         await acc.response_text(StreamingResponse(reasoning(), media_type="text/event-stream"))
-    assert info.value.kind == "reasoning_only"
+    assert info.value.fault is acc.Fault.REASONING_ONLY
 
 
 # -- owui_complete against a stand-in Open WebUI ------------------------------------------
@@ -504,6 +502,6 @@ async def test_owui_complete_reads_a_stream_and_fails_on_reasoning(fake_owui):
     fake_owui["answer"] = chat("", reasoning_content="thoughts")
     with pytest.raises(acc.SummaryError) as info:
         await acc.owui_complete(REQUEST, {"id": "alice"}, "m", MESSAGES, 256, 0.1)
-    assert info.value.kind == "reasoning_only"
+    assert info.value.fault is acc.Fault.REASONING_ONLY
     with pytest.raises(acc.SummaryError, match="user not found"):
         await acc.owui_complete(REQUEST, {"id": "mallory"}, "m", MESSAGES, 256, 0.1)
