@@ -19,9 +19,18 @@ requirements: tiktoken
 #   4. Settings: valves resolved per model, never raising.
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
-#   7. Status texts per UI language.
-#   8. Background summaries: plan, lease, fold in rounds, save, back off.
+#   7. Status texts per UI language, and what one request sent (SentOutcome).
+#   8. Background summaries: per-conversation state (ChatState), plan, lease,
+#      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
+#
+# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units
+# (4, the model's ModelTokens.scale (3)) -> repair_request (1) -> store.find +
+# choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line
+# (7); Open WebUI's request hook repeats repair and fit on the final list and
+# notes its count (ModelTokens.note_sent). After the reply, Filter.outlet ->
+# ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
+# BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400;
 # devkit/provider_rules.py checks each one):
@@ -2052,6 +2061,14 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
     return fixed + sum(counter.estimated_size(m, encoding) if n is None else n for m, n in zip(messages, sizes))
 
 
+def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
+    """What every request of a chat sends besides its conversation: tool
+    schemas and framing (``fixed``) and the system prompts, never this
+    filter's own summary message, which the planner counts by itself."""
+    systems = [m for m in system_messages(messages) if not is_summary_message(m)]
+    return count_request(counter, systems, encoding, fixed)
+
+
 async def fit_request(
     counter: TokenCounter,
     messages: Messages,
@@ -3988,10 +4005,6 @@ async def response_text(response: Any) -> str:
     return completion_text(response)
 
 
-# Keys of the summary call the filter sets itself: admin parameters never
-# replace them (the same set the settings layer refuses in the valve).
-
-
 def summary_form(
     model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
 ) -> dict:
@@ -4584,24 +4597,6 @@ def _render(language: str, key: str, values: dict) -> str:
         return english.get(key, key).format_map(_Missing(shown))
 
 
-# ---------------------------------------------------------------------------
-# 8. Background summaries: plan, lease, fold in rounds, save, back off
-# ---------------------------------------------------------------------------
-# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
-# once. The summarizer decides whether the next request would be over the
-# trigger, takes the chat's lease (one worker per chat, across workers and
-# replicas), folds older messages into the summary in as many rounds as the
-# summary model's window needs, saves each round, and backs off after
-# failures. Every count here is in canonical coordinates (layer 2).
-
-STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
-MAX_BACKGROUND_TASKS = 64
-HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
-BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
-_MAX_ROUNDS = 8
-PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
-
-
 @dataclass(frozen=True)
 class SentOutcome:
     """What one request sent, as its status line states it: tokens against
@@ -4656,6 +4651,33 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
     return " · ".join(parts)
 
 
+async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
+    if emitter is None:
+        return
+    try:
+        await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
+    except Exception as exc:  # a closed socket must not break the request
+        log.debug("status event not delivered: %s", exc)
+
+
+# ---------------------------------------------------------------------------
+# 8. Background summaries: plan, lease, fold in rounds, save, back off
+# ---------------------------------------------------------------------------
+# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
+# once. The summarizer decides whether the next request would be over the
+# trigger, takes the chat's lease (one worker per chat, across workers and
+# replicas), folds older messages into the summary in as many rounds as the
+# summary model's window needs, saves each round, and backs off after
+# failures. Every count here is in canonical coordinates (layer 2).
+
+STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
+MAX_BACKGROUND_TASKS = 64
+HYSTERESIS = 0.10  # a new summary must fold at least this share of the trigger
+BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
+_MAX_ROUNDS = 8
+PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
+
+
 @dataclass
 class ChatState:
     """What this worker remembers of one conversation between its requests:
@@ -4678,33 +4700,6 @@ class ChatState:
         fault_new, notes_new = fault != self.shown_fault, tuple(map(str, notes)) != self.shown_notes
         self.shown_fault, self.shown_notes = fault, tuple(map(str, notes))
         return replace(sent, fault=fault if fault_new else None, notes=tuple(notes) if notes_new else ())
-
-
-def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
-    so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. The version is the one Open WebUI loaded, else the installed
-    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
-    if not _OWUI_VERSION:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-        if not isinstance(version, str):
-            try:
-                from importlib.metadata import version as installed
-
-                version = installed("open-webui")
-            except Exception:
-                version = None
-        _OWUI_VERSION.append(owui_version(version))
-    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
-
-
-_OWUI_VERSION: list = []
-
-
-def owui_version(version: Any) -> tuple:
-    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
-    return tuple(int(part or 0) for part in match.groups()) if match else ()
 
 
 @dataclass
@@ -4771,14 +4766,6 @@ class FoldPlan:
     start: int
     target: int
     next_request: int
-
-
-def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
-    """What every request of a chat sends besides its conversation: tool
-    schemas and framing (``fixed``) and the system prompts, never this
-    filter's own summary message, which the planner counts by itself."""
-    systems = [m for m in system_messages(messages) if not is_summary_message(m)]
-    return count_request(counter, systems, encoding, fixed)
 
 
 class _LeaseLost(Exception):
@@ -5061,6 +5048,93 @@ class BackgroundSummarizer:
         # old boundary) contributes its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
         return plan_rounds(blocks, budget, count, stops)
+
+
+# -- What the running Open WebUI offers (read once per process) ----------------
+
+
+def request_hook_follows() -> bool:
+    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
+    so that inlet's line is not the definitive one: tools and RAG are added
+    after inlet. The version is the one Open WebUI loaded, else the installed
+    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
+    if not _OWUI_VERSION:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+        if not isinstance(version, str):
+            try:
+                from importlib.metadata import version as installed
+
+                version = installed("open-webui")
+            except Exception:
+                version = None
+        _OWUI_VERSION.append(owui_version(version))
+    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
+
+
+_OWUI_VERSION: list = []
+
+
+def owui_version(version: Any) -> tuple:
+    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    return tuple(int(part or 0) for part in match.groups()) if match else ()
+
+
+def open_webui_limits(version: Any = None) -> list:
+    """What the running Open WebUI lacks that this filter would use, as log
+    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
+    when Open WebUI has loaded it (never imported here: importing it has side
+    effects outside a server); unknown or unreadable: nothing is claimed."""
+    if version is None:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    have = owui_version(version)
+    if not have:
+        return []
+    limits = []
+    if have < (0, 9, 0):
+        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
+    if have < (0, 10, 0):
+        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
+    if have < (0, 11, 2):
+        limits.append(
+            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
+        )
+    return [f"Open WebUI {version}: {limit}" for limit in limits]
+
+
+def _log_open_webui_limits() -> None:
+    for limit in open_webui_limits():
+        if limit not in _WARNED:
+            _WARNED[limit] = True
+            log.warning("async_context_compression: %s", limit)
+
+
+_OWUI_CONFIG: list = []
+
+
+async def _builtin_compaction_enabled() -> bool:
+    """Whether Open WebUI 0.12's own (blocking) compaction is switched on;
+    then summarizing here as well would summarize its summaries again."""
+    if not _OWUI_CONFIG:
+        try:
+            from open_webui.models.config import Config  # type: ignore
+        except (Exception, SystemExit):  # looked up once: a failed import is slow
+            Config = None
+        _OWUI_CONFIG.append(Config)
+    if _OWUI_CONFIG[0] is None:
+        return False
+    try:
+        return bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+    except Exception:
+        return False
+
+
+_WARNED = _LOGGED_NOTES  # the benchmark reports its size
+
+
+def _warn_once(warnings: Iterable[Note]) -> None:
+    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
 
 
 # ---------------------------------------------------------------------------
@@ -5470,72 +5544,3 @@ class Filter:
             self.tokens.in_background(load())
         except RuntimeError:  # no running event loop (called outside a hook)
             self.tokens.loaded_at = None
-
-
-# -- small helpers of the Filter -----------------------------------------------
-
-
-async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
-    if emitter is None:
-        return
-    try:
-        await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
-    except Exception as exc:  # a closed socket must not break the request
-        log.debug("status event not delivered: %s", exc)
-
-
-_OWUI_CONFIG: list = []
-
-
-async def _builtin_compaction_enabled() -> bool:
-    """Whether Open WebUI 0.12's own (blocking) compaction is switched on;
-    then summarizing here as well would summarize its summaries again."""
-    if not _OWUI_CONFIG:
-        try:
-            from open_webui.models.config import Config  # type: ignore
-        except (Exception, SystemExit):  # looked up once: a failed import is slow
-            Config = None
-        _OWUI_CONFIG.append(Config)
-    if _OWUI_CONFIG[0] is None:
-        return False
-    try:
-        return bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
-    except Exception:
-        return False
-
-
-_WARNED = _LOGGED_NOTES  # the benchmark reports its size
-
-
-def _warn_once(warnings: Iterable[Note]) -> None:
-    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
-
-
-def open_webui_limits(version: Any = None) -> list:
-    """What the running Open WebUI lacks that this filter would use, as log
-    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
-    when Open WebUI has loaded it (never imported here: importing it has side
-    effects outside a server); unknown or unreadable: nothing is claimed."""
-    if version is None:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-    have = owui_version(version)
-    if not have:
-        return []
-    limits = []
-    if have < (0, 9, 0):
-        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
-    if have < (0, 10, 0):
-        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
-    if have < (0, 11, 2):
-        limits.append(
-            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
-            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
-        )
-    return [f"Open WebUI {version}: {limit}" for limit in limits]
-
-
-def _log_open_webui_limits() -> None:
-    for limit in open_webui_limits():
-        if limit not in _WARNED:
-            _WARNED[limit] = True
-            log.warning("async_context_compression: %s", limit)
