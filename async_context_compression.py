@@ -1574,6 +1574,97 @@ def has_builtin_summary(messages: Messages) -> bool:
     return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
 
 
+def _without_builtin_summary(text: str) -> str:
+    at = text.find(BUILTIN_SUMMARY_MARK)
+    return text if at < 0 else text[:at].rstrip()
+
+
+def strip_builtin_summary(messages: Messages) -> Messages:
+    """The messages without Open WebUI's own summary. The core appends it to
+    the system message as ``\n[CONVERSATION SUMMARY]\n<text>`` (to every
+    text part of a list content); everything from the mark on is cut, and a
+    system message left empty is dropped. Used where this filter's summary,
+    which was built from the core's, replaces it: the same text is never
+    sent twice. Other messages are returned as they are (same objects)."""
+    out: Messages = []
+    for message in messages:
+        if _role(message) != "system" or BUILTIN_SUMMARY_MARK not in _text_of(message.get("content")):
+            out.append(message)
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            content = _without_builtin_summary(content)
+            empty = not content.strip()
+        else:
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    part = {**part, "text": _without_builtin_summary(part["text"])}
+                    if not part["text"].strip():
+                        continue
+                parts.append(part)
+            content, empty = parts, not parts
+        if not empty:
+            out.append({**message, "content": content})
+    return out
+
+
+BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
+
+
+def latest_checkpoint(stored: Messages) -> Optional[tuple]:
+    """Where Open WebUI's own compaction cut the branch (``stored``: the
+    branch's messages as the database keeps them, root first), as
+    ``(message id, summary text)``: the last message carrying a
+    ``contextSummary`` (saved by ``/compact`` on the latest reply, by the
+    automatic compaction on the first kept user message). From there on,
+    that message included, is what inlet receives. A summary made between
+    tool rounds is ``(message id, None)``: its cut falls inside a reply and
+    is not followed. None: the core never compacted this branch."""
+    for message in reversed(stored):
+        if not isinstance(message, dict):
+            continue
+        summary = message.get("contextSummary") or message.get("context_summary")
+        if isinstance(summary, str) and summary.strip():
+            return message.get("id"), summary
+        output = message.get("output")
+        if isinstance(output, list) and any(
+            isinstance(item, dict) and item.get("type") == BUILTIN_TOOL_CHECKPOINT for item in output
+        ):
+            return message.get("id"), None
+    return None
+
+
+SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
+SUMMARIZE_COMMAND_PROMPT = (
+    "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
+    "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
+)
+
+
+def is_summarize_command(content: Any) -> bool:
+    """A user message that asks this filter for a summary now."""
+    return _text_of(content).strip().lower() in SUMMARIZE_COMMANDS
+
+
+def explain_summarize_command(messages: Messages) -> Messages:
+    """The list with its last message, when it is the user's summarize
+    command, replaced by a short note the model can answer (the command
+    alone would puzzle it). Only what the model receives changes; the chat
+    keeps the command. Invariant: same length, same roles."""
+    if not messages or _role(messages[-1]) != "user" or not is_summarize_command(messages[-1].get("content")):
+        return messages
+    return [*messages[:-1], {**messages[-1], "content": SUMMARIZE_COMMAND_PROMPT}]
+
+
+def asked_for_summary(stored: Messages) -> bool:
+    """Whether the reply outlet sees answers the user's summarize command."""
+    for message in reversed(stored):
+        if _role(message) == "user":
+            return is_summarize_command(message.get("content"))
+    return False
+
+
 def index_after_head(view: Messages, head_count: int) -> int:
     """Index in ``view`` (system messages included) of the first message
     after ``head_count`` canonical ones."""
@@ -4084,6 +4175,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "summaries unavailable: {reason}",
         "summarizing": "Summarizing {messages} in the background…",
         "summary_done": "Summary updated: covers {messages}",
+        "summary_source": "Conversation summary ({messages})",
+        "summary_nothing": "Nothing to summarize yet: the conversation is still short",
         "summary_failed": "Summary failed: {reason} · next try in {retry}",
         "skipped": "Context compression skipped this request: {reason}",
         "settings": "Settings: {reason}",
@@ -4110,6 +4203,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "the stored valves could not be read; the defaults are used",
         "n_carried": "carried over from the older filter: {names}",
         "n_ignored": "not used by this filter, ignored: {names}",
+        "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
     },
     "zh": {
         "sent": "已发送 {used} / {cap} tokens",
@@ -4121,6 +4215,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "摘要不可用：{reason}",
         "summarizing": "正在后台摘要 {messages}…",
         "summary_done": "摘要已更新：涵盖 {messages}",
+        "summary_source": "对话摘要（{messages}）",
+        "summary_nothing": "暂无可摘要的内容：对话还很短",
         "summary_failed": "摘要失败：{reason} · {retry} 后重试",
         "skipped": "本次请求未进行上下文压缩：{reason}",
         "settings": "设置：{reason}",
@@ -4147,6 +4243,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "无法读取已保存的设置；使用默认值",
         "n_carried": "已沿用旧版过滤器的设置：{names}",
         "n_ignored": "本过滤器不使用，已忽略：{names}",
+        "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
     },
     "ja": {
         "sent": "{used} / {cap} トークン送信",
@@ -4158,6 +4255,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "要約を利用できません：{reason}",
         "summarizing": "バックグラウンドで {messages}を要約中…",
         "summary_done": "要約を更新しました：{messages}を含む",
+        "summary_source": "会話の要約（{messages}）",
+        "summary_nothing": "まだ要約するものがありません：会話がまだ短いです",
         "summary_failed": "要約に失敗しました：{reason} · {retry} 後に再試行",
         "skipped": "このリクエストではコンテキスト圧縮を行いませんでした：{reason}",
         "settings": "設定：{reason}",
@@ -4184,6 +4283,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "保存された設定を読み取れないため、既定値を使用します",
         "n_carried": "旧フィルターから引き継ぎました：{names}",
         "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
+        "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
     },
     "ko": {
         "sent": "{used} / {cap} 토큰 전송",
@@ -4195,6 +4295,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "요약을 사용할 수 없음: {reason}",
         "summarizing": "백그라운드에서 {messages} 요약 중…",
         "summary_done": "요약 업데이트됨: {messages} 포함",
+        "summary_source": "대화 요약 ({messages})",
+        "summary_nothing": "아직 요약할 내용이 없습니다: 대화가 아직 짧습니다",
         "summary_failed": "요약 실패: {reason} · {retry} 후 다시 시도",
         "skipped": "이 요청에서는 컨텍스트 압축을 건너뛰었습니다: {reason}",
         "settings": "설정: {reason}",
@@ -4221,6 +4323,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "저장된 설정을 읽을 수 없어 기본값을 사용합니다",
         "n_carried": "이전 필터에서 가져온 설정: {names}",
         "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
+        "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
     },
     "fr": {
         "sent": "{used} / {cap} tokens envoyés",
@@ -4232,6 +4335,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "résumés indisponibles : {reason}",
         "summarizing": "Résumé de {messages} en arrière-plan…",
         "summary_done": "Résumé mis à jour : couvre {messages}",
+        "summary_source": "Résumé de la conversation ({messages})",
+        "summary_nothing": "Rien à résumer pour l'instant : la conversation est encore courte",
         "summary_failed": "Échec du résumé : {reason} · nouvel essai dans {retry}",
         "skipped": "Compression du contexte ignorée pour cette requête : {reason}",
         "settings": "Réglages : {reason}",
@@ -4258,6 +4363,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "les réglages enregistrés sont illisibles ; valeurs par défaut utilisées",
         "n_carried": "repris de l'ancien filtre : {names}",
         "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
+        "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
     },
     "de": {
         "sent": "{used} / {cap} Tokens gesendet",
@@ -4269,6 +4375,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
         "summarizing": "Fasse {messages} im Hintergrund zusammen…",
         "summary_done": "Zusammenfassung aktualisiert: umfasst {messages}",
+        "summary_source": "Zusammenfassung des Gesprächs ({messages})",
+        "summary_nothing": "Noch nichts zusammenzufassen: das Gespräch ist noch kurz",
         "summary_failed": "Zusammenfassung fehlgeschlagen: {reason} · neuer Versuch in {retry}",
         "skipped": "Kontextkomprimierung für diese Anfrage übersprungen: {reason}",
         "settings": "Einstellungen: {reason}",
@@ -4295,6 +4403,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "die gespeicherten Einstellungen sind nicht lesbar; Standardwerte werden verwendet",
         "n_carried": "vom älteren Filter übernommen: {names}",
         "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
+        "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
     },
     "es": {
         "sent": "{used} / {cap} tokens enviados",
@@ -4306,6 +4415,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "resúmenes no disponibles: {reason}",
         "summarizing": "Resumiendo {messages} en segundo plano…",
         "summary_done": "Resumen actualizado: cubre {messages}",
+        "summary_source": "Resumen de la conversación ({messages})",
+        "summary_nothing": "Aún no hay nada que resumir: la conversación es corta",
         "summary_failed": "El resumen falló: {reason} · nuevo intento en {retry}",
         "skipped": "Compresión de contexto omitida en esta solicitud: {reason}",
         "settings": "Ajustes: {reason}",
@@ -4332,6 +4443,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "no se pueden leer los ajustes guardados; se usan los valores predeterminados",
         "n_carried": "tomado del filtro anterior: {names}",
         "n_ignored": "este filtro no lo usa, se ignora: {names}",
+        "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
     },
     "pt": {
         "sent": "{used} / {cap} tokens enviados",
@@ -4343,6 +4455,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "resumos indisponíveis: {reason}",
         "summarizing": "Resumindo {messages} em segundo plano…",
         "summary_done": "Resumo atualizado: cobre {messages}",
+        "summary_source": "Resumo da conversa ({messages})",
+        "summary_nothing": "Ainda não há nada para resumir: a conversa ainda é curta",
         "summary_failed": "O resumo falhou: {reason} · nova tentativa em {retry}",
         "skipped": "Compressão de contexto ignorada nesta solicitação: {reason}",
         "settings": "Configurações: {reason}",
@@ -4369,6 +4483,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "não é possível ler as configurações salvas; usando os padrões",
         "n_carried": "trazido do filtro antigo: {names}",
         "n_ignored": "não usado por este filtro, ignorado: {names}",
+        "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
     },
     "ru": {
         "sent": "отправлено {used} / {cap} токенов",
@@ -4380,6 +4495,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "сводки недоступны: {reason}",
         "summarizing": "Составляется сводка в фоне: {messages}…",
         "summary_done": "Сводка обновлена: {messages}",
+        "summary_source": "Сводка разговора ({messages})",
+        "summary_nothing": "Пока нечего сводить: разговор ещё короткий",
         "summary_failed": "Сводка не удалась: {reason} · повтор через {retry}",
         "skipped": "Сжатие контекста для этого запроса пропущено: {reason}",
         "settings": "Настройки: {reason}",
@@ -4406,6 +4523,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "сохранённые настройки не читаются; используются значения по умолчанию",
         "n_carried": "перенесено из старого фильтра: {names}",
         "n_ignored": "не используется этим фильтром, пропущено: {names}",
+        "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
     },
     "it": {
         "sent": "{used} / {cap} token inviati",
@@ -4417,6 +4535,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "riepiloghi non disponibili: {reason}",
         "summarizing": "Riepilogo di {messages} in background…",
         "summary_done": "Riepilogo aggiornato: copre {messages}",
+        "summary_source": "Riepilogo della conversazione ({messages})",
+        "summary_nothing": "Ancora niente da riassumere: la conversazione è breve",
         "summary_failed": "Riepilogo non riuscito: {reason} · nuovo tentativo tra {retry}",
         "skipped": "Compressione del contesto saltata per questa richiesta: {reason}",
         "settings": "Impostazioni: {reason}",
@@ -4443,6 +4563,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "le impostazioni salvate non sono leggibili; si usano i valori predefiniti",
         "n_carried": "ripreso dal filtro precedente: {names}",
         "n_ignored": "non usato da questo filtro, ignorato: {names}",
+        "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
     },
     "pl": {
         "sent": "wysłano {used} / {cap} tokenów",
@@ -4454,6 +4575,8 @@ STATUS_TEXTS: dict = {
         "summaries_down": "podsumowania niedostępne: {reason}",
         "summarizing": "Podsumowywanie w tle: {messages}…",
         "summary_done": "Podsumowanie zaktualizowane: {messages}",
+        "summary_source": "Podsumowanie rozmowy ({messages})",
+        "summary_nothing": "Na razie nie ma czego podsumować: rozmowa jest jeszcze krótka",
         "summary_failed": "Podsumowanie nie powiodło się: {reason} · ponowna próba za {retry}",
         "skipped": "Kompresja kontekstu pominięta dla tego żądania: {reason}",
         "settings": "Ustawienia: {reason}",
@@ -4480,6 +4603,7 @@ STATUS_TEXTS: dict = {
         "n_valves_reset": "nie można odczytać zapisanych ustawień; użyto wartości domyślnych",
         "n_carried": "przeniesiono ze starszego filtra: {names}",
         "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
+        "n_builtin_on": "Wbudowana automatyczna kompresja Open WebUI też jest włączona: może opóźniać odpowiedzi podczas podsumowywania; ten filtr kontynuuje od jej podsumowań",
     },
 }
 
@@ -4551,6 +4675,22 @@ def messages_phrase(language: str, n: int) -> str:
     """``n`` with the word for messages in the right plural form."""
     language = language if language in MESSAGE_NOUNS else "en"
     return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
+
+
+def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
+    """The event that shows a summary under the reply after which it was
+    written: a source entry ("Conversation summary (19 messages)") that opens
+    to the whole text, rendered as Markdown. Open WebUI keeps it in the
+    message's ``sources``, which are never sent to the model."""
+    name = status_text(language, "summary_source", messages=messages)
+    return {
+        "type": "source",
+        "data": {
+            "source": {"id": source_id, "name": name},
+            "document": [summary],
+            "metadata": [{"source": source_id, "name": name}],
+        },
+    }
 
 
 class _Missing(dict):
@@ -4718,6 +4858,7 @@ class RequestContext:
     request: Any = None
     message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
+    force_summary: bool = False  # the user asked for a summary now (/summarize)
 
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
 
@@ -4748,11 +4889,27 @@ class Branch:
     ids: list
     digests: list
     anchor: str
+    # Open WebUI's own summary of what precedes ``messages`` (after /compact):
+    # the previous summary of a branch with none of this filter's yet
+    base: Optional[SummaryRecord] = None
 
     @classmethod
     def of(cls, canon: Messages, ids: list) -> "Branch":
         digests = [canonical_digest(m) for m in canon]
         return cls(canon, ids, digests, conversation_anchor(digests))
+
+    def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
+        """The branch as inlet receives it once Open WebUI's own compaction
+        cut it at ``message_id`` (that message kept), with the core's summary
+        as the base every later summary starts from; None when that message
+        is not on this branch."""
+        try:
+            cut = self.ids.index(message_id)
+        except ValueError:
+            return None
+        branch = Branch.of(self.messages[cut:], self.ids[cut:])
+        base = SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary)
+        return replace(branch, base=base)
 
 
 @dataclass(frozen=True)
@@ -4822,6 +4979,17 @@ class BackgroundSummarizer:
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
 
+    async def _show_summary(self, ctx: RequestContext, record: SummaryRecord) -> None:
+        """The summary's whole text under the reply, as a source entry."""
+        if not ctx.settings.show_status or ctx.emitter is None:
+            return
+        source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
+        event = summary_source_event(ctx.language, record.covered_count - record.head_count, record.summary, source_id)
+        try:
+            await ctx.emitter(event)
+        except Exception as exc:  # a closed socket must not fail the summary
+            log.debug("summary source event not delivered: %s", exc)
+
     # -- the next request, counted one way --------------------------------
     def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
         """Tokens of a request of ``conversation`` plus what the chat's
@@ -4874,21 +5042,39 @@ class BackgroundSummarizer:
         async with lock:
             try:
                 if await _builtin_compaction_enabled():
-                    _warn_once(
-                        [
-                            "Open WebUI's built-in context compaction is on: this filter only repairs and caps; disable one of the two"
-                        ]
-                    )
-                    return
+                    _warn_once([note("n_builtin_on")])
+                    branch = await self._after_builtin_checkpoint(ctx, branch)
+                    if branch is None:
+                        return
                 await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:
                 self.chat(ctx).last_fault = exc.fault
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
+    async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
+        """The branch from Open WebUI's latest compaction point on (what inlet
+        receives), its summary as the base; the branch itself when the core
+        never compacted it; None when it cannot be followed (a cut between
+        tool rounds, or the database unreadable): no summary this time."""
+        try:
+            found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
+        except Exception as exc:
+            log.warning("async_context_compression chat=%s: compaction point unreadable (%s)", ctx.chat_id, exc)
+            return None
+        if found is None:
+            return branch
+        message_id, summary = found
+        if summary is None:
+            log.info("async_context_compression chat=%s: Open WebUI compacted between tool rounds", ctx.chat_id)
+            return None
+        return branch.after(message_id, summary, ctx.user_id, ctx.chat_id)
+
     # -- one summary --------------------------------------------------------
     async def _summarize_if_needed(self, ctx: RequestContext, branch: Branch, key: str) -> None:
         if await self.plan(ctx, branch) is None:
+            if ctx.force_summary:
+                await self._say(ctx, "summary_nothing", done=True)
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         # a short lease, renewed while the work runs: a killed worker's
@@ -4906,6 +5092,7 @@ class BackgroundSummarizer:
             record = await self._fold(ctx, branch, plan, lease)
             self.chat(ctx).last_fault = None
             await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
+            await self._show_summary(ctx, record)
         except _LeaseLost:
             log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
         except SummaryError as exc:
@@ -4924,11 +5111,11 @@ class BackgroundSummarizer:
         is new to be worth rewriting the summary; else None."""
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
-        previous = choose_summary(records, branch.digests, allow_full=True)
+        previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
         head = previous.head_count if previous else canonical_head(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
-        if used <= s.trigger_tokens:
+        if used <= s.trigger_tokens and not ctx.force_summary:
             self.chat(ctx).last_fault = None  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
@@ -4936,7 +5123,9 @@ class BackgroundSummarizer:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        if fresh < self._worth_folding(s, previous) and not (s.max_context and used > s.max_context):
+        if fresh < self._worth_folding(s, previous) and not (
+            s.max_context and used > s.max_context or ctx.force_summary
+        ):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -5111,11 +5300,32 @@ def _log_open_webui_limits() -> None:
 
 
 _OWUI_CONFIG: list = []
+_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of _builtin_compaction_enabled, and when
+BUILTIN_CHECK_EVERY = 5.0  # seconds inlet trusts that answer (one config read per worker at most this often)
+
+
+async def builtin_compaction_on(refresh: bool) -> bool:
+    """Whether Open WebUI's own compaction is on, as last read; ``refresh``
+    reads it again when that is older than BUILTIN_CHECK_EVERY."""
+    if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
+        await _builtin_compaction_enabled()
+    return _BUILTIN_ON[0]
+
+
+async def _stored_branch(chat_id: str, ids: list) -> Messages:
+    """The branch's messages as Open WebUI's database keeps them (with the
+    ``contextSummary`` its own compaction saves, which outlet's body lacks)."""
+    if not chat_id:
+        return []
+    from open_webui.models.chats import Chats  # type: ignore
+
+    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
+    return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
 
 
 async def _builtin_compaction_enabled() -> bool:
-    """Whether Open WebUI 0.12's own (blocking) compaction is switched on;
-    then summarizing here as well would summarize its summaries again."""
+    """Whether Open WebUI's own (blocking) compaction is switched on: then
+    its compaction point and summary are where this filter's summaries start."""
     if not _OWUI_CONFIG:
         try:
             from open_webui.models.config import Config  # type: ignore
@@ -5125,9 +5335,11 @@ async def _builtin_compaction_enabled() -> bool:
     if _OWUI_CONFIG[0] is None:
         return False
     try:
-        return bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+        on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
     except Exception:
-        return False
+        on = False
+    _BUILTIN_ON[:] = [on, time.monotonic()]
+    return on
 
 
 _WARNED = _LOGGED_NOTES  # the benchmark reports its size
@@ -5362,13 +5574,21 @@ class Filter:
         )
 
     async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
+        body = {**body, "messages": explain_summarize_command(body["messages"])}
         s = ctx.settings
         messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         record, fault = None, None
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        if inlet and not has_builtin_summary(systems):
+        builtin = has_builtin_summary(systems)
+        if builtin or await builtin_compaction_on(refresh=inlet):
+            s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
+        if inlet:
             record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
+        if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
+            systems = strip_builtin_summary(systems)
+            if record is not None:  # ours was built from the core's: send it once
+                messages = strip_builtin_summary(messages)
         summarized = record is not None
         if summarized:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
@@ -5464,14 +5684,15 @@ class Filter:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
             ctx = self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
-            if ctx is None or has_builtin_summary(body["messages"]):
+            if ctx is None:
                 return body
             ctx.request = __request__
             self._learn_tokens(ctx, body)
+            ctx.force_summary = asked_for_summary(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
             canon = canonical_messages(messages)  # digests only once worth it
-            if self.summaries.may_need_summary(ctx, canon):
+            if ctx.force_summary or self.summaries.may_need_summary(ctx, canon):
                 self.summaries.start(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon)))
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")

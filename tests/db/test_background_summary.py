@@ -679,24 +679,125 @@ async def test_cloned_chat_uses_the_summary_of_its_original(db):
     assert_applied(sent, view, record)
 
 
-async def test_builtin_compaction_present_means_hands_off(db):
+def core_compacted(monkeypatch, stored: list, checkpoint_id: str, core_text: str) -> None:
+    """Open WebUI's own compaction on, and its summary saved as ``contextSummary``
+    on ``checkpoint_id`` (what /compact does to the latest reply)."""
+
+    async def enabled():
+        acc._BUILTIN_ON[:] = [True, time.monotonic()]
+        return True
+
+    async def stored_branch(chat_id, ids):
+        by_id = {m["id"]: dict(m, contextSummary=core_text) if m["id"] == checkpoint_id else m for m in stored}
+        return [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
+
+    monkeypatch.setattr(acc, "_builtin_compaction_enabled", enabled)
+    monkeypatch.setattr(acc, "_stored_branch", stored_branch)
+    monkeypatch.setattr(acc, "_BUILTIN_ON", [False, float("-inf")])
+
+
+async def test_core_summary_after_compact_is_the_base_of_the_next_summary(db, monkeypatch):
     w = Worker(db)
     chat = stored_chat(range(8))
-    builtin = {"role": "system", "content": "You are helpful.\n\n[CONVERSATION SUMMARY]\nThe user asked about figures."}
-    await w.filter.outlet(
-        {"model": MODEL, "chat_id": "chat-1", "messages": [builtin] + copy.deepcopy(chat)},
-        __user__=dict(ALICE),
-        __metadata__={"chat_id": "chat-1"},
-        __event_emitter__=w._emit,
-    )
-    assert not w.filter.summaries.tasks  # nothing scheduled
-    await w.filter.wait_for_background()
-    assert w.summarizer.calls == [] and await w.records(chat) == []
+    cut = len(chat) - 1  # /compact: the summary is saved on the latest reply, which stays
+    core_text = "Core summary: " + " ".join(markers(as_inlet_sees_it(chat[:cut])))
+    longer = chat + stored_chat(range(8, 14))
+    core_compacted(monkeypatch, longer, chat[cut]["id"], core_text)
+    core_system = {"role": "system", "content": SYSTEM["content"] + "\n[CONVERSATION SUMMARY]\n" + core_text}
 
-    await w.outlet(chat)  # without it a summary is made ...
-    assert len(w.summarizer.calls) == 1
-    sent, view = await w.inlet(chat, system=builtin)  # ... but never stacked on the built-in one
+    # Right after /compact: the core's summary is what stands for the old turns.
+    sent, view = await w.inlet(chat[cut:], system=core_system)
     assert view == sent
+
+    # Background summaries go on, from the core's summary, over what inlet sees.
+    await w.outlet(longer)
+    assert len(w.summarizer.calls) == 1
+    assert core_text in w.summarizer.previous_section(0)
+    folded = set(MARK.findall(w.summarizer.new_section(0)))
+    assert folded and not folded & set(markers(as_inlet_sees_it(chat[:cut])))  # nothing summarized twice
+    [record] = await w.records(longer[cut:])
+    assert record.head_count == 0
+
+    # The next request: the filter's summary (which holds the core's) once, the core's text gone.
+    sent, view = await w.inlet(longer[cut:], system=core_system)
+    assert view[0] == SYSTEM
+    assert acc.BUILTIN_SUMMARY_MARK not in json.dumps(view, ensure_ascii=False)
+    assert record.summary in view[1]["content"]
+    assert view[2:] == sent[1 + record.covered_count :]
+    every = set(markers(as_inlet_sees_it(longer))) | {"MK-9901"}
+    assert every <= set(MARK.findall(json.dumps(view))), every - set(MARK.findall(json.dumps(view)))
+    said = [s for s in w.statuses() if "automatic compaction is on too" in s]
+    assert len(said) == 1, w.statuses()
+
+
+async def test_core_compaction_between_tool_rounds_is_not_followed(db, monkeypatch):
+    w = Worker(db)
+    chat = stored_chat(range(8))
+    core_compacted(monkeypatch, chat, "none", "")
+
+    async def stored_branch(chat_id, ids):
+        marked = dict(chat[-1], output=[{"type": "open_webui:context_compaction", "call_id": "c", "summary": "s"}])
+        return chat[:-1] + [marked]
+
+    monkeypatch.setattr(acc, "_stored_branch", stored_branch)
+    await w.outlet(chat)
+    assert w.summarizer.calls == []
+
+
+async def test_summarize_command_makes_a_summary_now_and_shows_it(db):
+    w = Worker(db, compression_threshold_tokens=100_000)
+    chat = stored_chat(range(4))
+    await w.outlet(chat)
+    assert w.summarizer.calls == []  # far below the trigger: nothing
+
+    sent, view = await w.inlet(chat, new_text="/summarize")
+    assert view[-1] == {"role": "user", "content": acc.SUMMARIZE_COMMAND_PROMPT}
+    assert view[:-1] == sent[:-1]
+    asked = chat + [
+        {"id": "uc", "role": "user", "content": "/summarize"},
+        {"id": "ac", "role": "assistant", "content": "Summarizing now."},
+    ]
+    w.events.clear()
+    await w.outlet(asked)
+    assert len(w.summarizer.calls) == 1
+    [record] = await w.records(asked)
+    sources = [e["data"] for e in w.events if e["type"] == "source"]
+    assert len(sources) == 1
+    assert sources[0]["document"] == [record.summary]
+    n = record.covered_count - record.head_count
+    assert sources[0]["source"]["name"] == f"Conversation summary ({n} messages)"
+    assert any(f"Summary updated: covers {n} messages" in s for s in w.statuses())
+
+    # A rewritten summary shows again, as a new entry.
+    w.events.clear()
+    longer = (
+        asked
+        + stored_chat(range(4, 7))
+        + [
+            {"id": "uc2", "role": "user", "content": "/summarize"},
+            {"id": "ac2", "role": "assistant", "content": "Summarizing now."},
+        ]
+    )
+    await w.outlet(longer)
+    again = [e["data"] for e in w.events if e["type"] == "source"]
+    assert len(again) == 1 and again[0]["metadata"][0]["source"] != sources[0]["metadata"][0]["source"]
+
+
+async def test_summarize_command_on_a_short_chat_says_so(db):
+    w = Worker(db)
+    await w.outlet(
+        [{"id": "uc", "role": "user", "content": "/summarize"}, {"id": "ac", "role": "assistant", "content": "ok"}]
+    )
+    assert w.summarizer.calls == []
+    assert w.statuses() == ["Nothing to summarize yet: the conversation is still short"]
+
+
+async def test_summary_is_not_shown_when_status_is_off(db):
+    w = Worker(db, show_status=False)
+    chat = stored_chat(range(8))
+    await w.outlet(chat)
+    assert len(w.summarizer.calls) == 1
+    assert w.events == []
 
 
 async def test_status_texts_in_chinese(db, backoff):

@@ -313,6 +313,7 @@ def test_browser_user_switch_hides_every_line(chromium, demo, provider, owui_ser
         text = chat.all_text()
         assert chat.page.locator(".status-description").count() == 0, text[-2000:]
         assert not StatusText.any_line(text), text[-2000:]
+        assert chat.page.get_by_role("button", name=SOURCES_TOGGLE).count() == 0, "the summary was shown"
     finally:
         chat.close()
 
@@ -328,5 +329,126 @@ def test_browser_chinese_ui_shows_the_chinese_line(chromium, demo, provider, owu
         )
         check_figure(lines[-1], req, "zh")
         assert "tokens sent" not in chat.last_reply_text()
+    finally:
+        chat.close()
+
+
+# ---------------------------------------------------------------------------
+# The summary itself, under the reply after which it was written (issue 20)
+# ---------------------------------------------------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCES_TOGGLE = re.compile(r"^(Toggle \d+ sources?|展开.收起 \d+ 个来源)$")  # aria-label, en / zh-CN
+SUMMARY_ENTRY = {
+    "en": re.compile(r"Conversation summary \((\d+) messages?\)"),
+    "zh": re.compile(r"对话摘要（(\d+) 条消息）"),
+}
+
+
+def reply_with_sources(chat: ChatPage, deadline: float = 60):
+    """The latest reply that shows a sources chip (the summary's reply may be one before the last)."""
+
+    def probe():
+        replies = chat.page.locator(".chat-assistant")
+        for i in range(replies.count() - 1, -1, -1):
+            if replies.nth(i).get_by_role("button", name=SOURCES_TOGGLE).count():
+                return replies.nth(i)
+        return None
+
+    return wait_until(probe, deadline, "a sources chip under a reply")
+
+
+def open_summary(chat: ChatPage, reply) -> str:
+    """Open the summary the way a person does: the sources chip under the reply,
+    then the summary's entry; returns the text the page shows in the dialog."""
+    toggle = reply.get_by_role("button", name=SOURCES_TOGGLE).first
+    if toggle.get_attribute("aria-expanded") != "true":
+        toggle.click()
+    entry = reply.locator("button[id^='source-']").filter(has_text=SUMMARY_ENTRY[chat.lang])
+    wait_until(lambda: entry.count() > 0, 10, "the summary's entry in the sources list")
+    entry.last.click()
+    dialog = chat.page.locator(".modal").last
+    dialog.wait_for(state="visible", timeout=10_000)
+    chat.page.wait_for_timeout(500)  # the Markdown renders
+    return dialog.inner_text()
+
+
+def summaries_of(provider, since: int, marker: str) -> list:
+    """This chat's summaries (their prompt holds the marker of one of its messages)."""
+    return [r for r in summaries_done(provider, since) if marker in json.dumps(r["messages"], ensure_ascii=False)]
+
+
+def first_marker(req: dict) -> str:
+    return text_of(req["messages"][-1]["content"]).split()[0]
+
+
+def shot(chat: ChatPage, name: str) -> None:
+    path = os.path.join(REPO, "docs", chat.lang, "img", name)
+    chat.page.screenshot(path=path)
+    print(f"screenshot {path}")
+
+
+def folded_markers(summary_req: dict) -> set:
+    text = "\n".join(text_of(m.get("content")) for m in summary_req.get("messages") or [] if isinstance(m, dict))
+    return set(re.findall(r"\bMK-[A-Za-z0-9]+\b", text.split("New messages to fold in:", 1)[-1]))
+
+
+def test_browser_summary_is_shown_under_its_reply(chromium, demo, provider, owui_server, web_user):
+    start = len(provider.requests)
+    chat = ChatPage(chromium, owui_server.base_url, web_user, provider)
+    try:
+        chat.send()  # the first message stays verbatim (keep_first): the second one's marker names this chat
+        marker = first_marker(chat.send())
+        for _ in range(9):
+            if summaries_of(provider, start, marker):
+                break
+            chat.send()
+        made = wait_until(lambda: summaries_of(provider, start, marker), 60, "a background summary of this chat")
+        reply = reply_with_sources(chat)
+        updated = [x for x in reply.inner_text().splitlines() if StatusText.UPDATED["en"].search(x)]
+        assert updated, "the reply with the summary does not say 'Summary updated'"
+        text = open_summary(chat, reply)
+        shot(chat, "summary-open.png")
+        name = SUMMARY_ENTRY["en"].search(text)
+        assert name, text[:300]
+        assert name.group(1) == StatusText.UPDATED["en"].search(updated[-1]).group(1)
+        missing = folded_markers(made[-1]) - set(re.findall(r"\bMK-[A-Za-z0-9]+\b", text))
+        assert not missing, f"facts the summary folded are not readable on the page: {sorted(missing)[:5]}"
+        # ... and what the page shows never reaches the model
+        chat.page.keyboard.press("Escape")
+        req = chat.send()
+        assert not SUMMARY_ENTRY["en"].search(json.dumps(req["messages"], ensure_ascii=False))
+    finally:
+        chat.close()
+
+
+def test_browser_summarize_command_in_chinese(chromium, demo, provider, owui_server, web_user):
+    """/summarize asks for a summary now, below every threshold; the zh UI shows it in Chinese."""
+    chat = ChatPage(chromium, owui_server.base_url, web_user, provider, locale="zh-CN")
+    try:
+        chat.send(words=60)
+        marker = first_marker(chat.send(words=60))  # the first message stays verbatim (keep_first)
+        chat.send(words=60)
+        start = len(provider.requests)
+        time.sleep(2)  # room for a background summary, which these short turns must not need
+        assert not summaries_of(provider, 0, marker), "a summary came before /summarize: the test proves nothing"
+        chat.page.locator("#chat-input").fill("/summarize")
+        chat.page.keyboard.press("Enter")
+        asked = wait_until(
+            lambda: [
+                r
+                for r in provider.requests[start:]
+                if r["kind"] == "chat" and "The user typed /summarize" in json.dumps(r.get("messages"))
+            ],
+            60,
+            "the model's request for the /summarize turn",
+        )
+        last = asked[-1]["messages"][-1]
+        assert last["role"] == "user" and text_of(last["content"]).startswith("[The user typed /summarize")
+        made = wait_until(lambda: summaries_of(provider, start, marker), 90, "the summary asked for")
+        text = open_summary(chat, reply_with_sources(chat, 90))
+        shot(chat, "summary-open.png")
+        assert SUMMARY_ENTRY["zh"].search(text), text[:300]
+        missing = folded_markers(made[-1]) - set(re.findall(r"\bMK-[A-Za-z0-9]+\b", text))
+        assert not missing, sorted(missing)[:5]
     finally:
         chat.close()

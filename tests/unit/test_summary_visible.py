@@ -1,0 +1,143 @@
+"""Issue 20's pure parts: the summary shown under the reply, Open WebUI's own
+compaction point and summary, and the user's /summarize command."""
+
+from __future__ import annotations
+
+import async_context_compression as acc
+
+CORE = "You are helpful.\n[CONVERSATION SUMMARY]\nThe user's budget is 4,200 EUR."
+
+
+# -- the source entry that shows a summary ------------------------------------------
+
+
+def test_summary_source_event_holds_the_whole_text_under_a_named_entry():
+    summary = "## So far\n- budget **4,200 EUR**\n- 17 participants"
+    event = acc.summary_source_event("en", 19, summary, "acc-summary-21-5")
+    assert event["type"] == "source"
+    data = event["data"]
+    assert "type" not in data  # Open WebUI saves only sources without a type on the message
+    assert data["document"] == [summary]
+    assert data["source"]["name"] == "Conversation summary (19 messages)"
+    assert data["metadata"] == [{"source": "acc-summary-21-5", "name": "Conversation summary (19 messages)"}]
+
+
+def test_summary_source_name_in_every_status_language():
+    names = {lang: acc.summary_source_event(lang, 5, "x", "s")["data"]["source"]["name"] for lang in acc.STATUS_TEXTS}
+    assert names["zh"] == "对话摘要（5 条消息）"
+    assert names["ru"] == "Сводка разговора (5 сообщений)"
+    for lang, name in names.items():
+        assert "5" in name and "summary_source" not in name, (lang, name)
+        if lang != "en":
+            assert name != names["en"], lang
+    assert acc.summary_source_event("en", 1, "x", "s")["data"]["source"]["name"] == "Conversation summary (1 message)"
+
+
+def test_new_texts_exist_in_every_language():
+    for lang, table in acc.STATUS_TEXTS.items():
+        for key in ("summary_source", "summary_nothing", "n_builtin_on"):
+            assert table.get(key), (lang, key)
+
+
+# -- Open WebUI's own summary in the system message ------------------------------------
+
+
+def test_strip_builtin_summary_cuts_the_core_summary_and_keeps_the_rest():
+    system = {"role": "system", "content": CORE}
+    user = {"role": "user", "content": "[CONVERSATION SUMMARY] is only text here"}
+    out = acc.strip_builtin_summary([system, user])
+    assert out == [{"role": "system", "content": "You are helpful."}, user]
+    assert out[1] is user
+    assert system["content"] == CORE  # the input is not changed
+
+
+def test_strip_builtin_summary_drops_a_system_message_that_held_only_the_summary():
+    only = {"role": "system", "content": "[CONVERSATION SUMMARY]\nall of it"}
+    user = {"role": "user", "content": "hi"}
+    assert acc.strip_builtin_summary([only, user]) == [user]
+
+
+def test_strip_builtin_summary_in_list_content():
+    system = {
+        "role": "system",
+        "content": [{"type": "text", "text": "Be brief.\n[CONVERSATION SUMMARY]\nx"}, {"type": "text", "text": "y"}],
+    }
+    out = acc.strip_builtin_summary([system])
+    assert out == [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "y"}]}
+    ]
+
+
+def test_strip_builtin_summary_leaves_other_lists_alone():
+    messages = [{"role": "system", "content": "plain"}, {"role": "user", "content": "hi"}]
+    out = acc.strip_builtin_summary(messages)
+    assert out == messages and all(a is b for a, b in zip(out, messages))
+
+
+# -- where Open WebUI's compaction cut the branch --------------------------------------
+
+
+def test_latest_checkpoint_is_the_last_message_with_a_context_summary():
+    stored = [
+        {"id": "u1", "role": "user", "content": "a"},
+        {"id": "a1", "role": "assistant", "content": "b", "contextSummary": "first"},
+        {"id": "u2", "role": "user", "content": "c"},
+        {"id": "a2", "role": "assistant", "content": "d", "contextSummary": "second"},
+        {"id": "u3", "role": "user", "content": "e"},
+    ]
+    assert acc.latest_checkpoint(stored) == ("a2", "second")
+    assert acc.latest_checkpoint(stored[:3]) == ("a1", "first")
+    assert acc.latest_checkpoint(stored[:1]) is None
+    assert acc.latest_checkpoint([{"id": "x", "role": "user", "contextSummary": "  "}]) is None
+
+
+def test_latest_checkpoint_between_tool_rounds_is_reported_without_text():
+    stored = [
+        {"id": "u1", "role": "user", "content": "a", "contextSummary": "old"},
+        {
+            "id": "a1",
+            "role": "assistant",
+            "content": "",
+            "output": [{"type": "open_webui:context_compaction", "call_id": "c1", "summary": "s"}],
+        },
+    ]
+    assert acc.latest_checkpoint(stored) == ("a1", None)
+
+
+def test_branch_after_a_checkpoint_starts_there_with_the_core_summary_as_base():
+    canon = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "r1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "r2"},
+    ]
+    branch = acc.Branch.of(canon, ["u1", "a1", "u2", "a2"])
+    cut = branch.after("a1", "core text", "alice", "chat-1")
+    assert cut.messages == canon[1:] and cut.ids == ["a1", "u2", "a2"]
+    assert cut.anchor == acc.Branch.of(canon[1:], cut.ids).anchor != branch.anchor
+    assert (cut.base.head_count, cut.base.covered_count, cut.base.summary) == (0, 0, "core text")
+    assert branch.after("elsewhere", "core text", "alice", "chat-1") is None
+
+
+# -- the user's /summarize command ------------------------------------------------------
+
+
+def test_summarize_command_is_recognised_exactly():
+    for text in ("/summarize", "  /Summarize \n", "/summarise", "/总结", [{"type": "text", "text": "/summarize"}]):
+        assert acc.is_summarize_command(text), text
+    for text in ("/summarize this", "please /summarize", "/compact", "", None):
+        assert not acc.is_summarize_command(text), text
+
+
+def test_explain_summarize_command_changes_only_the_last_user_command():
+    earlier = {"role": "user", "content": "/summarize"}
+    reply = {"role": "assistant", "content": "ok"}
+    last = {"role": "user", "content": "/summarize", "name": "alice"}
+    out = acc.explain_summarize_command([earlier, reply, last])
+    assert out[:2] == [earlier, reply]
+    assert out[2] == {"role": "user", "content": acc.SUMMARIZE_COMMAND_PROMPT, "name": "alice"}
+    assert last["content"] == "/summarize"
+    plain = [earlier, reply, {"role": "user", "content": "next"}]
+    assert acc.explain_summarize_command(plain) is plain
+    tool_last = [{"role": "user", "content": "/summarize"}, {"role": "tool", "tool_call_id": "c", "content": "x"}]
+    assert acc.explain_summarize_command(tool_last) is tool_last
