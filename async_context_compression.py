@@ -14,7 +14,8 @@ requirements: tiktoken
 #   1. Pure transcript functions: atomic groups, boundary alignment, repair,
 #      summary placement, budget fitting. Plain message lists in, new lists out.
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints.
-#   3. Token accounting: tiktoken (loaded off the request path) + estimator.
+#   3. Token accounting: tiktoken (loaded off the request path) + estimator,
+#      and each model's own tokens per counted token, learned from usage.
 #   4. Settings: valves resolved per model, never raising.
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
@@ -23,10 +24,12 @@ requirements: tiktoken
 #      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
 #
-# A request travels: Filter.inlet -> resolve_settings (4) -> repair_request
-# (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request
-# (3) -> status_line (7); Open WebUI's request hook repeats repair and fit on
-# the final list. After the reply, Filter.outlet -> canonical view (2) ->
+# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units
+# (4, the model's ModelTokens.scale (3)) -> repair_request (1) -> store.find +
+# choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line
+# (7); Open WebUI's request hook repeats repair and fit on the final list and
+# notes its count (ModelTokens.note_sent). After the reply, Filter.outlet ->
+# ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400;
@@ -2205,6 +2208,245 @@ async def fit_request(
     return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)
 
 
+# -- The model's own tokens ----------------------------------------------------
+# Counts here are cl100k/o200k tokens (or the estimator's); the model's own
+# tokenizer may need 0.7x-1.5x as many for the same text. Every reply's
+# reported prompt tokens (usage) are related to what this filter counted for
+# exactly the request that produced it (the request hook notes it under the
+# reply's message id, outlet reads the reply's usage). Per model and count
+# path ("exact" tokenizer, "estimate"), the median of the last ratios, each
+# clamped (the estimator's: the second highest, its error depends on the
+# text), is the model's ``scale``: model tokens per counted token. It is
+# applied once, as a change of units (``in_counted_units``): the cap, the
+# threshold and the trigger are divided by it, the status figure multiplied.
+# A model that reports no usage keeps today's counts (no scale). The ratios
+# are stored beside the summaries (layer 5) and read in the background.
+
+RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
+RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
+RATIO_MIN_TOKENS = 40  # requests counted smaller than this say little (framing dominates)
+RATIO_CUT_SHARE = 0.98  # a reported prompt this close to the request's own bound may have been cut
+RATIOS_REFRESH = 60.0  # seconds between reads of the ratios other workers stored
+RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
+RATIO_PATHS = ("exact", "estimate", "replayed")
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool):
+        return 0
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return number if number > 0 else 0
+
+
+def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
+    """(prompt tokens, cumulative) that a reply's ``usage`` reports, None when
+    it reports none. OpenAI's ``prompt_tokens``, Ollama's
+    ``prompt_eval_count`` and llama.cpp's ``prompt_n`` + ``cache_n`` are the
+    last model call's (Open WebUI keeps the latest of these over a tool
+    loop); ``input_tokens`` (Anthropic-style, with its cache reads and
+    writes) is cumulative: Open WebUI sums it over the calls of one reply."""
+    if not isinstance(usage, dict):
+        return None
+    for key in ("prompt_tokens", "prompt_eval_count"):
+        tokens = _positive_int(usage.get(key))
+        if tokens:
+            return tokens, False
+    if usage.get("prompt_n") is not None or usage.get("cache_n") is not None:
+        tokens = _positive_int(usage.get("prompt_n")) + _positive_int(usage.get("cache_n"))
+        if tokens:
+            return tokens, False
+    tokens = _positive_int(usage.get("input_tokens"))
+    if tokens:
+        extra = _positive_int(usage.get("cache_read_input_tokens")) + _positive_int(
+            usage.get("cache_creation_input_tokens")
+        )
+        return tokens + extra, True
+    return None
+
+
+def sample_ratio(reported: int, counted: int) -> Optional[float]:
+    """Model tokens per counted token of one request, clamped to
+    [RATIO_FLOOR, RATIO_CEILING]; None for a request too small to tell."""
+    if counted < RATIO_MIN_TOKENS or reported <= 0:
+        return None
+    return min(max(reported / counted, RATIO_FLOOR), RATIO_CEILING)
+
+
+def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
+    """The median of the last RATIO_SAMPLES ratios (each clamped): one
+    outlier among three or more moves it at most to its neighbour; 1.0
+    without any. ``upper``: the second highest instead (one outlier still
+    cannot move it), for the estimator, whose error depends on the text:
+    the cap then holds for the chat's most demanding recent mix."""
+    recent = [min(max(float(r), RATIO_FLOOR), RATIO_CEILING) for r in ratios if isinstance(r, (int, float))]
+    recent = sorted(recent[-RATIO_SAMPLES:])
+    if not recent:
+        return 1.0
+    if upper:
+        return recent[-2] if len(recent) >= 2 else recent[-1]
+    mid = len(recent) // 2
+    return recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
+
+
+def request_prompt_bound(body: Any, model: Any = None) -> int:
+    """The most prompt tokens (the model's own) the request itself allows,
+    0 = no bound: Ollama's ``num_ctx`` (in ``options``, top-level, or the
+    model's saved params) less the reply's room (``num_predict`` /
+    ``max_tokens`` / ``max_completion_tokens``), whatever the valves say."""
+    body = body if isinstance(body, dict) else {}
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    info = (model or {}).get("info") if isinstance(model, dict) else None
+    params = (info or {}).get("params") if isinstance(info, dict) else None
+    params = params if isinstance(params, dict) else {}
+    sources = (options, body, params)
+    window = next((_positive_int(s.get("num_ctx")) for s in sources if _positive_int(s.get("num_ctx"))), 0)
+    if not window:
+        return 0
+    reply = 0
+    for source in sources:
+        for key in ("num_predict", "max_tokens", "max_completion_tokens"):
+            reply = reply or _positive_int(source.get(key))
+    return window - reply if reply < window else window
+
+
+@dataclass
+class _Counted:
+    """What the request hook counted for one reply's request(s)."""
+
+    model: str
+    path: str
+    last: int
+    total: int
+    bound: int
+
+
+class ModelTokens:
+    """Per worker: the ratios learned per model and path (shared with other
+    workers through the store, merged in the background), and what was
+    counted for each reply not yet related to its usage. Bounded."""
+
+    def __init__(self, models: int = 512, replies: int = 4096):
+        self.ratios = _BoundedDict(models)  # (model, path) -> {sample key: (created_at, ratio)}
+        self.counted = _BoundedDict(replies)  # reply message id -> _Counted
+        self.unsaved: list = []  # (key, model, path, ratio, created_at) not yet in the store
+        self.worker = uuid.uuid4().hex[:10]
+        self._serial = 0
+        self.loaded_at: Optional[float] = None
+        self.tasks: set = set()
+        self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
+
+    def scale(self, model: str, exact: bool = True) -> Optional[float]:
+        """Model tokens per counted token: the path's own ratios, else (the
+        estimator errs high) the exact path's, else those replayed from
+        earlier replies of an existing chat, else None (nothing learned)."""
+        paths = ("exact", "replayed") if exact else ("estimate", "exact", "replayed")
+        for path in paths:
+            found = self.ratios.get((model, path))
+            if found:
+                return robust_ratio((ratio for _, ratio in sorted(found.values())), upper=path == "estimate")
+        return None
+
+    def knows(self, model: str) -> bool:
+        return any(self.ratios.get((model, path)) for path in RATIO_PATHS)
+
+    def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
+        """The request hook's count for the reply ``message_id`` (added up
+        over the calls of a tool loop; the last kept apart)."""
+        if not message_id or tokens <= 0:
+            return
+        path = "exact" if exact else "estimate"
+        before = self.counted.get(message_id)
+        if before is not None and before.model == model and before.path == path:
+            self.counted[message_id] = replace(before, last=tokens, total=before.total + tokens, bound=bound)
+        else:
+            self.counted[message_id] = _Counted(model, path, tokens, tokens, bound)
+
+    def learn(self, message_id: str, usage: Any) -> Optional[tuple]:
+        """Relates the reply's usage to what was counted for it; the new
+        sample (model, path, ratio), or None when there is nothing to learn."""
+        counted = self.counted.pop(message_id, None) if message_id else None
+        reported = reported_prompt_tokens(usage)
+        if counted is None or reported is None:
+            return None
+        tokens, cumulative = reported
+        if counted.bound and tokens >= counted.bound * RATIO_CUT_SHARE:
+            return None  # at the request's own bound: may have been cut (Ollama), says nothing
+        ratio = sample_ratio(tokens, counted.total if cumulative else counted.last)
+        if ratio is None:
+            return None
+        self.add(counted.model, counted.path, ratio)
+        return counted.model, counted.path, ratio
+
+    def add(self, model: str, path: str, ratio: float, save: bool = True) -> None:
+        self._serial += 1
+        key, now = f"{self.worker}:{self._serial}", time.time()
+        self._merge_one(key, model, path, ratio, now)
+        if save:
+            self.unsaved.append((key, model, path, ratio, now))
+            del self.unsaved[:-64]  # a store that never answers costs bounded memory
+
+    def _merge_one(self, key: str, model: str, path: str, ratio: float, at: float) -> None:
+        if path not in RATIO_PATHS or not isinstance(ratio, (int, float)):
+            return
+        found = dict(self.ratios.get((model, path)) or {})
+        found[key] = (float(at), float(ratio))
+        if len(found) > RATIO_SAMPLES:
+            found = dict(sorted(found.items(), key=lambda kv: kv[1])[-RATIO_SAMPLES:])
+        self.ratios[(model, path)] = found
+
+    def merge(self, rows: Iterable) -> None:
+        """Rows read from the store (key, model, path, ratio, created_at):
+        every worker's samples, this one's included."""
+        for key, model, path, ratio, at in rows:
+            self._merge_one(str(key), str(model), str(path), ratio, at or 0.0)
+        self.loaded_at = time.monotonic()
+
+    def refresh_due(self) -> bool:
+        return self.loaded_at is None or time.monotonic() - self.loaded_at > RATIOS_REFRESH
+
+    def in_background(self, coro: Awaitable) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
+    """Ratios from the usage stored on earlier replies of an existing chat
+    (outlet's messages): each reply's reported prompt against the count of
+    the conversation before it. Only replies of one model call (no tool
+    calls) whose prompt was not cut or summarized can tell: the system
+    prompt and tool schemas are not in outlet's messages, so these ratios err
+    high (caps earlier), and live ones replace them. ``max_counted``: longer
+    conversations (which a summary or the cap may have shortened) are
+    skipped; 0 = none is."""
+    expanded, ids = expand_stored_messages(stored)
+    first_at: dict = {}
+    for at, stored_id in enumerate(ids):
+        first_at.setdefault(stored_id, at)
+    ratios = []
+    for message in reversed(stored):
+        if len(ratios) >= limit:
+            break
+        if not isinstance(message, dict) or message.get("role") != "assistant" or message.get("id") not in first_at:
+            continue
+        output = message.get("output") if isinstance(message.get("output"), list) else []
+        if any(isinstance(item, dict) and item.get("type") == "function_call" for item in output):
+            continue
+        reported = reported_prompt_tokens(message.get("usage"))
+        if reported is None:
+            continue
+        counted = count(expanded[: first_at[message["id"]]])
+        if max_counted and counted > max_counted:
+            continue
+        ratio = sample_ratio(reported[0], counted)
+        if ratio is not None:
+            ratios.append(ratio)
+    return ratios[::-1]
+
+
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
@@ -2239,6 +2481,8 @@ class Settings:
     summary_prompt: str = ""  # "" = the built-in instructions
     summary_model_params: dict = field(default_factory=dict)  # merged into the summary call
     low_water: float = 0.5  # share of the trigger the next request should fall to after a summary rewrite
+    scale: float = 1.0  # the model's tokens per counted token (see in_counted_units)
+    model_cap: int = 0  # the cap in the model's own tokens, as the status line states it; 0 = max_context
 
 
 _SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
@@ -2671,7 +2915,43 @@ def usage_shown(settings: Settings, used: int) -> bool:
     share = settings.status_usage_threshold
     if share <= 0:
         return True
-    return settings.max_context > 0 and used >= share * settings.max_context
+    cap = settings.model_cap or settings.max_context
+    return cap > 0 and used >= share * cap
+
+
+def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
+    """``settings`` whose token budgets (cap, threshold, trigger), given in
+    the model's own tokens, are converted to counted tokens: divided by
+    ``scale`` (the model's tokens per counted token, ``ModelTokens.scale``).
+    ``prompt_bound`` (``request_prompt_bound``, model tokens) lowers the cap
+    and the trigger with it. The one place the correction is applied; the
+    status figure converts back with ``to_model_tokens``. A learned scale
+    keeps RATIO_SAFETY of room; None (nothing learned) is 1.0 without it."""
+    cap = settings.max_context
+    trigger = settings.trigger_tokens
+    if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
+        trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
+        cap = prompt_bound
+    learned = scale is not None
+    scale = min(max(float(scale), RATIO_FLOOR), RATIO_CEILING) if learned else 1.0
+    divisor = scale * (1 + RATIO_SAFETY) if learned else 1.0
+
+    def counted(tokens: int) -> int:
+        return max(1, int(tokens / divisor)) if tokens > 0 else 0
+
+    return replace(
+        settings,
+        max_context=counted(cap),
+        threshold=counted(settings.threshold),
+        trigger_tokens=max(1, counted(trigger)),
+        scale=scale,
+        model_cap=cap,
+    )
+
+
+def to_model_tokens(settings: Settings, counted: int) -> int:
+    """A count in the model's own tokens, as the status line states it."""
+    return int(round(counted * settings.scale))
 
 
 def _flag(value: Any) -> bool:
@@ -2692,6 +2972,8 @@ def _flag(value: Any) -> bool:
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
+RATIO_TABLE = "acc_model_tokens"  # the ratios of ModelTokens, shared by every worker and replica
+RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
 SUMMARIES_KEPT_PER_CHAT = 8
 LEASE_TTL = 30.0  # seconds a summary lease lives without a heartbeat: a dead holder's frees this fast
 LEASE_RENEW = 10.0  # heartbeat period while the summary runs
@@ -2803,7 +3085,18 @@ def _tables(schema: Optional[str] = None) -> dict:
             Column("failures", Integer, nullable=False, default=0),
             Column("note", String(255), nullable=False, default=""),
         )
-        _TABLES[schema] = dict(metadata=metadata, summary=summary, lease=lease)
+        ratio = Table(
+            RATIO_TABLE,
+            metadata,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("key", String(64), nullable=False),
+            Column("model", String(255), nullable=False),
+            Column("path", String(16), nullable=False),
+            Column("ratio", Float, nullable=False),
+            Column("created_at", Float, nullable=False),
+            Index("ix_acc_model_tokens_model_path", "model", "path"),
+        )
+        _TABLES[schema] = dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
     return _TABLES[schema]
 
 
@@ -3138,6 +3431,41 @@ class SummaryStore:
                     await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
 
         await self._run(op)
+
+    # -- the model's own tokens (ModelTokens) ----------------------------------
+    async def add_ratios(self, rows: list) -> None:
+        """Samples (key, model, path, ratio, created_at), one transaction;
+        each model and path keeps its RATIO_SAMPLES newest rows."""
+        if not rows:
+            return
+        sa = await self._sql()
+        t = self._t["ratio"]
+        values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
+        pairs = {(v["model"], v["path"]) for v in values}
+
+        async def op(engine):
+            async with engine.begin() as conn:
+                await conn.execute(sa.insert(t), values)
+                for model, path in pairs:
+                    same = (t.c.model == model, t.c.path == path)
+                    keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(RATIO_SAMPLES)
+                    kept = [row[0] for row in (await conn.execute(keep)).all()]
+                    if len(kept) == RATIO_SAMPLES:
+                        await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
+
+        await self._run(op)
+
+    async def read_ratios(self) -> list:
+        """Every worker's newest samples: (key, model, path, ratio, created_at)."""
+        sa = await self._sql()
+        t = self._t["ratio"]
+        query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
+
+        async def op(engine):
+            async with engine.connect() as conn:
+                return (await conn.execute(query.limit(RATIO_ROWS_READ))).all()
+
+        return [tuple(row) for row in await self._run(op)]
 
     # -- leases ----------------------------------------------------------------
     def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> _Holding:
@@ -4319,7 +4647,10 @@ def user_language(metadata: Any, user: Any = None) -> str:
 
 
 def format_tokens(value: int) -> str:
-    if value >= 10_000:
+    """812, 6.9k, 14.7k, 128k: at most 0.5% off below 100k (whole thousands
+    from 10k would be up to 5% off: the figure would hide how close to the
+    cap a request is)."""
+    if value >= 100_000:
         return f"{value / 1000:.0f}k"
     if value >= 1_000:
         return f"{value / 1000:.1f}k"
@@ -4527,6 +4858,8 @@ class RequestContext:
     settings: Settings
     emitter: Optional[Callable] = None
     request: Any = None
+    message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
+    prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
     force_summary: bool = False  # the user asked for a summary now (/summarize)
 
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
@@ -5141,6 +5474,7 @@ class Filter:
     def __init__(self):
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
+        self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -5243,6 +5577,11 @@ class Filter:
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         settings = resolve_settings(self.valves, model_id, user_valves)
+        # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
+        bound = request_prompt_bound(body, model)
+        scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
+        settings = in_counted_units(settings, scale, bound)
+        self._refresh_ratios()
         messages = body.get("messages")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
@@ -5254,6 +5593,8 @@ class Filter:
             language=user_language(metadata, user),
             settings=settings,
             emitter=emitter,
+            message_id=str(metadata.get("message_id") or ""),
+            prompt_bound=bound,
         )
 
     async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
@@ -5302,16 +5643,19 @@ class Filter:
             )
         _warn_once(s.warnings)
         sent = SentOutcome(
-            used=fit.tokens_after,
-            cap=s.max_context,
+            used=to_model_tokens(s, fit.tokens_after),
+            cap=s.model_cap,
             covered=record.covered_count - record.head_count if record else 0,
             left_out=fit.dropped_messages,
             over_cap=fit.over_budget,
             repaired=repair.noticeable(),
             fault=fault,
         )
-        # inlet's line is definitive only where no request hook follows
-        shown = self.summaries.status_of(ctx, sent, inlet, final=not inlet or not request_hook_follows())
+        final = not inlet or not request_hook_follows()  # inlet's line is definitive only where no request hook follows
+        if final:  # what was sent for this reply, for outlet to relate to its usage
+            exact = self.counter.is_exact(s.encoding)
+            self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
+        shown = self.summaries.status_of(ctx, sent, inlet, final=final)
         line = status_line(ctx.language, shown, usage_shown(s, sent.used)) if shown else ""
         if line:
             await _emit(ctx.emitter, line, done=True)
@@ -5367,6 +5711,7 @@ class Filter:
             if ctx is None:
                 return body
             ctx.request = __request__
+            self._learn_tokens(ctx, body)
             ctx.force_summary = asked_for_summary(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
@@ -5380,3 +5725,67 @@ class Filter:
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries."""
         await self.summaries.wait(timeout)
+        if self.tokens.tasks:
+            await asyncio.wait(list(self.tokens.tasks), timeout=timeout)
+
+    # -- the model's own tokens (ModelTokens) ---------------------------------
+    def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
+        """Relates this reply's usage to what was counted for its request;
+        an existing chat of a model not known yet replays its earlier
+        replies' usage (once per chat, in the background)."""
+        reply_id = str(body.get("id") or ctx.message_id or "")
+        messages = body["messages"]
+        reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
+        if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
+            self.tokens.in_background(self._save_ratios())
+            return
+        if self.tokens.knows(ctx.model_id) or not self.counter.is_exact(ctx.settings.encoding):
+            return
+        key = ctx.chat_key()
+        if key in self.tokens.replayed or not any(isinstance(m, dict) and m.get("usage") for m in messages):
+            return
+        self.tokens.replayed[key] = True
+        self.tokens.in_background(self._replay_ratios(ctx, messages))
+
+    async def _replay_ratios(self, ctx: RequestContext, stored: Messages) -> None:
+        s = ctx.settings
+
+        def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
+            return TOKENS_PER_REQUEST + sum(self.counter.measure(prefix, s.encoding, True))
+
+        ratios = await asyncio.to_thread(replayed_samples, list(stored), count, s.trigger_tokens)
+        for ratio in ratios:
+            self.tokens.add(ctx.model_id, "replayed", ratio)
+        await self._save_ratios()
+
+    async def _save_ratios(self) -> None:
+        rows, self.tokens.unsaved = self.tokens.unsaved, []
+        add = getattr(self.store, "add_ratios", None)
+        if not rows or add is None:
+            return
+        try:
+            await add(rows)
+        except StoreUnavailable as exc:
+            if exc.fault is not Fault.STORE_ABSENT:  # tried again with the next sample
+                self.tokens.unsaved[:0] = rows[-64:]
+        except Exception as exc:
+            log.debug("async_context_compression: ratios not saved: %s", exc)
+
+    def _refresh_ratios(self) -> None:
+        """Every worker's ratios, read in the background now and then: the
+        request path only reads this worker's table."""
+        read = getattr(self.store, "read_ratios", None)
+        if read is None or not self.tokens.refresh_due():
+            return
+        self.tokens.loaded_at = time.monotonic()  # one read at a time; the next after RATIOS_REFRESH
+
+        async def load() -> None:
+            try:
+                self.tokens.merge(await read())
+            except Exception as exc:
+                log.debug("async_context_compression: ratios not read: %s", exc)
+
+        try:
+            self.tokens.in_background(load())
+        except RuntimeError:  # no running event loop (called outside a hook)
+            self.tokens.loaded_at = None

@@ -220,7 +220,7 @@ class Demo:
                 "",
                 "  What to try:",
                 "  1. New chat, pick fake-chat, and send a few long messages (a paragraph each).",
-                "  2. Watch the status line above each reply: '6.6k / 10k tokens sent' is what the",
+                "  2. Watch the status line above each reply: '6.6k / 10.0k tokens sent' is what the",
                 "     model received, Open WebUI's tool schemas included.",
                 "  3. After ~10 turns (fewer with longer messages) a reply's line ends in 'Summary",
                 "     updated: covers N messages': it was written in the background, nobody waited.",

@@ -18,6 +18,17 @@ Every chat-completion request is validated with
 ``context_window`` a prompt that is too long is answered 400
 ``context_length_exceeded``.
 
+Models with their own tokenizer and window (``model_specs``, see
+:class:`ModelSpec`): their prompt is counted in the model's own tokens
+(``ratio`` x the cl100k count of messages and tool schemas), reported back
+as usage (OpenAI's ``prompt_tokens`` or Ollama's ``prompt_eval_count``, in
+JSON replies and in SSE), and a prompt over the window is either answered
+with vLLM's 400 (``on_overflow="reject"``, the reply's ``max_tokens``
+counted in) or silently cut to its last tokens as Ollama does
+(``on_overflow="cut"``, window from ``options.num_ctx`` when sent).  Each
+request's log entry says ``model_tokens``, ``window``, ``over_window`` and
+``cut``.
+
 Summary requests (model in ``summary_models``, or a system message containing
 "running summary") get a deterministic summary that repeats every
 ``MK-<alnum>`` marker of the input, first seen first.  Chat requests get a
@@ -41,6 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
@@ -52,7 +64,15 @@ else:
     from .provider_rules import check_openai, content_text
     from .tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k
 
-__all__ = ["FakeProvider", "count_tokens", "token_counter_name", "find_markers", "MARKER_RE"]
+__all__ = [
+    "FakeProvider",
+    "ModelSpec",
+    "count_tokens",
+    "model_tokens",
+    "token_counter_name",
+    "find_markers",
+    "MARKER_RE",
+]
 
 MARKER_RE = re.compile(r"\bMK-[A-Za-z0-9]+\b")
 SUMMARY_PHRASE = "running summary"
@@ -161,6 +181,61 @@ def count_tokens(messages: Any) -> int:
         else:
             total += len("".join(pieces)) // 4
     return total
+
+
+def tools_tokens(tools: Any) -> int:
+    """cl100k tokens of the tool schemas as JSON (chars/4 without the file)."""
+    if not tools:
+        return 0
+    text = json.dumps(tools, separators=(",", ":"), sort_keys=True)
+    enc = _get_encoder()
+    return len(enc.encode(text, disallowed_special=())) if enc is not None else len(text) // 4
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A chat model with a tokenizer and a window of its own.
+
+    ratio: its tokens per cl100k token (Llama/Qwen/Mistral-like: 0.7-1.5).
+    window: its context window in its own tokens (None: unlimited).
+    on_overflow: "reject" (vLLM: 400 when prompt + max_tokens > window) or
+    "cut" (Ollama: keeps only the last ``options.num_ctx`` or ``window``
+    tokens, answers anyway and reports what it kept).
+    usage: "openai" (``usage.prompt_tokens``) or "ollama"
+    (``usage.prompt_eval_count``/``eval_count``, always, streams included).
+    per_message: extra tokens of its chat template per message (the ratio is
+    then not the same for every request, as with real templates).
+    """
+
+    ratio: float = 1.0
+    window: Optional[int] = None
+    on_overflow: str = "reject"
+    usage: str = "openai"
+    per_message: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_overflow not in ("reject", "cut"):
+            raise ValueError("on_overflow must be 'reject' or 'cut'")
+        if self.usage not in ("openai", "ollama"):
+            raise ValueError("usage must be 'openai' or 'ollama'")
+        if not self.ratio > 0:
+            raise ValueError("ratio must be > 0")
+
+
+def model_tokens(messages: Any, tools: Any, spec: ModelSpec) -> int:
+    """The prompt in ``spec``'s own tokens: messages and tool schemas."""
+    base = count_tokens(messages) + tools_tokens(tools)
+    count = len(messages) if isinstance(messages, list) else 0
+    return int(round(base * spec.ratio)) + spec.per_message * count
+
+
+def _reply_room(body: dict) -> int:
+    """The tokens a request reserves for its reply (vLLM adds them to the prompt)."""
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    for value in (body.get("max_tokens"), body.get("max_completion_tokens"), options.get("num_predict")):
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 # --------------------------------------------------------------------------
@@ -343,13 +418,18 @@ class FakeProvider:
         context_window: Optional[int] = None,
         chat_models: tuple = ("fake-chat",),
         summary_models: tuple = ("fake-summary",),
+        model_specs: Optional[dict] = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.host = host
         self.port = port
         self.mode = mode
-        self.chat_models = tuple(chat_models)
+        self.model_specs: dict = {
+            name: spec if isinstance(spec, ModelSpec) else ModelSpec(**spec)
+            for name, spec in (model_specs or {}).items()
+        }
+        self.chat_models = tuple(dict.fromkeys(tuple(chat_models) + tuple(self.model_specs)))
         self.summary_models = tuple(summary_models)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -522,6 +602,11 @@ class FakeProvider:
             "tokens": None,
             "time": started,
             "duration": None,
+            "model_tokens": None,
+            "window": None,
+            "over_window": False,
+            "cut": False,
+            "reported_prompt": None,
         }
 
         def finish(status: int, error: Optional[str] = None) -> None:
@@ -578,8 +663,40 @@ class FakeProvider:
         tokens = count_tokens(messages)
         with self._lock:
             entry["tokens"] = tokens
+        spec = self.model_specs.get(model)
+        reported = tokens
+        if spec is not None:
+            reported = own = model_tokens(messages, body.get("tools"), spec)
+            options = body.get("options") if isinstance(body.get("options"), dict) else {}
+            num_ctx = options.get("num_ctx") if spec.on_overflow == "cut" else None
+            own_window = num_ctx if isinstance(num_ctx, int) and num_ctx > 0 else spec.window
+            room = _reply_room(body) if spec.on_overflow == "reject" else 0
+            over = own_window is not None and own + room > own_window
+            with self._lock:
+                entry.update(model_tokens=own, window=own_window, over_window=over)
+            if over and spec.on_overflow == "reject":
+                finish(400, "over the window")
+                h._send_json(
+                    400,
+                    {
+                        "object": "error",
+                        "message": f"This model's maximum context length is {own_window} tokens. However, you "
+                        f"requested {own + room} tokens ({own} in the messages, {room} in the completion). "
+                        "Please reduce the length of the messages or completion.",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": 400,
+                    },
+                )
+                return
+            if over:  # Ollama: no error, the start of the prompt is gone
+                reported = own_window
+                with self._lock:
+                    entry["cut"] = True
+            with self._lock:
+                entry["reported_prompt"] = reported
         window = cfg["context_window"]
-        if window is not None and tokens > window:
+        if spec is None and window is not None and tokens > window:
             fail(
                 400,
                 f"This model's maximum context length is {window} tokens. However, your messages "
@@ -635,16 +752,20 @@ class FakeProvider:
                 }
             ]
         completion_tokens = max(1, len(content) // 4) if content else (1 if tool_calls else 0)
-        usage = {
-            "prompt_tokens": tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": tokens + completion_tokens,
-        }
+        if spec is not None and spec.usage == "ollama":
+            usage = {"prompt_eval_count": reported, "eval_count": completion_tokens}
+        else:
+            usage = {
+                "prompt_tokens": reported,
+                "completion_tokens": completion_tokens,
+                "total_tokens": reported + completion_tokens,
+            }
         reply_id = f"chatcmpl-fake{n}"
         created = int(started)
         finish_reason = "tool_calls" if tool_calls else "stop"
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            include_usage = include_usage or (spec is not None and spec.usage == "ollama")  # Ollama always reports
             try:
                 # the log is complete before the client can see the end of the reply
                 self._send_stream(

@@ -17,12 +17,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from devkit.fake_provider import ModelSpec
 from devkit.openwebui import ChatHistory, OpenWebUIClient, new_id
 
 MARKER_RE = re.compile(r"\bMK-[A-Za-z0-9]+\b")
 SUMMARY_TAG = "<conversation_summary"
 CHAT_MODEL = "fake-chat"
 SUMMARY_MODEL = "fake-summary"
+# Models with a tokenizer and a window of their own (issue 19): 1.3x cl100k in a 16k window,
+# one rejecting with vLLM's 400, one cutting the start silently and reporting prompt_eval_count.
+VLLM_MODEL = "fake-vllm-13x-16k"
+OLLAMA_MODEL = "fake-ollama-13x-16k"
+MODEL_SPECS = {
+    VLLM_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="reject", per_message=2),
+    OLLAMA_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="cut", usage="ollama", per_message=2),
+}
 FILTER_ID = "async_context_compression"
 
 # Low thresholds so a few turns of ~250 tokens cross them.

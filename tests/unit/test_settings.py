@@ -129,7 +129,7 @@ def test_status_texts_follow_the_ui_language():
     assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "fr-FR"}}) == "fr"
     assert acc.user_language({"variables": {"{{USER_LANGUAGE}}": "nl-NL"}}) == "en"
     assert acc.user_language({}, {"info": {"language": "pt-BR"}}) == "pt"
-    assert acc.status_text("zh", "sent", used=12345, cap=128000) == "已发送 12k / 128k tokens"
+    assert acc.status_text("zh", "sent", used=12345, cap=128000) == "已发送 12.3k / 128k tokens"
     assert acc.status_text("en", "sent", used=950, cap=0) == "950 tokens sent"
     assert acc.status_text("de", "left_out", messages=1) == "1 Nachricht weggelassen, um das Limit einzuhalten"
 
