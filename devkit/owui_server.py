@@ -179,8 +179,11 @@ class OpenWebUIServer:
         api_key: str = "dummy",
         log_path: Optional[str] = None,
         tiktoken_cache_dir: Optional[str] = None,
+        prepare_database: Optional[bool] = None,
     ) -> None:
         self.python = python
+        # seed the database in one process first: by default when several workers would race on it
+        self.prepare_database = prepare_database
         self.host = host
         self.port = port
         self.workers = max(1, int(workers))
@@ -265,7 +268,7 @@ class OpenWebUIServer:
             self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
         cmd = self.command()
         self._log_file = open(self.log_path, "ab", buffering=0)
-        if self.workers > 1:
+        if self.prepare_database if self.prepare_database is not None else self.workers > 1:
             self._prepare_shared_database(timeout)
         self._log_file.write(f"$ {' '.join(cmd)}\n".encode())
         self.proc = subprocess.Popen(
@@ -457,25 +460,65 @@ def start_replicas(
     data_dir: Optional[str] = None,
     env_extra: Optional[dict] = None,
     timeout: float = 240,
+    replica_env: Optional[list] = None,
     **kwargs: Any,
 ) -> list:
-    """``count`` separate server processes on their own ports sharing one DATA_DIR.
+    """``count`` separate server processes on their own ports sharing one DATA_DIR
+    (and whatever ``env_extra`` shares: ``DATABASE_URL``, ``REDIS_URL``...).
 
-    Started one after the other so only the first runs the database migrations.
-    The secret key is shared so a token from one replica is valid on all.
+    The database is migrated and seeded once, in one process, before any
+    replica starts (on a fresh database several processes at once race on
+    Open WebUI's first config row: ``config_pkey`` on PostgreSQL); the
+    replicas then start at the same time. The secret key is shared so a
+    token from one replica is valid on all. ``replica_env``: per replica (by
+    index), variables added to ``env_extra``; ``workers=N`` in ``kwargs``
+    gives each replica N uvicorn workers.
     """
+    import threading
+
     own = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="acc-openwebui-replicas-")
     env = {"WEBUI_SECRET_KEY": "acc-devkit-" + secrets.token_hex(16), **(env_extra or {})}
+    python = python or find_openwebui_python()
     servers = []
+    for index in range(count):
+        extra = (replica_env or [])[index] if index < len(replica_env or []) else {}
+        server = OpenWebUIServer(
+            python=python,
+            data_dir=data_dir,
+            provider_url=provider_url,
+            env_extra={**env, **extra},
+            prepare_database=False,
+            **kwargs,
+        )
+        server._own_data_dir = own  # cleanup() of any replica removes a dir made here
+        server.port = server.port or free_port(server.host)
+        servers.append(server)
+    errors: list = []
+
+    def start(server: OpenWebUIServer) -> None:
+        try:
+            server.start(timeout=timeout)
+        except Exception as exc:
+            errors.append(exc)
+
     try:
-        for _ in range(count):
-            server = OpenWebUIServer(
-                python=python, data_dir=data_dir, provider_url=provider_url, env_extra=env, **kwargs
-            )
-            server._own_data_dir = own  # cleanup() of any replica removes a dir made here
-            servers.append(server.start(timeout=timeout))
-    except Exception:
+        first = servers[0]
+        first.log_path = first.log_path or os.path.join(data_dir, f"server-{first.port}.log")
+        first._log_file = open(first.log_path, "ab", buffering=0)
+        try:
+            first._prepare_shared_database(timeout)
+        finally:
+            first._log_file.close()
+            first._log_file = None
+        threads = [threading.Thread(target=start, args=(server,), daemon=True) for server in servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+    except BaseException:
         for server in servers:
             server.stop()
         raise
