@@ -259,6 +259,14 @@ class OpenWebUIServer:
     def start(self, timeout: float = 240) -> "OpenWebUIServer":
         if self.proc is not None and self.proc.poll() is None:
             return self
+        self.launch(timeout)
+        return self.wait_healthy(timeout)
+
+    def launch(self, timeout: float = 240) -> "OpenWebUIServer":
+        """Start the process (after seeding the database when it must) without
+        waiting for it to answer. Call it from the thread that will outlive
+        the server: the child gets SIGTERM when that thread ends
+        (``PR_SET_PDEATHSIG`` follows the creating thread, not the process)."""
         if not self.port:
             self.port = free_port(self.host)
         if self.data_dir is None:
@@ -286,6 +294,11 @@ class OpenWebUIServer:
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
+        return self
+
+    def wait_healthy(self, timeout: float = 240) -> "OpenWebUIServer":
+        """Poll ``/health`` until it answers; stop and raise with the log's tail
+        when the process exits or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         while True:
             code = self.proc.poll()
@@ -474,8 +487,6 @@ def start_replicas(
     index), variables added to ``env_extra``; ``workers=N`` in ``kwargs``
     gives each replica N uvicorn workers.
     """
-    import threading
-
     own = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="acc-openwebui-replicas-")
     env = {"WEBUI_SECRET_KEY": "acc-devkit-" + secrets.token_hex(16), **(env_extra or {})}
@@ -494,14 +505,6 @@ def start_replicas(
         server._own_data_dir = own  # cleanup() of any replica removes a dir made here
         server.port = server.port or free_port(server.host)
         servers.append(server)
-    errors: list = []
-
-    def start(server: OpenWebUIServer) -> None:
-        try:
-            server.start(timeout=timeout)
-        except Exception as exc:
-            errors.append(exc)
-
     try:
         first = servers[0]
         first.log_path = first.log_path or os.path.join(data_dir, f"server-{first.port}.log")
@@ -511,13 +514,11 @@ def start_replicas(
         finally:
             first._log_file.close()
             first._log_file = None
-        threads = [threading.Thread(target=start, args=(server,), daemon=True) for server in servers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+        # all launched from this thread (their parent-death signal follows it), then awaited
+        for server in servers:
+            server.launch(timeout)
+        for server in servers:
+            server.wait_healthy(timeout)
     except BaseException:
         for server in servers:
             server.stop()
