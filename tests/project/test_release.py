@@ -34,7 +34,9 @@ def test_frontmatter_has_what_open_webui_reads():
 def test_version_moves_together_in_changelog_and_docs():
     version = frontmatter()["version"]
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == version
+    # the newest released heading; a "## x.y.z (unreleased)" one above it gathers what is merged since
+    released = [v for v, tag in re.findall(r"^## (\S+)( \(unreleased\))?", changelog, re.M) if not tag]
+    assert released[0] == version
     for language in ("en", "zh"):
         docs = sorted((ROOT / "docs" / language).glob("*.md"))
         assert docs, f"docs/{language} is empty"
