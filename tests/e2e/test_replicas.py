@@ -504,7 +504,8 @@ def test_background_status_reaches_a_browser_on_the_other_replica(dep):
             conv = Conversation(dep.clients["A"], provider, seed=234)
             conv.add_turns(3)
             conv.store("replicas browser")
-            index = turn_until_summary_pending(conv, provider)  # on replica A
+            # the turn is served by A, whose outlet (inline in that request) starts the summary on A
+            index = turn_until_summary_pending(conv, provider)
             reply_id = conv.turns[-1].assistant_id
             page.goto(f"{b_url}/c/{conv.chat_id}", wait_until="domcontentloaded")
             page.locator(".chat-assistant").last.wait_for(state="visible", timeout=90_000)
