@@ -15,11 +15,17 @@ with ``--saved-turns`` stored turns, then sends ``--live-turns`` turns per
 chat, all chats at once (one thread per chat, its turns one after another).
 
 Prints per back end and phase: chats that could not be created, requests,
-failed requests, HTTP 400s (from Open WebUI or the provider), median, p95 and
-slowest reply; the tail ratio (filter / no filter, p95 and slowest); and
+failed requests, HTTP 400s (from Open WebUI or the provider), median, p95, p99
+and slowest reply; the tail ratio (filter / no filter: p95, p99, slowest); and
 summaries per chat (rows the filter stored, after background work settled).
 Exits 1 when the filter phase has a failed request or a 400 that the phase
 without it did not have.
+
+``--replicas 2`` runs the deployment Open WebUI scales out with instead: two
+Open WebUI servers (``--workers`` each) on one PostgreSQL (with
+``DATABASE_SCHEMA``) and one Redis (``WEBSOCKET_MANAGER=redis``), sharing one
+``WEBUI_SECRET_KEY``; each chat's live turns alternate between the replicas.
+The same figures are printed (``--db`` is ignored).
 
 Flags:
     --chats N            chats at once (default 4)
@@ -30,6 +36,7 @@ Flags:
     --chat-delay S       fake model's answer time (default 0.3)
     --summary-delay S    fake summarizer's answer time (default 2)
     --words N            words per user message (default 170, ~230 tokens)
+    --replicas N         N replicas on PostgreSQL + Redis (default 1: one server per --db)
 """
 
 from __future__ import annotations
@@ -59,7 +66,9 @@ from devkit.openwebui import (  # noqa: E402
     OpenWebUIServer,
     ensure_offline_tiktoken,
     find_openwebui_python,
+    start_replicas,
 )
+from devkit.services import ThrowawayPostgres, ThrowawayRedis, replica_env  # noqa: E402
 
 FILTER_ID = "async_context_compression"
 CHAT_MODEL, SUMMARY_MODEL = "fake-chat", "fake-summary"
@@ -142,7 +151,11 @@ class Phase:
         return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run_phase(client: OpenWebUIClient, provider: FakeProvider, name: str, args) -> Phase:
+def run_phase(client, provider: FakeProvider, name: str, args) -> Phase:
+    """``client``: one client, or a list of them (one per replica): a chat's
+    live turns then go to each in turn."""
+    clients = client if isinstance(client, list) else [client]
+    client = clients[0]
     phase = Phase(name)
     start = len(provider.requests)
 
@@ -165,9 +178,9 @@ def run_phase(client: OpenWebUIClient, provider: FakeProvider, name: str, args) 
 
     def live(chat):
         chat_id, history, rng = chat
-        for _ in range(args.live_turns):
+        for turn in range(args.live_turns):
             try:
-                result = client.chat_completion(
+                result = clients[turn % len(clients)].chat_completion(
                     text(rng, args.words),
                     model=CHAT_MODEL,
                     chat_id=chat_id,
@@ -236,15 +249,72 @@ def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str
             pg.stop()
 
 
+def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) -> list:
+    """Both phases on ``--replicas`` Open WebUI servers sharing PostgreSQL and Redis."""
+    pg, redis, servers = ThrowawayPostgres(), ThrowawayRedis(), []
+    try:
+        pg.start()
+        redis.start()
+        url = pg.create_database("owui", schema="owui")
+        t0 = time.monotonic()
+        servers = start_replicas(
+            args.replicas,
+            provider.base_url,
+            python=python,
+            env_extra=replica_env(url, redis.url, "owui"),
+            workers=args.workers,
+            tiktoken_cache_dir=ensure_offline_tiktoken(python),
+            timeout=900,
+        )
+        print(
+            f"[replicas] {args.replicas} Open WebUI x {args.workers} workers on PostgreSQL + Redis up in "
+            f"{time.monotonic() - t0:.0f}s",
+            flush=True,
+        )
+        clients = [OpenWebUIClient(s.base_url, timeout=300) for s in servers]
+        clients[0].signup("load@example.com", "Load-Passw0rd!", "Load Admin")
+        for client in clients[1:]:
+            client.signin("load@example.com", "Load-Passw0rd!")
+        for client in clients:
+            client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120)
+        clients[0].install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=True)
+        phases = []
+        for name, active in (("no filter", False), ("filter", True)):
+            clients[0].set_function_state(FILTER_ID, active=active, is_global=True)
+            phase = run_phase(clients, provider, name, args)
+            counts = {}
+            try:
+                (rows,) = pg.sql(
+                    "SELECT chat_id, count(*) FROM owui.acc_chat_summary GROUP BY chat_id", database="owui"
+                )
+                counts = dict(rows)
+            except Exception as exc:  # no table: the filter never stored one (the phase without it)
+                if "acc_chat_summary" not in str(exc):
+                    raise
+            phase.summaries = {c: counts.get(c, 0) for c in phase.chat_ids}
+            phases.append(phase)
+            print(f"[replicas] {name}: done", flush=True)
+        return phases
+    finally:
+        for server in servers:
+            server.stop()
+        if servers:
+            servers[0].cleanup()
+        redis.stop()
+        pg.stop()
+
+
 def report(results: dict, args) -> int:
     print()
     print(
         f"{args.chats} chats at once x {args.live_turns} live turns, {args.saved_turns} saved turns each, "
-        f"{args.workers} workers; model {args.chat_delay}s, summarizer {args.summary_delay}s"
+        f"{args.workers} workers"
+        + (f" x {args.replicas} replicas (turns alternate)" if args.replicas > 1 else "")
+        + f"; model {args.chat_delay}s, summarizer {args.summary_delay}s"
     )
     header = (
-        f"{'db':9} {'phase':10} {'chats':>5} {'not made':>8} {'requests':>8} {'failed':>6} {'400s':>4} "
-        f"{'p50 s':>6} {'p95 s':>6} {'max s':>6} {'summaries/chat':>15}"
+        f"{'db':12} {'phase':10} {'chats':>5} {'not made':>8} {'requests':>8} {'failed':>6} {'400s':>4} "
+        f"{'p50 s':>6} {'p95 s':>6} {'p99 s':>6} {'max s':>6} {'summaries/chat':>15}"
     )
     print(header)
     print("-" * len(header))
@@ -254,18 +324,19 @@ def report(results: dict, args) -> int:
             per_chat = list(p.summaries.values())
             spc = f"{statistics.mean(per_chat):.1f} ({min(per_chat)}-{max(per_chat)})" if per_chat else "-"
             print(
-                f"{db:9} {p.name:10} {len(p.chat_ids):>5} {p.create_failed:>8} "
+                f"{db:12} {p.name:10} {len(p.chat_ids):>5} {p.create_failed:>8} "
                 f"{len(p.latencies) + len(p.failed) - p.create_failed:>8} {len(p.failed) - p.create_failed:>6} "
-                f"{p.status_400:>4} {p.quantile(0.5):>6.2f} {p.quantile(0.95):>6.2f} {p.quantile(1.0):>6.2f} {spc:>15}"
+                f"{p.status_400:>4} {p.quantile(0.5):>6.2f} {p.quantile(0.95):>6.2f} {p.quantile(0.99):>6.2f} {p.quantile(1.0):>6.2f} {spc:>15}"
             )
         base, filt = phases
         print(
-            f"{db:9} tail ratio filter/no filter: p95 {filt.quantile(0.95) / base.quantile(0.95):.2f}x, "
+            f"{db:12} tail ratio filter/no filter: p95 {filt.quantile(0.95) / base.quantile(0.95):.2f}x, "
+            f"p99 {filt.quantile(0.99) / base.quantile(0.99):.2f}x, "
             f"slowest {filt.quantile(1.0) / base.quantile(1.0):.2f}x"
         )
         for p in phases:
             for exc in p.failed[:3]:
-                print(f"{db:9} {p.name}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"{db:12} {p.name}: {type(exc).__name__}: {str(exc)[:200]}")
         if len(filt.failed) > len(base.failed) or filt.status_400 > base.status_400:
             bad += 1
     return 1 if bad else 0
@@ -281,6 +352,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chat-delay", type=float, default=0.3)
     parser.add_argument("--summary-delay", type=float, default=2.0)
     parser.add_argument("--words", type=int, default=170)
+    parser.add_argument("--replicas", type=int, default=1)
     args = parser.parse_args(argv)
     python = find_openwebui_python(install=True)
     with open(os.path.join(_ROOT, "async_context_compression.py"), encoding="utf-8") as f:
@@ -289,7 +361,9 @@ def main(argv=None) -> int:
     provider.configure(chat_delay=args.chat_delay, summary_delay=args.summary_delay)
     results = {}
     try:
-        for db in [d.strip() for d in args.db.split(",") if d.strip()]:
+        if args.replicas > 1:
+            results[f"pg+redis x{args.replicas}"] = run_replicas(python, provider, filter_source, args)
+        for db in [d.strip() for d in args.db.split(",") if d.strip()] if args.replicas <= 1 else []:
             results[db] = run_backend(db, python, provider, filter_source, args)
     finally:
         provider.stop()

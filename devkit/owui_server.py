@@ -179,8 +179,11 @@ class OpenWebUIServer:
         api_key: str = "dummy",
         log_path: Optional[str] = None,
         tiktoken_cache_dir: Optional[str] = None,
+        prepare_database: Optional[bool] = None,
     ) -> None:
         self.python = python
+        # seed the database in one process first: by default when several workers would race on it
+        self.prepare_database = prepare_database
         self.host = host
         self.port = port
         self.workers = max(1, int(workers))
@@ -256,6 +259,14 @@ class OpenWebUIServer:
     def start(self, timeout: float = 240) -> "OpenWebUIServer":
         if self.proc is not None and self.proc.poll() is None:
             return self
+        self.launch(timeout)
+        return self.wait_healthy(timeout)
+
+    def launch(self, timeout: float = 240) -> "OpenWebUIServer":
+        """Start the process (after seeding the database when it must) without
+        waiting for it to answer. Call it from the thread that will outlive
+        the server: the child gets SIGTERM when that thread ends
+        (``PR_SET_PDEATHSIG`` follows the creating thread, not the process)."""
         if not self.port:
             self.port = free_port(self.host)
         if self.data_dir is None:
@@ -265,7 +276,7 @@ class OpenWebUIServer:
             self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
         cmd = self.command()
         self._log_file = open(self.log_path, "ab", buffering=0)
-        if self.workers > 1:
+        if self.prepare_database if self.prepare_database is not None else self.workers > 1:
             self._prepare_shared_database(timeout)
         self._log_file.write(f"$ {' '.join(cmd)}\n".encode())
         self.proc = subprocess.Popen(
@@ -283,6 +294,11 @@ class OpenWebUIServer:
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
+        return self
+
+    def wait_healthy(self, timeout: float = 240) -> "OpenWebUIServer":
+        """Poll ``/health`` until it answers; stop and raise with the log's tail
+        when the process exits or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         while True:
             code = self.proc.poll()
@@ -457,25 +473,53 @@ def start_replicas(
     data_dir: Optional[str] = None,
     env_extra: Optional[dict] = None,
     timeout: float = 240,
+    replica_env: Optional[list] = None,
     **kwargs: Any,
 ) -> list:
-    """``count`` separate server processes on their own ports sharing one DATA_DIR.
+    """``count`` separate server processes on their own ports sharing one DATA_DIR
+    (and whatever ``env_extra`` shares: ``DATABASE_URL``, ``REDIS_URL``...).
 
-    Started one after the other so only the first runs the database migrations.
-    The secret key is shared so a token from one replica is valid on all.
+    The database is migrated and seeded once, in one process, before any
+    replica starts (on a fresh database several processes at once race on
+    Open WebUI's first config row: ``config_pkey`` on PostgreSQL); the
+    replicas then start at the same time. The secret key is shared so a
+    token from one replica is valid on all. ``replica_env``: per replica (by
+    index), variables added to ``env_extra``; ``workers=N`` in ``kwargs``
+    gives each replica N uvicorn workers.
     """
     own = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="acc-openwebui-replicas-")
     env = {"WEBUI_SECRET_KEY": "acc-devkit-" + secrets.token_hex(16), **(env_extra or {})}
+    python = python or find_openwebui_python()
     servers = []
+    for index in range(count):
+        extra = (replica_env or [])[index] if index < len(replica_env or []) else {}
+        server = OpenWebUIServer(
+            python=python,
+            data_dir=data_dir,
+            provider_url=provider_url,
+            env_extra={**env, **extra},
+            prepare_database=False,
+            **kwargs,
+        )
+        server._own_data_dir = own  # cleanup() of any replica removes a dir made here
+        server.port = server.port or free_port(server.host)
+        servers.append(server)
     try:
-        for _ in range(count):
-            server = OpenWebUIServer(
-                python=python, data_dir=data_dir, provider_url=provider_url, env_extra=env, **kwargs
-            )
-            server._own_data_dir = own  # cleanup() of any replica removes a dir made here
-            servers.append(server.start(timeout=timeout))
-    except Exception:
+        first = servers[0]
+        first.log_path = first.log_path or os.path.join(data_dir, f"server-{first.port}.log")
+        first._log_file = open(first.log_path, "ab", buffering=0)
+        try:
+            first._prepare_shared_database(timeout)
+        finally:
+            first._log_file.close()
+            first._log_file = None
+        # all launched from this thread (their parent-death signal follows it), then awaited
+        for server in servers:
+            server.launch(timeout)
+        for server in servers:
+            server.wait_healthy(timeout)
+    except BaseException:
         for server in servers:
             server.stop()
         raise

@@ -29,6 +29,19 @@ if [ "${ACC_SKIP_E2E:-}" != "1" ] && [ ! -x "$CHROMIUM" ] && command -v apt-get 
   fi
 fi
 
+# The several-replica test (tests/e2e/test_replicas.py) and bench/load.py
+# --replicas share one Redis from Debian's redis-server package: install it
+# when missing, as for Chromium (scripts/start_redis.sh also installs it).
+if [ "${ACC_SKIP_E2E:-}" != "1" ] && ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="$(command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && echo sudo || true)"; fi
+  if [ "$(id -u)" = "0" ] || [ -n "$SUDO" ]; then
+    echo "[test] installing redis-server from Debian's packages for the replica test (once)…" >&2
+    { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q redis-server; } >&2 \
+      || echo "[test] could not install redis-server; the replica test will fail and say so" >&2
+  fi
+fi
+
 export PYTHONDONTWRITEBYTECODE=1
 export ACC_OPENWEBUI_PYTHON="$PY"
 # Lint and formatting first: cheap, and a failure names the line.
