@@ -5394,7 +5394,7 @@ class Filter:
         )
         summary_low_water: float = Field(
             default=0.5,
-            description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much, so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
+            description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
         )
         keep_first: int = Field(
             default=1,
