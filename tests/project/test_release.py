@@ -88,3 +88,10 @@ def test_works_without_open_webui_installed(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "standalone ok" in result.stdout
+
+
+def test_no_two_test_modules_share_a_name():
+    # pytest imports test modules by basename (rootdir-relative, no packages):
+    # a second module of the same name stops a whole-suite run at collection.
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
