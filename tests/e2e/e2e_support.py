@@ -10,6 +10,7 @@ where it was dropped. Markers of messages on other branches must not appear.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import secrets
@@ -423,3 +424,33 @@ def status_lines(client, chat_id: str) -> list:
             if isinstance(status, dict) and status.get("description"):
                 lines.append(status["description"])
     return lines
+
+
+def pids_connected_to(port: int, pids: list) -> list:
+    """Of ``pids``, those with an established TCP connection to 127.0.0.1:``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            parts = row.split()
+            if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    found = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                found.append(pid)
+                break
+    return found

@@ -34,6 +34,7 @@ from e2e_support import (
     check_turn,
     has_summary,
     markers_in,
+    pids_connected_to,
     provider_errors,
     request_markers,
     settle,
@@ -471,36 +472,6 @@ def two_workers(owui_python, provider, filter_source):
         server.stop()
         if not os.environ.get("ACC_KEEP_E2E_DATA"):
             server.cleanup()
-
-
-def pids_connected_to(port: int, pids: list) -> list:
-    """Of ``pids``, those with an established TCP connection to 127.0.0.1:``port``."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            parts = row.split()
-            if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
-                inodes.add(parts[9])
-    found = []
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:[") and link[8:-1] in inodes:
-                found.append(pid)
-                break
-    return found
 
 
 def test_worker_killed_mid_summary_frees_the_chat_within_the_lease(two_workers, provider, filter_source):

@@ -39,6 +39,7 @@ from e2e_support import (
     brief,
     check_turn,
     has_summary,
+    pids_connected_to,
     settle,
     summary_text,
     text_of,
@@ -533,36 +534,6 @@ def test_background_status_reaches_a_browser_on_the_other_replica(dep):
 # ---------------------------------------------------------------------------
 # a replica killed mid-summary (last: replica A stays down)
 # ---------------------------------------------------------------------------
-
-
-def pids_connected_to(port: int, pids: list) -> list:
-    """Of ``pids``, those with an established TCP connection to 127.0.0.1:``port``."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            parts = row.split()
-            if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
-                inodes.add(parts[9])
-    found = []
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:[") and link[8:-1] in inodes:
-                found.append(pid)
-                break
-    return found
 
 
 def test_replica_killed_mid_summary_the_other_makes_it(dep):
