@@ -324,9 +324,18 @@ class OpenWebUIServer:
         fresh database two workers race (``UNIQUE constraint failed:
         config.key``), the loser exits with a start-up failure and uvicorn then
         stops the whole server. Seeding once beforehand leaves the workers
-        nothing to insert. Falls back to one single-worker start and stop.
+        nothing to insert; the same holds for the embedded vector store's
+        tables. Falls back to one single-worker start and stop.
         """
-        code = "import asyncio; from open_webui.config import seed_registered_defaults as seed; asyncio.run(seed())"
+        code = (
+            "import asyncio\n"
+            "from open_webui.config import seed_registered_defaults as seed\n"
+            "asyncio.run(seed())\n"
+            # the embedded vector store (Chroma in DATA_DIR) migrates its SQLite file on
+            # first open; several processes opening it at once race ("table collections
+            # already exists") and the loser exits, so it is opened here once, alone
+            "import open_webui.retrieval.vector.factory\n"
+        )
         self._log_file.write(b"$ (one process) migrate and seed the shared database\n")
         env = self.environment()
         env["FROM_INIT_PY"] = "true"  # what `open-webui serve` sets: package paths, not a source checkout
