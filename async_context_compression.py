@@ -3040,112 +3040,101 @@ class SummaryRecord:
 
 
 class StoreUnavailable(RuntimeError):
-    """The summary store cannot be used now; ``fault`` is one of the STORE_*
-    members of Fault."""
+    """The summary store cannot be used now, for ``fault`` (a STORE_* member)."""
 
-    def __init__(self, message: str = "", fault: Fault = Fault.STORE_ERROR):
-        super().__init__(message or fault.text)
+    def __init__(self, message: str, fault: Fault):
+        super().__init__(message)
         self.fault = fault
 
 
-_TABLES: dict = {}  # schema (None: the connection's default) -> tables
-
-
+@lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
     """SQLAlchemy Core tables on a metadata of their own, in ``schema``
     like Open WebUI's own (``MetaData(schema=DATABASE_SCHEMA)``). Imported
     lazily: the filter also runs where SQLAlchemy is absent, without a store."""
-    if schema not in _TABLES:
-        from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+    from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
-        metadata = MetaData(schema=schema)
-        summary = Table(
-            SUMMARY_TABLE,
-            metadata,
-            Column("id", Integer, primary_key=True, autoincrement=True),
-            Column("user_id", String(255), nullable=False),
-            Column("chat_id", String(255), nullable=False, default=""),
-            Column("anchor", String(64), nullable=False),
-            Column("head_count", Integer, nullable=False),
-            Column("covered_count", Integer, nullable=False),
-            Column("fingerprint", String(64), nullable=False),
-            Column("summary", Text, nullable=False),
-            Column("summary_tokens", Integer, nullable=False, default=0),
-            Column("model", String(255), nullable=False, default=""),
-            Column("created_at", Float, nullable=False),
-            Index("ix_acc_chat_summary_user_chat", "user_id", "chat_id"),
-            Index("ix_acc_chat_summary_user_anchor", "user_id", "anchor"),
-        )
-        lease = Table(
-            LEASE_TABLE,
-            metadata,
-            Column("scope", String(255), primary_key=True),
-            Column("holder", String(128), nullable=False),
-            Column("expires_at", Float, nullable=False),
-            Column("failures", Integer, nullable=False, default=0),
-            Column("note", String(255), nullable=False, default=""),
-        )
-        ratio = Table(
-            RATIO_TABLE,
-            metadata,
-            Column("id", Integer, primary_key=True, autoincrement=True),
-            Column("key", String(64), nullable=False),
-            Column("model", String(255), nullable=False),
-            Column("path", String(16), nullable=False),
-            Column("ratio", Float, nullable=False),
-            Column("created_at", Float, nullable=False),
-            Index("ix_acc_model_tokens_model_path", "model", "path"),
-        )
-        _TABLES[schema] = dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
-    return _TABLES[schema]
+    metadata = MetaData(schema=schema)
+    summary = Table(
+        SUMMARY_TABLE,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("user_id", String(255), nullable=False),
+        Column("chat_id", String(255), nullable=False, default=""),
+        Column("anchor", String(64), nullable=False),
+        Column("head_count", Integer, nullable=False),
+        Column("covered_count", Integer, nullable=False),
+        Column("fingerprint", String(64), nullable=False),
+        Column("summary", Text, nullable=False),
+        Column("summary_tokens", Integer, nullable=False, default=0),
+        Column("model", String(255), nullable=False, default=""),
+        Column("created_at", Float, nullable=False),
+        Index("ix_acc_chat_summary_user_chat", "user_id", "chat_id"),
+        Index("ix_acc_chat_summary_user_anchor", "user_id", "anchor"),
+    )
+    lease = Table(
+        LEASE_TABLE,
+        metadata,
+        Column("scope", String(255), primary_key=True),
+        Column("holder", String(128), nullable=False),
+        Column("expires_at", Float, nullable=False),
+        Column("failures", Integer, nullable=False, default=0),
+        Column("note", String(255), nullable=False, default=""),
+    )
+    ratio = Table(
+        RATIO_TABLE,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("key", String(64), nullable=False),
+        Column("model", String(255), nullable=False),
+        Column("path", String(16), nullable=False),
+        Column("ratio", Float, nullable=False),
+        Column("created_at", Float, nullable=False),
+        Index("ix_acc_model_tokens_model_path", "model", "path"),
+    )
+    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
 
 
-_OWUI_ENGINE: list = []  # [engine or None], looked up once: a failed import is slow
-
-
+@lru_cache(maxsize=1)
 def _owui_async_engine() -> Any:
-    if not _OWUI_ENGINE:
-        try:
-            from open_webui.internal.db import async_engine  # type: ignore
-        except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
-            async_engine = None
-        _OWUI_ENGINE.append(async_engine)
-    return _OWUI_ENGINE[0]
+    """Open WebUI's async engine (None outside it), looked up once: a failed import is slow."""
+    try:
+        from open_webui.internal.db import async_engine  # type: ignore
+    except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
+        return None
+    return async_engine
 
 
 def owui_database_schema() -> Optional[str]:
     """Open WebUI's DATABASE_SCHEMA: from its loaded settings, else from the
     environment it reads it from."""
     import os
-    import sys
 
     env = sys.modules.get("open_webui.env")
     value = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
     return value.strip() or None if isinstance(value, str) else None
 
 
-# PostgreSQL SQLSTATEs: insufficient_privilege; lock_not_available, deadlock,
-# serialization failure, query canceled (statement or lock timeout), too many
-# connections; connection exceptions (08), operator intervention (57P: shut
-# down, crashed, cannot connect now).
-_PG_DENIED = frozenset({"42501"})
-_PG_BUSY = frozenset({"55P03", "40P01", "40001", "57014", "53300"})
-_PG_DOWN = ("08", "57P")
-_DENIED_TEXT = ("permission denied", "readonly database", "read-only", "must be owner of")
-_BUSY_TEXT = ("database is locked", "database table is locked", "lock timeout", "deadlock", "could not serialize")
-_DOWN_TEXT = (
-    "connection refused",
-    "server closed the connection",
-    "connection is closed",
-    "the connection is lost",
-    "terminating connection",
-    "could not connect",
-    "connection failed",
-    "connection timeout",
-    "the database system is",
-    "unable to open database file",
-    "no such host",
-    "name or service not known",
+# How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of
+# the message. SQLSTATEs: insufficient_privilege; lock_not_available,
+# deadlock, serialization failure, query canceled (statement or lock
+# timeout), too many connections; connection exceptions (08), operator
+# intervention (57P: shut down, crashed, cannot connect now).
+_STORE_SIGNS = (
+    (Fault.STORE_DENIED, ("42501",), ("permission denied", "readonly database", "read-only", "must be owner of")),
+    (
+        Fault.STORE_BUSY,
+        ("55P03", "40P01", "40001", "57014", "53300"),
+        ("database is locked", "database table is locked", "lock timeout", "deadlock", "could not serialize")
+        + ("queuepool limit",),
+    ),
+    (
+        Fault.STORE_DOWN,
+        ("08", "57P"),
+        ("connection refused", "server closed the connection", "connection is closed", "the connection is lost")
+        + ("terminating connection", "could not connect", "connection failed", "connection timeout")
+        + ("the database system is", "unable to open database file", "no such host", "name or service not known"),
+    ),
 )
 
 
@@ -3162,27 +3151,19 @@ def _error_chain(exc: BaseException) -> list:
     return chain
 
 
-def classify_store_error(exc: BaseException) -> Optional[str]:
+def classify_store_error(exc: BaseException) -> Optional[Fault]:
     """The STORE_* Fault of a database error; None when ``exc`` is not one
     (a bug, which is raised as it is)."""
     chain = _error_chain(exc)
-    for e in chain:
-        code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
-        if isinstance(code, str) and code:
-            if code in _PG_DENIED:
-                return Fault.STORE_DENIED
-            if code in _PG_BUSY:
-                return Fault.STORE_BUSY
-            if code.startswith(_PG_DOWN):
-                return Fault.STORE_DOWN
+    for code in (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None) for e in chain):
+        for fault, states, _ in _STORE_SIGNS:
+            if isinstance(code, str) and code.startswith(states):
+                return fault
     text = " ".join(str(e).lower() for e in chain)
-    if any(t in text for t in _DENIED_TEXT):
-        return Fault.STORE_DENIED
-    if any(t in text for t in _BUSY_TEXT) or "queuepool limit" in text:
-        return Fault.STORE_BUSY
-    if any(getattr(e, "connection_invalidated", False) for e in chain) or any(t in text for t in _DOWN_TEXT):
-        return Fault.STORE_DOWN
-    if any(isinstance(e, (ConnectionError, OSError)) for e in chain):
+    for fault, _, words in _STORE_SIGNS:
+        if any(word in text for word in words):
+            return fault
+    if any(getattr(e, "connection_invalidated", False) or isinstance(e, (ConnectionError, OSError)) for e in chain):
         return Fault.STORE_DOWN
     try:
         import sqlalchemy.exc
@@ -3195,47 +3176,34 @@ def classify_store_error(exc: BaseException) -> Optional[str]:
     return None
 
 
-def _missing_table(exc: BaseException) -> bool:
-    for e in _error_chain(exc):
-        if getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower():
-            return True
-    return False
-
-
 class LeaseHold:
-    """What ``SummaryStore.hold`` yields: true when the lease was taken;
-    ``lost`` turns true when a heartbeat found it taken over or gone."""
+    """``async with store.hold(scope, holder) as held:`` takes the chat's
+    lease (``held`` is false when another worker has it or failures back
+    off), renews it every ``renew_every`` seconds while the block runs
+    (``lost`` turns true when a heartbeat finds it taken over or gone), and
+    releases it at the end, unless ``back_off`` turned it into a back-off
+    hold. A killed holder's lease frees within ``ttl``."""
 
-    def __init__(self, scope: str, holder: str, acquired: bool):
-        self.scope, self.holder, self.acquired = scope, holder, acquired
-        self.lost = False
+    def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
+        self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
+        self.acquired = self.lost = False
+        self._task: Optional[asyncio.Task] = None
 
     def __bool__(self) -> bool:
         return self.acquired
 
-
-class _Holding:
-    """The async context manager of ``SummaryStore.hold``."""
-
-    def __init__(self, store: "SummaryStore", scope: str, holder: str, ttl: float, renew_every: float):
-        self.store, self.ttl, self.renew_every = store, ttl, renew_every
-        self.hold = LeaseHold(scope, holder, False)
-        self.task: Optional[asyncio.Task] = None
-
     async def __aenter__(self) -> LeaseHold:
-        h = self.hold
-        h.acquired = await self.store.try_claim(h.scope, h.holder, ttl=self.ttl)
-        if h.acquired:
-            self.task = asyncio.create_task(self._heartbeat())
-        return h
+        self.acquired = await self.store.try_claim(self.scope, self.holder, ttl=self.ttl)
+        if self.acquired:
+            self._task = asyncio.create_task(self._heartbeat())
+        return self
 
     async def _heartbeat(self) -> None:
-        h = self.hold
         while True:
             await asyncio.sleep(self.renew_every)
             try:
-                if not await self.store.renew(h.scope, h.holder, ttl=self.ttl):
-                    h.lost = True  # released, backed off, or taken over after an outage
+                if not await self.store.renew(self.scope, self.holder, ttl=self.ttl):
+                    self.lost = True  # released, backed off, or taken over after an outage
                     return
             except StoreUnavailable:
                 continue  # the lease lives ttl seconds: the next beat may get through
@@ -3243,15 +3211,24 @@ class _Holding:
                 log.exception("async_context_compression: lease heartbeat failed")
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-        if self.hold.acquired:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.acquired:
             try:
-                # after back_off the row is no longer ours: nothing is deleted
-                await self.store.release(self.hold.scope, self.hold.holder)
+                await self.store.release(self.scope, self.holder)  # after back_off the row is no longer ours
             except StoreUnavailable as exc:
                 log.debug("lease not released (%s); it expires within %.0fs", exc.fault.text, self.ttl)
+
+
+async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int) -> None:
+    """Delete the rows matching ``same`` older than their ``keep`` newest.
+    Only rows older than the kept ones: a row another worker committed
+    after the SELECT is never deleted."""
+    query = sa.select(table.c.id).where(*same).order_by(table.c.id.desc()).limit(keep)
+    kept = [row[0] for row in (await conn.execute(query)).all()]
+    if len(kept) == keep:
+        await conn.execute(sa.delete(table).where(*same, table.c.id < min(kept)))
 
 
 class SummaryStore:
@@ -3260,22 +3237,20 @@ class SummaryStore:
     DATABASE_SCHEMA on PostgreSQL.
 
     Every operation is one short transaction. Database errors come out as
-    StoreUnavailable with a reason key; a locked database is retried a few
-    times first, a dropped connection once. ``fault`` is the reason of the
-    latest failed operation, None after a success. The tables are created
-    by the first call that succeeds, tried again after a failure."""
+    StoreUnavailable with a Fault; a locked database is retried a few times
+    first, a dropped connection once. ``fault`` is the Fault of the latest
+    failed operation, None after a success. The tables are created by the
+    first call that succeeds, tried again after a failure."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
         self._schema_setting = schema  # ...: Open WebUI's DATABASE_SCHEMA
         self._ready_for: Any = None
-        self._schema_lock: Optional[asyncio.Lock] = None
+        self._schema_lock = asyncio.Lock()
         self._schema_retry_at = 0.0
         self._schema_fault: Optional[StoreUnavailable] = None
         self._t: dict = {}
         self.fault: Optional[Fault] = None
-        self.fault_detail = ""
-        self._logged: Optional[str] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
         """The schema of our tables: DATABASE_SCHEMA (or the one given) on
@@ -3285,22 +3260,16 @@ class SummaryStore:
         schema = owui_database_schema() if self._schema_setting is ... else self._schema_setting
         return schema or None
 
-    # -- faults ------------------------------------------------------------
     def _failed(self, fault: Fault, exc: BaseException) -> StoreUnavailable:
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
-        self.fault, self.fault_detail = fault, detail
-        if self._logged != fault:
-            self._logged = fault
+        if self.fault != fault:  # logged once per change
             log.warning("async_context_compression: summary store failing: %s", fault.explained.format(detail=detail))
+        self.fault = fault
         return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
-    def _worked(self) -> None:
-        if self._logged is not None:
-            log.warning("async_context_compression: the summary store works again (was: %s)", self._logged)
-        self.fault, self.fault_detail, self._logged = None, "", None
-
-    # -- engine and schema ---------------------------------------------------
     async def _engine(self) -> Any:
+        """The engine, once our tables exist there; after a failure they are
+        tried again at the next call (after DENIED_RETRY when denied)."""
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
@@ -3308,24 +3277,21 @@ class SummaryStore:
             _tables()
         except ImportError as exc:
             raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", Fault.STORE_ABSENT)
-        if self._ready_for is not engine:
-            if self._schema_lock is None:
-                self._schema_lock = asyncio.Lock()
-            async with self._schema_lock:
-                if self._ready_for is not engine:
-                    if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
-                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.fault)
-                    schema = self.schema_for(engine)
-                    try:
-                        await self._create_schema(engine, schema)
-                    except StoreUnavailable as exc:
-                        self._schema_fault = exc
-                        wait = DENIED_RETRY if exc.fault == Fault.STORE_DENIED else 0.0
-                        self._schema_retry_at = time.monotonic() + wait
-                        raise
-                    self._schema_fault = None
-                    self._t = _tables(schema)
-                    self._ready_for = engine
+        if self._ready_for is engine:
+            return engine
+        async with self._schema_lock:
+            if self._ready_for is engine:  # made while this call waited
+                return engine
+            if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
+                raise StoreUnavailable(str(self._schema_fault), self._schema_fault.fault)
+            schema = self.schema_for(engine)
+            try:
+                await self._create_schema(engine, schema)
+            except StoreUnavailable as exc:
+                self._schema_fault = exc
+                self._schema_retry_at = time.monotonic() + (DENIED_RETRY if exc.fault == Fault.STORE_DENIED else 0.0)
+                raise
+            self._schema_fault, self._t, self._ready_for = None, _tables(schema), engine
         return engine
 
     async def _create_schema(self, engine: Any, schema: Optional[str]) -> None:
@@ -3346,51 +3312,57 @@ class SummaryStore:
                 log.debug("schema creation retry: %s", exc)
                 await asyncio.sleep(0.05 * (attempt + 1))
 
-    async def _sql(self) -> Any:
-        """SQLAlchemy, once the store is usable: raises StoreUnavailable
-        (before any import can fail) where there is no database."""
+    async def _table(self, name: str) -> tuple:
+        """SQLAlchemy and our table ``name``, once the store is usable:
+        raises StoreUnavailable (before any import can fail) where there is
+        no database."""
         await self._engine()
         import sqlalchemy
         import sqlalchemy.exc
 
-        return sqlalchemy
+        return sqlalchemy, self._t[name]
 
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """One operation (one transaction): a locked or busy database is
-        tried again after short jittered waits, a dropped connection once
-        (the pool then holds fresh connections)."""
+        """``operation(conn)`` in one transaction: a locked or busy database
+        is tried again after short jittered waits, a dropped connection once
+        (the pool then holds fresh connections), tables dropped since we
+        made them are made again once."""
         import random
 
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
             try:
-                result = await operation(engine)
+                async with engine.begin() as conn:
+                    result = await operation(conn)
             except Exception as exc:
                 reason = classify_store_error(exc)
                 if reason is None:
                     raise
-                if reason == Fault.STORE_ERROR and _missing_table(exc) and not recreated:
-                    recreated = 1  # dropped since we made them (or another schema): make them again
+                missing = any(
+                    getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower()
+                    for e in _error_chain(exc)
+                )
+                if reason == Fault.STORE_ERROR and missing and not recreated:
+                    recreated = 1
                     self._ready_for = None
                     engine = await self._engine()
-                    continue
-                if reason == Fault.STORE_BUSY and busy < BUSY_RETRIES:
+                elif reason == Fault.STORE_BUSY and busy < BUSY_RETRIES:
                     busy += 1
                     await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))
-                    continue
-                if reason == Fault.STORE_DOWN and reconnects < 1:
+                elif reason == Fault.STORE_DOWN and reconnects < 1:
                     reconnects += 1
-                    continue
-                raise self._failed(reason, exc) from exc
-            self._worked()
+                else:
+                    raise self._failed(reason, exc) from exc
+                continue
+            if self.fault is not None:
+                log.warning("async_context_compression: the summary store works again (was: %s)", self.fault)
+                self.fault = None
             return result
 
     # -- summaries -------------------------------------------------------------
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
-        sa = await self._sql()
-
-        t = self._t["summary"]
+        sa, t = await self._table("summary")
         # API calls have no chat id (''): only the anchor tells their conversations apart.
         match = sa.or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
         query = (
@@ -3399,20 +3371,13 @@ class SummaryStore:
             .order_by(sa.case((t.c.chat_id == chat_id, 0), else_=1), t.c.covered_count.desc(), t.c.id.desc())
             .limit(limit)
         )
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                return (await conn.execute(query)).mappings().all()
-
-        rows = await self._run(op)
-        return [SummaryRecord(**dict(row)) for row in rows]
+        rows = await self._run(lambda conn: conn.execute(query))
+        return [SummaryRecord(**row) for row in rows.mappings()]
 
     async def save(self, record: SummaryRecord) -> None:
         """One transaction: the new row and the pruning of the oldest; a
         reader sees all of it or nothing."""
-        sa = await self._sql()
-
-        t = self._t["summary"]
+        sa, t = await self._table("summary")
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
         # Pruned per chat; per conversation (anchor) for API calls, which share chat id ''.
@@ -3420,15 +3385,9 @@ class SummaryStore:
         if not record.chat_id:
             same.append(t.c.anchor == record.anchor)
 
-        async def op(engine):
-            async with engine.begin() as conn:
-                await conn.execute(sa.insert(t).values(**values))
-                keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(SUMMARIES_KEPT_PER_CHAT)
-                kept = [row[0] for row in (await conn.execute(keep)).all()]
-                if len(kept) == SUMMARIES_KEPT_PER_CHAT:
-                    # Only rows older than the kept ones: a row another worker
-                    # committed after the SELECT above is never deleted.
-                    await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
+        async def op(conn):
+            await conn.execute(sa.insert(t).values(**values))
+            await _keep_newest(conn, sa, t, same, SUMMARIES_KEPT_PER_CHAT)
 
         await self._run(op)
 
@@ -3438,78 +3397,53 @@ class SummaryStore:
         each model and path keeps its RATIO_SAMPLES newest rows."""
         if not rows:
             return
-        sa = await self._sql()
-        t = self._t["ratio"]
+        sa, t = await self._table("ratio")
         values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
-        pairs = {(v["model"], v["path"]) for v in values}
 
-        async def op(engine):
-            async with engine.begin() as conn:
-                await conn.execute(sa.insert(t), values)
-                for model, path in pairs:
-                    same = (t.c.model == model, t.c.path == path)
-                    keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(RATIO_SAMPLES)
-                    kept = [row[0] for row in (await conn.execute(keep)).all()]
-                    if len(kept) == RATIO_SAMPLES:
-                        await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
+        async def op(conn):
+            await conn.execute(sa.insert(t), values)
+            for model, path in {(v["model"], v["path"]) for v in values}:
+                await _keep_newest(conn, sa, t, (t.c.model == model, t.c.path == path), RATIO_SAMPLES)
 
         await self._run(op)
 
     async def read_ratios(self) -> list:
         """Every worker's newest samples: (key, model, path, ratio, created_at)."""
-        sa = await self._sql()
-        t = self._t["ratio"]
+        sa, t = await self._table("ratio")
         query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                return (await conn.execute(query.limit(RATIO_ROWS_READ))).all()
-
-        return [tuple(row) for row in await self._run(op)]
+        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
 
     # -- leases ----------------------------------------------------------------
-    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> _Holding:
-        """``async with store.hold(scope, holder) as held:`` takes the chat's
-        lease (``held`` is false when another worker has it or failures
-        back off), renews it every ``renew_every`` seconds while the block
-        runs, and releases it at the end (unless ``back_off`` turned it into
-        a back-off hold). A killed holder's lease frees within ``ttl``."""
-        return _Holding(self, scope, holder, ttl, renew_every)
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
+        return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Atomically take the chat's lease, or fail when a live one (or a
         failure back-off) is held: one upsert (one transaction) on SQLite
         and PostgreSQL; the primary key makes it safe across workers and
         replicas sharing the database."""
-        sa = await self._sql()
+        sa, t = await self._table("lease")
+        from sqlalchemy.dialects import postgresql, sqlite
 
-        t = self._t["lease"]
         now = time.time()
         fresh = dict(holder=holder, expires_at=now + ttl, note="running")
 
-        async def op(engine):
-            dialect = engine.dialect.name
-            if dialect in ("sqlite", "postgresql"):
-                if dialect == "sqlite":
-                    from sqlalchemy.dialects.sqlite import insert
-                else:
-                    from sqlalchemy.dialects.postgresql import insert
+        async def op(conn):
+            dialect = {"sqlite": sqlite, "postgresql": postgresql}.get(conn.dialect.name)
+            if dialect is not None:
                 stmt = (
-                    insert(t)
+                    dialect.insert(t)
                     .values(scope=scope, failures=0, **fresh)
                     .on_conflict_do_update(index_elements=[t.c.scope], set_=fresh, where=t.c.expires_at < now)
                     .returning(t.c.holder)  # a row only when inserted or taken over (rowcount is not reliable)
                 )
-                async with engine.begin() as conn:
-                    return (await conn.execute(stmt)).first() is not None
-            async with engine.begin() as conn:
-                result = await conn.execute(
-                    sa.update(t).where(t.c.scope == scope, t.c.expires_at < now).values(**fresh)
-                )
-                if result.rowcount == 1:
-                    return True
+                return (await conn.execute(stmt)).first() is not None
+            # other databases: take an expired lease over, else insert one (the key refuses a second)
+            taken = await conn.execute(sa.update(t).where(t.c.scope == scope, t.c.expires_at < now).values(**fresh))
+            if taken.rowcount == 1:
+                return True
             try:
-                async with engine.begin() as conn:
+                async with conn.begin_nested():
                     await conn.execute(sa.insert(t).values(scope=scope, failures=0, **fresh))
                 return True
             except sa.exc.IntegrityError:
@@ -3520,48 +3454,30 @@ class SummaryStore:
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Push our lease's expiry ``ttl`` seconds ahead; False when it is no
         longer ours."""
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.begin() as conn:
-                result = await conn.execute(
-                    sa.update(t).where(t.c.scope == scope, t.c.holder == holder).values(expires_at=time.time() + ttl)
-                )
-                return result.rowcount == 1
-
-        return await self._run(op)
+        sa, t = await self._table("lease")
+        ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
+        result = await self._run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
+        return result.rowcount == 1
 
     async def release(self, scope: str, holder: str) -> None:
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.begin() as conn:
-                await conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder))
-
-        await self._run(op)
+        sa, t = await self._table("lease")
+        await self._run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         """Turn our lease into a back-off hold that grows with each failure;
         returns its length in seconds."""
-        sa = await self._sql()
+        sa, t = await self._table("lease")
 
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.begin() as conn:
-                row = (await conn.execute(sa.select(t.c.failures).where(t.c.scope == scope))).first()
-                failures = (row[0] if row else 0) + 1
-                delay = min(ceiling, base * (2 ** (failures - 1)))
-                await conn.execute(
-                    sa.update(t)
-                    .where(t.c.scope == scope, t.c.holder == holder)
-                    .values(holder="back-off", expires_at=time.time() + delay, failures=failures, note=reason[:255])
-                )
-                return delay
+        async def op(conn):
+            row = (await conn.execute(sa.select(t.c.failures).where(t.c.scope == scope))).first()
+            failures = (row[0] if row else 0) + 1
+            delay = min(ceiling, base * (2 ** (failures - 1)))
+            await conn.execute(
+                sa.update(t)
+                .where(t.c.scope == scope, t.c.holder == holder)
+                .values(holder="back-off", expires_at=time.time() + delay, failures=failures, note=reason[:255])
+            )
+            return delay
 
         return await self._run(op)
 
