@@ -3525,9 +3525,13 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-_IMAGE_MARK = "[image]"
-_AUDIO_MARK = "[audio]"
-_FILE_MARK = "[file]"
+_PART_MARKS = {
+    "image_url": "[image]",
+    "input_image": "[image]",
+    "image": "[image]",
+    "input_audio": "[audio]",
+    "audio": "[audio]",
+}
 
 
 class SummaryError(RuntimeError):
@@ -3538,48 +3542,21 @@ class SummaryError(RuntimeError):
         self.fault = fault
 
 
-def _empty_answer() -> SummaryError:
-    return SummaryError(Fault.EMPTY)
-
-
-def _reasoning_only_answer() -> SummaryError:
-    return SummaryError(Fault.REASONING_ONLY, "the model answered with its reasoning only")
-
-
-def _part_marker(part: Any) -> Optional[str]:
-    """A short stand-in for a non-text content part (None for text)."""
-    if isinstance(part, str) or not isinstance(part, dict):
-        return None
+def _part_text(part: Any) -> str:
+    """A content part's whole text, or a short marker for an image, audio,
+    file or other part that is not text."""
+    if not isinstance(part, dict):
+        return str(part)
     kind = part.get("type")
-    if isinstance(part.get("text"), str) and kind in (None, "text", "input_text", "output_text", "refusal"):
-        return None
-    if kind in ("image_url", "input_image", "image"):
-        return _IMAGE_MARK
-    if kind in ("input_audio", "audio"):
-        return _AUDIO_MARK
     if kind in ("file", "input_file"):
         info = part.get("file") if isinstance(part.get("file"), dict) else part
         name = info.get("filename") or info.get("name")
-        return f"[file: {name}]" if isinstance(name, str) and name.strip() else _FILE_MARK
+        return f"[file: {name}]" if isinstance(name, str) and name.strip() else "[file]"
+    if kind in _PART_MARKS:
+        return _PART_MARKS[kind]
     if isinstance(part.get("text"), str):
-        return None
+        return part["text"]
     return f"[{kind}]" if isinstance(kind, str) and kind.isidentifier() else "[attachment]"
-
-
-def _summary_text_of(content: Any) -> str:
-    """Every text of ``content`` whole, non-text parts as short markers."""
-    if not isinstance(content, list):
-        return _text_of(content)
-    texts = []
-    for part in content:
-        marker = _part_marker(part)
-        if marker is not None:
-            texts.append(marker)
-        elif isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def render_for_summary(messages: Messages, ids: list) -> list:
@@ -3592,7 +3569,9 @@ def render_for_summary(messages: Messages, ids: list) -> list:
         role = _role(message) or "?"
         author = role + (f" ({message['name']})" if message.get("name") else "")
         label = f"[#{str(mid)[:12]}] {author}" if mid else author
-        text = _REASONING_BLOCK_RE.sub("", _summary_text_of(message.get("content"))).strip()
+        content = message.get("content")
+        text = "\n".join(map(_part_text, content)) if isinstance(content, list) else _text_of(content)
+        text = _REASONING_BLOCK_RE.sub("", text).strip()
         lines = [f"{label}:"]
         if role == "tool":
             tool = names.get(message.get("tool_call_id"), "tool")
@@ -3651,11 +3630,6 @@ class SummaryRound:
 
     def texts(self) -> list:
         return [piece.render() for piece in self.pieces]
-
-
-def _block_label(block: str) -> str:
-    first = block.split("\n", 1)[0].strip()
-    return first[:-1] if first.endswith(":") else first[:80]
 
 
 def _cut_point(text: str, limit: int) -> int:
@@ -3752,7 +3726,8 @@ def plan_rounds(
                 continue
             # a block too large for a round of its own: in pieces, each
             # piece's marker counted in its round
-            label = _block_label(blocks[i])
+            label = blocks[i].split("\n", 1)[0].strip()
+            label = label[:-1] if label.endswith(":") else label[:80]
             marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
             texts = split_text(blocks[i], max(1, budget - marker), count)
             for k, text in enumerate(texts, 1):
@@ -3796,24 +3771,14 @@ def build_summarizer_messages(
 
 
 def summary_round_budget(
-    window: int,
-    max_summary_tokens: int,
-    previous: str,
-    count: Callable[[str], int],
-    style: str = "balanced",
-    prompt: str = "",
-    margin: int = 200,
-    reserve: int = 0,
+    window: int, max_summary_tokens: int, count: Callable[[str], int], style: str = "balanced", prompt: str = ""
 ) -> int:
     """New-message tokens one round may carry: the summary model's
-    ``window`` less the answer, the instructions, the previous summary and
-    a ``margin`` for message overheads (at least 1). ``reserve``: tokens the
-    previous summary may grow to in later rounds of the same plan (pass
-    ``max_summary_tokens`` when planning every round at once)."""
-    frame = build_summarizer_messages(previous, [], max_summary_tokens, style, prompt)
+    ``window`` less the answer, the instructions and a margin of 200 for
+    message overheads (at least 1)."""
+    frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt)
     fixed = sum(count(m["content"]) for m in frame)
-    growth = max(0, int(reserve) - count((previous or "").strip()))
-    return max(1, int(window) - int(max_summary_tokens) - fixed - growth - int(margin))
+    return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
 
 
 # -- the answer ------------------------------------------------------------------
@@ -3826,32 +3791,21 @@ def _strip_reasoning(text: str) -> str:
     return _UNCLOSED_REASONING_RE.sub("", _REASONING_BLOCK_RE.sub("", text))
 
 
+def _answer(text: str, reasoning: bool = False) -> str:
+    """``text`` when it holds more than reasoning; else the failure:
+    reasoning only (seen in ``text`` or beside it), or empty."""
+    if _strip_reasoning(text).strip():
+        return text
+    if reasoning or text.strip():
+        raise SummaryError(Fault.REASONING_ONLY, "the model answered with its reasoning only")
+    raise SummaryError(Fault.EMPTY)
+
+
 def clean_summary_answer(text: Any) -> str:
-    """The summary without reasoning blocks or echoed markers; raises
-    SummaryError (kind "empty" or "reasoning_only") when nothing is left."""
-    if not isinstance(text, str):
-        raise _empty_answer()
-    cleaned = _SUMMARY_TAG_RE.sub("", _strip_reasoning(text)).strip()
-    if not cleaned:
-        raise _reasoning_only_answer() if text.strip() else _empty_answer()
-    return cleaned
-
-
-def _content_text(content: Any) -> str:
-    """``_output_text`` of an answer, without its reasoning parts: only
-    text / output_text parts count."""
-    return "".join(_texts(content, (None, "text", "output_text")))
-
-
-def _has_reasoning(holder: Any) -> bool:
-    if not isinstance(holder, dict):
-        return False
-    if any(holder.get(key) for key in _REASONING_FIELDS):
-        return True
-    content = holder.get("content")
-    return isinstance(content, list) and any(
-        isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
-    )
+    """The summary without reasoning blocks or echoed markers; SummaryError
+    when nothing is left."""
+    text = _SUMMARY_TAG_RE.sub("", text) if isinstance(text, str) else ""
+    return _strip_reasoning(_answer(text)).strip()
 
 
 def _error_detail(error: Any) -> str:
@@ -3860,36 +3814,40 @@ def _error_detail(error: Any) -> str:
     return str(error)[:300]
 
 
-def _answer(text: str, reasoning: bool) -> str:
-    """``text`` when it holds more than reasoning; else the failure."""
-    if _strip_reasoning(text).strip():
-        return text
-    if reasoning or text.strip():
-        raise _reasoning_only_answer()
-    raise _empty_answer()
+def _said(holder: Any) -> tuple[str, bool]:
+    """The text of a message, delta or Responses message item (only its
+    text / output_text parts) and whether it carried reasoning."""
+    if not isinstance(holder, dict):
+        return "", False
+    content = holder.get("content")
+    reasoning = any(holder.get(key) for key in _REASONING_FIELDS) or (
+        isinstance(content, list)
+        and any(isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content)
+    )
+    return "".join(_texts(content, (None, "text", "output_text"))), reasoning
 
 
-def _responses_output(output: Any) -> tuple[str, bool]:
-    """Text and whether reasoning was seen, of a Responses ``output`` list."""
+def _output_said(output: Any) -> tuple[str, bool]:
+    """``_said`` of a Responses ``output`` list."""
     texts, reasoning = [], False
     for item in output if isinstance(output, list) else []:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type")
-        if kind == "reasoning":
-            reasoning = True
-        elif kind in ("message", None):
-            texts.append(_content_text(item.get("content")))
-            reasoning = reasoning or _has_reasoning(item)
+        kind = item.get("type") if isinstance(item, dict) else "?"
+        if kind in ("message", None):
+            text, seen = _said(item)
+            texts.append(text)
+            reasoning = reasoning or seen
         elif kind == "output_text" and isinstance(item.get("text"), str):
             texts.append(item["text"])
+        reasoning = reasoning or kind == "reasoning"
     return "".join(texts), reasoning
 
 
-def _payload_text(response: dict) -> str:
-    """Text of a parsed, non-streamed answer: chat completions or Responses."""
-    if response.get("error"):
-        raise SummaryError(Fault.MODEL_ERROR, _error_detail(response["error"]))
+def _payload_said(response: dict) -> tuple[str, bool]:
+    """``_said`` of a parsed answer or streamed chunk: chat completions
+    (``message`` or ``delta``; legacy ``text``), Responses, or Ollama's
+    native answer. Error payloads raise."""
+    if response.get("error") or response.get("status") == "failed":
+        raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
     if "choices" in response:
         try:
             choice = response["choices"][0]
@@ -3898,121 +3856,100 @@ def _payload_text(response: dict) -> str:
             raise SummaryError(Fault.UNREADABLE, str(response)[:300])
         if not isinstance(message, dict):
             raise SummaryError(Fault.UNREADABLE, str(response)[:300])
-        text = _content_text(message.get("content"))
-        if not text and isinstance(choice.get("text"), str):
-            text = choice["text"]  # legacy completions
-        return _answer(text, _has_reasoning(message))
+        text, reasoning = _said(message)
+        legacy = choice.get("text")
+        return text or (legacy if isinstance(legacy, str) else ""), reasoning
     if isinstance(response.get("output_text"), str) and response["output_text"].strip():
-        return _answer(response["output_text"], False)
+        return response["output_text"], False
     if "output" in response:
-        if response.get("status") == "failed":
-            raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
-        return _answer(*_responses_output(response["output"]))
-    if isinstance(response.get("message"), dict):  # Ollama's native answer
-        message = response["message"]
-        return _answer(_content_text(message.get("content")), _has_reasoning(message))
+        return _output_said(response["output"])
+    if isinstance(response.get("message"), dict):
+        return _said(response["message"])
     if isinstance(response.get("detail"), str):
         raise SummaryError(Fault.MODEL_ERROR, response["detail"][:300])
     raise SummaryError(Fault.UNREADABLE, str(response)[:300])
 
 
 def completion_text(response: Any) -> str:
-    """The answer's text, from what a model call returned: a chat
-    completion or a Responses-style payload (a dict, or a JSONResponse /
-    PlainTextResponse with a ``body``), or a streamed SSE body already
-    collected (str or bytes; chat deltas or Responses events). Raises
-    SummaryError on an error payload, a reasoning-only answer (kind
-    "reasoning_only") or an empty one (kind "empty")."""
-    status = getattr(response, "status_code", None)
-    if hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
-        body = response.body
-        body = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)
-        try:
-            response = json.loads(body)
-        except ValueError:
-            response = body
-        if isinstance(status, int) and status >= 400:
-            detail = str(response)[:300]
-            if isinstance(response, dict):
-                detail = _error_detail(response.get("error") or response.get("detail") or response)
-            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {detail}")
+    """The answer's text in what a model call returned: a chat completion,
+    a Responses or Ollama payload (a dict, or its JSON text), a streamed SSE
+    body already collected (chat deltas or Responses events), or a pipe's
+    plain text; str or bytes. Raises SummaryError on an error payload, a
+    reasoning-only answer or an empty one."""
     if isinstance(response, (bytes, bytearray)):
         response = response.decode("utf-8", "replace")
     if isinstance(response, str):
-        stripped = response.lstrip()
-        if stripped.startswith("{"):
+        if response.lstrip().startswith("{"):
             try:
-                return completion_text(json.loads(stripped))
+                return completion_text(json.loads(response))
             except ValueError:
                 pass
         if re.search(r"^(data|event):", response, re.MULTILINE):
             return _sse_text(response)
-        return _answer(response, False)  # a pipe's plain text
+        return _answer(response)
     if not isinstance(response, dict):
         raise SummaryError(Fault.UNREADABLE, type(response).__name__)
-    return _payload_text(response)
+    return _answer(*_payload_said(response))
 
 
 def _sse_text(stream: str) -> str:
-    """Text of a streamed answer: chat-completion chunks (``delta``, or a
-    whole ``message``) and Responses events (``response.output_text.delta``;
-    the ``.done`` texts or the final ``response.completed`` when no delta
-    came). Reasoning deltas are noted, never kept."""
-    deltas, done_texts, final = [], [], None
-    reasoning = False
+    """Text of a streamed answer: chat-completion chunks and Responses
+    events (``response.output_text.delta``; the ``.done`` texts or the final
+    ``response.completed`` when no delta came). Reasoning is noted, never kept."""
+    deltas, done_texts, final, reasoning = [], [], None, False
     for line in stream.splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data in ("", "[DONE]"):
-            continue
         try:
-            event = json.loads(data)
-        except ValueError:
+            event = json.loads(line[5:]) if line.startswith("data:") else None
+        except ValueError:  # [DONE], or a broken line
             continue
         if not isinstance(event, dict):
             continue
-        kind = event.get("type")
+        kind = str(event.get("type") or "")
         if event.get("error") or kind in ("error", "response.failed"):
             error = event.get("error") or (event.get("response") or {}).get("error") or event.get("message")
             raise SummaryError(Fault.MODEL_ERROR, _error_detail(error))
-        if isinstance(kind, str) and kind.startswith("response."):
-            if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
-                deltas.append(event["delta"])
-            elif kind == "response.output_text.done" and isinstance(event.get("text"), str):
-                done_texts.append(event["text"])
-            elif "reasoning" in kind:
-                reasoning = True
-            elif kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
-                final = event["response"]
-            continue
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            continue
-        delta = choices[0].get("delta") or choices[0].get("message") or {}
-        if isinstance(delta, dict):
-            deltas.append(_content_text(delta.get("content")))
-            reasoning = reasoning or _has_reasoning(delta)
+        if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+            deltas.append(event["delta"])
+        elif kind == "response.output_text.done" and isinstance(event.get("text"), str):
+            done_texts.append(event["text"])
+        elif kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
+            final = event["response"]
+        elif kind.startswith("response."):
+            reasoning = reasoning or "reasoning" in kind
+        elif isinstance(event.get("choices"), list) and event["choices"] and isinstance(event["choices"][0], dict):
+            text, seen = _payload_said(event)
+            deltas.append(text)
+            reasoning = reasoning or seen
     text = "".join(deltas) or "".join(done_texts)
     if not text and final is not None:
-        text, seen = _responses_output(final.get("output"))
+        text, seen = _output_said(final.get("output"))
         reasoning = reasoning or seen
     return _answer(text, reasoning)
 
 
 async def response_text(response: Any) -> str:
-    """``completion_text`` of anything a model call returned, reading a
-    StreamingResponse (anything with a ``body_iterator``) first."""
+    """``completion_text`` of anything a model call returned, first reading
+    the body of a Starlette response (``body``, or a streamed
+    ``body_iterator``); an HTTP error status raises SummaryError."""
     if hasattr(response, "body_iterator"):
-        chunks = []
-        async for chunk in response.body_iterator:
-            chunks.append(chunk.decode("utf-8", "replace") if isinstance(chunk, (bytes, bytearray)) else str(chunk))
-        status = getattr(response, "status_code", None)
+        chunks = [
+            c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) async for c in response.body_iterator
+        ]
         body = "".join(chunks)
-        if isinstance(status, int) and status >= 400:
-            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {body[:300]}")
-        return completion_text(body)
-    return completion_text(response)
+    elif hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
+        body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else str(response.body)
+    else:
+        return completion_text(response)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        try:
+            detail = json.loads(body)
+        except ValueError:
+            detail = body
+        if isinstance(detail, dict):
+            detail = detail.get("error") or detail.get("detail") or detail
+        raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {_error_detail(detail)}")
+    return completion_text(body)
 
 
 def summary_form(
@@ -5165,9 +5102,7 @@ class BackgroundSummarizer:
         def count(text: str) -> int:
             return self.counter.text_tokens(text, s.summary_encoding)
 
-        budget = summary_round_budget(
-            s.summary_window, s.max_summary_tokens, "", count, s.summary_style, s.summary_prompt
-        )
+        budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an
         # old boundary) contributes its remaining messages
