@@ -4482,20 +4482,15 @@ MESSAGE_NOUNS: dict = {
 
 
 def user_language(metadata: Any, user: Any = None) -> str:
-    candidates = []
-    if isinstance(metadata, dict):
-        variables = metadata.get("variables")
-        if isinstance(variables, dict):
-            candidates.append(variables.get("{{USER_LANGUAGE}}"))
-    if isinstance(user, dict):
-        info = user.get("info")
-        if isinstance(info, dict):
-            candidates.append(info.get("language"))
-    for value in candidates:
-        if isinstance(value, str) and value:
-            code = value.split("-")[0].split("_")[0].lower()
-            if code in STATUS_TEXTS:
-                return code
+    """The language of the status texts: Open WebUI's {{USER_LANGUAGE}},
+    else the user's settings; English when neither is one of ours."""
+    variables = metadata.get("variables") if isinstance(metadata, dict) else None
+    info = user.get("info") if isinstance(user, dict) else None
+    for holder, key in ((variables, "{{USER_LANGUAGE}}"), (info, "language")):
+        value = holder.get(key) if isinstance(holder, dict) else None
+        code = value.split("-")[0].split("_")[0].lower() if isinstance(value, str) else ""
+        if code in STATUS_TEXTS:
+            return code
     return "en"
 
 
@@ -4510,27 +4505,20 @@ def format_tokens(value: int) -> str:
     return str(value)
 
 
-def _plural_index(language: str, n: int) -> int:
-    """Which form of MESSAGE_NOUNS to use (CLDR's rules for these languages)."""
-    forms = len(MESSAGE_NOUNS.get(language, ()))
-    if forms <= 1:
-        return 0
-    if forms == 2:
-        one = n in (0, 1) if language == "fr" else n == 1
-        return 0 if one else 1
-    if language == "ru" and n % 10 == 1 and n % 100 != 11:
-        return 0
-    if language == "pl" and n == 1:
-        return 0
-    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
-        return 1
-    return 2
-
-
 def messages_phrase(language: str, n: int) -> str:
-    """``n`` with the word for messages in the right plural form."""
+    """``n`` with the word for messages in the right plural form (CLDR's
+    rules for these languages)."""
     language = language if language in MESSAGE_NOUNS else "en"
-    return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
+    forms, m = MESSAGE_NOUNS[language], abs(n)
+    if len(forms) == 1:
+        form = 0
+    elif len(forms) == 2:
+        form = 0 if m == 1 or (language == "fr" and m == 0) else 1
+    elif (language == "ru" and m % 10 == 1 and m % 100 != 11) or (language == "pl" and m == 1):
+        form = 0
+    else:
+        form = 1 if 2 <= m % 10 <= 4 and not 12 <= m % 100 <= 14 else 2
+    return forms[form].format(n=n)
 
 
 def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
@@ -4561,36 +4549,32 @@ def status_text(language: str, key: str, **values: Any) -> str:
     quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
     ``reason`` that is a Fault or its key, is shown translated."""
     try:
-        return _render(language, key, values)
+        english = STATUS_TEXTS["en"]
+        table = STATUS_TEXTS.get(language) or english
+        if key == "sent" and not values.get("cap"):
+            key = "sent_no_cap"
+        template = table.get(key) or english.get(key)
+        if template is None:
+            return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
+        shown = {}
+        for name, value in values.items():
+            if isinstance(value, Note):
+                value = value.text(language)
+            elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
+                value = messages_phrase(language, value)
+            elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
+                value = format_tokens(value)
+            elif name == "reason" and isinstance(value, (Fault, str)):
+                reason = value.key if isinstance(value, Fault) else value
+                value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
+            shown[name] = value
+        try:
+            return template.format_map(_Missing(shown))
+        except (IndexError, ValueError, AttributeError, TypeError):  # a broken translation: English
+            return english.get(key, key).format_map(_Missing(shown))
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
         return str(key)
-
-
-def _render(language: str, key: str, values: dict) -> str:
-    english = STATUS_TEXTS["en"]
-    table = STATUS_TEXTS.get(language) or english
-    if key == "sent" and not values.get("cap"):
-        key = "sent_no_cap"
-    template = table.get(key) or english.get(key)
-    if template is None:
-        return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
-    shown = {}
-    for name, value in values.items():
-        if isinstance(value, Note):
-            value = value.text(language)
-        elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
-            value = messages_phrase(language, value)
-        elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
-            value = format_tokens(value)
-        elif name == "reason" and isinstance(value, (Fault, str)):
-            reason = value.key if isinstance(value, Fault) else value
-            value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
-        shown[name] = value
-    try:
-        return template.format_map(_Missing(shown))
-    except (IndexError, ValueError, AttributeError, TypeError):
-        return english.get(key, key).format_map(_Missing(shown))
 
 
 @dataclass(frozen=True)
