@@ -3139,15 +3139,12 @@ _STORE_SIGNS = (
 
 
 def _error_chain(exc: BaseException) -> list:
-    chain, seen = [], set()
-    todo = [exc]
-    while todo and len(chain) < 8:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        chain.append(e)
-        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    """``exc`` and the errors behind it (driver error, cause, context), at most 8."""
+    chain = [exc]
+    for e in chain:  # grows while it is read: breadth first
+        for behind in (getattr(e, "orig", None), e.__cause__, e.__context__):
+            if behind is not None and len(chain) < 8 and all(behind is not c for c in chain):
+                chain.append(behind)
     return chain
 
 
@@ -3165,15 +3162,8 @@ def classify_store_error(exc: BaseException) -> Optional[Fault]:
             return fault
     if any(getattr(e, "connection_invalidated", False) or isinstance(e, (ConnectionError, OSError)) for e in chain):
         return Fault.STORE_DOWN
-    try:
-        import sqlalchemy.exc
-    except ImportError:
-        return None
-    if any(isinstance(e, sqlalchemy.exc.SQLAlchemyError) for e in chain):
-        return Fault.STORE_ERROR
-    if any(type(e).__module__.split(".")[0] in ("psycopg", "psycopg2", "sqlite3", "aiosqlite") for e in chain):
-        return Fault.STORE_ERROR
-    return None
+    drivers = ("sqlalchemy", "psycopg", "psycopg2", "sqlite3", "aiosqlite")
+    return Fault.STORE_ERROR if any(type(e).__module__.split(".")[0] in drivers for e in chain) else None
 
 
 class LeaseHold:
@@ -3489,15 +3479,13 @@ def choose_summary(
     of this branch. Inlet needs a verbatim tail after it (``allow_full``
     False); outlet, which sees the reply just made, accepts full coverage."""
     limit = len(digests) if allow_full else len(digests) - 1
-    best = None
-    for record in records:
-        if not (0 <= record.head_count < record.covered_count <= limit):
-            continue
-        if prefix_fingerprint(digests, record.covered_count) != record.fingerprint:
-            continue
-        if best is None or record.covered_count > best.covered_count:
-            best = record
-    return best
+    valid = [
+        r
+        for r in records
+        if 0 <= r.head_count < r.covered_count <= limit
+        and prefix_fingerprint(digests, r.covered_count) == r.fingerprint
+    ]
+    return max(valid, key=lambda r: r.covered_count, default=None)
 
 
 # ---------------------------------------------------------------------------
@@ -3632,23 +3620,6 @@ class SummaryRound:
         return [piece.render() for piece in self.pieces]
 
 
-def _cut_point(text: str, limit: int) -> int:
-    """Where to end a piece of ``text`` at most ``limit`` characters long:
-    after a paragraph break, a line break or whitespace in the second half
-    of the window, else at ``limit`` itself (a hard split)."""
-    if limit >= len(text):
-        return len(text)
-    floor = limit // 2
-    for separator in ("\n\n", "\n"):
-        at = text.rfind(separator, floor, limit)
-        if at >= 0:
-            return at + len(separator)
-    for at in range(limit, floor, -1):
-        if text[at - 1].isspace():
-            return at
-    return max(1, limit)
-
-
 # No piece is searched for beyond this many characters per token of its
 # budget, so a huge text costs about log2(window) counts per piece.
 _MAX_CHARS_PER_TOKEN = 16
@@ -3674,8 +3645,15 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
                 lo = mid
             else:
                 hi = mid - 1
-        # ... ended at a natural boundary where there is one
-        cut = _cut_point(rest, lo)
+        # ... ended after a paragraph break, a line break or whitespace in
+        # its second half where there is one, else a hard cut
+        paragraph, line = rest.rfind("\n\n", lo // 2, lo), rest.rfind("\n", lo // 2, lo)
+        if paragraph >= 0:
+            cut = paragraph + 2
+        elif line >= 0:
+            cut = line + 1
+        else:
+            cut = next((at for at in range(lo, lo // 2, -1) if rest[at - 1].isspace()), lo)
         pieces.append(rest[:cut])
         rest = rest[cut:]
     if rest or not pieces:
@@ -3760,13 +3738,10 @@ def build_summarizer_messages(
     """The summarizer's request: instructions as the system message, then
     the previous summary and the new blocks (strings, or a round's texts)."""
     prior = (previous or "").strip() or "(none yet)"
-    conversation = "\n\n".join(blocks)
+    request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
     return [
         {"role": "system", "content": summary_instructions(max_tokens, style, prompt)},
-        {
-            "role": "user",
-            "content": f"Previous summary:\n{prior}\n\nNew messages to fold in:\n{conversation}",
-        },
+        {"role": "user", "content": request},
     ]
 
 
