@@ -3105,16 +3105,6 @@ def _owui_async_engine() -> Any:
     return async_engine
 
 
-def owui_database_schema() -> Optional[str]:
-    """Open WebUI's DATABASE_SCHEMA: from its loaded settings, else from the
-    environment it reads it from."""
-    import os
-
-    env = sys.modules.get("open_webui.env")
-    value = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
-    return value.strip() or None if isinstance(value, str) else None
-
-
 # How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of
 # the message. SQLSTATEs: insufficient_privilege; lock_not_available,
 # deadlock, serialization failure, query canceled (statement or lock
@@ -3237,18 +3227,24 @@ class SummaryStore:
         self._schema_setting = schema  # ...: Open WebUI's DATABASE_SCHEMA
         self._ready_for: Any = None
         self._schema_lock = asyncio.Lock()
-        self._schema_retry_at = 0.0
-        self._schema_fault: Optional[StoreUnavailable] = None
+        self._denied: Optional[StoreUnavailable] = None
+        self._denied_until = 0.0  # a denied CREATE stays denied: tried again after DENIED_RETRY
         self._t: dict = {}
         self.fault: Optional[Fault] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: DATABASE_SCHEMA (or the one given) on
-        PostgreSQL and the like; none on SQLite, which has no schemas."""
+        """The schema of our tables: the one given, else Open WebUI's
+        DATABASE_SCHEMA (from its loaded settings, else from the environment
+        it reads it from); none on SQLite, which has no schemas."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
-        schema = owui_database_schema() if self._schema_setting is ... else self._schema_setting
-        return schema or None
+        schema = self._schema_setting
+        if schema is ...:
+            import os
+
+            env = sys.modules.get("open_webui.env")
+            schema = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
+        return schema.strip() or None if isinstance(schema, str) else None
 
     def _failed(self, fault: Fault, exc: BaseException) -> StoreUnavailable:
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
@@ -3258,8 +3254,8 @@ class SummaryStore:
         return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
     async def _engine(self) -> Any:
-        """The engine, once our tables exist there; after a failure they are
-        tried again at the next call (after DENIED_RETRY when denied)."""
+        """The engine, once our tables exist there; a failure to make them
+        is tried again at the next call (after DENIED_RETRY when denied)."""
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
@@ -3272,35 +3268,29 @@ class SummaryStore:
         async with self._schema_lock:
             if self._ready_for is engine:  # made while this call waited
                 return engine
-            if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
-                raise StoreUnavailable(str(self._schema_fault), self._schema_fault.fault)
+            if time.monotonic() < self._denied_until:
+                raise StoreUnavailable(str(self._denied), Fault.STORE_DENIED)
             schema = self.schema_for(engine)
-            try:
-                await self._create_schema(engine, schema)
-            except StoreUnavailable as exc:
-                self._schema_fault = exc
-                self._schema_retry_at = time.monotonic() + (DENIED_RETRY if exc.fault == Fault.STORE_DENIED else 0.0)
-                raise
-            self._schema_fault, self._t, self._ready_for = None, _tables(schema), engine
+            for attempt in range(5):
+                try:
+                    async with engine.begin() as conn:
+                        await conn.run_sync(_tables(schema)["metadata"].create_all, checkfirst=True)
+                    break
+                except Exception as exc:
+                    reason = classify_store_error(exc)
+                    if reason is None:
+                        raise
+                    # a race with another worker creating the same tables
+                    # (duplicate, locked) is tried again
+                    if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt):
+                        failure = self._failed(reason, exc)
+                        if reason == Fault.STORE_DENIED:
+                            self._denied, self._denied_until = failure, time.monotonic() + DENIED_RETRY
+                        raise failure from exc
+                    log.debug("schema creation retry: %s", exc)
+                    await asyncio.sleep(0.05 * (attempt + 1))
+            self._t, self._ready_for = _tables(schema), engine
         return engine
-
-    async def _create_schema(self, engine: Any, schema: Optional[str]) -> None:
-        metadata = _tables(schema)["metadata"]
-        for attempt in range(5):
-            try:
-                async with engine.begin() as conn:
-                    await conn.run_sync(metadata.create_all, checkfirst=True)
-                return
-            except Exception as exc:
-                reason = classify_store_error(exc)
-                if reason is None:
-                    raise
-                # a denied CREATE stays denied; a race with another worker
-                # creating the same tables (duplicate, locked) is tried again
-                if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt >= 1):
-                    raise self._failed(reason, exc) from exc
-                log.debug("schema creation retry: %s", exc)
-                await asyncio.sleep(0.05 * (attempt + 1))
 
     async def _table(self, name: str) -> tuple:
         """SQLAlchemy and our table ``name``, once the store is usable:
