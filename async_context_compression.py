@@ -3779,32 +3779,27 @@ def _error_detail(error: Any) -> str:
     return str(error)[:300]
 
 
-def _said(holder: Any) -> tuple[str, bool]:
-    """The text of a message, delta or Responses message item (only its
+def _said(item: Any) -> tuple[str, bool]:
+    """The text of a message, a delta or a Responses output item (only
     text / output_text parts) and whether it carried reasoning."""
-    if not isinstance(holder, dict):
+    if not isinstance(item, dict):
         return "", False
-    content = holder.get("content")
-    reasoning = any(holder.get(key) for key in _REASONING_FIELDS) or (
-        isinstance(content, list)
-        and any(isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content)
-    )
-    return "".join(_texts(content, (None, "text", "output_text"))), reasoning
+    kind, content = item.get("type"), item.get("content")
+    if kind == "output_text":
+        return (item["text"] if isinstance(item.get("text"), str) else ""), False
+    reasoning = kind == "reasoning" or any(item.get(key) for key in _REASONING_FIELDS)
+    if isinstance(content, list):
+        reasoning = reasoning or any(
+            isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
+        )
+    text = "".join(_texts(content, (None, "text", "output_text"))) if kind in ("message", None) else ""
+    return text, reasoning
 
 
 def _output_said(output: Any) -> tuple[str, bool]:
     """``_said`` of a Responses ``output`` list."""
-    texts, reasoning = [], False
-    for item in output if isinstance(output, list) else []:
-        kind = item.get("type") if isinstance(item, dict) else "?"
-        if kind in ("message", None):
-            text, seen = _said(item)
-            texts.append(text)
-            reasoning = reasoning or seen
-        elif kind == "output_text" and isinstance(item.get("text"), str):
-            texts.append(item["text"])
-        reasoning = reasoning or kind == "reasoning"
-    return "".join(texts), reasoning
+    said = [_said(item) for item in output] if isinstance(output, list) else []
+    return "".join(text for text, _ in said), any(reasoning for _, reasoning in said)
 
 
 def _payload_said(response: dict) -> tuple[str, bool]:
@@ -3814,11 +3809,9 @@ def _payload_said(response: dict) -> tuple[str, bool]:
     if response.get("error") or response.get("status") == "failed":
         raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
     if "choices" in response:
-        try:
-            choice = response["choices"][0]
-            message = choice.get("message") or choice.get("delta") or {}
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise SummaryError(Fault.UNREADABLE, str(response)[:300])
+        choices = response["choices"]
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        message = None if choice is None else choice.get("message") or choice.get("delta") or {}
         if not isinstance(message, dict):
             raise SummaryError(Fault.UNREADABLE, str(response)[:300])
         text, reasoning = _said(message)
@@ -3926,20 +3919,10 @@ def summary_form(
     messages, streaming, max_tokens, temperature or the task metadata."""
     from copy import deepcopy
 
-    form: dict = {}
-    if isinstance(params, dict):
-        for key, value in params.items():
-            if isinstance(key, str) and key not in _OWN_CALL_KEYS and value is not None:
-                form[key] = deepcopy(value)
-    form.update(
-        model=model,
-        messages=messages,
-        stream=False,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        metadata={"task": "async_context_compression"},
-    )
-    return form
+    extra = params.items() if isinstance(params, dict) else ()
+    form = {k: deepcopy(v) for k, v in extra if isinstance(k, str) and k not in _OWN_CALL_KEYS and v is not None}
+    own = dict(model=model, messages=messages, stream=False, max_tokens=max_tokens, temperature=temperature)
+    return form | own | {"metadata": {"task": "async_context_compression"}}
 
 
 async def owui_complete(
@@ -3974,10 +3957,8 @@ async def owui_complete(
     try:
         response = await generate_chat_completion(request, form, account, bypass_filter=True)
     except Exception as exc:
-        text = str(exc)
-        if "direct connection" in text.lower() or "websocket" in text.lower():
-            raise SummaryError(Fault.DIRECT, text[:300])
-        raise SummaryError(Fault.MODEL_ERROR, text[:300])
+        direct = any(word in str(exc).lower() for word in ("direct connection", "websocket"))
+        raise SummaryError(Fault.DIRECT if direct else Fault.MODEL_ERROR, str(exc)[:300])
     return await response_text(response)
 
 
