@@ -3202,9 +3202,8 @@ class LeaseHold:
 
 
 async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int) -> None:
-    """Delete the rows matching ``same`` older than their ``keep`` newest.
-    Only rows older than the kept ones: a row another worker committed
-    after the SELECT is never deleted."""
+    """Delete the rows of ``same`` older than its ``keep`` newest (only
+    older: a row another worker committed after the SELECT stays)."""
     query = sa.select(table.c.id).where(*same).order_by(table.c.id.desc()).limit(keep)
     kept = [row[0] for row in (await conn.execute(query)).all()]
     if len(kept) == keep:
@@ -3293,9 +3292,8 @@ class SummaryStore:
         return engine
 
     async def _table(self, name: str) -> tuple:
-        """SQLAlchemy and our table ``name``, once the store is usable:
-        raises StoreUnavailable (before any import can fail) where there is
-        no database."""
+        """SQLAlchemy and our table ``name``; StoreUnavailable (before any
+        import can fail) where there is no database."""
         await self._engine()
         import sqlalchemy
         import sqlalchemy.exc
@@ -3550,20 +3548,16 @@ def render_for_summary(messages: Messages, ids: list) -> list:
         content = message.get("content")
         text = "\n".join(map(_part_text, content)) if isinstance(content, list) else _text_of(content)
         text = _REASONING_BLOCK_RE.sub("", text).strip()
-        lines = [f"{label}:"]
         if role == "tool":
-            tool = names.get(message.get("tool_call_id"), "tool")
-            lines = [f"{label} result of {tool}:", text]
-        elif text:
-            lines.append(text)
+            lines = [f"{label} result of {names.get(message.get('tool_call_id'), 'tool')}:", text]
+        else:
+            lines = [f"{label}:", text] if text else [f"{label}:"]
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             function = function if isinstance(function, dict) else {}
-            name = function.get("name") or "tool"
-            names[call.get("id")] = name
+            names[_call_id(call)] = name = function.get("name") or "tool"
             arguments = function.get("arguments", "")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False)
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             lines.append(f"-> calls {name}({arguments})")
         blocks.append("\n".join(lines))
     return blocks
@@ -3595,11 +3589,10 @@ class RoundPiece:
 @dataclass(frozen=True)
 class SummaryRound:
     """One summarizer call's new input. ``done``: blocks wholly shown once
-    this round and the ones before it are folded; ``at_message_end``: the
-    round ends with a whole block or a block's last piece; ``covered``:
-    ``done`` when the coverage may advance there (a message end that is an
-    allowed stop), else None (the summary of this round must not be saved
-    as coverage: it holds part of a message)."""
+    this round and those before are folded; ``at_message_end``: it ends with
+    a whole block or a last piece; ``covered``: ``done`` when coverage may
+    advance there (a message end at a stop), else None (never saved as
+    coverage: it holds part of a message)."""
 
     pieces: tuple
     done: int
@@ -3616,10 +3609,8 @@ _MAX_CHARS_PER_TOKEN = 16
 
 
 def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
-    """``text`` in consecutive pieces that each count at most
-    ``budget_tokens`` (pieces of one character excepted) and join back to
-    ``text`` exactly: cut at paragraph, line or word boundaries where
-    possible, hard cuts as the last resort."""
+    """``text`` in pieces that each count at most ``budget_tokens`` (one
+    character excepted) and join back to ``text`` exactly."""
     budget = max(1, int(budget_tokens))
     window = budget * _MAX_CHARS_PER_TOKEN
     pieces = []
@@ -3654,17 +3645,13 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
 def plan_rounds(
     blocks: list, budget_tokens: int, count: Callable[[str], int], stops: Optional[Iterable[int]] = None
 ) -> list:
-    """Split rendered ``blocks`` into summarizer rounds of at most
-    ``budget_tokens`` new tokens each (``count`` counts a text's tokens;
-    each block costs its tokens plus a separator). Every character of
-    every block lands in exactly one round, in order: blocks are packed
-    whole, and a block larger than a round on its own is cut into pieces
-    (``split_text``), each marked "(part i of n)".
-
-    ``stops``: the block counts at which coverage may advance (the ends of
-    atomic units: an assistant's tool calls and their results are one);
-    every message end when None. Rounds end at a stop whenever a unit fits.
-    Returns a list of :class:`SummaryRound`."""
+    """``blocks`` as SummaryRounds of at most ``budget_tokens`` new tokens
+    each (a block costs its ``count`` plus a separator). Every character
+    lands in exactly one round, in order: blocks packed whole, a block
+    larger than a round cut into pieces marked "(part i of n)". ``stops``:
+    the block counts where coverage may advance (ends of atomic units: tool
+    calls and their results are one; every block when None); rounds end at
+    a stop whenever a unit fits."""
     n = len(blocks)
     allowed = set(range(1, n + 1)) if stops is None else {s for s in stops if 0 < s <= n} | {n}
     budget = max(1, int(budget_tokens))
