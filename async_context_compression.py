@@ -3876,15 +3876,13 @@ async def response_text(response: Any) -> str:
     """``completion_text`` of anything a model call returned, first reading
     the body of a Starlette response (``body``, or a streamed
     ``body_iterator``); an HTTP error status raises SummaryError."""
-    if hasattr(response, "body_iterator"):
-        chunks = [
-            c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) async for c in response.body_iterator
-        ]
-        body = "".join(chunks)
+    if hasattr(response, "body_iterator"):  # decoded whole: a chunk may end inside a character
+        body = b"".join([c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator])
     elif hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
-        body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else str(response.body)
+        body = response.body if isinstance(response.body, bytes) else str(response.body).encode()
     else:
         return completion_text(response)
+    body = body.decode("utf-8", "replace")
     status = getattr(response, "status_code", None)
     if isinstance(status, int) and status >= 400:
         try:

@@ -434,6 +434,19 @@ async def test_response_text_reads_a_streaming_response():
     assert info.value.fault is acc.Fault.REASONING_ONLY
 
 
+async def test_response_text_keeps_a_character_split_between_stream_chunks():
+    from starlette.responses import StreamingResponse
+
+    stream = ("data: " + json.dumps(delta(content="摘要"), ensure_ascii=False) + "\n\ndata: [DONE]\n\n").encode()
+    cut = stream.index("要".encode()) + 1  # inside the character's three bytes
+
+    async def body():
+        yield stream[:cut]
+        yield stream[cut:]
+
+    assert await acc.response_text(StreamingResponse(body(), media_type="text/event-stream")) == "摘要"
+
+
 # -- owui_complete against a stand-in Open WebUI ------------------------------------------
 
 
