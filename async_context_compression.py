@@ -3040,202 +3040,150 @@ class SummaryRecord:
 
 
 class StoreUnavailable(RuntimeError):
-    """The summary store cannot be used now; ``fault`` is one of the STORE_*
-    members of Fault."""
+    """The summary store cannot be used now, for ``fault`` (a STORE_* member)."""
 
-    def __init__(self, message: str = "", fault: Fault = Fault.STORE_ERROR):
-        super().__init__(message or fault.text)
+    def __init__(self, message: str, fault: Fault):
+        super().__init__(message)
         self.fault = fault
 
 
-_TABLES: dict = {}  # schema (None: the connection's default) -> tables
-
-
+@lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
     """SQLAlchemy Core tables on a metadata of their own, in ``schema``
     like Open WebUI's own (``MetaData(schema=DATABASE_SCHEMA)``). Imported
     lazily: the filter also runs where SQLAlchemy is absent, without a store."""
-    if schema not in _TABLES:
-        from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+    from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
-        metadata = MetaData(schema=schema)
-        summary = Table(
-            SUMMARY_TABLE,
-            metadata,
-            Column("id", Integer, primary_key=True, autoincrement=True),
-            Column("user_id", String(255), nullable=False),
-            Column("chat_id", String(255), nullable=False, default=""),
-            Column("anchor", String(64), nullable=False),
-            Column("head_count", Integer, nullable=False),
-            Column("covered_count", Integer, nullable=False),
-            Column("fingerprint", String(64), nullable=False),
-            Column("summary", Text, nullable=False),
-            Column("summary_tokens", Integer, nullable=False, default=0),
-            Column("model", String(255), nullable=False, default=""),
-            Column("created_at", Float, nullable=False),
-            Index("ix_acc_chat_summary_user_chat", "user_id", "chat_id"),
-            Index("ix_acc_chat_summary_user_anchor", "user_id", "anchor"),
-        )
-        lease = Table(
-            LEASE_TABLE,
-            metadata,
-            Column("scope", String(255), primary_key=True),
-            Column("holder", String(128), nullable=False),
-            Column("expires_at", Float, nullable=False),
-            Column("failures", Integer, nullable=False, default=0),
-            Column("note", String(255), nullable=False, default=""),
-        )
-        ratio = Table(
-            RATIO_TABLE,
-            metadata,
-            Column("id", Integer, primary_key=True, autoincrement=True),
-            Column("key", String(64), nullable=False),
-            Column("model", String(255), nullable=False),
-            Column("path", String(16), nullable=False),
-            Column("ratio", Float, nullable=False),
-            Column("created_at", Float, nullable=False),
-            Index("ix_acc_model_tokens_model_path", "model", "path"),
-        )
-        _TABLES[schema] = dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
-    return _TABLES[schema]
+    metadata = MetaData(schema=schema)
+    summary = Table(
+        SUMMARY_TABLE,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("user_id", String(255), nullable=False),
+        Column("chat_id", String(255), nullable=False, default=""),
+        Column("anchor", String(64), nullable=False),
+        Column("head_count", Integer, nullable=False),
+        Column("covered_count", Integer, nullable=False),
+        Column("fingerprint", String(64), nullable=False),
+        Column("summary", Text, nullable=False),
+        Column("summary_tokens", Integer, nullable=False, default=0),
+        Column("model", String(255), nullable=False, default=""),
+        Column("created_at", Float, nullable=False),
+        Index("ix_acc_chat_summary_user_chat", "user_id", "chat_id"),
+        Index("ix_acc_chat_summary_user_anchor", "user_id", "anchor"),
+    )
+    lease = Table(
+        LEASE_TABLE,
+        metadata,
+        Column("scope", String(255), primary_key=True),
+        Column("holder", String(128), nullable=False),
+        Column("expires_at", Float, nullable=False),
+        Column("failures", Integer, nullable=False, default=0),
+        Column("note", String(255), nullable=False, default=""),
+    )
+    ratio = Table(
+        RATIO_TABLE,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("key", String(64), nullable=False),
+        Column("model", String(255), nullable=False),
+        Column("path", String(16), nullable=False),
+        Column("ratio", Float, nullable=False),
+        Column("created_at", Float, nullable=False),
+        Index("ix_acc_model_tokens_model_path", "model", "path"),
+    )
+    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
 
 
-_OWUI_ENGINE: list = []  # [engine or None], looked up once: a failed import is slow
-
-
+@lru_cache(maxsize=1)
 def _owui_async_engine() -> Any:
-    if not _OWUI_ENGINE:
-        try:
-            from open_webui.internal.db import async_engine  # type: ignore
-        except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
-            async_engine = None
-        _OWUI_ENGINE.append(async_engine)
-    return _OWUI_ENGINE[0]
+    """Open WebUI's async engine (None outside it), looked up once: a failed import is slow."""
+    try:
+        from open_webui.internal.db import async_engine  # type: ignore
+    except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
+        return None
+    return async_engine
 
 
-def owui_database_schema() -> Optional[str]:
-    """Open WebUI's DATABASE_SCHEMA: from its loaded settings, else from the
-    environment it reads it from."""
-    import os
-    import sys
-
-    env = sys.modules.get("open_webui.env")
-    value = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
-    return value.strip() or None if isinstance(value, str) else None
-
-
-# PostgreSQL SQLSTATEs: insufficient_privilege; lock_not_available, deadlock,
-# serialization failure, query canceled (statement or lock timeout), too many
-# connections; connection exceptions (08), operator intervention (57P: shut
-# down, crashed, cannot connect now).
-_PG_DENIED = frozenset({"42501"})
-_PG_BUSY = frozenset({"55P03", "40P01", "40001", "57014", "53300"})
-_PG_DOWN = ("08", "57P")
-_DENIED_TEXT = ("permission denied", "readonly database", "read-only", "must be owner of")
-_BUSY_TEXT = ("database is locked", "database table is locked", "lock timeout", "deadlock", "could not serialize")
-_DOWN_TEXT = (
-    "connection refused",
-    "server closed the connection",
-    "connection is closed",
-    "the connection is lost",
-    "terminating connection",
-    "could not connect",
-    "connection failed",
-    "connection timeout",
-    "the database system is",
-    "unable to open database file",
-    "no such host",
-    "name or service not known",
+# How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of
+# the message. SQLSTATEs: insufficient_privilege; lock_not_available,
+# deadlock, serialization failure, query canceled (statement or lock
+# timeout), too many connections; connection exceptions (08), operator
+# intervention (57P: shut down, crashed, cannot connect now).
+_STORE_SIGNS = (
+    (Fault.STORE_DENIED, ("42501",), ("permission denied", "readonly database", "read-only", "must be owner of")),
+    (
+        Fault.STORE_BUSY,
+        ("55P03", "40P01", "40001", "57014", "53300"),
+        ("database is locked", "database table is locked", "lock timeout", "deadlock", "could not serialize")
+        + ("queuepool limit",),
+    ),
+    (
+        Fault.STORE_DOWN,
+        ("08", "57P"),
+        ("connection refused", "server closed the connection", "connection is closed", "the connection is lost")
+        + ("terminating connection", "could not connect", "connection failed", "connection timeout")
+        + ("the database system is", "unable to open database file", "no such host", "name or service not known"),
+    ),
 )
 
 
 def _error_chain(exc: BaseException) -> list:
-    chain, seen = [], set()
-    todo = [exc]
-    while todo and len(chain) < 8:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        chain.append(e)
-        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    """``exc`` and the errors behind it (driver error, cause, context), at most 8."""
+    chain = [exc]
+    for e in chain:  # grows while it is read: breadth first
+        for behind in (getattr(e, "orig", None), e.__cause__, e.__context__):
+            if behind is not None and len(chain) < 8 and all(behind is not c for c in chain):
+                chain.append(behind)
     return chain
 
 
-def classify_store_error(exc: BaseException) -> Optional[str]:
+def classify_store_error(exc: BaseException) -> Optional[Fault]:
     """The STORE_* Fault of a database error; None when ``exc`` is not one
     (a bug, which is raised as it is)."""
     chain = _error_chain(exc)
-    for e in chain:
-        code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
-        if isinstance(code, str) and code:
-            if code in _PG_DENIED:
-                return Fault.STORE_DENIED
-            if code in _PG_BUSY:
-                return Fault.STORE_BUSY
-            if code.startswith(_PG_DOWN):
-                return Fault.STORE_DOWN
+    for code in (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None) for e in chain):
+        for fault, states, _ in _STORE_SIGNS:
+            if isinstance(code, str) and code.startswith(states):
+                return fault
     text = " ".join(str(e).lower() for e in chain)
-    if any(t in text for t in _DENIED_TEXT):
-        return Fault.STORE_DENIED
-    if any(t in text for t in _BUSY_TEXT) or "queuepool limit" in text:
-        return Fault.STORE_BUSY
-    if any(getattr(e, "connection_invalidated", False) for e in chain) or any(t in text for t in _DOWN_TEXT):
+    for fault, _, words in _STORE_SIGNS:
+        if any(word in text for word in words):
+            return fault
+    if any(getattr(e, "connection_invalidated", False) or isinstance(e, (ConnectionError, OSError)) for e in chain):
         return Fault.STORE_DOWN
-    if any(isinstance(e, (ConnectionError, OSError)) for e in chain):
-        return Fault.STORE_DOWN
-    try:
-        import sqlalchemy.exc
-    except ImportError:
-        return None
-    if any(isinstance(e, sqlalchemy.exc.SQLAlchemyError) for e in chain):
-        return Fault.STORE_ERROR
-    if any(type(e).__module__.split(".")[0] in ("psycopg", "psycopg2", "sqlite3", "aiosqlite") for e in chain):
-        return Fault.STORE_ERROR
-    return None
-
-
-def _missing_table(exc: BaseException) -> bool:
-    for e in _error_chain(exc):
-        if getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower():
-            return True
-    return False
+    drivers = ("sqlalchemy", "psycopg", "psycopg2", "sqlite3", "aiosqlite")
+    return Fault.STORE_ERROR if any(type(e).__module__.split(".")[0] in drivers for e in chain) else None
 
 
 class LeaseHold:
-    """What ``SummaryStore.hold`` yields: true when the lease was taken;
-    ``lost`` turns true when a heartbeat found it taken over or gone."""
+    """``async with store.hold(scope, holder) as held:`` takes the chat's
+    lease (``held`` is false when another worker has it or failures back
+    off), renews it every ``renew_every`` seconds while the block runs
+    (``lost`` turns true when a heartbeat finds it taken over or gone), and
+    releases it at the end, unless ``back_off`` turned it into a back-off
+    hold. A killed holder's lease frees within ``ttl``."""
 
-    def __init__(self, scope: str, holder: str, acquired: bool):
-        self.scope, self.holder, self.acquired = scope, holder, acquired
-        self.lost = False
+    def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
+        self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
+        self.acquired = self.lost = False
+        self._task: Optional[asyncio.Task] = None
 
     def __bool__(self) -> bool:
         return self.acquired
 
-
-class _Holding:
-    """The async context manager of ``SummaryStore.hold``."""
-
-    def __init__(self, store: "SummaryStore", scope: str, holder: str, ttl: float, renew_every: float):
-        self.store, self.ttl, self.renew_every = store, ttl, renew_every
-        self.hold = LeaseHold(scope, holder, False)
-        self.task: Optional[asyncio.Task] = None
-
     async def __aenter__(self) -> LeaseHold:
-        h = self.hold
-        h.acquired = await self.store.try_claim(h.scope, h.holder, ttl=self.ttl)
-        if h.acquired:
-            self.task = asyncio.create_task(self._heartbeat())
-        return h
+        self.acquired = await self.store.try_claim(self.scope, self.holder, ttl=self.ttl)
+        if self.acquired:
+            self._task = asyncio.create_task(self._heartbeat())
+        return self
 
     async def _heartbeat(self) -> None:
-        h = self.hold
         while True:
             await asyncio.sleep(self.renew_every)
             try:
-                if not await self.store.renew(h.scope, h.holder, ttl=self.ttl):
-                    h.lost = True  # released, backed off, or taken over after an outage
+                if not await self.store.renew(self.scope, self.holder, ttl=self.ttl):
+                    self.lost = True  # released, backed off, or taken over after an outage
                     return
             except StoreUnavailable:
                 continue  # the lease lives ttl seconds: the next beat may get through
@@ -3243,15 +3191,23 @@ class _Holding:
                 log.exception("async_context_compression: lease heartbeat failed")
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-        if self.hold.acquired:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.acquired:
             try:
-                # after back_off the row is no longer ours: nothing is deleted
-                await self.store.release(self.hold.scope, self.hold.holder)
+                await self.store.release(self.scope, self.holder)  # after back_off the row is no longer ours
             except StoreUnavailable as exc:
                 log.debug("lease not released (%s); it expires within %.0fs", exc.fault.text, self.ttl)
+
+
+async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int) -> None:
+    """Delete the rows of ``same`` older than its ``keep`` newest (only
+    older: a row another worker committed after the SELECT stays)."""
+    query = sa.select(table.c.id).where(*same).order_by(table.c.id.desc()).limit(keep)
+    kept = [row[0] for row in (await conn.execute(query)).all()]
+    if len(kept) == keep:
+        await conn.execute(sa.delete(table).where(*same, table.c.id < min(kept)))
 
 
 class SummaryStore:
@@ -3260,47 +3216,45 @@ class SummaryStore:
     DATABASE_SCHEMA on PostgreSQL.
 
     Every operation is one short transaction. Database errors come out as
-    StoreUnavailable with a reason key; a locked database is retried a few
-    times first, a dropped connection once. ``fault`` is the reason of the
-    latest failed operation, None after a success. The tables are created
-    by the first call that succeeds, tried again after a failure."""
+    StoreUnavailable with a Fault; a locked database is retried a few times
+    first, a dropped connection once. ``fault`` is the Fault of the latest
+    failed operation, None after a success. The tables are created by the
+    first call that succeeds, tried again after a failure."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
         self._schema_setting = schema  # ...: Open WebUI's DATABASE_SCHEMA
         self._ready_for: Any = None
-        self._schema_lock: Optional[asyncio.Lock] = None
-        self._schema_retry_at = 0.0
-        self._schema_fault: Optional[StoreUnavailable] = None
+        self._schema_lock = asyncio.Lock()
+        self._denied: Optional[StoreUnavailable] = None
+        self._denied_until = 0.0  # a denied CREATE stays denied: tried again after DENIED_RETRY
         self._t: dict = {}
         self.fault: Optional[Fault] = None
-        self.fault_detail = ""
-        self._logged: Optional[str] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: DATABASE_SCHEMA (or the one given) on
-        PostgreSQL and the like; none on SQLite, which has no schemas."""
+        """The schema of our tables: the one given, else Open WebUI's
+        DATABASE_SCHEMA (from its loaded settings, else from the environment
+        it reads it from); none on SQLite, which has no schemas."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
-        schema = owui_database_schema() if self._schema_setting is ... else self._schema_setting
-        return schema or None
+        schema = self._schema_setting
+        if schema is ...:
+            import os
 
-    # -- faults ------------------------------------------------------------
+            env = sys.modules.get("open_webui.env")
+            schema = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
+        return schema.strip() or None if isinstance(schema, str) else None
+
     def _failed(self, fault: Fault, exc: BaseException) -> StoreUnavailable:
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
-        self.fault, self.fault_detail = fault, detail
-        if self._logged != fault:
-            self._logged = fault
+        if self.fault != fault:  # logged once per change
             log.warning("async_context_compression: summary store failing: %s", fault.explained.format(detail=detail))
+        self.fault = fault
         return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
-    def _worked(self) -> None:
-        if self._logged is not None:
-            log.warning("async_context_compression: the summary store works again (was: %s)", self._logged)
-        self.fault, self.fault_detail, self._logged = None, "", None
-
-    # -- engine and schema ---------------------------------------------------
     async def _engine(self) -> Any:
+        """The engine, once our tables exist there; a failure to make them
+        is tried again at the next call (after DENIED_RETRY when denied)."""
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
@@ -3308,89 +3262,85 @@ class SummaryStore:
             _tables()
         except ImportError as exc:
             raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", Fault.STORE_ABSENT)
-        if self._ready_for is not engine:
-            if self._schema_lock is None:
-                self._schema_lock = asyncio.Lock()
-            async with self._schema_lock:
-                if self._ready_for is not engine:
-                    if self._schema_fault is not None and time.monotonic() < self._schema_retry_at:
-                        raise StoreUnavailable(str(self._schema_fault), self._schema_fault.fault)
-                    schema = self.schema_for(engine)
-                    try:
-                        await self._create_schema(engine, schema)
-                    except StoreUnavailable as exc:
-                        self._schema_fault = exc
-                        wait = DENIED_RETRY if exc.fault == Fault.STORE_DENIED else 0.0
-                        self._schema_retry_at = time.monotonic() + wait
+        if self._ready_for is engine:
+            return engine
+        async with self._schema_lock:
+            if self._ready_for is engine:  # made while this call waited
+                return engine
+            if time.monotonic() < self._denied_until:
+                raise StoreUnavailable(str(self._denied), Fault.STORE_DENIED)
+            schema = self.schema_for(engine)
+            for attempt in range(5):
+                try:
+                    async with engine.begin() as conn:
+                        await conn.run_sync(_tables(schema)["metadata"].create_all, checkfirst=True)
+                    break
+                except Exception as exc:
+                    reason = classify_store_error(exc)
+                    if reason is None:
                         raise
-                    self._schema_fault = None
-                    self._t = _tables(schema)
-                    self._ready_for = engine
+                    # a race with another worker creating the same tables
+                    # (duplicate, locked) is tried again
+                    if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt):
+                        failure = self._failed(reason, exc)
+                        if reason == Fault.STORE_DENIED:
+                            self._denied, self._denied_until = failure, time.monotonic() + DENIED_RETRY
+                        raise failure from exc
+                    log.debug("schema creation retry: %s", exc)
+                    await asyncio.sleep(0.05 * (attempt + 1))
+            self._t, self._ready_for = _tables(schema), engine
         return engine
 
-    async def _create_schema(self, engine: Any, schema: Optional[str]) -> None:
-        metadata = _tables(schema)["metadata"]
-        for attempt in range(5):
-            try:
-                async with engine.begin() as conn:
-                    await conn.run_sync(metadata.create_all, checkfirst=True)
-                return
-            except Exception as exc:
-                reason = classify_store_error(exc)
-                if reason is None:
-                    raise
-                # a denied CREATE stays denied; a race with another worker
-                # creating the same tables (duplicate, locked) is tried again
-                if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt >= 1):
-                    raise self._failed(reason, exc) from exc
-                log.debug("schema creation retry: %s", exc)
-                await asyncio.sleep(0.05 * (attempt + 1))
-
-    async def _sql(self) -> Any:
-        """SQLAlchemy, once the store is usable: raises StoreUnavailable
-        (before any import can fail) where there is no database."""
+    async def _table(self, name: str) -> tuple:
+        """SQLAlchemy and our table ``name``; StoreUnavailable (before any
+        import can fail) where there is no database."""
         await self._engine()
         import sqlalchemy
         import sqlalchemy.exc
 
-        return sqlalchemy
+        return sqlalchemy, self._t[name]
 
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """One operation (one transaction): a locked or busy database is
-        tried again after short jittered waits, a dropped connection once
-        (the pool then holds fresh connections)."""
+        """``operation(conn)`` in one transaction: a locked or busy database
+        is tried again after short jittered waits, a dropped connection once
+        (the pool then holds fresh connections), tables dropped since we
+        made them are made again once."""
         import random
 
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
             try:
-                result = await operation(engine)
+                async with engine.begin() as conn:
+                    result = await operation(conn)
             except Exception as exc:
                 reason = classify_store_error(exc)
                 if reason is None:
                     raise
-                if reason == Fault.STORE_ERROR and _missing_table(exc) and not recreated:
-                    recreated = 1  # dropped since we made them (or another schema): make them again
+                missing = any(
+                    getattr(e, "sqlstate", None) == "42P01" or "no such table" in str(e).lower()
+                    for e in _error_chain(exc)
+                )
+                if reason == Fault.STORE_ERROR and missing and not recreated:
+                    recreated = 1
                     self._ready_for = None
                     engine = await self._engine()
-                    continue
-                if reason == Fault.STORE_BUSY and busy < BUSY_RETRIES:
+                elif reason == Fault.STORE_BUSY and busy < BUSY_RETRIES:
                     busy += 1
                     await asyncio.sleep(BUSY_BACKOFF * (2 ** (busy - 1)) * random.uniform(0.5, 1.5))
-                    continue
-                if reason == Fault.STORE_DOWN and reconnects < 1:
+                elif reason == Fault.STORE_DOWN and reconnects < 1:
                     reconnects += 1
-                    continue
-                raise self._failed(reason, exc) from exc
-            self._worked()
+                else:
+                    raise self._failed(reason, exc) from exc
+                continue
+            if self.fault is not None:
+                log.warning("async_context_compression: the summary store works again (was: %s)", self.fault)
+                self.fault = None
             return result
 
     # -- summaries -------------------------------------------------------------
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
-        sa = await self._sql()
-
-        t = self._t["summary"]
+        sa, t = await self._table("summary")
         # API calls have no chat id (''): only the anchor tells their conversations apart.
         match = sa.or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
         query = (
@@ -3399,20 +3349,13 @@ class SummaryStore:
             .order_by(sa.case((t.c.chat_id == chat_id, 0), else_=1), t.c.covered_count.desc(), t.c.id.desc())
             .limit(limit)
         )
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                return (await conn.execute(query)).mappings().all()
-
-        rows = await self._run(op)
-        return [SummaryRecord(**dict(row)) for row in rows]
+        rows = await self._run(lambda conn: conn.execute(query))
+        return [SummaryRecord(**row) for row in rows.mappings()]
 
     async def save(self, record: SummaryRecord) -> None:
         """One transaction: the new row and the pruning of the oldest; a
         reader sees all of it or nothing."""
-        sa = await self._sql()
-
-        t = self._t["summary"]
+        sa, t = await self._table("summary")
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
         # Pruned per chat; per conversation (anchor) for API calls, which share chat id ''.
@@ -3420,15 +3363,9 @@ class SummaryStore:
         if not record.chat_id:
             same.append(t.c.anchor == record.anchor)
 
-        async def op(engine):
-            async with engine.begin() as conn:
-                await conn.execute(sa.insert(t).values(**values))
-                keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(SUMMARIES_KEPT_PER_CHAT)
-                kept = [row[0] for row in (await conn.execute(keep)).all()]
-                if len(kept) == SUMMARIES_KEPT_PER_CHAT:
-                    # Only rows older than the kept ones: a row another worker
-                    # committed after the SELECT above is never deleted.
-                    await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
+        async def op(conn):
+            await conn.execute(sa.insert(t).values(**values))
+            await _keep_newest(conn, sa, t, same, SUMMARIES_KEPT_PER_CHAT)
 
         await self._run(op)
 
@@ -3438,78 +3375,53 @@ class SummaryStore:
         each model and path keeps its RATIO_SAMPLES newest rows."""
         if not rows:
             return
-        sa = await self._sql()
-        t = self._t["ratio"]
+        sa, t = await self._table("ratio")
         values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
-        pairs = {(v["model"], v["path"]) for v in values}
 
-        async def op(engine):
-            async with engine.begin() as conn:
-                await conn.execute(sa.insert(t), values)
-                for model, path in pairs:
-                    same = (t.c.model == model, t.c.path == path)
-                    keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(RATIO_SAMPLES)
-                    kept = [row[0] for row in (await conn.execute(keep)).all()]
-                    if len(kept) == RATIO_SAMPLES:
-                        await conn.execute(sa.delete(t).where(*same, t.c.id < min(kept)))
+        async def op(conn):
+            await conn.execute(sa.insert(t), values)
+            for model, path in {(v["model"], v["path"]) for v in values}:
+                await _keep_newest(conn, sa, t, (t.c.model == model, t.c.path == path), RATIO_SAMPLES)
 
         await self._run(op)
 
     async def read_ratios(self) -> list:
         """Every worker's newest samples: (key, model, path, ratio, created_at)."""
-        sa = await self._sql()
-        t = self._t["ratio"]
+        sa, t = await self._table("ratio")
         query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
-
-        async def op(engine):
-            async with engine.connect() as conn:
-                return (await conn.execute(query.limit(RATIO_ROWS_READ))).all()
-
-        return [tuple(row) for row in await self._run(op)]
+        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
 
     # -- leases ----------------------------------------------------------------
-    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> _Holding:
-        """``async with store.hold(scope, holder) as held:`` takes the chat's
-        lease (``held`` is false when another worker has it or failures
-        back off), renews it every ``renew_every`` seconds while the block
-        runs, and releases it at the end (unless ``back_off`` turned it into
-        a back-off hold). A killed holder's lease frees within ``ttl``."""
-        return _Holding(self, scope, holder, ttl, renew_every)
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
+        return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Atomically take the chat's lease, or fail when a live one (or a
         failure back-off) is held: one upsert (one transaction) on SQLite
         and PostgreSQL; the primary key makes it safe across workers and
         replicas sharing the database."""
-        sa = await self._sql()
+        sa, t = await self._table("lease")
+        from sqlalchemy.dialects import postgresql, sqlite
 
-        t = self._t["lease"]
         now = time.time()
         fresh = dict(holder=holder, expires_at=now + ttl, note="running")
 
-        async def op(engine):
-            dialect = engine.dialect.name
-            if dialect in ("sqlite", "postgresql"):
-                if dialect == "sqlite":
-                    from sqlalchemy.dialects.sqlite import insert
-                else:
-                    from sqlalchemy.dialects.postgresql import insert
+        async def op(conn):
+            dialect = {"sqlite": sqlite, "postgresql": postgresql}.get(conn.dialect.name)
+            if dialect is not None:
                 stmt = (
-                    insert(t)
+                    dialect.insert(t)
                     .values(scope=scope, failures=0, **fresh)
                     .on_conflict_do_update(index_elements=[t.c.scope], set_=fresh, where=t.c.expires_at < now)
                     .returning(t.c.holder)  # a row only when inserted or taken over (rowcount is not reliable)
                 )
-                async with engine.begin() as conn:
-                    return (await conn.execute(stmt)).first() is not None
-            async with engine.begin() as conn:
-                result = await conn.execute(
-                    sa.update(t).where(t.c.scope == scope, t.c.expires_at < now).values(**fresh)
-                )
-                if result.rowcount == 1:
-                    return True
+                return (await conn.execute(stmt)).first() is not None
+            # other databases: take an expired lease over, else insert one (the key refuses a second)
+            taken = await conn.execute(sa.update(t).where(t.c.scope == scope, t.c.expires_at < now).values(**fresh))
+            if taken.rowcount == 1:
+                return True
             try:
-                async with engine.begin() as conn:
+                async with conn.begin_nested():
                     await conn.execute(sa.insert(t).values(scope=scope, failures=0, **fresh))
                 return True
             except sa.exc.IntegrityError:
@@ -3520,48 +3432,30 @@ class SummaryStore:
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Push our lease's expiry ``ttl`` seconds ahead; False when it is no
         longer ours."""
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.begin() as conn:
-                result = await conn.execute(
-                    sa.update(t).where(t.c.scope == scope, t.c.holder == holder).values(expires_at=time.time() + ttl)
-                )
-                return result.rowcount == 1
-
-        return await self._run(op)
+        sa, t = await self._table("lease")
+        ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
+        result = await self._run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
+        return result.rowcount == 1
 
     async def release(self, scope: str, holder: str) -> None:
-        sa = await self._sql()
-
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.begin() as conn:
-                await conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder))
-
-        await self._run(op)
+        sa, t = await self._table("lease")
+        await self._run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         """Turn our lease into a back-off hold that grows with each failure;
         returns its length in seconds."""
-        sa = await self._sql()
+        sa, t = await self._table("lease")
 
-        t = self._t["lease"]
-
-        async def op(engine):
-            async with engine.begin() as conn:
-                row = (await conn.execute(sa.select(t.c.failures).where(t.c.scope == scope))).first()
-                failures = (row[0] if row else 0) + 1
-                delay = min(ceiling, base * (2 ** (failures - 1)))
-                await conn.execute(
-                    sa.update(t)
-                    .where(t.c.scope == scope, t.c.holder == holder)
-                    .values(holder="back-off", expires_at=time.time() + delay, failures=failures, note=reason[:255])
-                )
-                return delay
+        async def op(conn):
+            row = (await conn.execute(sa.select(t.c.failures).where(t.c.scope == scope))).first()
+            failures = (row[0] if row else 0) + 1
+            delay = min(ceiling, base * (2 ** (failures - 1)))
+            await conn.execute(
+                sa.update(t)
+                .where(t.c.scope == scope, t.c.holder == holder)
+                .values(holder="back-off", expires_at=time.time() + delay, failures=failures, note=reason[:255])
+            )
+            return delay
 
         return await self._run(op)
 
@@ -3573,15 +3467,13 @@ def choose_summary(
     of this branch. Inlet needs a verbatim tail after it (``allow_full``
     False); outlet, which sees the reply just made, accepts full coverage."""
     limit = len(digests) if allow_full else len(digests) - 1
-    best = None
-    for record in records:
-        if not (0 <= record.head_count < record.covered_count <= limit):
-            continue
-        if prefix_fingerprint(digests, record.covered_count) != record.fingerprint:
-            continue
-        if best is None or record.covered_count > best.covered_count:
-            best = record
-    return best
+    valid = [
+        r
+        for r in records
+        if 0 <= r.head_count < r.covered_count <= limit
+        and prefix_fingerprint(digests, r.covered_count) == r.fingerprint
+    ]
+    return max(valid, key=lambda r: r.covered_count, default=None)
 
 
 # ---------------------------------------------------------------------------
@@ -3609,9 +3501,13 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-_IMAGE_MARK = "[image]"
-_AUDIO_MARK = "[audio]"
-_FILE_MARK = "[file]"
+_PART_MARKS = {
+    "image_url": "[image]",
+    "input_image": "[image]",
+    "image": "[image]",
+    "input_audio": "[audio]",
+    "audio": "[audio]",
+}
 
 
 class SummaryError(RuntimeError):
@@ -3622,48 +3518,21 @@ class SummaryError(RuntimeError):
         self.fault = fault
 
 
-def _empty_answer() -> SummaryError:
-    return SummaryError(Fault.EMPTY)
-
-
-def _reasoning_only_answer() -> SummaryError:
-    return SummaryError(Fault.REASONING_ONLY, "the model answered with its reasoning only")
-
-
-def _part_marker(part: Any) -> Optional[str]:
-    """A short stand-in for a non-text content part (None for text)."""
-    if isinstance(part, str) or not isinstance(part, dict):
-        return None
+def _part_text(part: Any) -> str:
+    """A content part's whole text, or a short marker for an image, audio,
+    file or other part that is not text."""
+    if not isinstance(part, dict):
+        return str(part)
     kind = part.get("type")
-    if isinstance(part.get("text"), str) and kind in (None, "text", "input_text", "output_text", "refusal"):
-        return None
-    if kind in ("image_url", "input_image", "image"):
-        return _IMAGE_MARK
-    if kind in ("input_audio", "audio"):
-        return _AUDIO_MARK
     if kind in ("file", "input_file"):
         info = part.get("file") if isinstance(part.get("file"), dict) else part
         name = info.get("filename") or info.get("name")
-        return f"[file: {name}]" if isinstance(name, str) and name.strip() else _FILE_MARK
+        return f"[file: {name}]" if isinstance(name, str) and name.strip() else "[file]"
+    if kind in _PART_MARKS:
+        return _PART_MARKS[kind]
     if isinstance(part.get("text"), str):
-        return None
+        return part["text"]
     return f"[{kind}]" if isinstance(kind, str) and kind.isidentifier() else "[attachment]"
-
-
-def _summary_text_of(content: Any) -> str:
-    """Every text of ``content`` whole, non-text parts as short markers."""
-    if not isinstance(content, list):
-        return _text_of(content)
-    texts = []
-    for part in content:
-        marker = _part_marker(part)
-        if marker is not None:
-            texts.append(marker)
-        elif isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def render_for_summary(messages: Messages, ids: list) -> list:
@@ -3676,21 +3545,19 @@ def render_for_summary(messages: Messages, ids: list) -> list:
         role = _role(message) or "?"
         author = role + (f" ({message['name']})" if message.get("name") else "")
         label = f"[#{str(mid)[:12]}] {author}" if mid else author
-        text = _REASONING_BLOCK_RE.sub("", _summary_text_of(message.get("content"))).strip()
-        lines = [f"{label}:"]
+        content = message.get("content")
+        text = "\n".join(map(_part_text, content)) if isinstance(content, list) else _text_of(content)
+        text = _REASONING_BLOCK_RE.sub("", text).strip()
         if role == "tool":
-            tool = names.get(message.get("tool_call_id"), "tool")
-            lines = [f"{label} result of {tool}:", text]
-        elif text:
-            lines.append(text)
+            lines = [f"{label} result of {names.get(message.get('tool_call_id'), 'tool')}:", text]
+        else:
+            lines = [f"{label}:", text] if text else [f"{label}:"]
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             function = function if isinstance(function, dict) else {}
-            name = function.get("name") or "tool"
-            names[call.get("id")] = name
+            names[_call_id(call)] = name = function.get("name") or "tool"
             arguments = function.get("arguments", "")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False)
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             lines.append(f"-> calls {name}({arguments})")
         blocks.append("\n".join(lines))
     return blocks
@@ -3722,11 +3589,10 @@ class RoundPiece:
 @dataclass(frozen=True)
 class SummaryRound:
     """One summarizer call's new input. ``done``: blocks wholly shown once
-    this round and the ones before it are folded; ``at_message_end``: the
-    round ends with a whole block or a block's last piece; ``covered``:
-    ``done`` when the coverage may advance there (a message end that is an
-    allowed stop), else None (the summary of this round must not be saved
-    as coverage: it holds part of a message)."""
+    this round and those before are folded; ``at_message_end``: it ends with
+    a whole block or a last piece; ``covered``: ``done`` when coverage may
+    advance there (a message end at a stop), else None (never saved as
+    coverage: it holds part of a message)."""
 
     pieces: tuple
     done: int
@@ -3737,38 +3603,14 @@ class SummaryRound:
         return [piece.render() for piece in self.pieces]
 
 
-def _block_label(block: str) -> str:
-    first = block.split("\n", 1)[0].strip()
-    return first[:-1] if first.endswith(":") else first[:80]
-
-
-def _cut_point(text: str, limit: int) -> int:
-    """Where to end a piece of ``text`` at most ``limit`` characters long:
-    after a paragraph break, a line break or whitespace in the second half
-    of the window, else at ``limit`` itself (a hard split)."""
-    if limit >= len(text):
-        return len(text)
-    floor = limit // 2
-    for separator in ("\n\n", "\n"):
-        at = text.rfind(separator, floor, limit)
-        if at >= 0:
-            return at + len(separator)
-    for at in range(limit, floor, -1):
-        if text[at - 1].isspace():
-            return at
-    return max(1, limit)
-
-
 # No piece is searched for beyond this many characters per token of its
 # budget, so a huge text costs about log2(window) counts per piece.
 _MAX_CHARS_PER_TOKEN = 16
 
 
 def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
-    """``text`` in consecutive pieces that each count at most
-    ``budget_tokens`` (pieces of one character excepted) and join back to
-    ``text`` exactly: cut at paragraph, line or word boundaries where
-    possible, hard cuts as the last resort."""
+    """``text`` in pieces that each count at most ``budget_tokens`` (one
+    character excepted) and join back to ``text`` exactly."""
     budget = max(1, int(budget_tokens))
     window = budget * _MAX_CHARS_PER_TOKEN
     pieces = []
@@ -3784,8 +3626,15 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
                 lo = mid
             else:
                 hi = mid - 1
-        # ... ended at a natural boundary where there is one
-        cut = _cut_point(rest, lo)
+        # ... ended after a paragraph break, a line break or whitespace in
+        # its second half where there is one, else a hard cut
+        paragraph, line = rest.rfind("\n\n", lo // 2, lo), rest.rfind("\n", lo // 2, lo)
+        if paragraph >= 0:
+            cut = paragraph + 2
+        elif line >= 0:
+            cut = line + 1
+        else:
+            cut = next((at for at in range(lo, lo // 2, -1) if rest[at - 1].isspace()), lo)
         pieces.append(rest[:cut])
         rest = rest[cut:]
     if rest or not pieces:
@@ -3796,17 +3645,13 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
 def plan_rounds(
     blocks: list, budget_tokens: int, count: Callable[[str], int], stops: Optional[Iterable[int]] = None
 ) -> list:
-    """Split rendered ``blocks`` into summarizer rounds of at most
-    ``budget_tokens`` new tokens each (``count`` counts a text's tokens;
-    each block costs its tokens plus a separator). Every character of
-    every block lands in exactly one round, in order: blocks are packed
-    whole, and a block larger than a round on its own is cut into pieces
-    (``split_text``), each marked "(part i of n)".
-
-    ``stops``: the block counts at which coverage may advance (the ends of
-    atomic units: an assistant's tool calls and their results are one);
-    every message end when None. Rounds end at a stop whenever a unit fits.
-    Returns a list of :class:`SummaryRound`."""
+    """``blocks`` as SummaryRounds of at most ``budget_tokens`` new tokens
+    each (a block costs its ``count`` plus a separator). Every character
+    lands in exactly one round, in order: blocks packed whole, a block
+    larger than a round cut into pieces marked "(part i of n)". ``stops``:
+    the block counts where coverage may advance (ends of atomic units: tool
+    calls and their results are one; every block when None); rounds end at
+    a stop whenever a unit fits."""
     n = len(blocks)
     allowed = set(range(1, n + 1)) if stops is None else {s for s in stops if 0 < s <= n} | {n}
     budget = max(1, int(budget_tokens))
@@ -3836,7 +3681,8 @@ def plan_rounds(
                 continue
             # a block too large for a round of its own: in pieces, each
             # piece's marker counted in its round
-            label = _block_label(blocks[i])
+            label = blocks[i].split("\n", 1)[0].strip()
+            label = label[:-1] if label.endswith(":") else label[:80]
             marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
             texts = split_text(blocks[i], max(1, budget - marker), count)
             for k, text in enumerate(texts, 1):
@@ -3869,35 +3715,22 @@ def build_summarizer_messages(
     """The summarizer's request: instructions as the system message, then
     the previous summary and the new blocks (strings, or a round's texts)."""
     prior = (previous or "").strip() or "(none yet)"
-    conversation = "\n\n".join(blocks)
+    request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
     return [
         {"role": "system", "content": summary_instructions(max_tokens, style, prompt)},
-        {
-            "role": "user",
-            "content": f"Previous summary:\n{prior}\n\nNew messages to fold in:\n{conversation}",
-        },
+        {"role": "user", "content": request},
     ]
 
 
 def summary_round_budget(
-    window: int,
-    max_summary_tokens: int,
-    previous: str,
-    count: Callable[[str], int],
-    style: str = "balanced",
-    prompt: str = "",
-    margin: int = 200,
-    reserve: int = 0,
+    window: int, max_summary_tokens: int, count: Callable[[str], int], style: str = "balanced", prompt: str = ""
 ) -> int:
     """New-message tokens one round may carry: the summary model's
-    ``window`` less the answer, the instructions, the previous summary and
-    a ``margin`` for message overheads (at least 1). ``reserve``: tokens the
-    previous summary may grow to in later rounds of the same plan (pass
-    ``max_summary_tokens`` when planning every round at once)."""
-    frame = build_summarizer_messages(previous, [], max_summary_tokens, style, prompt)
+    ``window`` less the answer, the instructions and a margin of 200 for
+    message overheads (at least 1)."""
+    frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt)
     fixed = sum(count(m["content"]) for m in frame)
-    growth = max(0, int(reserve) - count((previous or "").strip()))
-    return max(1, int(window) - int(max_summary_tokens) - fixed - growth - int(margin))
+    return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
 
 
 # -- the answer ------------------------------------------------------------------
@@ -3910,32 +3743,21 @@ def _strip_reasoning(text: str) -> str:
     return _UNCLOSED_REASONING_RE.sub("", _REASONING_BLOCK_RE.sub("", text))
 
 
+def _answer(text: str, reasoning: bool = False) -> str:
+    """``text`` when it holds more than reasoning; else the failure:
+    reasoning only (seen in ``text`` or beside it), or empty."""
+    if _strip_reasoning(text).strip():
+        return text
+    if reasoning or text.strip():
+        raise SummaryError(Fault.REASONING_ONLY, "the model answered with its reasoning only")
+    raise SummaryError(Fault.EMPTY)
+
+
 def clean_summary_answer(text: Any) -> str:
-    """The summary without reasoning blocks or echoed markers; raises
-    SummaryError (kind "empty" or "reasoning_only") when nothing is left."""
-    if not isinstance(text, str):
-        raise _empty_answer()
-    cleaned = _SUMMARY_TAG_RE.sub("", _strip_reasoning(text)).strip()
-    if not cleaned:
-        raise _reasoning_only_answer() if text.strip() else _empty_answer()
-    return cleaned
-
-
-def _content_text(content: Any) -> str:
-    """``_output_text`` of an answer, without its reasoning parts: only
-    text / output_text parts count."""
-    return "".join(_texts(content, (None, "text", "output_text")))
-
-
-def _has_reasoning(holder: Any) -> bool:
-    if not isinstance(holder, dict):
-        return False
-    if any(holder.get(key) for key in _REASONING_FIELDS):
-        return True
-    content = holder.get("content")
-    return isinstance(content, list) and any(
-        isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
-    )
+    """The summary without reasoning blocks or echoed markers; SummaryError
+    when nothing is left."""
+    text = _SUMMARY_TAG_RE.sub("", text) if isinstance(text, str) else ""
+    return _strip_reasoning(_answer(text)).strip()
 
 
 def _error_detail(error: Any) -> str:
@@ -3944,159 +3766,133 @@ def _error_detail(error: Any) -> str:
     return str(error)[:300]
 
 
-def _answer(text: str, reasoning: bool) -> str:
-    """``text`` when it holds more than reasoning; else the failure."""
-    if _strip_reasoning(text).strip():
-        return text
-    if reasoning or text.strip():
-        raise _reasoning_only_answer()
-    raise _empty_answer()
+def _said(item: Any) -> tuple[str, bool]:
+    """The text of a message, a delta or a Responses output item (only
+    text / output_text parts) and whether it carried reasoning."""
+    if not isinstance(item, dict):
+        return "", False
+    kind, content = item.get("type"), item.get("content")
+    if kind == "output_text":
+        return (item["text"] if isinstance(item.get("text"), str) else ""), False
+    reasoning = kind == "reasoning" or any(item.get(key) for key in _REASONING_FIELDS)
+    if isinstance(content, list):
+        reasoning = reasoning or any(
+            isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
+        )
+    text = "".join(_texts(content, (None, "text", "output_text"))) if kind in ("message", None) else ""
+    return text, reasoning
 
 
-def _responses_output(output: Any) -> tuple[str, bool]:
-    """Text and whether reasoning was seen, of a Responses ``output`` list."""
-    texts, reasoning = [], False
-    for item in output if isinstance(output, list) else []:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type")
-        if kind == "reasoning":
-            reasoning = True
-        elif kind in ("message", None):
-            texts.append(_content_text(item.get("content")))
-            reasoning = reasoning or _has_reasoning(item)
-        elif kind == "output_text" and isinstance(item.get("text"), str):
-            texts.append(item["text"])
-    return "".join(texts), reasoning
+def _output_said(output: Any) -> tuple[str, bool]:
+    """``_said`` of a Responses ``output`` list."""
+    said = [_said(item) for item in output] if isinstance(output, list) else []
+    return "".join(text for text, _ in said), any(reasoning for _, reasoning in said)
 
 
-def _payload_text(response: dict) -> str:
-    """Text of a parsed, non-streamed answer: chat completions or Responses."""
-    if response.get("error"):
-        raise SummaryError(Fault.MODEL_ERROR, _error_detail(response["error"]))
+def _payload_said(response: dict) -> tuple[str, bool]:
+    """``_said`` of a parsed answer or streamed chunk: chat completions
+    (``message`` or ``delta``; legacy ``text``), Responses, or Ollama's
+    native answer. Error payloads raise."""
+    if response.get("error") or response.get("status") == "failed":
+        raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
     if "choices" in response:
-        try:
-            choice = response["choices"][0]
-            message = choice.get("message") or choice.get("delta") or {}
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise SummaryError(Fault.UNREADABLE, str(response)[:300])
+        choices = response["choices"]
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        message = None if choice is None else choice.get("message") or choice.get("delta") or {}
         if not isinstance(message, dict):
             raise SummaryError(Fault.UNREADABLE, str(response)[:300])
-        text = _content_text(message.get("content"))
-        if not text and isinstance(choice.get("text"), str):
-            text = choice["text"]  # legacy completions
-        return _answer(text, _has_reasoning(message))
+        text, reasoning = _said(message)
+        legacy = choice.get("text")
+        return text or (legacy if isinstance(legacy, str) else ""), reasoning
     if isinstance(response.get("output_text"), str) and response["output_text"].strip():
-        return _answer(response["output_text"], False)
+        return response["output_text"], False
     if "output" in response:
-        if response.get("status") == "failed":
-            raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
-        return _answer(*_responses_output(response["output"]))
-    if isinstance(response.get("message"), dict):  # Ollama's native answer
-        message = response["message"]
-        return _answer(_content_text(message.get("content")), _has_reasoning(message))
+        return _output_said(response["output"])
+    if isinstance(response.get("message"), dict):
+        return _said(response["message"])
     if isinstance(response.get("detail"), str):
         raise SummaryError(Fault.MODEL_ERROR, response["detail"][:300])
     raise SummaryError(Fault.UNREADABLE, str(response)[:300])
 
 
 def completion_text(response: Any) -> str:
-    """The answer's text, from what a model call returned: a chat
-    completion or a Responses-style payload (a dict, or a JSONResponse /
-    PlainTextResponse with a ``body``), or a streamed SSE body already
-    collected (str or bytes; chat deltas or Responses events). Raises
-    SummaryError on an error payload, a reasoning-only answer (kind
-    "reasoning_only") or an empty one (kind "empty")."""
-    status = getattr(response, "status_code", None)
-    if hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
-        body = response.body
-        body = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)
-        try:
-            response = json.loads(body)
-        except ValueError:
-            response = body
-        if isinstance(status, int) and status >= 400:
-            detail = str(response)[:300]
-            if isinstance(response, dict):
-                detail = _error_detail(response.get("error") or response.get("detail") or response)
-            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {detail}")
+    """The answer's text in what a model call returned: a chat completion,
+    a Responses or Ollama payload (a dict, or its JSON text), a streamed SSE
+    body already collected (chat deltas or Responses events), or a pipe's
+    plain text; str or bytes. Raises SummaryError on an error payload, a
+    reasoning-only answer or an empty one."""
     if isinstance(response, (bytes, bytearray)):
         response = response.decode("utf-8", "replace")
     if isinstance(response, str):
-        stripped = response.lstrip()
-        if stripped.startswith("{"):
+        if response.lstrip().startswith("{"):
             try:
-                return completion_text(json.loads(stripped))
+                return completion_text(json.loads(response))
             except ValueError:
                 pass
         if re.search(r"^(data|event):", response, re.MULTILINE):
             return _sse_text(response)
-        return _answer(response, False)  # a pipe's plain text
+        return _answer(response)
     if not isinstance(response, dict):
         raise SummaryError(Fault.UNREADABLE, type(response).__name__)
-    return _payload_text(response)
+    return _answer(*_payload_said(response))
 
 
 def _sse_text(stream: str) -> str:
-    """Text of a streamed answer: chat-completion chunks (``delta``, or a
-    whole ``message``) and Responses events (``response.output_text.delta``;
-    the ``.done`` texts or the final ``response.completed`` when no delta
-    came). Reasoning deltas are noted, never kept."""
-    deltas, done_texts, final = [], [], None
-    reasoning = False
+    """Text of a streamed answer: chat-completion chunks and Responses
+    events (``response.output_text.delta``; the ``.done`` texts or the final
+    ``response.completed`` when no delta came). Reasoning is noted, never kept."""
+    deltas, done_texts, final, reasoning = [], [], None, False
     for line in stream.splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data in ("", "[DONE]"):
-            continue
         try:
-            event = json.loads(data)
-        except ValueError:
+            event = json.loads(line[5:]) if line.startswith("data:") else None
+        except ValueError:  # [DONE], or a broken line
             continue
         if not isinstance(event, dict):
             continue
-        kind = event.get("type")
+        kind = str(event.get("type") or "")
         if event.get("error") or kind in ("error", "response.failed"):
             error = event.get("error") or (event.get("response") or {}).get("error") or event.get("message")
             raise SummaryError(Fault.MODEL_ERROR, _error_detail(error))
-        if isinstance(kind, str) and kind.startswith("response."):
-            if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
-                deltas.append(event["delta"])
-            elif kind == "response.output_text.done" and isinstance(event.get("text"), str):
-                done_texts.append(event["text"])
-            elif "reasoning" in kind:
-                reasoning = True
-            elif kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
-                final = event["response"]
-            continue
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            continue
-        delta = choices[0].get("delta") or choices[0].get("message") or {}
-        if isinstance(delta, dict):
-            deltas.append(_content_text(delta.get("content")))
-            reasoning = reasoning or _has_reasoning(delta)
+        if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+            deltas.append(event["delta"])
+        elif kind == "response.output_text.done" and isinstance(event.get("text"), str):
+            done_texts.append(event["text"])
+        elif kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
+            final = event["response"]
+        elif kind.startswith("response."):
+            reasoning = reasoning or "reasoning" in kind
+        elif isinstance(event.get("choices"), list) and event["choices"] and isinstance(event["choices"][0], dict):
+            text, seen = _payload_said(event)
+            deltas.append(text)
+            reasoning = reasoning or seen
     text = "".join(deltas) or "".join(done_texts)
     if not text and final is not None:
-        text, seen = _responses_output(final.get("output"))
+        text, seen = _output_said(final.get("output"))
         reasoning = reasoning or seen
     return _answer(text, reasoning)
 
 
 async def response_text(response: Any) -> str:
-    """``completion_text`` of anything a model call returned, reading a
-    StreamingResponse (anything with a ``body_iterator``) first."""
-    if hasattr(response, "body_iterator"):
-        chunks = []
-        async for chunk in response.body_iterator:
-            chunks.append(chunk.decode("utf-8", "replace") if isinstance(chunk, (bytes, bytearray)) else str(chunk))
-        status = getattr(response, "status_code", None)
-        body = "".join(chunks)
-        if isinstance(status, int) and status >= 400:
-            raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {body[:300]}")
-        return completion_text(body)
-    return completion_text(response)
+    """``completion_text`` of anything a model call returned, first reading
+    the body of a Starlette response (``body``, or a streamed
+    ``body_iterator``); an HTTP error status raises SummaryError."""
+    if hasattr(response, "body_iterator"):  # decoded whole: a chunk may end inside a character
+        body = b"".join([c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator])
+    elif hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
+        body = response.body if isinstance(response.body, bytes) else str(response.body).encode()
+    else:
+        return completion_text(response)
+    body = body.decode("utf-8", "replace")
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        try:
+            detail = json.loads(body)
+        except ValueError:
+            detail = body
+        if isinstance(detail, dict):
+            detail = detail.get("error") or detail.get("detail") or detail
+        raise SummaryError(Fault.MODEL_ERROR, f"HTTP {status}: {_error_detail(detail)}")
+    return completion_text(body)
 
 
 def summary_form(
@@ -4108,20 +3904,10 @@ def summary_form(
     messages, streaming, max_tokens, temperature or the task metadata."""
     from copy import deepcopy
 
-    form: dict = {}
-    if isinstance(params, dict):
-        for key, value in params.items():
-            if isinstance(key, str) and key not in _OWN_CALL_KEYS and value is not None:
-                form[key] = deepcopy(value)
-    form.update(
-        model=model,
-        messages=messages,
-        stream=False,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        metadata={"task": "async_context_compression"},
-    )
-    return form
+    extra = params.items() if isinstance(params, dict) else ()
+    form = {k: deepcopy(v) for k, v in extra if isinstance(k, str) and k not in _OWN_CALL_KEYS and v is not None}
+    own = dict(model=model, messages=messages, stream=False, max_tokens=max_tokens, temperature=temperature)
+    return form | own | {"metadata": {"task": "async_context_compression"}}
 
 
 async def owui_complete(
@@ -4156,10 +3942,8 @@ async def owui_complete(
     try:
         response = await generate_chat_completion(request, form, account, bypass_filter=True)
     except Exception as exc:
-        text = str(exc)
-        if "direct connection" in text.lower() or "websocket" in text.lower():
-            raise SummaryError(Fault.DIRECT, text[:300])
-        raise SummaryError(Fault.MODEL_ERROR, text[:300])
+        direct = any(word in str(exc).lower() for word in ("direct connection", "websocket"))
+        raise SummaryError(Fault.DIRECT if direct else Fault.MODEL_ERROR, str(exc)[:300])
     return await response_text(response)
 
 
@@ -4629,20 +4413,15 @@ MESSAGE_NOUNS: dict = {
 
 
 def user_language(metadata: Any, user: Any = None) -> str:
-    candidates = []
-    if isinstance(metadata, dict):
-        variables = metadata.get("variables")
-        if isinstance(variables, dict):
-            candidates.append(variables.get("{{USER_LANGUAGE}}"))
-    if isinstance(user, dict):
-        info = user.get("info")
-        if isinstance(info, dict):
-            candidates.append(info.get("language"))
-    for value in candidates:
-        if isinstance(value, str) and value:
-            code = value.split("-")[0].split("_")[0].lower()
-            if code in STATUS_TEXTS:
-                return code
+    """The language of the status texts: Open WebUI's {{USER_LANGUAGE}},
+    else the user's settings; English when neither is one of ours."""
+    variables = metadata.get("variables") if isinstance(metadata, dict) else None
+    info = user.get("info") if isinstance(user, dict) else None
+    for holder, key in ((variables, "{{USER_LANGUAGE}}"), (info, "language")):
+        value = holder.get(key) if isinstance(holder, dict) else None
+        code = value.split("-")[0].split("_")[0].lower() if isinstance(value, str) else ""
+        if code in STATUS_TEXTS:
+            return code
     return "en"
 
 
@@ -4657,27 +4436,20 @@ def format_tokens(value: int) -> str:
     return str(value)
 
 
-def _plural_index(language: str, n: int) -> int:
-    """Which form of MESSAGE_NOUNS to use (CLDR's rules for these languages)."""
-    forms = len(MESSAGE_NOUNS.get(language, ()))
-    if forms <= 1:
-        return 0
-    if forms == 2:
-        one = n in (0, 1) if language == "fr" else n == 1
-        return 0 if one else 1
-    if language == "ru" and n % 10 == 1 and n % 100 != 11:
-        return 0
-    if language == "pl" and n == 1:
-        return 0
-    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
-        return 1
-    return 2
-
-
 def messages_phrase(language: str, n: int) -> str:
-    """``n`` with the word for messages in the right plural form."""
+    """``n`` with the word for messages in the right plural form (CLDR's
+    rules for these languages)."""
     language = language if language in MESSAGE_NOUNS else "en"
-    return MESSAGE_NOUNS[language][_plural_index(language, abs(n))].format(n=n)
+    forms, m = MESSAGE_NOUNS[language], abs(n)
+    if len(forms) == 1:
+        form = 0
+    elif len(forms) == 2:
+        form = 0 if m == 1 or (language == "fr" and m == 0) else 1
+    elif (language == "ru" and m % 10 == 1 and m % 100 != 11) or (language == "pl" and m == 1):
+        form = 0
+    else:
+        form = 1 if 2 <= m % 10 <= 4 and not 12 <= m % 100 <= 14 else 2
+    return forms[form].format(n=n)
 
 
 def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
@@ -4708,36 +4480,32 @@ def status_text(language: str, key: str, **values: Any) -> str:
     quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
     ``reason`` that is a Fault or its key, is shown translated."""
     try:
-        return _render(language, key, values)
+        english = STATUS_TEXTS["en"]
+        table = STATUS_TEXTS.get(language) or english
+        if key == "sent" and not values.get("cap"):
+            key = "sent_no_cap"
+        template = table.get(key) or english.get(key)
+        if template is None:
+            return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
+        shown = {}
+        for name, value in values.items():
+            if isinstance(value, Note):
+                value = value.text(language)
+            elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
+                value = messages_phrase(language, value)
+            elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
+                value = format_tokens(value)
+            elif name == "reason" and isinstance(value, (Fault, str)):
+                reason = value.key if isinstance(value, Fault) else value
+                value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
+            shown[name] = value
+        try:
+            return template.format_map(_Missing(shown))
+        except (IndexError, ValueError, AttributeError, TypeError):  # a broken translation: English
+            return english.get(key, key).format_map(_Missing(shown))
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
         return str(key)
-
-
-def _render(language: str, key: str, values: dict) -> str:
-    english = STATUS_TEXTS["en"]
-    table = STATUS_TEXTS.get(language) or english
-    if key == "sent" and not values.get("cap"):
-        key = "sent_no_cap"
-    template = table.get(key) or english.get(key)
-    if template is None:
-        return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
-    shown = {}
-    for name, value in values.items():
-        if isinstance(value, Note):
-            value = value.text(language)
-        elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
-            value = messages_phrase(language, value)
-        elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
-            value = format_tokens(value)
-        elif name == "reason" and isinstance(value, (Fault, str)):
-            reason = value.key if isinstance(value, Fault) else value
-            value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
-        shown[name] = value
-    try:
-        return template.format_map(_Missing(shown))
-    except (IndexError, ValueError, AttributeError, TypeError):
-        return english.get(key, key).format_map(_Missing(shown))
 
 
 @dataclass(frozen=True)
@@ -5249,9 +5017,7 @@ class BackgroundSummarizer:
         def count(text: str) -> int:
             return self.counter.text_tokens(text, s.summary_encoding)
 
-        budget = summary_round_budget(
-            s.summary_window, s.max_summary_tokens, "", count, s.summary_style, s.summary_prompt
-        )
+        budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an
         # old boundary) contributes its remaining messages

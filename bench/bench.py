@@ -133,7 +133,7 @@ class FakeStore:
         return True
 
     def hold(self, scope, holder, ttl=acc.LEASE_TTL, renew_every=acc.LEASE_RENEW):
-        return acc._Holding(self, scope, holder, ttl, renew_every)  # the filter's own lease protocol
+        return acc.LeaseHold(self, scope, holder, ttl, renew_every)  # the filter's own lease protocol
 
     async def release(self, scope, holder):
         if self.leases.get(scope, (None,))[0] == holder:

@@ -52,12 +52,6 @@ def pg_admin(url: str, *statements: str) -> None:
 async def lease_row(store, scope: str) -> Optional[dict]:
     """The lease row of ``scope`` as the database holds it (None: no lease),
     read through the store's own connection and tables."""
-    sa = await store._sql()
-    t = store._t["lease"]
-
-    async def op(engine):
-        async with engine.connect() as conn:
-            row = (await conn.execute(sa.select(t).where(t.c.scope == scope))).mappings().first()
-            return dict(row) if row else None
-
-    return await store._run(op)
+    sa, t = await store._table("lease")
+    row = (await store._run(lambda conn: conn.execute(sa.select(t).where(t.c.scope == scope)))).mappings().first()
+    return dict(row) if row else None

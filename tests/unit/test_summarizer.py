@@ -203,21 +203,14 @@ def test_rounds_prefer_to_end_at_a_stop_when_the_unit_fits():
     assert [r.covered for r in rounds] == [2, 4, 6]
 
 
-def test_round_budget_leaves_room_for_the_instructions_and_the_previous_summary():
+def test_round_budget_leaves_room_for_the_answer_and_the_instructions():
     window, answer = 8000, 500
-    empty = acc.summary_round_budget(window, answer, "", len)
-    longer = acc.summary_round_budget(window, answer, "previous summary " * 100, len)
-    assert empty - longer == len("previous summary " * 100) - len("(none yet)") - 1  # stripped
+    budget = acc.summary_round_budget(window, answer, len)
     frame = acc.build_summarizer_messages("", [], answer)
-    assert empty == window - answer - sum(len(m["content"]) for m in frame) - 200
-    faithful = acc.summary_round_budget(window, answer, "", len, style="faithful")
-    assert faithful == empty + len(frame[0]["content"]) - len(acc.summary_instructions(answer, "faithful"))
-    assert acc.summary_round_budget(100, 500, "", len) == 1
-    # planning every round at once: room kept for the summary to grow
-    assert acc.summary_round_budget(window, answer, "", len, reserve=answer) == empty - answer
-    assert acc.summary_round_budget(window, answer, "p" * 300, len, reserve=answer) == empty - answer + len(
-        "(none yet)"
-    )
+    assert budget == window - answer - sum(len(m["content"]) for m in frame) - 200
+    faithful = acc.summary_round_budget(window, answer, len, style="faithful")
+    assert faithful == budget + len(frame[0]["content"]) - len(acc.summary_instructions(answer, "faithful"))
+    assert acc.summary_round_budget(100, 500, len) == 1
 
 
 # -- the request: styles, a custom prompt ---------------------------------------------
@@ -414,14 +407,14 @@ def test_unreadable_payloads_fail():
     assert kind_of(42) is acc.Fault.UNREADABLE
 
 
-def test_completion_text_reads_open_webuis_response_objects_and_names_http_errors():
+async def test_response_text_reads_open_webuis_response_objects_and_names_http_errors():
     from starlette.responses import JSONResponse, PlainTextResponse
 
-    assert acc.completion_text(JSONResponse(chat("S1"))) == "S1"
+    assert await acc.response_text(JSONResponse(chat("S1"))) == "S1"
     with pytest.raises(acc.SummaryError, match="HTTP 400.*context length"):
-        acc.completion_text(JSONResponse({"error": {"message": "context length exceeded"}}, status_code=400))
+        await acc.response_text(JSONResponse({"error": {"message": "context length exceeded"}}, status_code=400))
     with pytest.raises(acc.SummaryError, match="HTTP 502: bad gateway"):
-        acc.completion_text(PlainTextResponse("bad gateway", status_code=502))
+        await acc.response_text(PlainTextResponse("bad gateway", status_code=502))
 
 
 async def test_response_text_reads_a_streaming_response():
@@ -439,6 +432,19 @@ async def test_response_text_reads_a_streaming_response():
     with pytest.raises(acc.SummaryError) as info:
         await acc.response_text(StreamingResponse(reasoning(), media_type="text/event-stream"))
     assert info.value.fault is acc.Fault.REASONING_ONLY
+
+
+async def test_response_text_keeps_a_character_split_between_stream_chunks():
+    from starlette.responses import StreamingResponse
+
+    stream = ("data: " + json.dumps(delta(content="摘要"), ensure_ascii=False) + "\n\ndata: [DONE]\n\n").encode()
+    cut = stream.index("要".encode()) + 1  # inside the character's three bytes
+
+    async def body():
+        yield stream[:cut]
+        yield stream[cut:]
+
+    assert await acc.response_text(StreamingResponse(body(), media_type="text/event-stream")) == "摘要"
 
 
 # -- owui_complete against a stand-in Open WebUI ------------------------------------------
