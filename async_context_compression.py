@@ -150,19 +150,6 @@ def _text_chars(message: Any) -> int:
     return size
 
 
-def _kept_chars(message: Any) -> int:
-    """About how many characters keeping ``message`` alive keeps: its text,
-    tool-call arguments and image URLs (data URLs are whole images)."""
-    size = _text_chars(message)
-    content = message.get("content") if isinstance(message, dict) else None
-    if isinstance(content, list):
-        for part in content:
-            image = part.get("image_url") if isinstance(part, dict) else None
-            url = image.get("url") if isinstance(image, dict) else image
-            size += len(url) if isinstance(url, str) else 0
-    return size
-
-
 def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
     """The texts of a message's ``content``: the string itself, or its bare
     strings and the ``text`` of its parts (only parts whose ``type`` is in
