@@ -268,6 +268,7 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 
 
 _SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
+_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 
 
 @dataclass
@@ -292,20 +293,20 @@ class RepairReport:
     fixed_content_shapes: int = 0
 
     def changed(self) -> bool:
-        return any(getattr(self, name) for name in self.__dataclass_fields__)
+        return any(vars(self).values())
 
     def noticeable(self) -> bool:
         """Whether a person would notice: id renames (long or reused ids,
         every request of some providers) change nothing anyone reads."""
-        return any(getattr(self, name) for name in self.__dataclass_fields__ if name not in _SILENT_REPAIRS)
+        return any(count for name, count in vars(self).items() if name not in _SILENT_REPAIRS)
 
     def describe(self) -> str:
-        parts = [
-            f"{name.replace('_', ' ')}={getattr(self, name)}"
-            for name in self.__dataclass_fields__
-            if getattr(self, name)
-        ]
-        return ", ".join(parts) if parts else "nothing to repair"
+        parts = [f"{name.replace('_', ' ')}={count}" for name, count in vars(self).items() if count]
+        return ", ".join(parts) or "nothing to repair"
+
+
+def merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
+    return RepairReport(**{name: count + getattr(b, name) for name, count in vars(a).items()})
 
 
 class TranscriptView:
@@ -341,8 +342,7 @@ class TranscriptView:
 class RepairStep:
     """One repair invariant: ``broken(view)``, a cheap check whether the
     list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
-    which restores it. The check may assume the invariants of the steps
-    before it hold. Called, a step returns its input untouched (the same
+    which restores it. Called, a step returns its input untouched (the same
     list) when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
@@ -356,6 +356,30 @@ class RepairStep:
         return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
 
+# The steps run in the order they are defined below, an order where no later
+# step can undo an earlier one; each step's check may assume the invariants
+# of the steps before it.
+_REPAIR_STEPS: list[RepairStep] = []
+
+
+def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
+    """Registers the decorated fix, with its check ``broken``, as the next step."""
+
+    def register(fix: Callable[[Messages, RepairReport], Messages]) -> Callable:
+        _REPAIR_STEPS.append(RepairStep(broken, fix))
+        return fix
+
+    return register
+
+
+def _with_fixed_calls(message: Message, ok: Callable[[Any], bool], fix: Callable[[dict], dict]) -> tuple[Message, int]:
+    """``message`` with ``fix(call)`` in place of each of its calls that ``ok``
+    rejects (the same message when there is none), and how many there were."""
+    calls = _tool_calls(message)
+    bad = sum(not ok(c) for c in calls)
+    return ({**message, "tool_calls": [c if ok(c) else fix(c) for c in calls]} if bad else message), bad
+
+
 def _has_malformed(view: TranscriptView) -> bool:
     try:
         # a message that is no dict has no role here; an unhashable role raises
@@ -366,10 +390,7 @@ def _has_malformed(view: TranscriptView) -> bool:
     return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
 
 
-def merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
-    return RepairReport(**{k: getattr(a, k) + getattr(b, k) for k in a.__dataclass_fields__})
-
-
+@_repair_step(_has_malformed)
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: every message is a dict with a role OpenAI accepts (an
     unknown one, or the legacy ``function``, is rejected with HTTP 400), and
@@ -387,23 +408,15 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
     return out
 
 
-DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
-
-
 def _has_empty_tool_calls(view: TranscriptView) -> bool:
     for _, m in view.callers:
         calls = m["tool_calls"]
-        if not isinstance(calls, list) or not calls:
+        if not (isinstance(calls, list) and calls and all(_call_id(c) for c in calls)):
             return True
-        for c in calls:
-            if not isinstance(c, dict):
-                return True
-            cid = c.get("id")
-            if not isinstance(cid, str) or not cid:
-                return True
     return False
 
 
+@_repair_step(_has_empty_tool_calls)
 def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: ``tool_calls`` is absent or a non-empty list of calls with ids.
 
@@ -425,9 +438,6 @@ def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Message
     return out
 
 
-REMOVE_EMPTY_TOOL_CALLS = RepairStep(_has_empty_tool_calls, remove_empty_tool_calls)
-
-
 def _turn_span_end(messages: Messages, start: int) -> int:
     """End of the span that may hold the results of the assistant at
     ``start``: everything up to the next assistant message."""
@@ -437,10 +447,7 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     return j
 
 
-def _has_errored_tool_turn(view: TranscriptView) -> bool:
-    return any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers)
-
-
+@_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: no assistant turn that ended in error or abort keeps tool
     calls. Such a turn goes together with its results; the other messages of
@@ -466,77 +473,56 @@ def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Message
     return out
 
 
-DROP_ERRORED_TOOL_TURNS = RepairStep(_has_errored_tool_turn, drop_errored_tool_turns)
+def _answered_in_order(messages: Messages, i: int) -> bool:
+    """Whether the calls of the assistant at ``i`` have distinct ids and are
+    answered, in call order, by exactly the tool messages right after it."""
+    ids = [c["id"] for c in messages[i]["tool_calls"]]
+    run = messages[i + 1 : i + 1 + len(ids)]
+    return len(set(ids)) == len(ids) == len(run) and all(
+        r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
+    )
 
 
-def _dedupe_calls(message: Message, report: RepairReport) -> Message:
-    calls = _tool_calls(message)
-    seen: set = set()
-    unique = []
-    for call in calls:
-        cid = _call_id(call)
-        if cid in seen:
-            report.dropped_duplicate_calls += 1
-            continue
-        seen.add(cid)
-        unique.append(call)
-    return message if len(unique) == len(calls) else {**message, "tool_calls": unique}
+def _pairing_broken(view: TranscriptView) -> bool:
+    turns = [i for i, m in view.callers if m["role"] == "assistant"]
+    if not all(_answered_in_order(view.messages, i) for i in turns):
+        return True
+    # every run is answered in full; a tool message outside the runs answers nothing
+    return sum(len(view.messages[i]["tool_calls"]) for i in turns) != len(view.tools)
 
 
 def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> tuple[Messages, Messages]:
     """Returns (the assistant with its answered calls + its results in call
     order, the other messages of the span in their original order)."""
-    assistant = _dedupe_calls(assistant, report)
-    wanted = [_call_id(c) for c in _tool_calls(assistant)]
-    wanted_set = set(wanted)
+    calls = _tool_calls(assistant)
+    first: dict = {}  # id -> its first call: a repeated call goes
+    for call in calls:
+        first.setdefault(call["id"], call)
+    report.dropped_duplicate_calls += len(calls) - len(first)
     results: dict = {}
     rest: Messages = []
-    for _position, message in enumerate(span):
-        if _role(message) != "tool":
-            rest.append(message)
-            continue
+    for message in span:
         cid = message.get("tool_call_id")
-        if cid not in wanted_set:
+        if message["role"] != "tool":
+            rest.append(message)
+        elif cid not in first:
             report.dropped_orphan_results += 1
         elif cid in results:
             report.dropped_duplicate_results += 1
         else:
             results[cid] = message
-            if rest:
-                report.moved_results += 1
-    answered = [c for c in _tool_calls(assistant) if _call_id(c) in results]
-    report.dropped_unanswered_calls += len(wanted) - len(answered)
-    if len(answered) != len(wanted):
+            report.moved_results += 1 if rest else 0
+    answered = [c for cid, c in first.items() if cid in results]
+    report.dropped_unanswered_calls += len(first) - len(answered)
+    if len(answered) != len(calls):
         if answered:
             assistant = {**assistant, "tool_calls": answered}
         else:
             assistant = {k: v for k, v in assistant.items() if k != "tool_calls"}
-    unit = [assistant] + [results[_call_id(c)] for c in answered]
-    return unit, rest
+    return [assistant, *(results[c["id"]] for c in answered)], rest
 
 
-def _pairing_broken(view: TranscriptView) -> bool:
-    """Whether some assistant's calls are not answered, in call order, by
-    exactly one tool message each right after it (or repeat an id), or a
-    tool message answers no call right before it."""
-    messages = view.messages
-    answered = 0
-    for i, m in view.callers:
-        if m["role"] != "assistant":
-            continue
-        ids = [c["id"] for c in m["tool_calls"]]
-        k = len(ids)
-        run = messages[i + 1 : i + 1 + k]
-        if len(run) != k or len(set(ids)) != k:
-            return True
-        for result, cid in zip(run, ids):
-            if result["role"] != "tool" or result["tool_call_id"] != cid:
-                return True
-        answered += k
-    # every run is answered in full; a tool message outside the runs answers nothing
-    return answered != len(view.tools)
-
-
+@_repair_step(_pairing_broken)
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each
     assistant's calls are answered exactly once, by a contiguous run of tool
@@ -548,29 +534,22 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     another message moves back to its call; a result that arrives after a
     later assistant turn cannot be placed and is dropped with its call.
     """
-    n = len(messages)
     # Turns whose results are exactly their run (the usual case) are copied
     # as they are: only the broken turns and the stray results are visited.
     broken: set = set()
     covered: set = set()
     for i, message in enumerate(messages):
-        if "tool_calls" not in message or message["role"] != "assistant":
-            continue
-        ids = [c["id"] for c in message["tool_calls"]]
-        run = messages[i + 1 : i + 1 + len(ids)]
-        if len(set(ids)) == len(ids) == len(run) and all(
-            r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
-        ):
-            covered.update(range(i + 1, i + 1 + len(ids)))
-        else:
-            broken.add(i)
+        if "tool_calls" in message and message["role"] == "assistant":
+            if _answered_in_order(messages, i):
+                covered.update(range(i + 1, i + 1 + len(message["tool_calls"])))
+            else:
+                broken.add(i)
     strays = []  # results outside every turn's span: orphans
     last_assistant = -1
     for p, message in enumerate(messages):
-        role = message["role"]
-        if role == "assistant":
+        if message["role"] == "assistant":
             last_assistant = p
-        elif role == "tool" and p not in covered:
+        elif message["role"] == "tool" and p not in covered:
             if last_assistant >= 0 and "tool_calls" in messages[last_assistant]:
                 broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
             else:
@@ -585,61 +564,48 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
             report.dropped_orphan_results += 1
             done = at + 1
             continue
-        end = at + 1
-        while end < n and messages[end]["role"] != "assistant":
-            end += 1
-        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : end], report)
-        head = unit[0]
-        if _tool_calls(head) or _has_visible_content(head):
+        done = _turn_span_end(messages, at)
+        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : done], report)
+        if _tool_calls(unit[0]) or _has_visible_content(unit[0]):
             out.extend(unit)
         else:
             report.dropped_empty_assistants += 1
         out.extend(rest)
-        done = end
     out.extend(messages[done:])
     return out
-
-
-PAIR_TOOL_RESULTS = RepairStep(_pairing_broken, pair_tool_results)
 
 
 def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _has_long_tool_call_id(view: TranscriptView) -> bool:
-    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools):
-        return True
-    return any(
-        len(c["id"]) > _MAX_TOOL_CALL_ID for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"]
+def _short_id_ok(call: dict) -> bool:
+    return len(call["id"]) <= _MAX_TOOL_CALL_ID
+
+
+@_repair_step(
+    lambda view: (
+        any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools)
+        or not all(_short_id_ok(c) for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"])
     )
-
-
+)
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The
     same deterministic short id is used on both sides of a pair, so pairing
     and prompt caches survive."""
     out = []
     for message in messages:
-        if _role(message) == "tool":
-            cid = message.get("tool_call_id")
-            if isinstance(cid, str) and len(cid) > _MAX_TOOL_CALL_ID:
-                message = {**message, "tool_call_id": _short_call_id(cid)}
+        if message["role"] == "tool":
+            if len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
+                message = {**message, "tool_call_id": _short_call_id(message["tool_call_id"])}
                 report.shortened_ids += 1
-        elif _tool_calls(message) and any(len(_call_id(c) or "") > _MAX_TOOL_CALL_ID for c in _tool_calls(message)):
-            calls = []
-            for call in _tool_calls(message):
-                cid = _call_id(call) or ""
-                if len(cid) > _MAX_TOOL_CALL_ID:
-                    call = {**call, "id": _short_call_id(cid)}
-                    report.shortened_ids += 1
-                calls.append(call)
-            message = {**message, "tool_calls": calls}
+        else:
+            message, shortened = _with_fixed_calls(
+                message, _short_id_ok, lambda c: {**c, "id": _short_call_id(c["id"])}
+            )
+            report.shortened_ids += shortened
         out.append(message)
     return out
-
-
-SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_tool_call_ids)
 
 
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
@@ -647,97 +613,52 @@ def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     return len(set(ids)) != len(ids)
 
 
-def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
-    """``call_id`` with a numeric suffix (``exec_0`` -> ``exec_0_2``), cut to
-    the 40-character limit, that no id assigned so far uses (the smallest such
-    suffix: ``next_suffix`` only remembers where the search may start)."""
-    n = next_suffix.get(call_id, 2)
-    while True:
-        suffix = f"_{n}"
-        candidate = call_id[: _MAX_TOOL_CALL_ID - len(suffix)] + suffix
-        n += 1
-        if candidate not in taken:
-            next_suffix[call_id] = n
-            taken.add(candidate)
-            return candidate
-
-
+@_repair_step(_has_reused_tool_call_id)
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
     turns of one request. Some providers reuse ids every round (``exec_0``);
     pairing is per turn, so each turn's results are already its own (right
     after it). Turns are read in order: an id already assigned earlier in the
     request is renamed, on the call and its results alike, to the smallest
-    ``_n`` suffix not assigned yet. So the first use keeps its id, and a
-    turn's ids depend only on the turns before it: every request of a chat
-    sends the same ids for its older turns (a warm prompt cache)."""
+    ``_n`` suffix (cut to the 40-character limit) not assigned yet. So the
+    first use keeps its id, and a turn's ids depend only on the turns before
+    it: every request of a chat sends the same ids for its older turns (a
+    warm prompt cache)."""
     taken: set = set()
-    next_suffix: dict = {}
-    turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
+    next_suffix: dict = {}  # where the search for an id's free suffix may start
     out = list(messages)
-    n = len(messages)
-    count = 0
-    for i in turns:
-        message = messages[i]
-        calls = message["tool_calls"]
+    for i, message in enumerate(messages):
+        if "tool_calls" not in message or message["role"] != "assistant":
+            continue
         renamed: dict = {}  # old id -> new id, in this turn (its ids are distinct after pairing)
-        for call in calls:
-            cid = call["id"]
-            if cid in taken:
-                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-            else:
-                taken.add(cid)
+        for cid in (c["id"] for c in message["tool_calls"]):
+            n = next_suffix.get(cid, 2)
+            fresh = cid
+            while fresh in taken:
+                fresh = f"{cid[: _MAX_TOOL_CALL_ID - len(f'_{n}')]}_{n}"
+                n += 1
+            if fresh != cid:
+                next_suffix[cid] = n
+                renamed[cid] = fresh
+            taken.add(fresh)
         if not renamed:
             continue
-        count += len(renamed)
-        out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
+        report.renamed_reused_ids += len(renamed)
+        out[i] = {**message, "tool_calls": [{**c, "id": renamed.get(c["id"], c["id"])} for c in message["tool_calls"]]}
         j = i + 1
-        while j < n and messages[j]["role"] == "tool":
-            result = messages[j]
-            if result["tool_call_id"] in renamed:
-                out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
+        while j < len(messages) and messages[j]["role"] == "tool":
+            if messages[j]["tool_call_id"] in renamed:
+                out[j] = {**messages[j], "tool_call_id": renamed[messages[j]["tool_call_id"]]}
             j += 1
-    report.renamed_reused_ids += count
     return out
 
 
-MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique)
+def _safe_name(name: Any) -> str:
+    return _INVALID_NAME_CHARS.sub("_", str(name or ""))[:64] or "tool"
 
 
-def _safe_name(name: Any, limit: int = 64) -> str:
-    cleaned = _INVALID_NAME_CHARS.sub("_", str(name or ""))[:limit]
-    return cleaned or "tool"
-
-
-def _has_invalid_name(view: TranscriptView) -> bool:
-    for m in view.named:
-        name = m["name"]
-        if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
-            return True
-    return not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
-
-
-def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``
-    and a message's ``name`` field matches ``^[a-zA-Z0-9_-]+$``."""
-    out = []
-    for message in messages:
-        name = message.get("name")
-        if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
-            message = {**message, "name": _safe_name(name)}
-            report.renamed_functions += 1
-        calls = _tool_calls(message)
-        if calls and any(not _valid_function_name(c) for c in calls):
-            fixed = []
-            for call in calls:
-                if not _valid_function_name(call):
-                    function = call.get("function") if isinstance(call.get("function"), dict) else {}
-                    call = {**call, "function": {**function, "name": _safe_name(function.get("name"))}}
-                    report.renamed_functions += 1
-                fixed.append(call)
-            message = {**message, "tool_calls": fixed}
-        out.append(message)
-    return out
+def _name_field_ok(name: Any) -> bool:
+    return name is None or (isinstance(name, str) and bool(_NAME_FIELD_RE.match(name)))
 
 
 def _valid_function_name(call: dict) -> bool:
@@ -751,48 +672,61 @@ def _function_name_ok(name: str) -> bool:
     return bool(_FUNCTION_NAME_RE.match(name))
 
 
+def _function_of(call: dict) -> dict:
+    return call["function"] if isinstance(call.get("function"), dict) else {}
+
+
+@_repair_step(
+    lambda view: (
+        not all(_name_field_ok(m["name"]) for m in view.named)
+        or not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
+    )
+)
+def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (OpenAI O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``
+    and a message's ``name`` field matches ``^[a-zA-Z0-9_-]+$``."""
+    out = []
+    for message in messages:
+        if not _name_field_ok(message.get("name")):
+            message = {**message, "name": _safe_name(message["name"])}
+            report.renamed_functions += 1
+        message, renamed = _with_fixed_calls(
+            message,
+            _valid_function_name,
+            lambda c: {**c, "function": {**_function_of(c), "name": _safe_name(_function_of(c).get("name"))}},
+        )
+        report.renamed_functions += renamed
+        out.append(message)
+    return out
+
+
 def _call_shape_ok(call: dict) -> bool:
     function = call.get("function")
     return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
 
 
-def _has_bad_call_shape(view: TranscriptView) -> bool:
-    return not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"])
+def _shaped_call(call: dict) -> dict:
+    function = _function_of(call)
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        try:
+            arguments = "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            arguments = "{}"
+    return {**call, "type": "function", "function": {**function, "arguments": arguments}}
 
 
+@_repair_step(lambda view: not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"]))
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): every call has ``type: function`` and string
     ``arguments``. Arguments given as an object are sent as its JSON text,
     missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
     out = []
     for message in messages:
-        calls = _tool_calls(message)
-        if calls and not all(_call_shape_ok(c) for c in calls):
-            fixed = []
-            for call in calls:
-                if not _call_shape_ok(call):
-                    function = call.get("function") if isinstance(call.get("function"), dict) else {}
-                    arguments = function.get("arguments")
-                    if not isinstance(arguments, str):
-                        try:
-                            arguments = (
-                                "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
-                            )
-                        except (TypeError, ValueError):
-                            arguments = "{}"
-                    call = {**call, "type": "function", "function": {**function, "arguments": arguments}}
-                    report.fixed_call_shapes += 1
-                fixed.append(call)
-            message = {**message, "tool_calls": fixed}
+        message, fixed = _with_fixed_calls(message, _call_shape_ok, _shaped_call)
+        report.fixed_call_shapes += fixed
         out.append(message)
     return out
-
-
-SANITIZE_NAMES = RepairStep(_has_invalid_name, sanitize_names)
-FIX_CALL_SHAPES = RepairStep(_has_bad_call_shape, fix_call_shapes)
-
-
-_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 
 
 def _part_ok(part: Any, role: Any) -> bool:
@@ -811,16 +745,10 @@ def _content_ok(message: Message) -> bool:
     content = message.get("content")
     if content is None or isinstance(content, str):
         return True
-    if not isinstance(content, list) or not content:
-        return False
-    role = message.get("role")
-    return all(_part_ok(p, role) for p in content)
+    return isinstance(content, list) and bool(content) and all(_part_ok(p, message.get("role")) for p in content)
 
 
-def _has_bad_content_shape(view: TranscriptView) -> bool:
-    return not all(_content_ok(m) for m in view.not_text)
-
-
+@_repair_step(lambda view: not all(_content_ok(m) for m in view.not_text))
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is a string, null (left to
     fix_null_content) or a non-empty list of well-formed parts, with images
@@ -852,13 +780,7 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
-FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
-
-
-def _has_null_content(view: TranscriptView) -> bool:
-    return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
-
-
+@_repair_step(lambda view: not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None))
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
@@ -867,32 +789,13 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     last_user = _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
-        if message.get("content") is None and _role(message) == "user" and i != last_user:
-            report.fixed_null_content += 1
-            continue
         if message.get("content") is None and not _is_tool_call_turn(message):
-            message = {**message, "content": ""}
             report.fixed_null_content += 1
+            if _role(message) == "user" and i != last_user:
+                continue
+            message = {**message, "content": ""}
         out.append(message)
     return out
-
-
-FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content)
-
-# In an order where no later step can undo an earlier one; each step's check
-# may assume the invariants of the steps before it.
-_REPAIR_STEPS: tuple[RepairStep, ...] = (
-    DROP_MALFORMED,
-    REMOVE_EMPTY_TOOL_CALLS,
-    DROP_ERRORED_TOOL_TURNS,
-    PAIR_TOOL_RESULTS,
-    SHORTEN_LONG_TOOL_CALL_IDS,
-    MAKE_TOOL_CALL_IDS_UNIQUE,
-    SANITIZE_NAMES,
-    FIX_CALL_SHAPES,
-    FIX_CONTENT_SHAPES,
-    FIX_NULL_CONTENT,
-)
 
 
 def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
