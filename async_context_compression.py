@@ -183,19 +183,15 @@ def _has_visible_content(message: Message) -> bool:
 # -- Atomic groups ----------------------------------------------------------
 
 
-def atomic_spans(messages: Messages) -> list[tuple[int, int]]:
-    """Half-open [start, end) spans that must be kept or dropped together.
+def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
+    """Half-open [start, end) spans that must be kept or dropped together,
+    in order, lazily (callers that look for one unit stop early).
 
     A unit is an ``assistant(tool_calls)`` with its tool results, further
     call/result steps of the same chain, and the assistant answer that
     consumes the last results. Every other message is a unit of its own; a
     tool message with no open chain (an orphan) is its own unit too.
     """
-    return list(_iter_atomic_spans(messages))
-
-
-def _iter_atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
-    """``atomic_spans`` in order, lazily (callers that look for one unit stop early)."""
     chain_start = -1
     prev_role: Optional[str] = None
     for i, message in enumerate(messages):
@@ -239,7 +235,7 @@ def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int
     start = max(0, min(max(raw_start_index, protected_prefix), n))
     if start == 0 or start == n:
         return start
-    for unit_start, unit_end in _iter_atomic_spans(messages):
+    for unit_start, unit_end in atomic_spans(messages):
         if unit_start < start < unit_end:
             return unit_start if unit_start >= protected_prefix else unit_end
         if unit_start >= start:
@@ -258,7 +254,7 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
         if _role(message) != "system":
             seen += 1
             if seen == keep_first:
-                for unit_start, unit_end in _iter_atomic_spans(messages):
+                for unit_start, unit_end in atomic_spans(messages):
                     if unit_start <= i < unit_end:
                         return unit_end
     return len(messages)
