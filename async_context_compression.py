@@ -1012,33 +1012,30 @@ def fit_to_budget(
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
     total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
-    out, total, report = _shrink_if_over(messages, keep, token_of, total, cap, report)
-    if total > cap and head_end > 0:
-        keep3, report3 = list(keep), replace(report)
+    best = _shrink_if_over(messages, keep, token_of, total, cap, report)  # (list, total, report)
+    if best[1] > cap and head_end > 0:
+        report3 = replace(report)
         turns = _droppable_turns(messages, 0, head_end) + tail_turns
-        total3 = _drop_turns(messages, sizes, keep3, turns, _kept_total(sizes, keep3, fixed_tokens), cap, report3)
-        out3, total3, report3 = _shrink_if_over(messages, keep3, token_of, total3, cap, report3)
-        if total3 < total:
-            out, total, report = out3, total3, report3
-    if total > cap:
-        keep4 = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
-        report4 = FitReport(tokens_before=report.tokens_before)
-        report4.dropped_messages = keep4.count(False)
-        report4.dropped_turns = len(_droppable_turns(messages, 0, last_user))
-        total4 = _kept_total(sizes, keep4, fixed_tokens)
-        out4, total4, report4 = _shrink_if_over(messages, keep4, token_of, total4, cap, report4)
-        if total4 < total:
-            out, total, report = out4, total4, report4
+        total3 = _drop_turns(messages, sizes, keep, turns, total, cap, report3)
+        best = min(best, _shrink_if_over(messages, keep, token_of, total3, cap, report3), key=lambda fit: fit[1])
+    if best[1] > cap:
+        keep = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
+        report4 = FitReport(
+            tokens_before=report.tokens_before,
+            dropped_messages=keep.count(False),
+            dropped_turns=len(_droppable_turns(messages, 0, last_user)),
+        )
+        total4 = fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
+        best = min(best, _shrink_if_over(messages, keep, token_of, total4, cap, report4), key=lambda fit: fit[1])
+    out, total, report = best
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
 
 
-def _kept_total(sizes: list, keep: list, fixed_tokens: int) -> int:
-    return fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
-
-
 def _shrink_if_over(messages, keep, token_of, total, cap, report):
+    """The kept messages, shortened while over ``cap`` (counted on a copy
+    of ``report``), with their total and that report."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
@@ -1125,38 +1122,34 @@ def _shrink_kept_messages(messages, token_of, total, cap, report):
     out = list(messages)
     order = _shrinkable_order(out)
     last_user = _last_user_index(out)
-    for pass_kind in ("tool", "image", "arguments", "text"):
-        if pass_kind == "tool":
-            eligible = [i for i in order if _role(out[i]) == "tool"]
-        elif pass_kind == "arguments":
-            eligible = [i for i in order if i < last_user and _tool_calls(out[i])]
-        else:
-            eligible = order
-        candidates = sorted(eligible, key=lambda i: -token_of(out[i]))
-        for i in candidates:
+    passes = (
+        ("tool", [i for i in order if _role(out[i]) == "tool"]),
+        ("image", order),
+        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
+        ("text", order),
+    )
+    for kind, eligible in passes:
+        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
             if total <= cap:
                 return out, total
             before = token_of(out[i])
-            if pass_kind == "image":
+            if kind == "image":
                 shorter = _without_images(out[i])
-                if shorter is not out[i]:
-                    report.dropped_images += 1
-            elif pass_kind == "arguments":
+            elif kind == "arguments":
                 shorter = _without_long_arguments(out[i])
             else:
                 # aim the text alone at the target: names, arguments and
                 # per-message overhead are not shortened
                 frame = token_of({**out[i], "content": ""})
                 shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
-            if shorter is out[i]:
-                continue
             after = token_of(shorter)
-            if after >= before:
-                continue
-            out[i] = shorter
-            total -= before - after
-            if pass_kind != "image":
-                report.shortened_messages += 1
+            if after < before:
+                out[i] = shorter
+                total -= before - after
+                if kind == "image":
+                    report.dropped_images += 1
+                else:
+                    report.shortened_messages += 1
     return out, total
 
 
