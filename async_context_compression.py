@@ -106,6 +106,9 @@ _FUNCTION_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _NAME_FIELD_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
+_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
+_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
+REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 
 def _role(message: Any) -> Optional[str]:
@@ -261,10 +264,6 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 
 
 # -- Repair -----------------------------------------------------------------
-
-
-_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
-_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 
 
 @dataclass
@@ -808,9 +807,6 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
     return out, report
 
 
-REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
-
-
 async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
     """``repair_transcript`` for the request path: a list of more than
     REPAIR_ON_LOOP_MESSAGES messages (a chat of thousands) is repaired in a
@@ -905,6 +901,7 @@ _IMAGE_MARKER = "[image omitted to fit the context window]"
 _ATTACHMENT_MARKER = "[attachment omitted to fit the context window]"
 ARGUMENTS_MARKER = "{n} characters of these arguments were shortened to fit the context window"
 _MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
+_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
 
 
 @dataclass
@@ -1172,9 +1169,6 @@ def _without_images(message: Message) -> Message:
     return {**message, "content": parts}
 
 
-_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
-
-
 def _without_long_arguments(message: Message) -> Message:
     """``message`` with each long tool-call argument string replaced by a
     JSON object that says it was shortened and keeps its start, so gateways
@@ -1247,6 +1241,17 @@ _REASONING_BLOCK_RE = re.compile(
     r"<(think|thinking|reasoning)>.*?</\1>|<details type=\"reasoning\".*?</details>",
     re.DOTALL | re.IGNORECASE,
 )
+_MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+# Digests of recent message texts, keyed by (role, hashes and lengths of the
+# text parts, tool names), so a chat's every request hashes only new text.
+_DIGESTS = _BoundedDict(50_000)
+BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
+BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
+SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
+SUMMARIZE_COMMAND_PROMPT = (
+    "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
+    "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
+)
 
 
 def _output_text(parts: Any) -> str:
@@ -1289,46 +1294,26 @@ def expand_output_items(output: list) -> Messages:
             and item.get("status", "completed") in ("completed", "failed", "rejected")
         ):
             arguments = item.get("arguments", "{}")
-            calls.append(
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {
-                        "name": item.get("name", ""),
-                        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                    },
-                }
-            )
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            function = {"name": item.get("name", ""), "arguments": arguments}
+            calls.append({"id": item["call_id"], "type": "function", "function": function})
         elif kind == "function_call_output":
             flush()
             messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item.get("call_id", ""),
-                    "content": _output_text(item.get("output")),
-                }
+                {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": _output_text(item.get("output"))}
             )
     flush()
     return messages
 
 
-_OWUI_CONVERTER: list = []  # [converter or None], looked up once
-
-
+@lru_cache(maxsize=1)
 def _owui_output_converter() -> Optional[Callable]:
-    if not _OWUI_CONVERTER:
-        try:
-            from open_webui.utils.misc import convert_output_to_messages  # type: ignore
-        except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
-            _OWUI_CONVERTER.append(None)
-        else:
-            _OWUI_CONVERTER.append(
-                lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
-            )
-    return _OWUI_CONVERTER[0]
-
-
-_MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+    """Open WebUI's own converter (None outside its server), looked up once."""
+    try:
+        from open_webui.utils.misc import convert_output_to_messages  # type: ignore
+    except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
+        return None
+    return lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
 
 
 def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
@@ -1375,11 +1360,6 @@ def canonical_digest(message: Message) -> str:
         if key is not None:
             _DIGESTS[key] = digest
     return digest
-
-
-# Digests of recent message texts, keyed by (role, hashes and lengths of the
-# text parts, tool names), so a chat's every request hashes only new text.
-_DIGESTS = _BoundedDict(50_000)
 
 
 def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
@@ -1445,9 +1425,6 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
     return start
 
 
-BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
-
-
 def has_builtin_summary(messages: Messages) -> bool:
     """Open WebUI's own compaction already summarized this request."""
     return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
@@ -1488,9 +1465,6 @@ def strip_builtin_summary(messages: Messages) -> Messages:
     return out
 
 
-BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
-
-
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
     """Where Open WebUI's own compaction cut the branch (``stored``: the
     branch's messages as the database keeps them, root first), as
@@ -1512,13 +1486,6 @@ def latest_checkpoint(stored: Messages) -> Optional[tuple]:
         ):
             return message.get("id"), None
     return None
-
-
-SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
-SUMMARIZE_COMMAND_PROMPT = (
-    "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
-    "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
-)
 
 
 def is_summarize_command(content: Any) -> bool:
