@@ -121,11 +121,8 @@ def _tool_calls(message: Message) -> list:
 
 
 def _call_id(call: Any) -> Optional[str]:
-    if isinstance(call, dict):
-        cid = call.get("id")
-        if isinstance(cid, str) and cid:
-            return cid
-    return None
+    cid = call.get("id") if isinstance(call, dict) else None
+    return cid if isinstance(cid, str) and cid else None
 
 
 def _is_tool_call_turn(message: Any) -> bool:
@@ -133,19 +130,15 @@ def _is_tool_call_turn(message: Any) -> bool:
 
 
 def _is_errored_assistant(message: Message) -> bool:
-    for key in ("stopReason", "stop_reason", "finish_reason"):
-        value = message.get(key)
-        if isinstance(value, str) and value.lower() in _ERROR_STOP_REASONS:
-            return True
-    return bool(message.get("error"))
+    reasons = (message.get(key) for key in ("stopReason", "stop_reason", "finish_reason"))
+    return any(isinstance(r, str) and r.lower() in _ERROR_STOP_REASONS for r in reasons) or bool(message.get("error"))
 
 
 def _text_chars(message: Any) -> int:
     """About how many characters counting ``message`` tokenizes."""
     if not isinstance(message, dict):
         return 0
-    content = message.get("content")
-    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
+    size = len(_text_of(message.get("content")))
     for call in _tool_calls(message):
         function = call.get("function") if isinstance(call, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
@@ -836,18 +829,12 @@ def neutralize_summary_markers(text: str) -> str:
 
 def build_summary_message(summary_text: str) -> Message:
     body = neutralize_summary_markers(summary_text.strip())
-    return {
-        "role": "system",
-        "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}",
-    }
+    return {"role": "system", "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}"}
 
 
 def is_summary_message(message: Any) -> bool:
-    return (
-        _role(message) == "system"
-        and isinstance(message.get("content"), str)
-        and message["content"].startswith(SUMMARY_PREAMBLE)
-    )
+    content = message.get("content") if _role(message) == "system" else None
+    return isinstance(content, str) and content.startswith(SUMMARY_PREAMBLE)
 
 
 def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
@@ -862,9 +849,7 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
     System messages are never dropped; those inside the covered range move
     up with it.
     """
-    systems: Messages = []
-    head: Messages = []
-    tail: Messages = []
+    systems, head, tail = [], [], []
     seen = 0
     for message in messages:
         if seen >= covered_count:
@@ -919,10 +904,8 @@ class FitReport:
 
 
 def _last_user_index(messages: Messages) -> int:
-    for i in range(len(messages) - 1, -1, -1):
-        if _role(messages[i]) == "user":
-            return i
-    return len(messages) - 1
+    """The last user message's index (with none: the last message's)."""
+    return next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), len(messages) - 1)
 
 
 def _joinable(prev: Any, nxt: Any) -> bool:
@@ -954,15 +937,10 @@ def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, in
         if unit_start >= hi:
             break
         role = _role(messages[unit_start])
-        if role == "system":
-            if start >= 0:
-                turns.append((start, unit_start))
-            start = -1
-            continue
-        if role == "user" and start >= 0:
+        if role in ("system", "user") and start >= 0:
             turns.append((start, unit_start))
             start = -1
-        if start < 0:
+        if role != "system" and start < 0:
             start = unit_start
     if start >= 0:
         turns.append((start, hi))
