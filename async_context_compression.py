@@ -1031,8 +1031,9 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
             break
         if not any(keep[start:end]):
             continue
-        before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
-        if not (_joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)):
+        before = kept_before_dropped if start == dropped_end else _first_kept(messages, keep, range(start - 1, -1, -1))
+        after = _first_kept(messages, keep, range(end, len(messages)))
+        if not (_joinable(before, after) and _opens_with_user(messages, keep, start, end)):
             continue
         dropped_end, kept_before_dropped = end, before
         for i in range(start, end):
@@ -1044,18 +1045,9 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
     return total
 
 
-def _kept_before(messages, keep, index):
-    for i in range(index - 1, -1, -1):
-        if keep[i]:
-            return messages[i]
-    return None
-
-
-def _kept_from(messages, keep, index):
-    for i in range(index, len(messages)):
-        if keep[i]:
-            return messages[i]
-    return None
+def _first_kept(messages, keep, indices):
+    """The message at the first of ``indices`` that is kept (None: none is)."""
+    return next((messages[i] for i in indices if keep[i]), None)
 
 
 def _opens_with_user(messages, keep, start, end) -> bool:
@@ -1077,18 +1069,9 @@ def _shrinkable_order(messages: Messages) -> list[int]:
     some providers verify. An older one is shortened like any other."""
     last_user = _last_user_index(messages)
     last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
-    if last_assistant < last_user:
-        last_assistant = -1
-    tools, others = [], []
-    for i, message in enumerate(messages):
-        role = _role(message)
-        if i == last_user or (role == "system" and not is_summary_message(message)):
-            continue
-        if role == "tool":
-            tools.append(i)
-        elif i != last_assistant:
-            others.append(i)
-    return tools + others
+    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
+    order = [i for i, m in enumerate(messages) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
+    return sorted(order, key=lambda i: _role(messages[i]) != "tool")  # stable: tool outputs first
 
 
 def _shrink_kept_messages(messages, token_of, total, cap, report):
@@ -1297,8 +1280,7 @@ def _owui_output_converter() -> Optional[Callable]:
 def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
     """Stored messages -> (expanded messages, the stored id of each)."""
     convert = _owui_output_converter() or expand_output_items
-    out: Messages = []
-    ids: list = []
+    out, ids = [], []
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -1314,8 +1296,7 @@ def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
                 continue
         if message.get("role") == "assistant" and not message.get("content") and not message.get("tool_calls"):
             continue  # Open WebUI sends no empty assistant message to the model
-        clean = {k: message[k] for k in _MODEL_KEYS if k in message}  # stored messages have many keys
-        out.append(clean)
+        out.append({k: message[k] for k in _MODEL_KEYS if k in message})  # stored messages have many keys
         ids.append(message.get("id"))
     return out, ids
 
@@ -1346,15 +1327,8 @@ def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
     if isinstance(content, str):
         return (role, hash(content), len(content), names)
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append((hash(text), len(text)))
-            elif isinstance(part, str):
-                parts.append((hash(part), len(part)))
-        return (role, tuple(parts), names)
+        texts = (p.get("text") if isinstance(p, dict) else p for p in content)
+        return (role, tuple((hash(t), len(t)) for t in texts if isinstance(t, str)), names)
     return None
 
 
@@ -1371,13 +1345,8 @@ def system_messages(messages: Messages) -> Messages:
 def canonical_opening(messages: Messages, count: int = 2) -> Messages:
     """The first ``count`` canonical messages, without building the whole
     canonical list (a chat's anchor needs two)."""
-    opening = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") != "system":
-            opening.append(m)
-            if len(opening) == count:
-                break
-    return opening
+    canonical = (m for m in messages if not isinstance(m, dict) or m.get("role") != "system")
+    return [m for _, m in zip(range(count), canonical)]
 
 
 def prefix_fingerprint(digests: list, count: int) -> str:
@@ -1408,11 +1377,6 @@ def has_builtin_summary(messages: Messages) -> bool:
     return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
 
 
-def _without_builtin_summary(text: str) -> str:
-    at = text.find(BUILTIN_SUMMARY_MARK)
-    return text if at < 0 else text[:at].rstrip()
-
-
 def strip_builtin_summary(messages: Messages) -> Messages:
     """The messages without Open WebUI's own summary. The core appends it to
     the system message as ``\n[CONVERSATION SUMMARY]\n<text>`` (to every
@@ -1420,26 +1384,29 @@ def strip_builtin_summary(messages: Messages) -> Messages:
     system message left empty is dropped. Used where this filter's summary,
     which was built from the core's, replaces it: the same text is never
     sent twice. Other messages are returned as they are (same objects)."""
+
+    def cut(text: str) -> str:
+        at = text.find(BUILTIN_SUMMARY_MARK)
+        return text if at < 0 else text[:at].rstrip()
+
     out: Messages = []
     for message in messages:
-        if _role(message) != "system" or BUILTIN_SUMMARY_MARK not in _text_of(message.get("content")):
+        content = message.get("content") if _role(message) == "system" else None
+        if BUILTIN_SUMMARY_MARK not in _text_of(content):
             out.append(message)
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            content = _without_builtin_summary(content)
-            empty = not content.strip()
+        elif isinstance(content, str):
+            if cut(content).strip():
+                out.append({**message, "content": cut(content)})
         else:
             parts = []
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    part = {**part, "text": _without_builtin_summary(part["text"])}
+                    part = {**part, "text": cut(part["text"])}
                     if not part["text"].strip():
                         continue
                 parts.append(part)
-            content, empty = parts, not parts
-        if not empty:
-            out.append({**message, "content": content})
+            if parts:
+                out.append({**message, "content": parts})
     return out
 
 
@@ -1483,10 +1450,8 @@ def explain_summarize_command(messages: Messages) -> Messages:
 
 def asked_for_summary(stored: Messages) -> bool:
     """Whether the reply outlet sees answers the user's summarize command."""
-    for message in reversed(stored):
-        if _role(message) == "user":
-            return is_summarize_command(message.get("content"))
-    return False
+    last_user = next((m for m in reversed(stored) if _role(m) == "user"), None)
+    return last_user is not None and is_summarize_command(last_user.get("content"))
 
 
 def index_after_head(view: Messages, head_count: int) -> int:

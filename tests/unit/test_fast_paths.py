@@ -217,7 +217,10 @@ def _drop_turns_by_scanning(messages, sizes, keep, turns, total, cap, report):
         if not any(keep[start:end]):
             continue
         if not (
-            acc._joinable(acc._kept_before(messages, keep, start), acc._kept_from(messages, keep, end))
+            acc._joinable(
+                acc._first_kept(messages, keep, range(start - 1, -1, -1)),
+                acc._first_kept(messages, keep, range(end, len(messages))),
+            )
             and acc._opens_with_user(messages, keep, start, end)
         ):
             continue
