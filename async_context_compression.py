@@ -245,15 +245,10 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
     tool chain."""
     if keep_first <= 0:
         return 0
-    seen = 0
-    for i, message in enumerate(messages):
-        if _role(message) != "system":
-            seen += 1
-            if seen == keep_first:
-                for unit_start, unit_end in atomic_spans(messages):
-                    if unit_start <= i < unit_end:
-                        return unit_end
-    return len(messages)
+    heads = [i for i, m in enumerate(messages) if _role(m) != "system"]
+    if len(heads) < keep_first:
+        return len(messages)
+    return next(end for start, end in atomic_spans(messages) if start <= heads[keep_first - 1] < end)
 
 
 # -- Repair -----------------------------------------------------------------
@@ -360,12 +355,16 @@ def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
     return register
 
 
-def _with_fixed_calls(message: Message, ok: Callable[[Any], bool], fix: Callable[[dict], dict]) -> tuple[Message, int]:
-    """``message`` with ``fix(call)`` in place of each of its calls that ``ok``
-    rejects (the same message when there is none), and how many there were."""
-    calls = _tool_calls(message)
-    bad = sum(not ok(c) for c in calls)
-    return ({**message, "tool_calls": [c if ok(c) else fix(c) for c in calls]} if bad else message), bad
+def _fix_calls(messages: Messages, ok: Callable[[dict], bool], fix: Callable[[dict], dict]) -> tuple[Messages, int]:
+    """``messages`` with ``fix(call)`` in place of every call ``ok`` rejects
+    (messages without one stay the same objects), and how many there were."""
+    out, fixed = [], 0
+    for message in messages:
+        calls = _tool_calls(message)
+        bad = sum(not ok(c) for c in calls)
+        out.append({**message, "tool_calls": [c if ok(c) else fix(c) for c in calls]} if bad else message)
+        fixed += bad
+    return out, fixed
 
 
 def _has_malformed(view: TranscriptView) -> bool:
@@ -442,22 +441,15 @@ def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Message
     its span (a user's message typed meanwhile) stay. Replaying an aborted
     call is what caused endless 400 loops elsewhere, so nothing is invented."""
     out: Messages = []
-    i = 0
-    while i < len(messages):
-        message = messages[i]
-        if not (_is_tool_call_turn(message) and _is_errored_assistant(message)):
+    ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
+    for i, message in enumerate(messages):
+        if _is_tool_call_turn(message) and _is_errored_assistant(message):
+            ids, end = {_call_id(c) for c in _tool_calls(message)}, _turn_span_end(messages, i)
+            report.dropped_errored_turns += 1
+        elif i < end and _role(message) == "tool" and message.get("tool_call_id") in ids:
+            report.dropped_errored_results += 1
+        else:
             out.append(message)
-            i += 1
-            continue
-        ids = {_call_id(c) for c in _tool_calls(message)}
-        end = _turn_span_end(messages, i)
-        report.dropped_errored_turns += 1
-        for other in messages[i + 1 : end]:
-            if _role(other) == "tool" and other.get("tool_call_id") in ids:
-                report.dropped_errored_results += 1
-            else:
-                out.append(other)
-        i = end
     return out
 
 
@@ -574,7 +566,7 @@ def _short_id_ok(call: dict) -> bool:
 @_repair_step(
     lambda view: (
         any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools)
-        or not all(_short_id_ok(c) for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"])
+        or not all(_short_id_ok(c) for _, m in view.callers for c in m["tool_calls"])
     )
 )
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
@@ -583,16 +575,12 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
     and prompt caches survive."""
     out = []
     for message in messages:
-        if message["role"] == "tool":
-            if len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
-                message = {**message, "tool_call_id": _short_call_id(message["tool_call_id"])}
-                report.shortened_ids += 1
-        else:
-            message, shortened = _with_fixed_calls(
-                message, _short_id_ok, lambda c: {**c, "id": _short_call_id(c["id"])}
-            )
-            report.shortened_ids += shortened
+        if message["role"] == "tool" and len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
+            message = {**message, "tool_call_id": _short_call_id(message["tool_call_id"])}
+            report.shortened_ids += 1
         out.append(message)
+    out, shortened = _fix_calls(out, _short_id_ok, lambda c: {**c, "id": _short_call_id(c["id"])})
+    report.shortened_ids += shortened
     return out
 
 
@@ -678,13 +666,13 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
         if not _name_field_ok(message.get("name")):
             message = {**message, "name": _safe_name(message["name"])}
             report.renamed_functions += 1
-        message, renamed = _with_fixed_calls(
-            message,
-            _valid_function_name,
-            lambda c: {**c, "function": {**_function_of(c), "name": _safe_name(_function_of(c).get("name"))}},
-        )
-        report.renamed_functions += renamed
         out.append(message)
+    out, renamed = _fix_calls(
+        out,
+        _valid_function_name,
+        lambda c: {**c, "function": {**_function_of(c), "name": _safe_name(_function_of(c).get("name"))}},
+    )
+    report.renamed_functions += renamed
     return out
 
 
@@ -709,11 +697,8 @@ def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): every call has ``type: function`` and string
     ``arguments``. Arguments given as an object are sent as its JSON text,
     missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
-    out = []
-    for message in messages:
-        message, fixed = _with_fixed_calls(message, _call_shape_ok, _shaped_call)
-        report.fixed_call_shapes += fixed
-        out.append(message)
+    out, fixed = _fix_calls(messages, _call_shape_ok, _shaped_call)
+    report.fixed_call_shapes += fixed
     return out
 
 
@@ -1464,11 +1449,6 @@ def index_after_head(view: Messages, head_count: int) -> int:
         if _role(message) != "system":
             seen += 1
     return len(view)
-
-
-def canonical_head(canon: Messages, keep_first: int) -> int:
-    """Canonical messages kept verbatim before any summary."""
-    return protected_head_end(canon, keep_first) if canon else 0
 
 
 def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
@@ -4914,7 +4894,7 @@ class BackgroundSummarizer:
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
         previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
-        head = previous.head_count if previous else canonical_head(canon, s.keep_first)
+        head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens and not ctx.force_summary:
