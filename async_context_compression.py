@@ -180,14 +180,11 @@ def _has_visible_content(message: Message) -> bool:
 
 
 def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
-    """Half-open [start, end) spans that must be kept or dropped together,
-    in order, lazily (callers that look for one unit stop early).
-
-    A unit is an ``assistant(tool_calls)`` with its tool results, further
-    call/result steps of the same chain, and the assistant answer that
-    consumes the last results. Every other message is a unit of its own; a
-    tool message with no open chain (an orphan) is its own unit too.
-    """
+    """Half-open [start, end) spans of the units kept or dropped together,
+    lazily (a caller looking for one unit stops early). A unit is an
+    ``assistant(tool_calls)`` with its results, further call/result steps of
+    the chain, and the answer that consumes the last results; any other
+    message, an orphan tool message included, is a unit of its own."""
     chain_start = -1
     prev_role: Optional[str] = None
     for i, message in enumerate(messages):
@@ -220,12 +217,8 @@ def get_atomic_groups(messages: Messages) -> list[list[int]]:
 
 
 def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int, protected_prefix: int) -> int:
-    """Move a cut that falls inside a unit back to the unit's start.
-
-    Never returns less than ``protected_prefix``: when the unit around the
-    cut begins inside the protected prefix, the only boundary left is the
-    unit's end, so the cut moves forward instead.
-    """
+    """Move a cut that falls inside a unit back to the unit's start; when
+    that start lies inside ``protected_prefix``, forward to the unit's end."""
     n = len(messages)
     protected_prefix = max(0, min(protected_prefix, n))
     start = max(0, min(max(raw_start_index, protected_prefix), n))
@@ -405,11 +398,9 @@ def _has_empty_tool_calls(view: TranscriptView) -> bool:
 
 @_repair_step(_has_empty_tool_calls)
 def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with ids.
-
-    Providers reject ``tool_calls: []``; a call without an id can never be
-    answered, so it is dropped like an unanswered call.
-    """
+    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with
+    ids. Providers reject ``tool_calls: []``; a call without an id can never
+    be answered, so it is dropped like an unanswered call."""
     out = []
     for message in messages:
         if "tool_calls" in message:
@@ -507,13 +498,10 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each
     assistant's calls are answered exactly once, by a contiguous run of tool
     messages right after it, and every tool message answers a call of the
-    assistant right before it.
-
-    Results are paired per assistant turn, not globally, because some
-    providers reuse ids (``exec_0``) every turn. A result displaced behind
-    another message moves back to its call; a result that arrives after a
-    later assistant turn cannot be placed and is dropped with its call.
-    """
+    assistant right before it. Paired per turn, not globally: some providers
+    reuse ids (``exec_0``) every turn. A result displaced behind another
+    message moves back to its call; one after a later assistant turn cannot
+    be placed and is dropped with its call."""
     # Turns whose results are exactly their run (the usual case) are copied
     # as they are: only the broken turns and the stray results are visited.
     broken: set = set()
@@ -592,14 +580,11 @@ def _has_reused_tool_call_id(view: TranscriptView) -> bool:
 @_repair_step(_has_reused_tool_call_id)
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
-    turns of one request. Some providers reuse ids every round (``exec_0``);
-    pairing is per turn, so each turn's results are already its own (right
-    after it). Turns are read in order: an id already assigned earlier in the
-    request is renamed, on the call and its results alike, to the smallest
-    ``_n`` suffix (cut to the 40-character limit) not assigned yet. So the
-    first use keeps its id, and a turn's ids depend only on the turns before
-    it: every request of a chat sends the same ids for its older turns (a
-    warm prompt cache)."""
+    turns of one request (some providers reuse ``exec_0`` every round). An id
+    assigned earlier is renamed, on the call and its results (right after it
+    since pairing), to the smallest free ``_n`` suffix within 40 characters:
+    a turn's ids depend only on the turns before it, so every request of a
+    chat sends the same ids for its older turns (a warm prompt cache)."""
     taken: set = set()
     next_suffix: dict = {}  # where the search for an id's free suffix may start
     out = list(messages)
@@ -724,11 +709,10 @@ def _content_ok(message: Message) -> bool:
 @_repair_step(lambda view: not all(_content_ok(m) for m in view.not_text))
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is a string, null (left to
-    fix_null_content) or a non-empty list of well-formed parts, with images
-    only in user messages. A bare string part becomes a text part, an image
-    elsewhere a marked text part, a single part object a list of it, any
-    other value its text; malformed parts go, and a list left empty counts
-    as no content."""
+    fix_null_content) or a non-empty list of well-formed parts, images only
+    in user messages (elsewhere a marked text part). Bare strings become
+    text parts, a lone part a list, other values their text; malformed parts
+    go, and a list left empty counts as no content."""
     out = []
     for message in messages:
         if not _content_ok(message):
@@ -824,16 +808,11 @@ def is_summary_message(message: Any) -> bool:
 
 def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
     """Replace the covered non-system messages ``[head_count, covered_count)``
-    with one summary message.
-
-    Invariant: no role-order violation for any provider. The summary is a
-    system message placed after every system message of the covered prefix
-    and before the head, so it follows a system message (or opens the list)
-    and precedes the head's first message: allowed by OpenAI and Mistral,
-    and hoisted into the system text by Anthropic and Gemini converters.
-    System messages are never dropped; those inside the covered range move
-    up with it.
-    """
+    with one summary message. Invariant: no role-order violation for any
+    provider. The summary, a system message, follows every system message of
+    the covered prefix (those inside the range move up, none is dropped) and
+    precedes the head: allowed by OpenAI and Mistral, and hoisted into the
+    system text by Anthropic and Gemini converters."""
     systems, head, tail = [], [], []
     seen = 0
     for message in messages:
@@ -850,12 +829,10 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
     """Whether a summary of ``canon[head_count:covered_count]`` keeps a role
-    order every provider accepts where the verbatim tail begins: the head's
-    last message, or with no head the summary (a system message, which the
-    Anthropic and Gemini converters lift out), must be allowed right before
-    the tail's first message. A tail that opens with an assistant right
-    after the summary would open the conversation with it. Records of an
-    unusable shape are left to ``choose_summary``."""
+    order every provider accepts where the tail begins: the head's last
+    message (with no head, the summary: a system message, which Anthropic and
+    Gemini lift out) must be allowed right before the tail's first. Records
+    of an unusable shape are left to ``choose_summary``."""
     if not (
         isinstance(head_count, int) and isinstance(covered_count, int) and 0 <= head_count < covered_count < len(canon)
     ):
@@ -1363,12 +1340,11 @@ def has_builtin_summary(messages: Messages) -> bool:
 
 
 def strip_builtin_summary(messages: Messages) -> Messages:
-    """The messages without Open WebUI's own summary. The core appends it to
-    the system message as ``\n[CONVERSATION SUMMARY]\n<text>`` (to every
-    text part of a list content); everything from the mark on is cut, and a
-    system message left empty is dropped. Used where this filter's summary,
-    which was built from the core's, replaces it: the same text is never
-    sent twice. Other messages are returned as they are (same objects)."""
+    """The messages without Open WebUI's own summary, which the core appends
+    to the system message (each text part) as ``\n[CONVERSATION SUMMARY]\n``
+    and its text: cut from the mark on, a system message left empty dropped,
+    so where this filter's summary (built from the core's) replaces it the
+    text is not sent twice. Other messages stay the same objects."""
 
     def cut(text: str) -> str:
         at = text.find(BUILTIN_SUMMARY_MARK)
@@ -1396,14 +1372,12 @@ def strip_builtin_summary(messages: Messages) -> Messages:
 
 
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
-    """Where Open WebUI's own compaction cut the branch (``stored``: the
-    branch's messages as the database keeps them, root first), as
-    ``(message id, summary text)``: the last message carrying a
-    ``contextSummary`` (saved by ``/compact`` on the latest reply, by the
-    automatic compaction on the first kept user message). From there on,
-    that message included, is what inlet receives. A summary made between
-    tool rounds is ``(message id, None)``: its cut falls inside a reply and
-    is not followed. None: the core never compacted this branch."""
+    """Where Open WebUI's own compaction cut the branch (``stored``, root
+    first), as ``(message id, summary text)``: the last message with a
+    ``contextSummary`` (``/compact`` saves it on the latest reply, automatic
+    compaction on the first kept user message); inlet receives from there
+    on. A summary made between tool rounds gives ``(id, None)``: its cut
+    inside a reply is not followed. None: the core never compacted."""
     for message in reversed(stored):
         if not isinstance(message, dict):
             continue
