@@ -138,12 +138,8 @@ def _text_chars(message: Any) -> int:
     """About how many characters counting ``message`` tokenizes."""
     if not isinstance(message, dict):
         return 0
-    size = len(_text_of(message.get("content")))
-    for call in _tool_calls(message):
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        size += len(arguments) if isinstance(arguments, str) else 0
-    return size
+    arguments = [_function_of(c).get("arguments") for c in _tool_calls(message) if isinstance(c, dict)]
+    return len(_text_of(message.get("content"))) + sum(len(a) for a in arguments if isinstance(a, str))
 
 
 def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
@@ -324,10 +320,6 @@ class RepairStep:
     broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
 
-    @property
-    def __name__(self) -> str:
-        return self.fix.__name__
-
     def __call__(self, messages: Messages, report: RepairReport) -> Messages:
         return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
@@ -389,11 +381,8 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
 
 
 def _has_empty_tool_calls(view: TranscriptView) -> bool:
-    for _, m in view.callers:
-        calls = m["tool_calls"]
-        if not (isinstance(calls, list) and calls and all(_call_id(c) for c in calls)):
-            return True
-    return False
+    lists = [m["tool_calls"] for _, m in view.callers]
+    return not all(isinstance(calls, list) and calls and all(_call_id(c) for c in calls) for calls in lists)
 
 
 @_repair_step(_has_empty_tool_calls)
@@ -419,10 +408,7 @@ def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Message
 def _turn_span_end(messages: Messages, start: int) -> int:
     """End of the span that may hold the results of the assistant at
     ``start``: everything up to the next assistant message."""
-    j = start + 1
-    while j < len(messages) and _role(messages[j]) != "assistant":
-        j += 1
-    return j
+    return next((j for j in range(start + 1, len(messages)) if _role(messages[j]) == "assistant"), len(messages))
 
 
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
@@ -506,17 +492,15 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     # as they are: only the broken turns and the stray results are visited.
     broken: set = set()
     covered: set = set()
-    for i, message in enumerate(messages):
-        if "tool_calls" in message and message["role"] == "assistant":
-            if _answered_in_order(messages, i):
-                covered.update(range(i + 1, i + 1 + len(message["tool_calls"])))
-            else:
-                broken.add(i)
     strays = []  # results outside every turn's span: orphans
     last_assistant = -1
     for p, message in enumerate(messages):
         if message["role"] == "assistant":
             last_assistant = p
+            if "tool_calls" in message and _answered_in_order(messages, p):
+                covered.update(range(p + 1, p + 1 + len(message["tool_calls"])))
+            elif "tool_calls" in message:
+                broken.add(p)
         elif message["role"] == "tool" and p not in covered:
             if last_assistant >= 0 and "tool_calls" in messages[last_assistant]:
                 broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
