@@ -590,11 +590,9 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
             continue
         report.renamed_reused_ids += len(renamed)
         out[i] = {**message, "tool_calls": [{**c, "id": renamed.get(c["id"], c["id"])} for c in message["tool_calls"]]}
-        j = i + 1
-        while j < len(messages) and messages[j]["role"] == "tool":
+        for j in range(i + 1, i + 1 + len(message["tool_calls"])):  # its results, after pairing
             if messages[j]["tool_call_id"] in renamed:
                 out[j] = {**messages[j], "tool_call_id": renamed[messages[j]["tool_call_id"]]}
-            j += 1
     return out
 
 
@@ -1071,9 +1069,7 @@ def _without_images(message: Message) -> Message:
         else p
         for p in content
     ]
-    if parts == content:
-        return message
-    return {**message, "content": parts}
+    return message if parts == content else {**message, "content": parts}
 
 
 def _without_long_arguments(message: Message) -> Message:
@@ -1087,10 +1083,7 @@ def _without_long_arguments(message: Message) -> Message:
         arguments = function.get("arguments") if isinstance(function, dict) else None
         if isinstance(arguments, str) and len(arguments) > 2 * _ARGUMENTS_KEEP_CHARS:
             omitted = len(arguments) - _ARGUMENTS_KEEP_CHARS
-            marker = {
-                "_omitted": ARGUMENTS_MARKER.format(n=omitted),
-                "_start": arguments[:_ARGUMENTS_KEEP_CHARS],
-            }
+            marker = {"_omitted": ARGUMENTS_MARKER.format(n=omitted), "_start": arguments[:_ARGUMENTS_KEEP_CHARS]}
             call = {**call, "function": {**function, "arguments": json.dumps(marker, ensure_ascii=False)}}
             changed = True
         calls.append(call)
@@ -1171,9 +1164,8 @@ def expand_output_items(output: list) -> Messages:
     """Fallback for ``open_webui.utils.misc.convert_output_to_messages``: the
     stored Responses-style items of one assistant reply as chat messages.
     Only calls that completed and have a result become tool calls, as there."""
-    answered = {
-        item.get("call_id") for item in output if isinstance(item, dict) and item.get("type") == "function_call_output"
-    }
+    output = [item for item in output if isinstance(item, dict)]
+    answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
     messages: Messages = []
     text: list = []
     calls: list = []
@@ -1188,13 +1180,9 @@ def expand_output_items(output: list) -> Messages:
             calls.clear()
 
     for item in output:
-        if not isinstance(item, dict):
-            continue
         kind = item.get("type")
-        if kind == "message":
-            value = _output_text(item.get("content"))
-            if value:
-                text.append(value)
+        if kind == "message" and _output_text(item.get("content")):
+            text.append(_output_text(item.get("content")))
         elif (
             kind == "function_call"
             and item.get("call_id") in answered
@@ -1251,8 +1239,7 @@ def canonical_digest(message: Message) -> str:
     """What identifies a message across inlet and outlet: its role and
     visible text (reasoning blocks and image parts excluded, since the two
     views render them differently), plus the names of the tools it calls."""
-    calls = _tool_calls(message)
-    names = ",".join(str((c.get("function") or {}).get("name", "")) for c in calls) if calls else ""
+    names = ",".join(str((c.get("function") or {}).get("name", "")) for c in _tool_calls(message))
     content = message.get("content")
     key = _digest_key(message.get("role"), content, names)
     digest = _DIGESTS.recall(key) if key is not None else None
@@ -1400,13 +1387,10 @@ def asked_for_summary(stored: Messages) -> bool:
 def index_after_head(view: Messages, head_count: int) -> int:
     """Index in ``view`` (system messages included) of the first message
     after ``head_count`` canonical ones."""
-    seen = 0
-    for i, message in enumerate(view):
-        if seen >= head_count:
-            return i
-        if _role(message) != "system":
-            seen += 1
-    return len(view)
+    if head_count <= 0:
+        return 0
+    canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
+    return canonical[head_count - 1] + 1 if head_count <= len(canonical) else len(view)
 
 
 def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
