@@ -276,9 +276,8 @@ class RepairReport:
         parts = [f"{name.replace('_', ' ')}={count}" for name, count in vars(self).items() if count]
         return ", ".join(parts) or "nothing to repair"
 
-
-def merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
-    return RepairReport(**{name: count + getattr(b, name) for name, count in vars(a).items()})
+    def __add__(self, other: RepairReport) -> RepairReport:
+        return RepairReport(**{name: count + getattr(other, name) for name, count in vars(self).items()})
 
 
 class TranscriptView:
@@ -862,11 +861,7 @@ def _joinable(prev: Any, nxt: Any) -> bool:
         return True
     if next_role == "user":
         return prev_role != "tool"
-    if next_role == "system":
-        return prev_role in ("system", "user")
-    if next_role == "assistant":
-        return prev_role in ("user", "tool")
-    return False
+    return prev_role in {"system": ("system", "user"), "assistant": ("user", "tool")}.get(next_role, ())
 
 
 def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -1076,8 +1071,7 @@ def _without_long_arguments(message: Message) -> Message:
     """``message`` with each long tool-call argument string replaced by a
     JSON object that says it was shortened and keeps its start, so gateways
     that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
-    calls = []
-    changed = False
+    calls, changed = [], False
     for call in _tool_calls(message):
         function = call.get("function") if isinstance(call, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
@@ -5339,7 +5333,7 @@ class Filter:
             # (tests/unit/test_properties.py checks its output needs no repair),
             # but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
-            repair = merge_reports(repair, again)
+            repair += again
         if repair.changed() or fit.changed() or s.debug:
             log.info(
                 "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
