@@ -280,6 +280,7 @@ class RepairReport:
         return RepairReport(**{name: count + getattr(other, name) for name, count in vars(self).items()})
 
 
+@dataclass
 class TranscriptView:
     """A message list with the few sub-lists repair checks read, each built
     once, on first use, and shared by every check of the same list (so a
@@ -287,8 +288,7 @@ class TranscriptView:
     Only for a list that is not changed meanwhile; ``messages`` is not copied.
     The sub-lists assume the list has no malformed message (step one)."""
 
-    def __init__(self, messages: Messages):
-        self.messages = messages
+    messages: Messages
 
     @cached_property
     def callers(self) -> list:
@@ -447,9 +447,10 @@ def _pairing_broken(view: TranscriptView) -> bool:
     return sum(len(view.messages[i]["tool_calls"]) for i in turns) != len(view.tools)
 
 
-def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> tuple[Messages, Messages]:
-    """Returns (the assistant with its answered calls + its results in call
-    order, the other messages of the span in their original order)."""
+def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> Messages:
+    """The assistant with its answered calls, their results in call order,
+    then the span's other messages in their order. An assistant left with
+    no call and nothing to show goes."""
     calls = _tool_calls(assistant)
     first: dict = {}  # id -> its first call: a repeated call goes
     for call in calls:
@@ -470,12 +471,13 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
             report.moved_results += 1 if rest else 0
     answered = [c for cid, c in first.items() if cid in results]
     report.dropped_unanswered_calls += len(first) - len(answered)
-    if len(answered) != len(calls):
-        if answered:
-            assistant = {**assistant, "tool_calls": answered}
-        else:
-            assistant = {k: v for k, v in assistant.items() if k != "tool_calls"}
-    return [assistant, *(results[c["id"]] for c in answered)], rest
+    if answered:
+        assistant = assistant if len(answered) == len(calls) else {**assistant, "tool_calls": answered}
+        return [assistant, *(results[c["id"]] for c in answered), *rest]
+    if _has_visible_content(assistant):
+        return [{k: v for k, v in assistant.items() if k != "tool_calls"}, *rest]
+    report.dropped_empty_assistants += 1
+    return rest
 
 
 @_repair_step(_pairing_broken)
@@ -516,12 +518,7 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
             done = at + 1
             continue
         done = _turn_span_end(messages, at)
-        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : done], report)
-        if _tool_calls(unit[0]) or _has_visible_content(unit[0]):
-            out.extend(unit)
-        else:
-            report.dropped_empty_assistants += 1
-        out.extend(rest)
+        out.extend(_pair_one_turn(messages[at], messages[at + 1 : done], report))
     out.extend(messages[done:])
     return out
 
@@ -1091,8 +1088,7 @@ def clip_text(text: str, keep_chars: int) -> str:
     keep_chars = max(keep_chars, 2)
     head = keep_chars * 2 // 3
     tail = keep_chars - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n{TRIM_MARKER.format(n=cut)}\n{text[len(text) - tail :]}"
+    return f"{text[:head]}\n{TRIM_MARKER.format(n=len(text) - keep_chars)}\n{text[len(text) - tail :]}"
 
 
 def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
