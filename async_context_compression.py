@@ -791,18 +791,19 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
     the covered prefix (those inside the range move up, none is dropped) and
     precedes the head: allowed by OpenAI and Mistral, and hoisted into the
     system text by Anthropic and Gemini converters."""
-    systems, head, tail = [], [], []
-    seen = 0
-    for message in messages:
-        if seen >= covered_count:
-            tail.append(message)
-        elif _role(message) == "system":
-            systems.append(message)
-        else:
-            if seen < head_count:
-                head.append(message)
-            seen += 1
-    return [*systems, build_summary_message(summary_text), *head, *tail]
+    cut = index_after_head(messages, covered_count)
+    systems = [m for m in messages[:cut] if _role(m) == "system"]
+    head = [m for m in messages[:cut] if _role(m) != "system"][:head_count]
+    return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]
+
+
+def index_after_head(view: Messages, head_count: int) -> int:
+    """Index in ``view`` (system messages included) of the first message
+    after ``head_count`` canonical ones."""
+    if head_count <= 0:
+        return 0
+    canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
+    return canonical[head_count - 1] + 1 if head_count <= len(canonical) else len(view)
 
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
@@ -1372,15 +1373,6 @@ def asked_for_summary(stored: Messages) -> bool:
     """Whether the reply outlet sees answers the user's summarize command."""
     last_user = next((m for m in reversed(stored) if _role(m) == "user"), None)
     return last_user is not None and is_summarize_command(last_user.get("content"))
-
-
-def index_after_head(view: Messages, head_count: int) -> int:
-    """Index in ``view`` (system messages included) of the first message
-    after ``head_count`` canonical ones."""
-    if head_count <= 0:
-        return 0
-    canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
-    return canonical[head_count - 1] + 1 if head_count <= len(canonical) else len(view)
 
 
 def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
