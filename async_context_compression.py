@@ -601,8 +601,7 @@ def _name_field_ok(name: Any) -> bool:
 
 
 def _valid_function_name(call: dict) -> bool:
-    function = call.get("function")
-    name = function.get("name") if isinstance(function, dict) else None
+    name = _function_of(call).get("name")
     return isinstance(name, str) and _function_name_ok(name)
 
 
@@ -640,8 +639,7 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
 
 
 def _call_shape_ok(call: dict) -> bool:
-    function = call.get("function")
-    return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
+    return call.get("type") == "function" and isinstance(_function_of(call).get("arguments"), str)
 
 
 def _shaped_call(call: dict) -> dict:
