@@ -766,14 +766,10 @@ SUMMARY_PREAMBLE = (
 _SUMMARY_TAG_RE = re.compile(r"<\s*/?\s*conversation_summary[^>]*>", re.IGNORECASE)
 
 
-def neutralize_summary_markers(text: str) -> str:
-    """Text inside the summary can never open or close its own markers, so
-    a summarized message cannot smuggle instructions outside them."""
-    return _SUMMARY_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
-
-
 def build_summary_message(summary_text: str) -> Message:
-    body = neutralize_summary_markers(summary_text.strip())
+    """The summary as a system message. Its text can never open or close its
+    own markers, so a summarized message cannot smuggle instructions outside."""
+    body = _SUMMARY_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), summary_text.strip())
     return {"role": "system", "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}"}
 
 
