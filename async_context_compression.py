@@ -903,10 +903,9 @@ def fit_to_budget(
     When even that is over the cap, the smallest of these lists is sent and
     the report says ``over_budget``.
     """
-    report = FitReport()
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
-    report.tokens_before = report.tokens_after = total
+    report = FitReport(tokens_before=total, tokens_after=total)
     if cap <= 0 or total <= cap:
         return list(messages), report
     # the latest user turn starts at the last user message (with no user
