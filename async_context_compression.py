@@ -456,8 +456,7 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     for call in calls:
         first.setdefault(call["id"], call)
     report.dropped_duplicate_calls += len(calls) - len(first)
-    results: dict = {}
-    rest: Messages = []
+    results, rest = {}, []
     for message in span:
         cid = message.get("tool_call_id")
         if message["role"] != "tool":
@@ -491,8 +490,7 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     be placed and is dropped with its call."""
     # Turns whose results are exactly their run (the usual case) are copied
     # as they are: only the broken turns and the stray results are visited.
-    broken: set = set()
-    covered: set = set()
+    broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
     last_assistant = -1
     for p, message in enumerate(messages):
@@ -565,8 +563,7 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
     since pairing), to the smallest free ``_n`` suffix within 40 characters:
     a turn's ids depend only on the turns before it, so every request of a
     chat sends the same ids for its older turns (a warm prompt cache)."""
-    taken: set = set()
-    next_suffix: dict = {}  # where the search for an id's free suffix may start
+    taken, next_suffix = set(), {}  # ids assigned; where the search for an id's free suffix may start
     out = list(messages)
     for i, message in enumerate(messages):
         if "tool_calls" not in message or message["role"] != "assistant":
@@ -806,9 +803,8 @@ def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> 
     message (with no head, the summary: a system message, which Anthropic and
     Gemini lift out) must be allowed right before the tail's first. Records
     of an unusable shape are left to ``choose_summary``."""
-    if not (
-        isinstance(head_count, int) and isinstance(covered_count, int) and 0 <= head_count < covered_count < len(canon)
-    ):
+    counts = isinstance(head_count, int) and isinstance(covered_count, int)
+    if not (counts and 0 <= head_count < covered_count < len(canon)):
         return True
     before = canon[head_count - 1] if head_count > 0 else {"role": "system"}
     return _joinable(before, canon[covered_count])
@@ -1150,9 +1146,7 @@ def expand_output_items(output: list) -> Messages:
     Only calls that completed and have a result become tool calls, as there."""
     output = [item for item in output if isinstance(item, dict)]
     answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
-    messages: Messages = []
-    text: list = []
-    calls: list = []
+    messages, text, calls = [], [], []
 
     def flush() -> None:
         if text or calls:
