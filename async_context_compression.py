@@ -882,11 +882,9 @@ def fit_to_budget(
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part does: the system messages and the latest user turn (the
-    last user message and what follows it). It never creates a role order a
-    provider rejects.
-
-    In an emergency, in this order, until the list fits:
+    irreducible part does (the system messages and the latest user turn: the
+    last user message and what follows it), and it gets no role order a
+    provider rejects. In an emergency, in this order, until the list fits:
     1. the oldest whole turns after the protected head go (never splitting a
        tool chain, never joining two messages into a rejected order);
     2. what is left is shortened, the head included, each cut marked: the
@@ -894,11 +892,9 @@ def fit_to_budget(
        object saying so), then other old messages;
     3. the protected head yields: its turns go too, oldest first, and the
        turns step 1 skipped for the sake of role order get another chance;
-    4. everything before the latest user turn goes but the system messages,
-       an order every provider accepts.
-    When even that is over the cap, the smallest of these lists is sent and
-    the report says ``over_budget``.
-    """
+    4. all before the latest user turn goes but the system messages (an
+       order every provider accepts).
+    Still over the cap: the smallest of these lists, ``over_budget`` set."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
