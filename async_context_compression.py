@@ -106,6 +106,9 @@ _FUNCTION_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _NAME_FIELD_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
+_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
+_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
+REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 
 def _role(message: Any) -> Optional[str]:
@@ -118,11 +121,8 @@ def _tool_calls(message: Message) -> list:
 
 
 def _call_id(call: Any) -> Optional[str]:
-    if isinstance(call, dict):
-        cid = call.get("id")
-        if isinstance(cid, str) and cid:
-            return cid
-    return None
+    cid = call.get("id") if isinstance(call, dict) else None
+    return cid if isinstance(cid, str) and cid else None
 
 
 def _is_tool_call_turn(message: Any) -> bool:
@@ -130,37 +130,16 @@ def _is_tool_call_turn(message: Any) -> bool:
 
 
 def _is_errored_assistant(message: Message) -> bool:
-    for key in ("stopReason", "stop_reason", "finish_reason"):
-        value = message.get(key)
-        if isinstance(value, str) and value.lower() in _ERROR_STOP_REASONS:
-            return True
-    return bool(message.get("error"))
+    reasons = (message.get(key) for key in ("stopReason", "stop_reason", "finish_reason"))
+    return any(isinstance(r, str) and r.lower() in _ERROR_STOP_REASONS for r in reasons) or bool(message.get("error"))
 
 
 def _text_chars(message: Any) -> int:
     """About how many characters counting ``message`` tokenizes."""
     if not isinstance(message, dict):
         return 0
-    content = message.get("content")
-    size = len(content) if isinstance(content, str) else len(_text_of(content)) if content else 0
-    for call in _tool_calls(message):
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        size += len(arguments) if isinstance(arguments, str) else 0
-    return size
-
-
-def _kept_chars(message: Any) -> int:
-    """About how many characters keeping ``message`` alive keeps: its text,
-    tool-call arguments and image URLs (data URLs are whole images)."""
-    size = _text_chars(message)
-    content = message.get("content") if isinstance(message, dict) else None
-    if isinstance(content, list):
-        for part in content:
-            image = part.get("image_url") if isinstance(part, dict) else None
-            url = image.get("url") if isinstance(image, dict) else image
-            size += len(url) if isinstance(url, str) else 0
-    return size
+    arguments = [_function_of(c).get("arguments") for c in _tool_calls(message) if isinstance(c, dict)]
+    return len(_text_of(message.get("content"))) + sum(len(a) for a in arguments if isinstance(a, str))
 
 
 def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
@@ -196,19 +175,12 @@ def _has_visible_content(message: Message) -> bool:
 # -- Atomic groups ----------------------------------------------------------
 
 
-def atomic_spans(messages: Messages) -> list[tuple[int, int]]:
-    """Half-open [start, end) spans that must be kept or dropped together.
-
-    A unit is an ``assistant(tool_calls)`` with its tool results, further
-    call/result steps of the same chain, and the assistant answer that
-    consumes the last results. Every other message is a unit of its own; a
-    tool message with no open chain (an orphan) is its own unit too.
-    """
-    return list(_iter_atomic_spans(messages))
-
-
-def _iter_atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
-    """``atomic_spans`` in order, lazily (callers that look for one unit stop early)."""
+def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
+    """Half-open [start, end) spans of the units kept or dropped together,
+    lazily (a caller looking for one unit stops early). A unit is an
+    ``assistant(tool_calls)`` with its results, further call/result steps of
+    the chain, and the answer that consumes the last results; any other
+    message, an orphan tool message included, is a unit of its own."""
     chain_start = -1
     prev_role: Optional[str] = None
     for i, message in enumerate(messages):
@@ -241,18 +213,14 @@ def get_atomic_groups(messages: Messages) -> list[list[int]]:
 
 
 def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int, protected_prefix: int) -> int:
-    """Move a cut that falls inside a unit back to the unit's start.
-
-    Never returns less than ``protected_prefix``: when the unit around the
-    cut begins inside the protected prefix, the only boundary left is the
-    unit's end, so the cut moves forward instead.
-    """
+    """Move a cut that falls inside a unit back to the unit's start; when
+    that start lies inside ``protected_prefix``, forward to the unit's end."""
     n = len(messages)
     protected_prefix = max(0, min(protected_prefix, n))
     start = max(0, min(max(raw_start_index, protected_prefix), n))
     if start == 0 or start == n:
         return start
-    for unit_start, unit_end in _iter_atomic_spans(messages):
+    for unit_start, unit_end in atomic_spans(messages):
         if unit_start < start < unit_end:
             return unit_start if unit_start >= protected_prefix else unit_end
         if unit_start >= start:
@@ -266,21 +234,13 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
     tool chain."""
     if keep_first <= 0:
         return 0
-    seen = 0
-    for i, message in enumerate(messages):
-        if _role(message) != "system":
-            seen += 1
-            if seen == keep_first:
-                for unit_start, unit_end in _iter_atomic_spans(messages):
-                    if unit_start <= i < unit_end:
-                        return unit_end
-    return len(messages)
+    heads = [i for i, m in enumerate(messages) if _role(m) != "system"]
+    if len(heads) < keep_first:
+        return len(messages)
+    return next(end for start, end in atomic_spans(messages) if start <= heads[keep_first - 1] < end)
 
 
 # -- Repair -----------------------------------------------------------------
-
-
-_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
 
 
 @dataclass
@@ -305,22 +265,22 @@ class RepairReport:
     fixed_content_shapes: int = 0
 
     def changed(self) -> bool:
-        return any(getattr(self, name) for name in self.__dataclass_fields__)
+        return any(vars(self).values())
 
     def noticeable(self) -> bool:
         """Whether a person would notice: id renames (long or reused ids,
         every request of some providers) change nothing anyone reads."""
-        return any(getattr(self, name) for name in self.__dataclass_fields__ if name not in _SILENT_REPAIRS)
+        return any(count for name, count in vars(self).items() if name not in _SILENT_REPAIRS)
 
     def describe(self) -> str:
-        parts = [
-            f"{name.replace('_', ' ')}={getattr(self, name)}"
-            for name in self.__dataclass_fields__
-            if getattr(self, name)
-        ]
-        return ", ".join(parts) if parts else "nothing to repair"
+        parts = [f"{name.replace('_', ' ')}={count}" for name, count in vars(self).items() if count]
+        return ", ".join(parts) or "nothing to repair"
+
+    def __add__(self, other: RepairReport) -> RepairReport:
+        return RepairReport(**{name: count + getattr(other, name) for name, count in vars(self).items()})
 
 
+@dataclass
 class TranscriptView:
     """A message list with the few sub-lists repair checks read, each built
     once, on first use, and shared by every check of the same list (so a
@@ -328,8 +288,7 @@ class TranscriptView:
     Only for a list that is not changed meanwhile; ``messages`` is not copied.
     The sub-lists assume the list has no malformed message (step one)."""
 
-    def __init__(self, messages: Messages):
-        self.messages = messages
+    messages: Messages
 
     @cached_property
     def callers(self) -> list:
@@ -354,19 +313,42 @@ class TranscriptView:
 class RepairStep:
     """One repair invariant: ``broken(view)``, a cheap check whether the
     list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
-    which restores it. The check may assume the invariants of the steps
-    before it hold. Called, a step returns its input untouched (the same
+    which restores it. Called, a step returns its input untouched (the same
     list) when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
 
-    @property
-    def __name__(self) -> str:
-        return self.fix.__name__
-
     def __call__(self, messages: Messages, report: RepairReport) -> Messages:
         return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
+
+
+# The steps run in the order they are defined below, an order where no later
+# step can undo an earlier one; each step's check may assume the invariants
+# of the steps before it.
+_REPAIR_STEPS: list[RepairStep] = []
+
+
+def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
+    """Registers the decorated fix, with its check ``broken``, as the next step."""
+
+    def register(fix: Callable[[Messages, RepairReport], Messages]) -> Callable:
+        _REPAIR_STEPS.append(RepairStep(broken, fix))
+        return fix
+
+    return register
+
+
+def _fix_calls(messages: Messages, ok: Callable[[dict], bool], fix: Callable[[dict], dict]) -> tuple[Messages, int]:
+    """``messages`` with ``fix(call)`` in place of every call ``ok`` rejects
+    (messages without one stay the same objects), and how many there were."""
+    out, fixed = [], 0
+    for message in messages:
+        calls = _tool_calls(message)
+        bad = sum(not ok(c) for c in calls)
+        out.append({**message, "tool_calls": [c if ok(c) else fix(c) for c in calls]} if bad else message)
+        fixed += bad
+    return out, fixed
 
 
 def _has_malformed(view: TranscriptView) -> bool:
@@ -379,10 +361,7 @@ def _has_malformed(view: TranscriptView) -> bool:
     return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
 
 
-def merge_reports(a: RepairReport, b: RepairReport) -> RepairReport:
-    return RepairReport(**{k: getattr(a, k) + getattr(b, k) for k in a.__dataclass_fields__})
-
-
+@_repair_step(_has_malformed)
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: every message is a dict with a role OpenAI accepts (an
     unknown one, or the legacy ``function``, is rejected with HTTP 400), and
@@ -400,29 +379,16 @@ def drop_malformed_messages(messages: Messages, report: RepairReport) -> Message
     return out
 
 
-DROP_MALFORMED = RepairStep(_has_malformed, drop_malformed_messages)
-
-
 def _has_empty_tool_calls(view: TranscriptView) -> bool:
-    for _, m in view.callers:
-        calls = m["tool_calls"]
-        if not isinstance(calls, list) or not calls:
-            return True
-        for c in calls:
-            if not isinstance(c, dict):
-                return True
-            cid = c.get("id")
-            if not isinstance(cid, str) or not cid:
-                return True
-    return False
+    lists = [m["tool_calls"] for _, m in view.callers]
+    return not all(isinstance(calls, list) and calls and all(_call_id(c) for c in calls) for calls in lists)
 
 
+@_repair_step(_has_empty_tool_calls)
 def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with ids.
-
-    Providers reject ``tool_calls: []``; a call without an id can never be
-    answered, so it is dropped like an unanswered call.
-    """
+    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with
+    ids. Providers reject ``tool_calls: []``; a call without an id can never
+    be answered, so it is dropped like an unanswered call."""
     out = []
     for message in messages:
         if "tool_calls" in message:
@@ -438,152 +404,103 @@ def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Message
     return out
 
 
-REMOVE_EMPTY_TOOL_CALLS = RepairStep(_has_empty_tool_calls, remove_empty_tool_calls)
-
-
 def _turn_span_end(messages: Messages, start: int) -> int:
     """End of the span that may hold the results of the assistant at
     ``start``: everything up to the next assistant message."""
-    j = start + 1
-    while j < len(messages) and _role(messages[j]) != "assistant":
-        j += 1
-    return j
+    return next((j for j in range(start + 1, len(messages)) if _role(messages[j]) == "assistant"), len(messages))
 
 
-def _has_errored_tool_turn(view: TranscriptView) -> bool:
-    return any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers)
-
-
+@_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
     """Invariant: no assistant turn that ended in error or abort keeps tool
     calls. Such a turn goes together with its results; the other messages of
     its span (a user's message typed meanwhile) stay. Replaying an aborted
     call is what caused endless 400 loops elsewhere, so nothing is invented."""
     out: Messages = []
-    i = 0
-    while i < len(messages):
-        message = messages[i]
-        if not (_is_tool_call_turn(message) and _is_errored_assistant(message)):
+    ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
+    for i, message in enumerate(messages):
+        if _is_tool_call_turn(message) and _is_errored_assistant(message):
+            ids, end = {_call_id(c) for c in _tool_calls(message)}, _turn_span_end(messages, i)
+            report.dropped_errored_turns += 1
+        elif i < end and _role(message) == "tool" and message.get("tool_call_id") in ids:
+            report.dropped_errored_results += 1
+        else:
             out.append(message)
-            i += 1
-            continue
-        ids = {_call_id(c) for c in _tool_calls(message)}
-        end = _turn_span_end(messages, i)
-        report.dropped_errored_turns += 1
-        for other in messages[i + 1 : end]:
-            if _role(other) == "tool" and other.get("tool_call_id") in ids:
-                report.dropped_errored_results += 1
-            else:
-                out.append(other)
-        i = end
     return out
 
 
-DROP_ERRORED_TOOL_TURNS = RepairStep(_has_errored_tool_turn, drop_errored_tool_turns)
+def _answered_in_order(messages: Messages, i: int) -> bool:
+    """Whether the calls of the assistant at ``i`` have distinct ids and are
+    answered, in call order, by exactly the tool messages right after it."""
+    ids = [c["id"] for c in messages[i]["tool_calls"]]
+    run = messages[i + 1 : i + 1 + len(ids)]
+    return len(set(ids)) == len(ids) == len(run) and all(
+        r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
+    )
 
 
-def _dedupe_calls(message: Message, report: RepairReport) -> Message:
-    calls = _tool_calls(message)
-    seen: set = set()
-    unique = []
+def _pairing_broken(view: TranscriptView) -> bool:
+    turns = [i for i, m in view.callers if m["role"] == "assistant"]
+    if not all(_answered_in_order(view.messages, i) for i in turns):
+        return True
+    # every run is answered in full; a tool message outside the runs answers nothing
+    return sum(len(view.messages[i]["tool_calls"]) for i in turns) != len(view.tools)
+
+
+def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> Messages:
+    """The assistant with its answered calls, their results in call order,
+    then the span's other messages in their order. An assistant left with
+    no call and nothing to show goes."""
+    calls = _tool_calls(assistant)
+    first: dict = {}  # id -> its first call: a repeated call goes
     for call in calls:
-        cid = _call_id(call)
-        if cid in seen:
-            report.dropped_duplicate_calls += 1
-            continue
-        seen.add(cid)
-        unique.append(call)
-    return message if len(unique) == len(calls) else {**message, "tool_calls": unique}
-
-
-def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> tuple[Messages, Messages]:
-    """Returns (the assistant with its answered calls + its results in call
-    order, the other messages of the span in their original order)."""
-    assistant = _dedupe_calls(assistant, report)
-    wanted = [_call_id(c) for c in _tool_calls(assistant)]
-    wanted_set = set(wanted)
-    results: dict = {}
-    rest: Messages = []
-    for _position, message in enumerate(span):
-        if _role(message) != "tool":
-            rest.append(message)
-            continue
+        first.setdefault(call["id"], call)
+    report.dropped_duplicate_calls += len(calls) - len(first)
+    results, rest = {}, []
+    for message in span:
         cid = message.get("tool_call_id")
-        if cid not in wanted_set:
+        if message["role"] != "tool":
+            rest.append(message)
+        elif cid not in first:
             report.dropped_orphan_results += 1
         elif cid in results:
             report.dropped_duplicate_results += 1
         else:
             results[cid] = message
-            if rest:
-                report.moved_results += 1
-    answered = [c for c in _tool_calls(assistant) if _call_id(c) in results]
-    report.dropped_unanswered_calls += len(wanted) - len(answered)
-    if len(answered) != len(wanted):
-        if answered:
-            assistant = {**assistant, "tool_calls": answered}
-        else:
-            assistant = {k: v for k, v in assistant.items() if k != "tool_calls"}
-    unit = [assistant] + [results[_call_id(c)] for c in answered]
-    return unit, rest
+            report.moved_results += 1 if rest else 0
+    answered = [c for cid, c in first.items() if cid in results]
+    report.dropped_unanswered_calls += len(first) - len(answered)
+    if answered:
+        assistant = assistant if len(answered) == len(calls) else {**assistant, "tool_calls": answered}
+        return [assistant, *(results[c["id"]] for c in answered), *rest]
+    if _has_visible_content(assistant):
+        return [{k: v for k, v in assistant.items() if k != "tool_calls"}, *rest]
+    report.dropped_empty_assistants += 1
+    return rest
 
 
-def _pairing_broken(view: TranscriptView) -> bool:
-    """Whether some assistant's calls are not answered, in call order, by
-    exactly one tool message each right after it (or repeat an id), or a
-    tool message answers no call right before it."""
-    messages = view.messages
-    answered = 0
-    for i, m in view.callers:
-        if m["role"] != "assistant":
-            continue
-        ids = [c["id"] for c in m["tool_calls"]]
-        k = len(ids)
-        run = messages[i + 1 : i + 1 + k]
-        if len(run) != k or len(set(ids)) != k:
-            return True
-        for result, cid in zip(run, ids):
-            if result["role"] != "tool" or result["tool_call_id"] != cid:
-                return True
-        answered += k
-    # every run is answered in full; a tool message outside the runs answers nothing
-    return answered != len(view.tools)
-
-
+@_repair_step(_pairing_broken)
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each
     assistant's calls are answered exactly once, by a contiguous run of tool
     messages right after it, and every tool message answers a call of the
-    assistant right before it.
-
-    Results are paired per assistant turn, not globally, because some
-    providers reuse ids (``exec_0``) every turn. A result displaced behind
-    another message moves back to its call; a result that arrives after a
-    later assistant turn cannot be placed and is dropped with its call.
-    """
-    n = len(messages)
+    assistant right before it. Paired per turn, not globally: some providers
+    reuse ids (``exec_0``) every turn. A result displaced behind another
+    message moves back to its call; one after a later assistant turn cannot
+    be placed and is dropped with its call."""
     # Turns whose results are exactly their run (the usual case) are copied
     # as they are: only the broken turns and the stray results are visited.
-    broken: set = set()
-    covered: set = set()
-    for i, message in enumerate(messages):
-        if "tool_calls" not in message or message["role"] != "assistant":
-            continue
-        ids = [c["id"] for c in message["tool_calls"]]
-        run = messages[i + 1 : i + 1 + len(ids)]
-        if len(set(ids)) == len(ids) == len(run) and all(
-            r["role"] == "tool" and r["tool_call_id"] == cid for r, cid in zip(run, ids)
-        ):
-            covered.update(range(i + 1, i + 1 + len(ids)))
-        else:
-            broken.add(i)
+    broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
     last_assistant = -1
     for p, message in enumerate(messages):
-        role = message["role"]
-        if role == "assistant":
+        if message["role"] == "assistant":
             last_assistant = p
-        elif role == "tool" and p not in covered:
+            if "tool_calls" in message and _answered_in_order(messages, p):
+                covered.update(range(p + 1, p + 1 + len(message["tool_calls"])))
+            elif "tool_calls" in message:
+                broken.add(p)
+        elif message["role"] == "tool" and p not in covered:
             if last_assistant >= 0 and "tool_calls" in messages[last_assistant]:
                 broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
             else:
@@ -598,61 +515,39 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
             report.dropped_orphan_results += 1
             done = at + 1
             continue
-        end = at + 1
-        while end < n and messages[end]["role"] != "assistant":
-            end += 1
-        unit, rest = _pair_one_turn(messages[at], messages[at + 1 : end], report)
-        head = unit[0]
-        if _tool_calls(head) or _has_visible_content(head):
-            out.extend(unit)
-        else:
-            report.dropped_empty_assistants += 1
-        out.extend(rest)
-        done = end
+        done = _turn_span_end(messages, at)
+        out.extend(_pair_one_turn(messages[at], messages[at + 1 : done], report))
     out.extend(messages[done:])
     return out
-
-
-PAIR_TOOL_RESULTS = RepairStep(_pairing_broken, pair_tool_results)
 
 
 def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _has_long_tool_call_id(view: TranscriptView) -> bool:
-    if any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools):
-        return True
-    return any(
-        len(c["id"]) > _MAX_TOOL_CALL_ID for _, m in view.callers if m["role"] != "tool" for c in m["tool_calls"]
+def _short_id_ok(call: dict) -> bool:
+    return len(call["id"]) <= _MAX_TOOL_CALL_ID
+
+
+@_repair_step(
+    lambda view: (
+        any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools)
+        or not all(_short_id_ok(c) for _, m in view.callers for c in m["tool_calls"])
     )
-
-
+)
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The
     same deterministic short id is used on both sides of a pair, so pairing
     and prompt caches survive."""
     out = []
     for message in messages:
-        if _role(message) == "tool":
-            cid = message.get("tool_call_id")
-            if isinstance(cid, str) and len(cid) > _MAX_TOOL_CALL_ID:
-                message = {**message, "tool_call_id": _short_call_id(cid)}
-                report.shortened_ids += 1
-        elif _tool_calls(message) and any(len(_call_id(c) or "") > _MAX_TOOL_CALL_ID for c in _tool_calls(message)):
-            calls = []
-            for call in _tool_calls(message):
-                cid = _call_id(call) or ""
-                if len(cid) > _MAX_TOOL_CALL_ID:
-                    call = {**call, "id": _short_call_id(cid)}
-                    report.shortened_ids += 1
-                calls.append(call)
-            message = {**message, "tool_calls": calls}
+        if message["role"] == "tool" and len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
+            message = {**message, "tool_call_id": _short_call_id(message["tool_call_id"])}
+            report.shortened_ids += 1
         out.append(message)
+    out, shortened = _fix_calls(out, _short_id_ok, lambda c: {**c, "id": _short_call_id(c["id"])})
+    report.shortened_ids += shortened
     return out
-
-
-SHORTEN_LONG_TOOL_CALL_IDS = RepairStep(_has_long_tool_call_id, shorten_long_tool_call_ids)
 
 
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
@@ -660,102 +555,50 @@ def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     return len(set(ids)) != len(ids)
 
 
-def _fresh_call_id(call_id: str, taken: set, next_suffix: dict) -> str:
-    """``call_id`` with a numeric suffix (``exec_0`` -> ``exec_0_2``), cut to
-    the 40-character limit, that no id assigned so far uses (the smallest such
-    suffix: ``next_suffix`` only remembers where the search may start)."""
-    n = next_suffix.get(call_id, 2)
-    while True:
-        suffix = f"_{n}"
-        candidate = call_id[: _MAX_TOOL_CALL_ID - len(suffix)] + suffix
-        n += 1
-        if candidate not in taken:
-            next_suffix[call_id] = n
-            taken.add(candidate)
-            return candidate
-
-
+@_repair_step(_has_reused_tool_call_id)
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
-    turns of one request. Some providers reuse ids every round (``exec_0``);
-    pairing is per turn, so each turn's results are already its own (right
-    after it). Turns are read in order: an id already assigned earlier in the
-    request is renamed, on the call and its results alike, to the smallest
-    ``_n`` suffix not assigned yet. So the first use keeps its id, and a
-    turn's ids depend only on the turns before it: every request of a chat
-    sends the same ids for its older turns (a warm prompt cache)."""
-    taken: set = set()
-    next_suffix: dict = {}
-    turns = [i for i, m in enumerate(messages) if "tool_calls" in m and m["role"] == "assistant"]
+    turns of one request (some providers reuse ``exec_0`` every round). An id
+    assigned earlier is renamed, on the call and its results (right after it
+    since pairing), to the smallest free ``_n`` suffix within 40 characters:
+    a turn's ids depend only on the turns before it, so every request of a
+    chat sends the same ids for its older turns (a warm prompt cache)."""
+    taken, next_suffix = set(), {}  # ids assigned; where the search for an id's free suffix may start
     out = list(messages)
-    n = len(messages)
-    count = 0
-    for i in turns:
-        message = messages[i]
-        calls = message["tool_calls"]
+    for i, message in enumerate(messages):
+        if "tool_calls" not in message or message["role"] != "assistant":
+            continue
         renamed: dict = {}  # old id -> new id, in this turn (its ids are distinct after pairing)
-        for call in calls:
-            cid = call["id"]
-            if cid in taken:
-                renamed[cid] = _fresh_call_id(cid, taken, next_suffix)
-            else:
-                taken.add(cid)
+        for cid in (c["id"] for c in message["tool_calls"]):
+            n = next_suffix.get(cid, 2)
+            fresh = cid
+            while fresh in taken:
+                fresh = f"{cid[: _MAX_TOOL_CALL_ID - len(f'_{n}')]}_{n}"
+                n += 1
+            if fresh != cid:
+                next_suffix[cid] = n
+                renamed[cid] = fresh
+            taken.add(fresh)
         if not renamed:
             continue
-        count += len(renamed)
-        out[i] = {**message, "tool_calls": [{**c, "id": renamed[c["id"]]} if c["id"] in renamed else c for c in calls]}
-        j = i + 1
-        while j < n and messages[j]["role"] == "tool":
-            result = messages[j]
-            if result["tool_call_id"] in renamed:
-                out[j] = {**result, "tool_call_id": renamed[result["tool_call_id"]]}
-            j += 1
-    report.renamed_reused_ids += count
+        report.renamed_reused_ids += len(renamed)
+        out[i] = {**message, "tool_calls": [{**c, "id": renamed.get(c["id"], c["id"])} for c in message["tool_calls"]]}
+        for j in range(i + 1, i + 1 + len(message["tool_calls"])):  # its results, after pairing
+            if messages[j]["tool_call_id"] in renamed:
+                out[j] = {**messages[j], "tool_call_id": renamed[messages[j]["tool_call_id"]]}
     return out
 
 
-MAKE_TOOL_CALL_IDS_UNIQUE = RepairStep(_has_reused_tool_call_id, make_tool_call_ids_unique)
+def _safe_name(name: Any) -> str:
+    return _INVALID_NAME_CHARS.sub("_", str(name or ""))[:64] or "tool"
 
 
-def _safe_name(name: Any, limit: int = 64) -> str:
-    cleaned = _INVALID_NAME_CHARS.sub("_", str(name or ""))[:limit]
-    return cleaned or "tool"
-
-
-def _has_invalid_name(view: TranscriptView) -> bool:
-    for m in view.named:
-        name = m["name"]
-        if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
-            return True
-    return not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
-
-
-def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``
-    and a message's ``name`` field matches ``^[a-zA-Z0-9_-]+$``."""
-    out = []
-    for message in messages:
-        name = message.get("name")
-        if name is not None and not (isinstance(name, str) and _NAME_FIELD_RE.match(name)):
-            message = {**message, "name": _safe_name(name)}
-            report.renamed_functions += 1
-        calls = _tool_calls(message)
-        if calls and any(not _valid_function_name(c) for c in calls):
-            fixed = []
-            for call in calls:
-                if not _valid_function_name(call):
-                    function = call.get("function") if isinstance(call.get("function"), dict) else {}
-                    call = {**call, "function": {**function, "name": _safe_name(function.get("name"))}}
-                    report.renamed_functions += 1
-                fixed.append(call)
-            message = {**message, "tool_calls": fixed}
-        out.append(message)
-    return out
+def _name_field_ok(name: Any) -> bool:
+    return name is None or (isinstance(name, str) and bool(_NAME_FIELD_RE.match(name)))
 
 
 def _valid_function_name(call: dict) -> bool:
-    function = call.get("function")
-    name = function.get("name") if isinstance(function, dict) else None
+    name = _function_of(call).get("name")
     return isinstance(name, str) and _function_name_ok(name)
 
 
@@ -764,48 +607,57 @@ def _function_name_ok(name: str) -> bool:
     return bool(_FUNCTION_NAME_RE.match(name))
 
 
+def _function_of(call: dict) -> dict:
+    return call["function"] if isinstance(call.get("function"), dict) else {}
+
+
+@_repair_step(
+    lambda view: (
+        not all(_name_field_ok(m["name"]) for m in view.named)
+        or not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
+    )
+)
+def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (OpenAI O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``
+    and a message's ``name`` field matches ``^[a-zA-Z0-9_-]+$``."""
+    out = []
+    for message in messages:
+        if not _name_field_ok(message.get("name")):
+            message = {**message, "name": _safe_name(message["name"])}
+            report.renamed_functions += 1
+        out.append(message)
+    out, renamed = _fix_calls(
+        out,
+        _valid_function_name,
+        lambda c: {**c, "function": {**_function_of(c), "name": _safe_name(_function_of(c).get("name"))}},
+    )
+    report.renamed_functions += renamed
+    return out
+
+
 def _call_shape_ok(call: dict) -> bool:
-    function = call.get("function")
-    return call.get("type") == "function" and isinstance(function, dict) and isinstance(function.get("arguments"), str)
+    return call.get("type") == "function" and isinstance(_function_of(call).get("arguments"), str)
 
 
-def _has_bad_call_shape(view: TranscriptView) -> bool:
-    return not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"])
+def _shaped_call(call: dict) -> dict:
+    function = _function_of(call)
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        try:
+            arguments = "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            arguments = "{}"
+    return {**call, "type": "function", "function": {**function, "arguments": arguments}}
 
 
+@_repair_step(lambda view: not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"]))
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): every call has ``type: function`` and string
     ``arguments``. Arguments given as an object are sent as its JSON text,
     missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
-    out = []
-    for message in messages:
-        calls = _tool_calls(message)
-        if calls and not all(_call_shape_ok(c) for c in calls):
-            fixed = []
-            for call in calls:
-                if not _call_shape_ok(call):
-                    function = call.get("function") if isinstance(call.get("function"), dict) else {}
-                    arguments = function.get("arguments")
-                    if not isinstance(arguments, str):
-                        try:
-                            arguments = (
-                                "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
-                            )
-                        except (TypeError, ValueError):
-                            arguments = "{}"
-                    call = {**call, "type": "function", "function": {**function, "arguments": arguments}}
-                    report.fixed_call_shapes += 1
-                fixed.append(call)
-            message = {**message, "tool_calls": fixed}
-        out.append(message)
+    out, fixed = _fix_calls(messages, _call_shape_ok, _shaped_call)
+    report.fixed_call_shapes += fixed
     return out
-
-
-SANITIZE_NAMES = RepairStep(_has_invalid_name, sanitize_names)
-FIX_CALL_SHAPES = RepairStep(_has_bad_call_shape, fix_call_shapes)
-
-
-_MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 
 
 def _part_ok(part: Any, role: Any) -> bool:
@@ -824,23 +676,16 @@ def _content_ok(message: Message) -> bool:
     content = message.get("content")
     if content is None or isinstance(content, str):
         return True
-    if not isinstance(content, list) or not content:
-        return False
-    role = message.get("role")
-    return all(_part_ok(p, role) for p in content)
+    return isinstance(content, list) and bool(content) and all(_part_ok(p, message.get("role")) for p in content)
 
 
-def _has_bad_content_shape(view: TranscriptView) -> bool:
-    return not all(_content_ok(m) for m in view.not_text)
-
-
+@_repair_step(lambda view: not all(_content_ok(m) for m in view.not_text))
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is a string, null (left to
-    fix_null_content) or a non-empty list of well-formed parts, with images
-    only in user messages. A bare string part becomes a text part, an image
-    elsewhere a marked text part, a single part object a list of it, any
-    other value its text; malformed parts go, and a list left empty counts
-    as no content."""
+    fix_null_content) or a non-empty list of well-formed parts, images only
+    in user messages (elsewhere a marked text part). Bare strings become
+    text parts, a lone part a list, other values their text; malformed parts
+    go, and a list left empty counts as no content."""
     out = []
     for message in messages:
         if not _content_ok(message):
@@ -865,13 +710,7 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
-FIX_CONTENT_SHAPES = RepairStep(_has_bad_content_shape, fix_content_shapes)
-
-
-def _has_null_content(view: TranscriptView) -> bool:
-    return not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None)
-
-
+@_repair_step(lambda view: not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None))
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is null or missing only on an
     assistant message that carries tool calls. A user message with no content
@@ -880,32 +719,13 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
     last_user = _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
-        if message.get("content") is None and _role(message) == "user" and i != last_user:
-            report.fixed_null_content += 1
-            continue
         if message.get("content") is None and not _is_tool_call_turn(message):
-            message = {**message, "content": ""}
             report.fixed_null_content += 1
+            if _role(message) == "user" and i != last_user:
+                continue
+            message = {**message, "content": ""}
         out.append(message)
     return out
-
-
-FIX_NULL_CONTENT = RepairStep(_has_null_content, fix_null_content)
-
-# In an order where no later step can undo an earlier one; each step's check
-# may assume the invariants of the steps before it.
-_REPAIR_STEPS: tuple[RepairStep, ...] = (
-    DROP_MALFORMED,
-    REMOVE_EMPTY_TOOL_CALLS,
-    DROP_ERRORED_TOOL_TURNS,
-    PAIR_TOOL_RESULTS,
-    SHORTEN_LONG_TOOL_CALL_IDS,
-    MAKE_TOOL_CALL_IDS_UNIQUE,
-    SANITIZE_NAMES,
-    FIX_CALL_SHAPES,
-    FIX_CONTENT_SHAPES,
-    FIX_NULL_CONTENT,
-)
 
 
 def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
@@ -920,9 +740,6 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
             out = step.fix(out, report)
             view = TranscriptView(out)
     return out, report
-
-
-REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
 
 async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
@@ -946,67 +763,48 @@ SUMMARY_PREAMBLE = (
 _SUMMARY_TAG_RE = re.compile(r"<\s*/?\s*conversation_summary[^>]*>", re.IGNORECASE)
 
 
-def neutralize_summary_markers(text: str) -> str:
-    """Text inside the summary can never open or close its own markers, so
-    a summarized message cannot smuggle instructions outside them."""
-    return _SUMMARY_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
-
-
 def build_summary_message(summary_text: str) -> Message:
-    body = neutralize_summary_markers(summary_text.strip())
-    return {
-        "role": "system",
-        "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}",
-    }
+    """The summary as a system message. Its text can never open or close its
+    own markers, so a summarized message cannot smuggle instructions outside."""
+    body = _SUMMARY_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), summary_text.strip())
+    return {"role": "system", "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}"}
 
 
 def is_summary_message(message: Any) -> bool:
-    return (
-        _role(message) == "system"
-        and isinstance(message.get("content"), str)
-        and message["content"].startswith(SUMMARY_PREAMBLE)
-    )
+    content = message.get("content") if _role(message) == "system" else None
+    return isinstance(content, str) and content.startswith(SUMMARY_PREAMBLE)
 
 
 def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
     """Replace the covered non-system messages ``[head_count, covered_count)``
-    with one summary message.
+    with one summary message. Invariant: no role-order violation for any
+    provider. The summary, a system message, follows every system message of
+    the covered prefix (those inside the range move up, none is dropped) and
+    precedes the head: allowed by OpenAI and Mistral, and hoisted into the
+    system text by Anthropic and Gemini converters."""
+    cut = index_after_head(messages, covered_count)
+    systems = [m for m in messages[:cut] if _role(m) == "system"]
+    head = [m for m in messages[:cut] if _role(m) != "system"][:head_count]
+    return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]
 
-    Invariant: no role-order violation for any provider. The summary is a
-    system message placed after every system message of the covered prefix
-    and before the head, so it follows a system message (or opens the list)
-    and precedes the head's first message: allowed by OpenAI and Mistral,
-    and hoisted into the system text by Anthropic and Gemini converters.
-    System messages are never dropped; those inside the covered range move
-    up with it.
-    """
-    systems: Messages = []
-    head: Messages = []
-    tail: Messages = []
-    seen = 0
-    for message in messages:
-        if seen >= covered_count:
-            tail.append(message)
-        elif _role(message) == "system":
-            systems.append(message)
-        else:
-            if seen < head_count:
-                head.append(message)
-            seen += 1
-    return [*systems, build_summary_message(summary_text), *head, *tail]
+
+def index_after_head(view: Messages, head_count: int) -> int:
+    """Index in ``view`` (system messages included) of the first message
+    after ``head_count`` canonical ones."""
+    if head_count <= 0:
+        return 0
+    canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
+    return canonical[head_count - 1] + 1 if head_count <= len(canonical) else len(view)
 
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
     """Whether a summary of ``canon[head_count:covered_count]`` keeps a role
-    order every provider accepts where the verbatim tail begins: the head's
-    last message, or with no head the summary (a system message, which the
-    Anthropic and Gemini converters lift out), must be allowed right before
-    the tail's first message. A tail that opens with an assistant right
-    after the summary would open the conversation with it. Records of an
-    unusable shape are left to ``choose_summary``."""
-    if not (
-        isinstance(head_count, int) and isinstance(covered_count, int) and 0 <= head_count < covered_count < len(canon)
-    ):
+    order every provider accepts where the tail begins: the head's last
+    message (with no head, the summary: a system message, which Anthropic and
+    Gemini lift out) must be allowed right before the tail's first. Records
+    of an unusable shape are left to ``choose_summary``."""
+    counts = isinstance(head_count, int) and isinstance(covered_count, int)
+    if not (counts and 0 <= head_count < covered_count < len(canon)):
         return True
     before = canon[head_count - 1] if head_count > 0 else {"role": "system"}
     return _joinable(before, canon[covered_count])
@@ -1019,6 +817,7 @@ _IMAGE_MARKER = "[image omitted to fit the context window]"
 _ATTACHMENT_MARKER = "[attachment omitted to fit the context window]"
 ARGUMENTS_MARKER = "{n} characters of these arguments were shortened to fit the context window"
 _MIN_KEEP_TOKENS = 24  # a shortened message keeps at least this much of its text
+_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
 
 
 @dataclass
@@ -1036,10 +835,8 @@ class FitReport:
 
 
 def _last_user_index(messages: Messages) -> int:
-    for i in range(len(messages) - 1, -1, -1):
-        if _role(messages[i]) == "user":
-            return i
-    return len(messages) - 1
+    """The last user message's index (with none: the last message's)."""
+    return next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), len(messages) - 1)
 
 
 def _joinable(prev: Any, nxt: Any) -> bool:
@@ -1052,11 +849,7 @@ def _joinable(prev: Any, nxt: Any) -> bool:
         return True
     if next_role == "user":
         return prev_role != "tool"
-    if next_role == "system":
-        return prev_role in ("system", "user")
-    if next_role == "assistant":
-        return prev_role in ("user", "tool")
-    return False
+    return prev_role in {"system": ("system", "user"), "assistant": ("user", "tool")}.get(next_role, ())
 
 
 def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -1071,15 +864,10 @@ def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, in
         if unit_start >= hi:
             break
         role = _role(messages[unit_start])
-        if role == "system":
-            if start >= 0:
-                turns.append((start, unit_start))
-            start = -1
-            continue
-        if role == "user" and start >= 0:
+        if role in ("system", "user") and start >= 0:
             turns.append((start, unit_start))
             start = -1
-        if start < 0:
+        if role != "system" and start < 0:
             start = unit_start
     if start >= 0:
         turns.append((start, hi))
@@ -1094,11 +882,9 @@ def fit_to_budget(
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part does: the system messages and the latest user turn (the
-    last user message and what follows it). It never creates a role order a
-    provider rejects.
-
-    In an emergency, in this order, until the list fits:
+    irreducible part does (the system messages and the latest user turn: the
+    last user message and what follows it), and it gets no role order a
+    provider rejects. In an emergency, in this order, until the list fits:
     1. the oldest whole turns after the protected head go (never splitting a
        tool chain, never joining two messages into a rejected order);
     2. what is left is shortened, the head included, each cut marked: the
@@ -1106,15 +892,12 @@ def fit_to_budget(
        object saying so), then other old messages;
     3. the protected head yields: its turns go too, oldest first, and the
        turns step 1 skipped for the sake of role order get another chance;
-    4. everything before the latest user turn goes but the system messages,
-       an order every provider accepts.
-    When even that is over the cap, the smallest of these lists is sent and
-    the report says ``over_budget``.
-    """
-    report = FitReport()
+    4. all before the latest user turn goes but the system messages (an
+       order every provider accepts).
+    Still over the cap: the smallest of these lists, ``over_budget`` set."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
-    report.tokens_before = report.tokens_after = total
+    report = FitReport(tokens_before=total, tokens_after=total)
     if cap <= 0 or total <= cap:
         return list(messages), report
     # the latest user turn starts at the last user message (with no user
@@ -1126,33 +909,30 @@ def fit_to_budget(
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
     total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
-    out, total, report = _shrink_if_over(messages, keep, token_of, total, cap, report)
-    if total > cap and head_end > 0:
-        keep3, report3 = list(keep), replace(report)
+    best = _shrink_if_over(messages, keep, token_of, total, cap, report)  # (list, total, report)
+    if best[1] > cap and head_end > 0:
+        report3 = replace(report)
         turns = _droppable_turns(messages, 0, head_end) + tail_turns
-        total3 = _drop_turns(messages, sizes, keep3, turns, _kept_total(sizes, keep3, fixed_tokens), cap, report3)
-        out3, total3, report3 = _shrink_if_over(messages, keep3, token_of, total3, cap, report3)
-        if total3 < total:
-            out, total, report = out3, total3, report3
-    if total > cap:
-        keep4 = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
-        report4 = FitReport(tokens_before=report.tokens_before)
-        report4.dropped_messages = keep4.count(False)
-        report4.dropped_turns = len(_droppable_turns(messages, 0, last_user))
-        total4 = _kept_total(sizes, keep4, fixed_tokens)
-        out4, total4, report4 = _shrink_if_over(messages, keep4, token_of, total4, cap, report4)
-        if total4 < total:
-            out, total, report = out4, total4, report4
+        total3 = _drop_turns(messages, sizes, keep, turns, total, cap, report3)
+        best = min(best, _shrink_if_over(messages, keep, token_of, total3, cap, report3), key=lambda fit: fit[1])
+    if best[1] > cap:
+        keep = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
+        report4 = FitReport(
+            tokens_before=report.tokens_before,
+            dropped_messages=keep.count(False),
+            dropped_turns=len(_droppable_turns(messages, 0, last_user)),
+        )
+        total4 = fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
+        best = min(best, _shrink_if_over(messages, keep, token_of, total4, cap, report4), key=lambda fit: fit[1])
+    out, total, report = best
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
 
 
-def _kept_total(sizes: list, keep: list, fixed_tokens: int) -> int:
-    return fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
-
-
 def _shrink_if_over(messages, keep, token_of, total, cap, report):
+    """The kept messages, shortened while over ``cap`` (counted on a copy
+    of ``report``), with their total and that report."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
@@ -1173,8 +953,9 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
             break
         if not any(keep[start:end]):
             continue
-        before = kept_before_dropped if start == dropped_end else _kept_before(messages, keep, start)
-        if not (_joinable(before, _kept_from(messages, keep, end)) and _opens_with_user(messages, keep, start, end)):
+        before = kept_before_dropped if start == dropped_end else _first_kept(messages, keep, range(start - 1, -1, -1))
+        after = _first_kept(messages, keep, range(end, len(messages)))
+        if not (_joinable(before, after) and _opens_with_user(messages, keep, start, end)):
             continue
         dropped_end, kept_before_dropped = end, before
         for i in range(start, end):
@@ -1186,18 +967,9 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
     return total
 
 
-def _kept_before(messages, keep, index):
-    for i in range(index - 1, -1, -1):
-        if keep[i]:
-            return messages[i]
-    return None
-
-
-def _kept_from(messages, keep, index):
-    for i in range(index, len(messages)):
-        if keep[i]:
-            return messages[i]
-    return None
+def _first_kept(messages, keep, indices):
+    """The message at the first of ``indices`` that is kept (None: none is)."""
+    return next((messages[i] for i in indices if keep[i]), None)
 
 
 def _opens_with_user(messages, keep, start, end) -> bool:
@@ -1219,18 +991,9 @@ def _shrinkable_order(messages: Messages) -> list[int]:
     some providers verify. An older one is shortened like any other."""
     last_user = _last_user_index(messages)
     last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
-    if last_assistant < last_user:
-        last_assistant = -1
-    tools, others = [], []
-    for i, message in enumerate(messages):
-        role = _role(message)
-        if i == last_user or (role == "system" and not is_summary_message(message)):
-            continue
-        if role == "tool":
-            tools.append(i)
-        elif i != last_assistant:
-            others.append(i)
-    return tools + others
+    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
+    order = [i for i, m in enumerate(messages) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
+    return sorted(order, key=lambda i: _role(messages[i]) != "tool")  # stable: tool outputs first
 
 
 def _shrink_kept_messages(messages, token_of, total, cap, report):
@@ -1239,38 +1002,34 @@ def _shrink_kept_messages(messages, token_of, total, cap, report):
     out = list(messages)
     order = _shrinkable_order(out)
     last_user = _last_user_index(out)
-    for pass_kind in ("tool", "image", "arguments", "text"):
-        if pass_kind == "tool":
-            eligible = [i for i in order if _role(out[i]) == "tool"]
-        elif pass_kind == "arguments":
-            eligible = [i for i in order if i < last_user and _tool_calls(out[i])]
-        else:
-            eligible = order
-        candidates = sorted(eligible, key=lambda i: -token_of(out[i]))
-        for i in candidates:
+    passes = (
+        ("tool", [i for i in order if _role(out[i]) == "tool"]),
+        ("image", order),
+        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
+        ("text", order),
+    )
+    for kind, eligible in passes:
+        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
             if total <= cap:
                 return out, total
             before = token_of(out[i])
-            if pass_kind == "image":
+            if kind == "image":
                 shorter = _without_images(out[i])
-                if shorter is not out[i]:
-                    report.dropped_images += 1
-            elif pass_kind == "arguments":
+            elif kind == "arguments":
                 shorter = _without_long_arguments(out[i])
             else:
                 # aim the text alone at the target: names, arguments and
                 # per-message overhead are not shortened
                 frame = token_of({**out[i], "content": ""})
                 shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
-            if shorter is out[i]:
-                continue
             after = token_of(shorter)
-            if after >= before:
-                continue
-            out[i] = shorter
-            total -= before - after
-            if pass_kind != "image":
-                report.shortened_messages += 1
+            if after < before:
+                out[i] = shorter
+                total -= before - after
+                if kind == "image":
+                    report.dropped_images += 1
+                else:
+                    report.shortened_messages += 1
     return out, total
 
 
@@ -1288,29 +1047,20 @@ def _without_images(message: Message) -> Message:
         else p
         for p in content
     ]
-    if parts == content:
-        return message
-    return {**message, "content": parts}
-
-
-_ARGUMENTS_KEEP_CHARS = 120  # arguments up to this long stay; longer ones keep this much of their start
+    return message if parts == content else {**message, "content": parts}
 
 
 def _without_long_arguments(message: Message) -> Message:
     """``message`` with each long tool-call argument string replaced by a
     JSON object that says it was shortened and keeps its start, so gateways
     that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
-    calls = []
-    changed = False
+    calls, changed = [], False
     for call in _tool_calls(message):
         function = call.get("function") if isinstance(call, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
         if isinstance(arguments, str) and len(arguments) > 2 * _ARGUMENTS_KEEP_CHARS:
             omitted = len(arguments) - _ARGUMENTS_KEEP_CHARS
-            marker = {
-                "_omitted": ARGUMENTS_MARKER.format(n=omitted),
-                "_start": arguments[:_ARGUMENTS_KEEP_CHARS],
-            }
+            marker = {"_omitted": ARGUMENTS_MARKER.format(n=omitted), "_start": arguments[:_ARGUMENTS_KEEP_CHARS]}
             call = {**call, "function": {**function, "arguments": json.dumps(marker, ensure_ascii=False)}}
             changed = True
         calls.append(call)
@@ -1324,8 +1074,7 @@ def clip_text(text: str, keep_chars: int) -> str:
     keep_chars = max(keep_chars, 2)
     head = keep_chars * 2 // 3
     tail = keep_chars - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n{TRIM_MARKER.format(n=cut)}\n{text[len(text) - tail :]}"
+    return f"{text[:head]}\n{TRIM_MARKER.format(n=len(text) - keep_chars)}\n{text[len(text) - tail :]}"
 
 
 def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
@@ -1368,6 +1117,17 @@ _REASONING_BLOCK_RE = re.compile(
     r"<(think|thinking|reasoning)>.*?</\1>|<details type=\"reasoning\".*?</details>",
     re.DOTALL | re.IGNORECASE,
 )
+_MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+# Digests of recent message texts, keyed by (role, hashes and lengths of the
+# text parts, tool names), so a chat's every request hashes only new text.
+_DIGESTS = _BoundedDict(50_000)
+BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
+BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
+SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
+SUMMARIZE_COMMAND_PROMPT = (
+    "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
+    "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
+)
 
 
 def _output_text(parts: Any) -> str:
@@ -1380,12 +1140,9 @@ def expand_output_items(output: list) -> Messages:
     """Fallback for ``open_webui.utils.misc.convert_output_to_messages``: the
     stored Responses-style items of one assistant reply as chat messages.
     Only calls that completed and have a result become tool calls, as there."""
-    answered = {
-        item.get("call_id") for item in output if isinstance(item, dict) and item.get("type") == "function_call_output"
-    }
-    messages: Messages = []
-    text: list = []
-    calls: list = []
+    output = [item for item in output if isinstance(item, dict)]
+    answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
+    messages, text, calls = [], [], []
 
     def flush() -> None:
         if text or calls:
@@ -1397,66 +1154,41 @@ def expand_output_items(output: list) -> Messages:
             calls.clear()
 
     for item in output:
-        if not isinstance(item, dict):
-            continue
         kind = item.get("type")
-        if kind == "message":
-            value = _output_text(item.get("content"))
-            if value:
-                text.append(value)
+        if kind == "message" and _output_text(item.get("content")):
+            text.append(_output_text(item.get("content")))
         elif (
             kind == "function_call"
             and item.get("call_id") in answered
             and item.get("status", "completed") in ("completed", "failed", "rejected")
         ):
             arguments = item.get("arguments", "{}")
-            calls.append(
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {
-                        "name": item.get("name", ""),
-                        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                    },
-                }
-            )
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            function = {"name": item.get("name", ""), "arguments": arguments}
+            calls.append({"id": item["call_id"], "type": "function", "function": function})
         elif kind == "function_call_output":
             flush()
             messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item.get("call_id", ""),
-                    "content": _output_text(item.get("output")),
-                }
+                {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": _output_text(item.get("output"))}
             )
     flush()
     return messages
 
 
-_OWUI_CONVERTER: list = []  # [converter or None], looked up once
-
-
+@lru_cache(maxsize=1)
 def _owui_output_converter() -> Optional[Callable]:
-    if not _OWUI_CONVERTER:
-        try:
-            from open_webui.utils.misc import convert_output_to_messages  # type: ignore
-        except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
-            _OWUI_CONVERTER.append(None)
-        else:
-            _OWUI_CONVERTER.append(
-                lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
-            )
-    return _OWUI_CONVERTER[0]
-
-
-_MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+    """Open WebUI's own converter (None outside its server), looked up once."""
+    try:
+        from open_webui.utils.misc import convert_output_to_messages  # type: ignore
+    except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
+        return None
+    return lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
 
 
 def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
     """Stored messages -> (expanded messages, the stored id of each)."""
     convert = _owui_output_converter() or expand_output_items
-    out: Messages = []
-    ids: list = []
+    out, ids = [], []
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -1472,8 +1204,7 @@ def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
                 continue
         if message.get("role") == "assistant" and not message.get("content") and not message.get("tool_calls"):
             continue  # Open WebUI sends no empty assistant message to the model
-        clean = {k: message[k] for k in _MODEL_KEYS if k in message}  # stored messages have many keys
-        out.append(clean)
+        out.append({k: message[k] for k in _MODEL_KEYS if k in message})  # stored messages have many keys
         ids.append(message.get("id"))
     return out, ids
 
@@ -1482,8 +1213,7 @@ def canonical_digest(message: Message) -> str:
     """What identifies a message across inlet and outlet: its role and
     visible text (reasoning blocks and image parts excluded, since the two
     views render them differently), plus the names of the tools it calls."""
-    calls = _tool_calls(message)
-    names = ",".join(str((c.get("function") or {}).get("name", "")) for c in calls) if calls else ""
+    names = ",".join(str((c.get("function") or {}).get("name", "")) for c in _tool_calls(message))
     content = message.get("content")
     key = _digest_key(message.get("role"), content, names)
     digest = _DIGESTS.recall(key) if key is not None else None
@@ -1498,26 +1228,14 @@ def canonical_digest(message: Message) -> str:
     return digest
 
 
-# Digests of recent message texts, keyed by (role, hashes and lengths of the
-# text parts, tool names), so a chat's every request hashes only new text.
-_DIGESTS = _BoundedDict(50_000)
-
-
 def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
     if not isinstance(role, str):
         return None
     if isinstance(content, str):
         return (role, hash(content), len(content), names)
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append((hash(text), len(text)))
-            elif isinstance(part, str):
-                parts.append((hash(part), len(part)))
-        return (role, tuple(parts), names)
+        texts = (p.get("text") if isinstance(p, dict) else p for p in content)
+        return (role, tuple((hash(t), len(t)) for t in texts if isinstance(t, str)), names)
     return None
 
 
@@ -1534,13 +1252,8 @@ def system_messages(messages: Messages) -> Messages:
 def canonical_opening(messages: Messages, count: int = 2) -> Messages:
     """The first ``count`` canonical messages, without building the whole
     canonical list (a chat's anchor needs two)."""
-    opening = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") != "system":
-            opening.append(m)
-            if len(opening) == count:
-                break
-    return opening
+    canonical = (m for m in messages if not isinstance(m, dict) or m.get("role") != "system")
+    return [m for _, m in zip(range(count), canonical)]
 
 
 def prefix_fingerprint(digests: list, count: int) -> str:
@@ -1566,61 +1279,50 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
     return start
 
 
-BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
-
-
 def has_builtin_summary(messages: Messages) -> bool:
     """Open WebUI's own compaction already summarized this request."""
     return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
 
 
-def _without_builtin_summary(text: str) -> str:
-    at = text.find(BUILTIN_SUMMARY_MARK)
-    return text if at < 0 else text[:at].rstrip()
-
-
 def strip_builtin_summary(messages: Messages) -> Messages:
-    """The messages without Open WebUI's own summary. The core appends it to
-    the system message as ``\n[CONVERSATION SUMMARY]\n<text>`` (to every
-    text part of a list content); everything from the mark on is cut, and a
-    system message left empty is dropped. Used where this filter's summary,
-    which was built from the core's, replaces it: the same text is never
-    sent twice. Other messages are returned as they are (same objects)."""
+    """The messages without Open WebUI's own summary, which the core appends
+    to the system message (each text part) as ``\n[CONVERSATION SUMMARY]\n``
+    and its text: cut from the mark on, a system message left empty dropped,
+    so where this filter's summary (built from the core's) replaces it the
+    text is not sent twice. Other messages stay the same objects."""
+
+    def cut(text: str) -> str:
+        at = text.find(BUILTIN_SUMMARY_MARK)
+        return text if at < 0 else text[:at].rstrip()
+
     out: Messages = []
     for message in messages:
-        if _role(message) != "system" or BUILTIN_SUMMARY_MARK not in _text_of(message.get("content")):
+        content = message.get("content") if _role(message) == "system" else None
+        if BUILTIN_SUMMARY_MARK not in _text_of(content):
             out.append(message)
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            content = _without_builtin_summary(content)
-            empty = not content.strip()
+        elif isinstance(content, str):
+            if cut(content).strip():
+                out.append({**message, "content": cut(content)})
         else:
             parts = []
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    part = {**part, "text": _without_builtin_summary(part["text"])}
+                    part = {**part, "text": cut(part["text"])}
                     if not part["text"].strip():
                         continue
                 parts.append(part)
-            content, empty = parts, not parts
-        if not empty:
-            out.append({**message, "content": content})
+            if parts:
+                out.append({**message, "content": parts})
     return out
 
 
-BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
-
-
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
-    """Where Open WebUI's own compaction cut the branch (``stored``: the
-    branch's messages as the database keeps them, root first), as
-    ``(message id, summary text)``: the last message carrying a
-    ``contextSummary`` (saved by ``/compact`` on the latest reply, by the
-    automatic compaction on the first kept user message). From there on,
-    that message included, is what inlet receives. A summary made between
-    tool rounds is ``(message id, None)``: its cut falls inside a reply and
-    is not followed. None: the core never compacted this branch."""
+    """Where Open WebUI's own compaction cut the branch (``stored``, root
+    first), as ``(message id, summary text)``: the last message with a
+    ``contextSummary`` (``/compact`` saves it on the latest reply, automatic
+    compaction on the first kept user message); inlet receives from there
+    on. A summary made between tool rounds gives ``(id, None)``: its cut
+    inside a reply is not followed. None: the core never compacted."""
     for message in reversed(stored):
         if not isinstance(message, dict):
             continue
@@ -1633,13 +1335,6 @@ def latest_checkpoint(stored: Messages) -> Optional[tuple]:
         ):
             return message.get("id"), None
     return None
-
-
-SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
-SUMMARIZE_COMMAND_PROMPT = (
-    "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
-    "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
-)
 
 
 def is_summarize_command(content: Any) -> bool:
@@ -1659,27 +1354,8 @@ def explain_summarize_command(messages: Messages) -> Messages:
 
 def asked_for_summary(stored: Messages) -> bool:
     """Whether the reply outlet sees answers the user's summarize command."""
-    for message in reversed(stored):
-        if _role(message) == "user":
-            return is_summarize_command(message.get("content"))
-    return False
-
-
-def index_after_head(view: Messages, head_count: int) -> int:
-    """Index in ``view`` (system messages included) of the first message
-    after ``head_count`` canonical ones."""
-    seen = 0
-    for i, message in enumerate(view):
-        if seen >= head_count:
-            return i
-        if _role(message) != "system":
-            seen += 1
-    return len(view)
-
-
-def canonical_head(canon: Messages, keep_first: int) -> int:
-    """Canonical messages kept verbatim before any summary."""
-    return protected_head_end(canon, keep_first) if canon else 0
+    last_user = next((m for m in reversed(stored) if _role(m) == "user"), None)
+    return last_user is not None and is_summarize_command(last_user.get("content"))
 
 
 def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
@@ -4893,7 +4569,7 @@ class BackgroundSummarizer:
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
         previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
-        head = previous.head_count if previous else canonical_head(canon, s.keep_first)
+        head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens and not ctx.force_summary:
@@ -5394,7 +5070,7 @@ class Filter:
             # (tests/unit/test_properties.py checks its output needs no repair),
             # but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
-            repair = merge_reports(repair, again)
+            repair += again
         if repair.changed() or fit.changed() or s.debug:
             log.info(
                 "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",

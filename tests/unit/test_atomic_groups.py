@@ -18,7 +18,7 @@ from devkit.provider_rules import check_openai
 def test_chain_with_follow_up_is_one_unit():
     messages = [S(), U(), A("a"), T("a"), AS(), U("again")]
     assert acc.get_atomic_groups(messages) == [[0], [1], [2, 3, 4], [5]]
-    assert acc.atomic_spans(messages) == [(0, 1), (1, 2), (2, 5), (5, 6)]
+    assert list(acc.atomic_spans(messages)) == [(0, 1), (1, 2), (2, 5), (5, 6)]
 
 
 def test_parallel_calls_form_one_unit():
@@ -59,7 +59,7 @@ def test_user_message_breaks_a_chain_and_later_results_are_strays():
 
 def test_empty_list_has_no_units_and_malformed_entries_are_units_of_their_own():
     assert acc.get_atomic_groups([]) == []
-    assert acc.atomic_spans([]) == []
+    assert list(acc.atomic_spans([])) == []
     # non-dict entries and missing roles are units of their own, never a crash
     assert acc.get_atomic_groups(["x", {"content": "no role"}, None]) == [[0], [1], [2]]
     # tool_calls: [] is not a call turn
@@ -122,7 +122,7 @@ def test_groups_do_not_mutate_input():
     messages = [U(), A("a"), T("a"), AS()]
     before = frozen(messages)
     acc.get_atomic_groups(messages)
-    acc.atomic_spans(messages)
+    list(acc.atomic_spans(messages))
     assert messages == before
 
 

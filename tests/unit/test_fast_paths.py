@@ -147,7 +147,7 @@ def test_each_step_check_objects_exactly_when_its_fix_would_change_the_list(mess
         report = acc.RepairReport()
         fixed = step.fix(out, report)
         broken = step.broken(acc.TranscriptView(out))
-        assert broken == (not unchanged(out, fixed, report)), step.__name__
+        assert broken == (not unchanged(out, fixed, report)), step.fix.__name__
         assert step(out, acc.RepairReport()) is out or broken
         out = fixed
 
@@ -158,7 +158,7 @@ def test_a_step_whose_check_passes_returns_its_input_list_itself(messages):
     out = list(messages)
     for step in acc._REPAIR_STEPS:
         if not step.broken(acc.TranscriptView(out)):
-            assert step(out, acc.RepairReport()) is out, step.__name__
+            assert step(out, acc.RepairReport()) is out, step.fix.__name__
         out = step(out, acc.RepairReport())
 
 
@@ -217,7 +217,10 @@ def _drop_turns_by_scanning(messages, sizes, keep, turns, total, cap, report):
         if not any(keep[start:end]):
             continue
         if not (
-            acc._joinable(acc._kept_before(messages, keep, start), acc._kept_from(messages, keep, end))
+            acc._joinable(
+                acc._first_kept(messages, keep, range(start - 1, -1, -1)),
+                acc._first_kept(messages, keep, range(end, len(messages))),
+            )
             and acc._opens_with_user(messages, keep, start, end)
         ):
             continue

@@ -235,7 +235,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         {"role": "assistant", "content": "Here it is."},
     ]
     canon, digests = canonical_view(at_outlet)
-    head = acc.canonical_head(canon, 0)
+    head = acc.protected_head_end(canon, 0)
     covered = acc.summary_target(canon, head, 2)
     assert (head, covered) == (0, 1)  # what the planner saves
     record = acc.SummaryRecord(

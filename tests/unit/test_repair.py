@@ -645,4 +645,4 @@ def test_every_step_leaves_its_input_alone(name):
     for step in acc._REPAIR_STEPS:
         before = frozen(messages)
         step(messages, acc.RepairReport())
-        assert messages == before, step.__name__
+        assert messages == before, step.fix.__name__
