@@ -594,7 +594,7 @@ def _safe_name(name: Any) -> str:
 
 
 def _name_field_ok(name: Any) -> bool:
-    return name is None or (isinstance(name, str) and bool(_NAME_FIELD_RE.match(name)))
+    return name is None or (isinstance(name, str) and bool(_NAME_FIELD_RE.fullmatch(name)))
 
 
 def _valid_function_name(call: dict) -> bool:
@@ -604,7 +604,7 @@ def _valid_function_name(call: dict) -> bool:
 
 @lru_cache(maxsize=1024)
 def _function_name_ok(name: str) -> bool:
-    return bool(_FUNCTION_NAME_RE.match(name))
+    return bool(_FUNCTION_NAME_RE.fullmatch(name))
 
 
 def _function_of(call: dict) -> dict:

@@ -258,7 +258,7 @@ def _openai_tool_calls(i: int, msg: dict) -> list[Violation]:
             v(f"Missing required parameter: '{p}.function'.")
             continue
         name = fn.get("name")
-        if not isinstance(name, str) or not _FUNC_NAME_RE.match(name):
+        if not isinstance(name, str) or not _FUNC_NAME_RE.fullmatch(name):
             v(
                 f"Invalid '{p}.function.name': string does not match pattern. Expected a "
                 "string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."
@@ -330,7 +330,7 @@ def check_openai(messages: Any) -> list[Violation]:
 
         if "name" in msg and msg["name"] is not None:
             name = msg["name"]
-            if not isinstance(name, str) or not _NAME_RE.match(name):
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
                 out.append(
                     Violation(
                         "openai",

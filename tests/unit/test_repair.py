@@ -282,6 +282,20 @@ def test_sanitize_function_and_message_names():
     assert counts(report) == {"renamed_functions": 4}
 
 
+def test_a_name_ending_in_a_newline_is_not_valid():
+    # "$" in a regex also matches before a final newline; providers' patterns do not
+    report = acc.RepairReport()
+    messages = [
+        {"role": "user", "content": "hi", "name": "ann\n"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a", "search\n")]},
+        {"role": "tool", "tool_call_id": "a", "content": "found"},
+    ]
+    out = acc.sanitize_names(messages, report)
+    assert out[0]["name"] == "ann_"
+    assert out[1]["tool_calls"][0]["function"]["name"] == "search_"
+    assert not check_openai(out)
+
+
 def test_sanitize_call_without_function_object():
     report = acc.RepairReport()
     out = acc.sanitize_names(
