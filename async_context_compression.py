@@ -4755,10 +4755,12 @@ class SentOutcome:
     repaired: bool = False
     fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
+    turn: int = 0  # user messages in the list inlet received: when notes are due
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
         """The request hook's outcome completed with what inlet did before it
-        (the summary it applied, the messages it already left out)."""
+        (the summary it applied, the messages it left out, the turn it counted
+        before a summary shortened the list)."""
         if inlet is None:
             return self
         return replace(
@@ -4767,6 +4769,7 @@ class SentOutcome:
             left_out=inlet.left_out + self.left_out,
             repaired=self.repaired or inlet.repaired,
             fault=self.fault or inlet.fault,
+            turn=inlet.turn,
         )
 
 
@@ -4818,30 +4821,21 @@ MAX_BACKGROUND_TASKS = 64
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
+NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
 
 
 @dataclass
 class ChatState:
     """What this worker remembers of one conversation between its requests:
     what every request carries besides the conversation (tool schemas,
-    system prompts), the reason key of the last failure to summarize it,
-    inlet's outcome for the request hook to complete, the last outcome sent
-    (background lines repeat its figure) and the fault and notes last shown
-    (each is said once, and again when it changes)."""
+    system prompts), inlet's outcome for the request hook to complete, and
+    the last outcome sent (background lines repeat its figure). Nothing here
+    decides what a status line says: that is a function of the request, so
+    every worker and replica says the same for the same turn."""
 
     overhead: int = TOKENS_PER_REQUEST
-    last_fault: Optional[Fault] = None
     inlet_sent: Optional[SentOutcome] = None
     last_sent: Optional[SentOutcome] = None
-    shown_fault: Optional[Fault] = None
-    shown_notes: tuple = ()
-
-    def to_show(self, sent: SentOutcome, notes: tuple) -> SentOutcome:
-        """``sent`` with only the fault and notes not said yet."""
-        fault = sent.fault if sent.fault and sent.fault.key else self.last_fault  # STORE_ABSENT: not worth a word
-        fault_new, notes_new = fault != self.shown_fault, tuple(map(str, notes)) != self.shown_notes
-        self.shown_fault, self.shown_notes = fault, tuple(map(str, notes))
-        return replace(sent, fault=fault if fault_new else None, notes=tuple(notes) if notes_new else ())
 
 
 @dataclass
@@ -4969,8 +4963,9 @@ class BackgroundSummarizer:
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
         """Remembers what a request sent; returns it as its status line should
-        state it (the request hook's completed with inlet's, fault and notes
-        only when new), or None when no line is due."""
+        state it (the request hook's completed with inlet's; the settings
+        notes on turns 1, 11, 21, ... so they are seen without standing under
+        every reply), or None when no line is due."""
         state = self.chat(ctx)
         if not inlet:
             sent = sent.after(state.inlet_sent)
@@ -4979,8 +4974,9 @@ class BackgroundSummarizer:
             return None
         state.last_sent = sent
         if not ctx.settings.show_status:
-            return None  # nothing said, nothing remembered as said
-        return state.to_show(sent, ctx.settings.warnings)
+            return None
+        due = sent.turn % NOTES_EVERY == 1
+        return replace(sent, notes=ctx.settings.warnings if due else ())
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
@@ -5060,8 +5056,9 @@ class BackgroundSummarizer:
                     if branch is None:
                         return
                 await self._summarize_if_needed(ctx, branch, key)
-            except StoreUnavailable as exc:
-                self.chat(ctx).last_fault = exc.fault
+            except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
+                if exc.fault.key:
+                    await self._say(ctx, "summaries_down", done=True, reason=exc.fault)
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
@@ -5103,13 +5100,11 @@ class BackgroundSummarizer:
                 return
             await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
             record = await self._fold(ctx, branch, plan, lease)
-            self.chat(ctx).last_fault = None
             await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
             await self._show_summary(ctx, record)
         except _LeaseLost:
             log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
         except SummaryError as exc:
-            self.chat(ctx).last_fault = exc.fault
             delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
             log.warning(
                 "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
@@ -5129,7 +5124,6 @@ class BackgroundSummarizer:
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens and not ctx.force_summary:
-            self.chat(ctx).last_fault = None  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
@@ -5650,6 +5644,7 @@ class Filter:
             over_cap=fit.over_budget,
             repaired=repair.noticeable(),
             fault=fault,
+            turn=sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user"),
         )
         final = not inlet or not request_hook_follows()  # inlet's line is definitive only where no request hook follows
         if final:  # what was sent for this reply, for outlet to relate to its usage
