@@ -2220,13 +2220,14 @@ async def fit_request(
 # applied once, as a change of units (``in_counted_units``): the cap, the
 # threshold and the trigger are divided by it, the status figure multiplied.
 # A model that reports no usage keeps today's counts (no scale). The ratios
-# are stored beside the summaries (layer 5) and read in the background.
+# are stored beside the summaries (layer 5); each minute applies one snapshot.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
 RATIO_MIN_TOKENS = 40  # requests counted smaller than this say little (framing dominates)
 RATIO_CUT_SHARE = 0.98  # a reported prompt this close to the request's own bound may have been cut
-RATIOS_REFRESH = 60.0  # seconds between reads of the ratios other workers stored
+RATIOS_SETTLE = 5.0  # seconds a sample may take to reach the store (minute E applies those before E - this)
+RATIOS_KEPT_FRESH = 180.0  # seconds the store keeps every sample, beyond each model's newest RATIO_SAMPLES
 RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
 RATIO_PATHS = ("exact", "estimate", "replayed")
 
@@ -2324,17 +2325,25 @@ class _Counted:
 
 
 class ModelTokens:
-    """Per worker: the ratios learned per model and path (shared with other
-    workers through the store, merged in the background), and what was
-    counted for each reply not yet related to its usage. Bounded."""
+    """Per worker: the ratios applied per model and path, and what was
+    counted for each reply not yet related to its usage. Bounded.
+
+    The ratios applied during wall-clock minute E are the store's samples
+    created before E minus RATIOS_SETTLE (so background writes have landed),
+    read once per worker per minute: every worker and replica applies the
+    same ones. A model with no sample in that snapshot uses this worker's own
+    samples, so a new model calibrates after its first reply (the one window
+    in which replicas may differ, until the next minute's snapshot)."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
-        self.ratios = _BoundedDict(models)  # (model, path) -> {sample key: (created_at, ratio)}
+        self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
+        self.own = _BoundedDict(models)  # (model, path) -> [(created_at, ratio)] learned on this worker
         self.counted = _BoundedDict(replies)  # reply message id -> _Counted
         self.unsaved: list = []  # (key, model, path, ratio, created_at) not yet in the store
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
-        self.loaded_at: Optional[float] = None
+        self.minute: Optional[int] = None  # of the snapshot in ``shared``
+        self.loading: Optional[tuple] = None  # (minute, task) of the read under way
         self.tasks: set = set()
         self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
 
@@ -2342,15 +2351,15 @@ class ModelTokens:
         """Model tokens per counted token: the path's own ratios, else (the
         estimator errs high) the exact path's, else those replayed from
         earlier replies of an existing chat, else None (nothing learned)."""
-        paths = ("exact", "replayed") if exact else ("estimate", "exact", "replayed")
-        for path in paths:
-            found = self.ratios.get((model, path))
+        table = self.shared if any((model, path) in self.shared for path in RATIO_PATHS) else self.own
+        for path in ("exact", "replayed") if exact else ("estimate", "exact", "replayed"):
+            found = table.get((model, path))
             if found:
-                return robust_ratio((ratio for _, ratio in sorted(found.values())), upper=path == "estimate")
+                return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
         return None
 
     def knows(self, model: str) -> bool:
-        return any(self.ratios.get((model, path)) for path in RATIO_PATHS)
+        return any((model, path) in table for table in (self.shared, self.own) for path in RATIO_PATHS)
 
     def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
         """The request hook's count for the reply ``message_id`` (added up
@@ -2380,32 +2389,46 @@ class ModelTokens:
         self.add(counted.model, counted.path, ratio)
         return counted.model, counted.path, ratio
 
-    def add(self, model: str, path: str, ratio: float, save: bool = True) -> None:
+    def add(self, model: str, path: str, ratio: float) -> None:
         self._serial += 1
-        key, now = f"{self.worker}:{self._serial}", time.time()
-        self._merge_one(key, model, path, ratio, now)
-        if save:
-            self.unsaved.append((key, model, path, ratio, now))
-            del self.unsaved[:-64]  # a store that never answers costs bounded memory
+        now = time.time()
+        self.own[(model, path)] = [*(self.own.get((model, path)) or ()), (now, float(ratio))][-RATIO_SAMPLES:]
+        self.unsaved.append((f"{self.worker}:{self._serial}", model, path, ratio, now))
+        del self.unsaved[:-64]  # a store that never answers costs bounded memory
 
-    def _merge_one(self, key: str, model: str, path: str, ratio: float, at: float) -> None:
-        if path not in RATIO_PATHS or not isinstance(ratio, (int, float)):
+    def snapshot(self, rows: Iterable, minute: int) -> None:
+        """The store's rows (key, model, path, ratio, created_at) as applied
+        during ``minute``: those created before it less RATIOS_SETTLE, the
+        newest RATIO_SAMPLES per model and path."""
+        if self.minute is not None and minute < self.minute:
+            return  # a read that outlived its minute
+        cutoff, found = minute * 60 - RATIOS_SETTLE, {}
+        for _, model, path, ratio, at in rows:
+            if path in RATIO_PATHS and isinstance(ratio, (int, float)) and (at or 0.0) < cutoff:
+                found.setdefault((str(model), path), []).append((float(at or 0.0), float(ratio)))
+        self.shared = {key: sorted(samples)[-RATIO_SAMPLES:] for key, samples in found.items()}
+        self.minute = minute
+
+    async def refresh(self, read: Optional[Callable], now: Optional[float] = None) -> None:
+        """The current minute's snapshot, read once per worker: the first
+        requests of a minute await that one read (at most STORE_TIMEOUT);
+        a store that cannot be read leaves the last snapshot in place."""
+        minute = int((time.time() if now is None else now) // 60)
+        if read is None or self.minute is not None and self.minute >= minute:
             return
-        found = dict(self.ratios.get((model, path)) or {})
-        found[key] = (float(at), float(ratio))
-        if len(found) > RATIO_SAMPLES:
-            found = dict(sorted(found.items(), key=lambda kv: kv[1])[-RATIO_SAMPLES:])
-        self.ratios[(model, path)] = found
+        if self.loading is None or self.loading[0] != minute or self.loading[1].done():
+            self.loading = (minute, asyncio.ensure_future(self._load(read, minute)))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.loading[1]), STORE_TIMEOUT)
+        except Exception as exc:  # too slow, or another event loop's read: the last snapshot
+            log.debug("async_context_compression: ratios not read in time: %s", exc)
 
-    def merge(self, rows: Iterable) -> None:
-        """Rows read from the store (key, model, path, ratio, created_at):
-        every worker's samples, this one's included."""
-        for key, model, path, ratio, at in rows:
-            self._merge_one(str(key), str(model), str(path), ratio, at or 0.0)
-        self.loaded_at = time.monotonic()
-
-    def refresh_due(self) -> bool:
-        return self.loaded_at is None or time.monotonic() - self.loaded_at > RATIOS_REFRESH
+    async def _load(self, read: Callable, minute: int) -> None:
+        try:
+            self.snapshot(await read(), minute)
+        except Exception as exc:
+            log.debug("async_context_compression: ratios not read: %s", exc)
+            self.minute = max(minute, self.minute or minute)  # tried again next minute
 
     def in_background(self, coro: Awaitable) -> None:
         task = asyncio.ensure_future(coro)
@@ -3435,19 +3458,22 @@ class SummaryStore:
     # -- the model's own tokens (ModelTokens) ----------------------------------
     async def add_ratios(self, rows: list) -> None:
         """Samples (key, model, path, ratio, created_at), one transaction;
-        each model and path keeps its RATIO_SAMPLES newest rows."""
+        each model and path keeps its RATIO_SAMPLES newest rows older than
+        RATIOS_KEPT_FRESH, and every younger one (so no row of a snapshot
+        that ``ModelTokens`` may read this minute is pruned before then)."""
         if not rows:
             return
         sa = await self._sql()
         t = self._t["ratio"]
         values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
         pairs = {(v["model"], v["path"]) for v in values}
+        settled = time.time() - RATIOS_KEPT_FRESH  # younger rows stay: a minute's snapshot may hold them
 
         async def op(engine):
             async with engine.begin() as conn:
                 await conn.execute(sa.insert(t), values)
                 for model, path in pairs:
-                    same = (t.c.model == model, t.c.path == path)
+                    same = (t.c.model == model, t.c.path == path, t.c.created_at < settled)
                     keep = sa.select(t.c.id).where(*same).order_by(t.c.id.desc()).limit(RATIO_SAMPLES)
                     kept = [row[0] for row in (await conn.execute(keep)).all()]
                     if len(kept) == RATIO_SAMPLES:
@@ -5540,7 +5566,7 @@ class Filter:
             return body
         ctx = None
         try:
-            ctx = self._context(body, user, metadata, emitter, model, chat_id)
+            ctx = await self._context(body, user, metadata, emitter, model, chat_id)
             if ctx is None:
                 return body
             return await self._prepare(body, ctx, inlet)
@@ -5563,7 +5589,7 @@ class Filter:
             log.exception("async_context_compression: repair failed too; sending the request unchanged")
             return body
 
-    def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
+    async def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
         user = user if isinstance(user, dict) else {}
         user_valves = user.get("valves")
         if user_valves is not None and not getattr(user_valves, "enabled", True):
@@ -5573,9 +5599,9 @@ class Filter:
         settings = resolve_settings(self.valves, model_id, user_valves)
         # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
         bound = request_prompt_bound(body, model)
+        await self.tokens.refresh(getattr(self.store, "read_ratios", None))
         scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
         settings = in_counted_units(settings, scale, bound)
-        self._refresh_ratios()
         messages = body.get("messages")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
@@ -5702,7 +5728,7 @@ class Filter:
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
-            ctx = self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
+            ctx = await self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
             if ctx is None:
                 return body
             ctx.request = __request__
@@ -5765,22 +5791,3 @@ class Filter:
                 self.tokens.unsaved[:0] = rows[-64:]
         except Exception as exc:
             log.debug("async_context_compression: ratios not saved: %s", exc)
-
-    def _refresh_ratios(self) -> None:
-        """Every worker's ratios, read in the background now and then: the
-        request path only reads this worker's table."""
-        read = getattr(self.store, "read_ratios", None)
-        if read is None or not self.tokens.refresh_due():
-            return
-        self.tokens.loaded_at = time.monotonic()  # one read at a time; the next after RATIOS_REFRESH
-
-        async def load() -> None:
-            try:
-                self.tokens.merge(await read())
-            except Exception as exc:
-                log.debug("async_context_compression: ratios not read: %s", exc)
-
-        try:
-            self.tokens.in_background(load())
-        except RuntimeError:  # no running event loop (called outside a hook)
-            self.tokens.loaded_at = None
