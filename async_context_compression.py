@@ -5077,7 +5077,7 @@ class BackgroundSummarizer:
         async with lock:
             try:
                 if await _builtin_compaction_enabled():
-                    _warn_once([note("n_builtin_on")])
+                    log_notes_once([note("n_builtin_on")])
                     branch = await self._after_builtin_checkpoint(ctx, branch)
                     if branch is None:
                         return
@@ -5332,13 +5332,6 @@ def open_webui_limits(version: Any = None) -> list:
     return [f"Open WebUI {version}: {limit}" for limit in limits]
 
 
-def _log_open_webui_limits() -> None:
-    for limit in open_webui_limits():
-        if limit not in _WARNED:
-            _WARNED[limit] = True
-            log.warning("async_context_compression: %s", limit)
-
-
 _OWUI_CONFIG: list = []
 _BUILTIN_ON: list = [False, float("-inf")]  # the last answer of _builtin_compaction_enabled, and when
 BUILTIN_CHECK_EVERY = 5.0  # seconds inlet trusts that answer (one config read per worker at most this often)
@@ -5380,13 +5373,6 @@ async def _builtin_compaction_enabled() -> bool:
         on = False
     _BUILTIN_ON[:] = [on, time.monotonic()]
     return on
-
-
-_WARNED = _LOGGED_NOTES  # the benchmark reports its size
-
-
-def _warn_once(warnings: Iterable[Note]) -> None:
-    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
 
 
 # ---------------------------------------------------------------------------
@@ -5495,43 +5481,17 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
-        _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
+        log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
-    # The summarizer owns these; tests and benchmarks swap them through here.
     @property
-    def counter(self) -> TokenCounter:
+    def counter(self) -> TokenCounter:  # owned by the summarizer (tests swap ``summaries.counter``)
         return self.summaries.counter
-
-    @counter.setter
-    def counter(self, value: TokenCounter) -> None:
-        self.summaries.counter = value
 
     @property
     def store(self) -> "SummaryStore":
         return self.summaries.store
-
-    @store.setter
-    def store(self, value: "SummaryStore") -> None:
-        self.summaries.store = value
-
-    @property
-    def complete(self) -> Callable[..., Awaitable[str]]:
-        return self.summaries.complete
-
-    @complete.setter
-    def complete(self, value: Callable[..., Awaitable[str]]) -> None:
-        self.summaries.complete = value
-
-    # Names kept for the seed fix and for readers who know the incumbent.
-    def _get_atomic_groups(self, messages: Messages) -> list:
-        return get_atomic_groups(messages)
-
-    def _align_tail_start_to_atomic_boundary(
-        self, messages: Messages, raw_start_index: int, protected_prefix: int
-    ) -> int:
-        return align_tail_start_to_atomic_boundary(messages, raw_start_index, protected_prefix)
 
     # -- inlet / request ---------------------------------------------------
     async def inlet(
@@ -5661,7 +5621,7 @@ class Filter:
                 fit.shortened_messages,
                 record.covered_count if record else "none",
             )
-        _warn_once(s.warnings)
+        log_notes_once(s.warnings)
         sent = SentOutcome(
             used=to_model_tokens(s, fit.tokens_after),
             cap=s.model_cap,

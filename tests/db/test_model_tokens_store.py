@@ -50,7 +50,7 @@ async def test_workers_adding_at_once_lose_nothing_they_keep(db):
 
 async def test_the_filter_saves_and_refreshes_through_the_store(db):
     f = acc.Filter()
-    f.store = db.store()
+    f.summaries.store = db.store()
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
     text = "The quarterly figures were compared with the plan in detail. " * 20
     meta = {"chat_id": "c1", "message_id": "a1"}

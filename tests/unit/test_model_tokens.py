@@ -344,7 +344,7 @@ def _figure(text: str) -> float:
 
 def test_a_chat_grows_past_the_window_of_a_13x_model_without_a_request_over_it():
     f = acc.Filter()
-    f.store = _Store()
+    f.summaries.store = _Store()
     f.valves.max_context_tokens = 4000
     f.valves.compression_threshold_tokens = 0
     f.valves.summary_model = "none-such"  # summaries would fail: only the cap protects
@@ -361,7 +361,7 @@ def test_a_chat_grows_past_the_window_of_a_13x_model_without_a_request_over_it()
 
 def test_a_model_that_reports_no_usage_keeps_todays_counts():
     f = acc.Filter()
-    f.store = _Store()
+    f.summaries.store = _Store()
     f.valves.max_context_tokens = 4000
     f.valves.compression_threshold_tokens = 0
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
@@ -379,7 +379,7 @@ def test_a_model_that_reports_no_usage_keeps_todays_counts():
 
 def test_the_requests_num_ctx_bounds_the_cap_whatever_the_valves_say():
     f = acc.Filter()
-    f.store = _Store()
+    f.summaries.store = _Store()
     f.valves.max_context_tokens = 128000
     f.valves.compression_threshold_tokens = 0
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
@@ -393,7 +393,7 @@ def test_ratios_stored_by_another_worker_are_used_without_a_reply_here():
     store = _Store()
     store.rows = [("w2:1", "llama", "exact", 1.3, 1.0), ("w2:2", "llama", "exact", 1.3, 2.0)]
     f = acc.Filter()
-    f.store = store
+    f.summaries.store = store
 
     async def run():
         await f.inlet({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}, {"id": "u"}, {}, None)
