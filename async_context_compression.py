@@ -5076,7 +5076,7 @@ class BackgroundSummarizer:
             return  # this worker is already summarizing the chat
         async with lock:
             try:
-                if await _builtin_compaction_enabled():
+                if await builtin_compaction_on():
                     log_notes_once([note("n_builtin_on")])
                     branch = await self._after_builtin_checkpoint(ctx, branch)
                     if branch is None:
@@ -5282,31 +5282,27 @@ class BackgroundSummarizer:
 # -- What the running Open WebUI offers (read once per process) ----------------
 
 
-def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
-    so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. The version is the one Open WebUI loaded, else the installed
-    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
-    if not _OWUI_VERSION:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-        if not isinstance(version, str):
-            try:
-                from importlib.metadata import version as installed
-
-                version = installed("open-webui")
-            except Exception:
-                version = None
-        _OWUI_VERSION.append(owui_version(version))
-    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
-
-
-_OWUI_VERSION: list = []
-
-
 def owui_version(version: Any) -> tuple:
     """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
     match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
     return tuple(int(part or 0) for part in match.groups()) if match else ()
+
+
+@lru_cache(maxsize=1)
+def request_hook_follows() -> bool:
+    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
+    so that inlet's line is not the definitive one: tools and RAG are added
+    after inlet. The version Open WebUI loaded, else the installed package's;
+    unknown (not inside Open WebUI): inlet's line is definitive."""
+    version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    if not isinstance(version, str):
+        try:
+            from importlib.metadata import version as installed
+
+            version = installed("open-webui")
+        except Exception:
+            version = None
+    return owui_version(version) >= (0, 11, 2)  # unknown: () is below every version
 
 
 def open_webui_limits(version: Any = None) -> list:
@@ -5332,16 +5328,27 @@ def open_webui_limits(version: Any = None) -> list:
     return [f"Open WebUI {version}: {limit}" for limit in limits]
 
 
-_OWUI_CONFIG: list = []
-_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of _builtin_compaction_enabled, and when
-BUILTIN_CHECK_EVERY = 5.0  # seconds inlet trusts that answer (one config read per worker at most this often)
+_OWUI_CONFIG: list = []  # Open WebUI's Config model (None outside it), imported once: a failed import is slow
+_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of builtin_compaction_on, and when
+BUILTIN_CHECK_EVERY = 5.0  # seconds that answer is trusted (one config read per worker at most this often)
 
 
-async def builtin_compaction_on(refresh: bool) -> bool:
-    """Whether Open WebUI's own compaction is on, as last read; ``refresh``
-    reads it again when that is older than BUILTIN_CHECK_EVERY."""
+async def builtin_compaction_on(refresh: bool = True) -> bool:
+    """Whether Open WebUI's own (blocking) compaction is switched on: then
+    its compaction point and summary are where this filter's summaries start.
+    Read again when ``refresh`` and the last answer is older than BUILTIN_CHECK_EVERY."""
     if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
-        await _builtin_compaction_enabled()
+        if not _OWUI_CONFIG:
+            try:
+                from open_webui.models.config import Config  # type: ignore
+            except (Exception, SystemExit):
+                Config = None
+            _OWUI_CONFIG.append(Config)
+        try:
+            on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+        except Exception:  # outside Open WebUI (None has no .get) or its config unreadable
+            on = False
+        _BUILTIN_ON[:] = [on, time.monotonic()]
     return _BUILTIN_ON[0]
 
 
@@ -5354,25 +5361,6 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
 
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
-
-
-async def _builtin_compaction_enabled() -> bool:
-    """Whether Open WebUI's own (blocking) compaction is switched on: then
-    its compaction point and summary are where this filter's summaries start."""
-    if not _OWUI_CONFIG:
-        try:
-            from open_webui.models.config import Config  # type: ignore
-        except (Exception, SystemExit):  # looked up once: a failed import is slow
-            Config = None
-        _OWUI_CONFIG.append(Config)
-    if _OWUI_CONFIG[0] is None:
-        return False
-    try:
-        on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
-    except Exception:
-        on = False
-    _BUILTIN_ON[:] = [on, time.monotonic()]
-    return on
 
 
 # ---------------------------------------------------------------------------
