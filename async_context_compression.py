@@ -4768,10 +4768,7 @@ def _render(language: str, key: str, values: dict) -> str:
 
 @dataclass(frozen=True)
 class SentOutcome:
-    """What one request sent, as its status line states it: tokens against
-    the cap, messages the summary stands for, messages left out to fit,
-    whether it is still over the cap or was repaired, and the fault that kept
-    summaries away, if any."""
+    """What one request sent, as its status line states it."""
 
     used: int
     cap: int
@@ -4801,9 +4798,7 @@ class SentOutcome:
 
 def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
     """One short line: what was sent, what the summary covers, what was left
-    out, and what went wrong. Only the usage part may be left out (below the
-    admin's ``status_usage_threshold``, see ``usage_shown``); the other parts
-    are always said."""
+    out, and what went wrong. Only the usage part may be left out (``usage_shown``)."""
     parts = []
     if show_usage:
         parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
@@ -4837,10 +4832,9 @@ async def _emit(emitter: Optional[Callable], description: str, done: bool) -> No
 # ---------------------------------------------------------------------------
 # Outlet hands the branch it saw to the BackgroundSummarizer and returns at
 # once. The summarizer decides whether the next request would be over the
-# trigger, takes the chat's lease (one worker per chat, across workers and
-# replicas), folds older messages into the summary in as many rounds as the
-# summary model's window needs, saves each round, and backs off after
-# failures. Every count here is in canonical coordinates (layer 2).
+# trigger, takes the chat's lease (one worker per chat, across replicas),
+# folds in as many rounds as the summary model's window needs, saves each,
+# and backs off after failures. Counts are in canonical coordinates (layer 2).
 
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
@@ -4852,16 +4846,13 @@ NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
 
 @dataclass
 class ChatState:
-    """What this worker remembers of one conversation between its requests:
-    what every request carries besides the conversation (tool schemas,
-    system prompts), inlet's outcome for the request hook to complete, and
-    the last outcome sent (background lines repeat its figure). Nothing here
-    decides what a status line says: that is a function of the request, so
-    every worker and replica says the same for the same turn."""
+    """What this worker remembers of one conversation between its requests.
+    Nothing here decides what a status line says (a function of the request,
+    so every worker and replica says the same for the same turn)."""
 
-    overhead: int = TOKENS_PER_REQUEST
-    inlet_sent: Optional[SentOutcome] = None
-    last_sent: Optional[SentOutcome] = None
+    overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
+    inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
+    last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
 
 
 @dataclass
@@ -4904,8 +4895,7 @@ def opening_anchor(messages: Messages) -> str:
 @dataclass(frozen=True)
 class Branch:
     """The branch outlet saw, in canonical coordinates: the repaired
-    non-system messages, their stored ids and digests, and the anchor that
-    names the conversation."""
+    non-system messages, their stored ids and digests, the conversation's anchor."""
 
     messages: Messages
     ids: list
@@ -4922,9 +4912,8 @@ class Branch:
 
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
         """The branch as inlet receives it once Open WebUI's own compaction
-        cut it at ``message_id`` (that message kept), with the core's summary
-        as the base every later summary starts from; None when that message
-        is not on this branch."""
+        cut it at ``message_id`` (kept), the core's summary as its base; None
+        when that message is not on this branch."""
         try:
             cut = self.ids.index(message_id)
         except ValueError:
@@ -4937,8 +4926,7 @@ class Branch:
 @dataclass(frozen=True)
 class FoldPlan:
     """Fold canonical messages [start, target) into ``previous`` (None: the
-    first summary), keeping [0, head) verbatim. ``next_request`` is what the
-    next request would send without this fold, in tokens."""
+    first summary), keeping [0, head) verbatim; ``next_request``: tokens without it."""
 
     previous: Optional[SummaryRecord]
     head: int
@@ -4950,9 +4938,7 @@ class FoldPlan:
 def fold_deadline(s: Settings) -> int:
     """Tokens of the next request past which a summary is written even if it
     cannot fold down to the low water mark: halfway from the trigger to the
-    cap, so it is ready before the cap forces trimming. Without a cap nothing
-    is trimmed: twice the trigger, so that a chat whose fixed part never lets
-    a fold reach the mark is still summarized."""
+    cap (ready before trimming); without a cap twice the trigger."""
     if s.max_context <= s.trigger_tokens:
         return 2 * s.trigger_tokens
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
@@ -4965,8 +4951,8 @@ class _LeaseLost(Exception):
 
 class BackgroundSummarizer:
     """Owns what summarizing needs: the store, the token counter, the
-    completion call, one lock per chat on this worker and the running tasks.
-    Shared by every request; per-chat tables are bounded."""
+    completion call, one lock per chat and the running tasks. Shared by every
+    request; per-chat tables are bounded."""
 
     def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
@@ -4979,13 +4965,9 @@ class BackgroundSummarizer:
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
-        state = self.chats.get(ctx.chat_key())
-        if state is None:
-            state = self.chats[ctx.chat_key()] = ChatState()
-        return state
-
-    def note_overhead(self, ctx: RequestContext, tokens: int) -> None:
-        self.chat(ctx).overhead = tokens
+        if ctx.chat_key() not in self.chats:
+            self.chats[ctx.chat_key()] = ChatState()
+        return self.chats[ctx.chat_key()]
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
         """Remembers what a request sent; returns it as its status line should
@@ -5027,24 +5009,21 @@ class BackgroundSummarizer:
 
     # -- the next request, counted one way --------------------------------
     def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
-        """Tokens of a request of ``conversation`` plus what the chat's
-        requests carry besides it, under the one token policy (layer 3)."""
+        """``conversation`` and what the chat's requests carry besides it (layer 3)."""
         return count_request(self.counter, conversation, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
     ) -> int:
-        """Tokens of the request inlet would send next: head, summary, tail,
-        plus what the chat's requests carry besides the conversation."""
+        """Tokens of the request inlet would send next: head, summary, tail."""
         canon = branch.messages
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
         return self._request_tokens(ctx, kept)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
         """Whether the next request would be over the trigger without any
-        summary: an upper bound of ``plan``'s count (a summary only makes it
-        smaller), so chats below the trigger cost no database read and no
-        digests. Never tokenizes."""
+        summary: an upper bound of ``plan``'s count, so chats below it cost no
+        database read and no digests."""
         return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
@@ -5069,9 +5048,7 @@ class BackgroundSummarizer:
 
     async def _run(self, ctx: RequestContext, branch: Branch) -> None:
         key = ctx.chat_key()
-        lock = self.locks.get(key)
-        if lock is None:
-            lock = self.locks[key] = asyncio.Lock()
+        lock = self.locks.setdefault(key, asyncio.Lock())
         if lock.locked():
             return  # this worker is already summarizing the chat
         async with lock:
@@ -5090,9 +5067,8 @@ class BackgroundSummarizer:
 
     async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
         """The branch from Open WebUI's latest compaction point on (what inlet
-        receives), its summary as the base; the branch itself when the core
-        never compacted it; None when it cannot be followed (a cut between
-        tool rounds, or the database unreadable): no summary this time."""
+        receives), the core's summary as its base; None when it cannot be
+        followed (a cut between tool rounds, an unreadable database)."""
         try:
             found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
         except Exception as exc:
@@ -5115,30 +5091,28 @@ class BackgroundSummarizer:
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         # a short lease, renewed while the work runs: a killed worker's
         # lease frees within LEASE_TTL, a live one's never expires under it
-        async with self.store.hold(key, holder) as held:
-            if held:  # else another worker has it, or failures back off
-                await self._summarize_held(ctx, branch, key, holder, held)
-
-    async def _summarize_held(self, ctx: RequestContext, branch: Branch, key: str, holder: str, lease: Any) -> None:
-        try:
-            plan = await self.plan(ctx, branch)  # it may have finished meanwhile
+        async with self.store.hold(key, holder) as lease:
+            # not held: another worker has it, or failures back off; planned
+            # again under it: another may just have finished
+            plan = await self.plan(ctx, branch) if lease else None
             if plan is None:
                 return
-            await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
-            record = await self._fold(ctx, branch, plan, lease)
-            await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
-            await self._show_summary(ctx, record)
-        except _LeaseLost:
-            log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
-        except SummaryError as exc:
-            delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
-            log.warning(
-                "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
-                ctx.chat_id or "api",
-                exc,
-                delay,
-            )
-            await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
+            try:
+                await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
+                record = await self._fold(ctx, branch, plan, lease)
+                await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
+                await self._show_summary(ctx, record)
+            except _LeaseLost:
+                log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
+            except SummaryError as exc:
+                delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
+                log.warning(
+                    "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
+                    ctx.chat_id or "api",
+                    exc,
+                    delay,
+                )
+                await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
         """A fold when the next request would be over the trigger and enough
@@ -5177,15 +5151,11 @@ class BackgroundSummarizer:
 
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low
-        water mark to the trigger (``summary_low_water``), so that after a
-        rewrite the next one is many turns away and the prompt prefix, which
-        providers bill at a fraction and answer faster, changes rarely; and
-        twice what each call re-sends (instructions and previous summary), so
-        that the summarizer reads at most about 1.5x the chat over its life.
-        A rewrite that cannot fold that much yet waits over the trigger, but
-        only until halfway to the cap (``fold_deadline``): where tool schemas
-        and system prompts leave less than that stretch to fold, waiting
-        longer would end in trimming, which moves the front too."""
+        water mark to the trigger, so the next rewrite is many turns away and
+        the cached prompt prefix changes rarely; and twice what each call
+        re-sends (instructions, previous summary), so the summarizer reads at
+        most ~1.5x the chat over its life. Past ``fold_deadline`` only the
+        latter: waiting longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
@@ -5194,10 +5164,9 @@ class BackgroundSummarizer:
         return max(deep, 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
-        """Fold the plan's messages, every one whole, in as many rounds as
-        the summary model's window needs. A round that ends at a message
-        (unit) end is saved as coverage; a round holding part of a message
-        too long for one round is not, until its last piece is folded."""
+        """Fold the plan's messages, every one whole, in as many rounds as the
+        summary model's window needs; a round is saved as coverage only where
+        it ends at a unit's end (a long message's pieces: after the last)."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
@@ -5259,10 +5228,9 @@ class BackgroundSummarizer:
         return clean_summary_answer(answer)
 
     def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
-        """canon[start:target] rendered whole and cut into rounds that fit
-        the summary model's window with room for the longest summary it may
-        be handed back; coverage may stop only at the end of an atomic unit
-        (a call and its results are folded together)."""
+        """canon[start:target] rendered and cut into rounds that fit the
+        summary model's window with room for the longest summary; coverage
+        stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
 
@@ -5589,7 +5557,7 @@ class Filter:
             view = messages
             prefix = protected_head_end(messages, s.keep_first)
         overhead = request_overhead_tokens(self.counter, view if summarized else systems, fixed, s.encoding)
-        self.summaries.note_overhead(ctx, overhead)
+        self.summaries.chat(ctx).overhead = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list
