@@ -2439,12 +2439,10 @@ class ModelTokens:
 def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
     """Ratios from the usage stored on earlier replies of an existing chat
     (outlet's messages): each reply's reported prompt against the count of
-    the conversation before it. Only replies of one model call (no tool
-    calls) whose prompt was not cut or summarized can tell: the system
-    prompt and tool schemas are not in outlet's messages, so these ratios err
-    high (caps earlier), and live ones replace them. ``max_counted``: longer
-    conversations (which a summary or the cap may have shortened) are
-    skipped; 0 = none is."""
+    the conversation before it, for replies of one model call only. Outlet's
+    messages lack the system prompt and tool schemas, so these err high (caps
+    earlier) until live ones replace them. ``max_counted``: longer
+    conversations (a summary or the cap may have shortened them) are skipped."""
     expanded, ids = expand_stored_messages(stored)
     first_at: dict = {}
     for at, stored_id in enumerate(ids):
@@ -4876,9 +4874,9 @@ class RequestContext:
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
 
     def chat_key(self) -> str:
-        """Key of this conversation in leases, locks, the repair memo and the
-        per-chat state: the chat id, or for API calls (no chat id) the
-        conversation's anchor, so that one user's API conversations share nothing."""
+        """Key of this conversation in leases, locks and per-chat state: the
+        chat id, or for API calls the conversation's anchor (one user's API
+        conversations share nothing)."""
         return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
 
 
@@ -5483,19 +5481,14 @@ class Filter:
         ctx = None
         try:
             ctx = await self._context(body, user, metadata, emitter, model, chat_id)
-            if ctx is None:
-                return body
-            return await self._prepare(body, ctx, inlet)
+            return body if ctx is None else await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
-            safe = self._safest(body)
-            language = ctx.language if ctx else user_language(metadata, user)
-            if ctx is not None and not ctx.settings.show_status:
-                return safe
-            await _emit(
-                emitter, status_text(language, "skipped", reason=f"{type(exc).__name__}: {exc}"[:200]), done=True
-            )
-            return safe
+            if ctx is None or ctx.settings.show_status:
+                language = ctx.language if ctx else user_language(metadata, user)
+                reason = f"{type(exc).__name__}: {exc}"[:200]
+                await _emit(emitter, status_text(language, "skipped", reason=reason), done=True)
+            return self._safest(body)
 
     def _safest(self, body: dict) -> dict:
         try:
@@ -5538,13 +5531,12 @@ class Filter:
         s = ctx.settings
         messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
-        record, fault = None, None
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
         builtin = has_builtin_summary(systems)
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        if inlet:
-            record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
+        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems)) if inlet else None
+        record, fault = found or (None, None)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
             if record is not None:  # ours was built from the core's: send it once
@@ -5602,8 +5594,8 @@ class Filter:
         self, ctx: RequestContext, messages: Messages, canonical_count: int
     ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
         """The stored summary this request can use, and the fault that kept
-        summaries from being read (None when none). ``canonical_count``: how
-        many non-system messages ``messages`` has."""
+        summaries from being read (None when none). ``canonical_count``: the
+        non-system messages of ``messages``."""
         if canonical_count < 3:
             return None, None
         anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
@@ -5667,9 +5659,9 @@ class Filter:
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
-        """Relates this reply's usage to what was counted for its request;
-        an existing chat of a model not known yet replays its earlier
-        replies' usage (once per chat, in the background)."""
+        """Relates this reply's usage to what was counted for its request; an
+        existing chat of a model not known yet replays its earlier replies' usage
+        (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
