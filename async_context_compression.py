@@ -2358,9 +2358,6 @@ class ModelTokens:
                 return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
         return None
 
-    def knows(self, model: str) -> bool:
-        return any((model, path) in table for table in (self.shared, self.own) for path in RATIO_PATHS)
-
     def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
         """The request hook's count for the reply ``message_id`` (added up
         over the calls of a tool loop; the last kept apart)."""
@@ -5271,6 +5268,17 @@ def request_hook_follows() -> bool:
     return owui_version(version) >= (0, 11, 2)  # unknown: () is below every version
 
 
+_OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
+    ((0, 9, 0), "it is older than 0.9.0, whose async database the summaries need: not supported"),
+    ((0, 10, 0), "outlet does not run for API calls without a chat id: those get trimming and repair, no summary"),
+    (
+        (0, 11, 2),
+        "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+        "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens",
+    ),
+)
+
+
 def open_webui_limits(version: Any = None) -> list:
     """What the running Open WebUI lacks that this filter would use, as log
     lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
@@ -5279,19 +5287,7 @@ def open_webui_limits(version: Any = None) -> list:
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     have = owui_version(version)
-    if not have:
-        return []
-    limits = []
-    if have < (0, 9, 0):
-        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
-    if have < (0, 10, 0):
-        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
-    if have < (0, 11, 2):
-        limits.append(
-            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
-            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
-        )
-    return [f"Open WebUI {version}: {limit}" for limit in limits]
+    return [f"Open WebUI {version}: {limit}" for below, limit in _OWUI_LIMITS if have and have < below]
 
 
 _OWUI_CONFIG: list = []  # Open WebUI's Config model (None outside it), imported once: a failed import is slow
@@ -5334,8 +5330,20 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
 # ---------------------------------------------------------------------------
 
 
+class _TolerantValves(BaseModel):
+    """Values stored by any version, or by the older filter of the same id,
+    are carried over or ignored, never refused (layer 4)."""
+
+    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
+        return validate_valves(cls, data, handler)
+
+
 class Filter:
-    class Valves(BaseModel):
+    class Valves(_TolerantValves):
         priority: int = Field(
             default=10,
             description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
@@ -5412,24 +5420,10 @@ class Filter:
             default=False,
             description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
         )
-        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
-        @model_validator(mode="wrap")
-        @classmethod
-        def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
-            # Values stored by any version, or by the older filter of the same
-            # id, are carried over or ignored, never refused (see layer 4).
-            return validate_valves(cls, data, handler)
-
-    class UserValves(BaseModel):
+    class UserValves(_TolerantValves):
         enabled: bool = Field(default=True, description="Compress the context of my chats.")
         show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
-        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
-
-        @model_validator(mode="wrap")
-        @classmethod
-        def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
-            return validate_valves(cls, data, handler)
 
     def __init__(self):
         self.valves = self.Valves()
@@ -5488,15 +5482,12 @@ class Filter:
                 language = ctx.language if ctx else user_language(metadata, user)
                 reason = f"{type(exc).__name__}: {exc}"[:200]
                 await _emit(emitter, status_text(language, "skipped", reason=reason), done=True)
-            return self._safest(body)
-
-    def _safest(self, body: dict) -> dict:
-        try:
-            repaired, _ = repair_transcript(body["messages"])
-            return {**body, "messages": repaired} if repaired else body
-        except Exception:
-            log.exception("async_context_compression: repair failed too; sending the request unchanged")
-            return body
+            try:
+                repaired, _ = repair_transcript(body["messages"])
+                return {**body, "messages": repaired} if repaired else body
+            except Exception:
+                log.exception("async_context_compression: repair failed too; sending the request unchanged")
+                return body
 
     async def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
         user = user if isinstance(user, dict) else {}
@@ -5668,7 +5659,8 @@ class Filter:
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.tokens.in_background(self._save_ratios())
             return
-        if self.tokens.knows(ctx.model_id) or not self.counter.is_exact(ctx.settings.encoding):
+        known = self.tokens.scale(ctx.model_id, exact=False) is not None  # any path's ratio
+        if known or not self.counter.is_exact(ctx.settings.encoding):
             return
         key = ctx.chat_key()
         if key in self.tokens.replayed or not any(isinstance(m, dict) and m.get("usage") for m in messages):
