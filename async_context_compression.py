@@ -2344,7 +2344,6 @@ class ModelTokens:
         self._serial = 0
         self.minute: Optional[int] = None  # of the snapshot in ``shared``
         self.loading: Optional[tuple] = None  # (minute, task) of the read under way
-        self.tasks: set = set()
         self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
 
     def scale(self, model: str, exact: bool = True) -> Optional[float]:
@@ -2426,11 +2425,6 @@ class ModelTokens:
         except Exception as exc:
             log.debug("async_context_compression: ratios not read: %s", exc)
             self.minute = max(minute, self.minute or minute)  # tried again next minute
-
-    def in_background(self, coro: Awaitable) -> None:
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
 
 def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
@@ -5022,13 +5016,14 @@ class BackgroundSummarizer:
         return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
-    def start(self, ctx: RequestContext, branch: Branch) -> None:
+    def spawn(self, work: Awaitable) -> None:
+        """Runs ``work`` (a summary, or the model-token samples' save) in the
+        background; past MAX_BACKGROUND_TASKS it waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
-            log.warning(
-                "async_context_compression: %d summaries running; this one waits for a later turn", len(self.tasks)
-            )
+            work.close()
+            log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
             return
-        task = asyncio.create_task(self._run(ctx, branch))
+        task = asyncio.ensure_future(work)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -5041,7 +5036,7 @@ class BackgroundSummarizer:
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=timeout)
 
-    async def _run(self, ctx: RequestContext, branch: Branch) -> None:
+    async def run(self, ctx: RequestContext, branch: Branch) -> None:
         key = ctx.chat_key()
         lock = self.locks.setdefault(key, asyncio.Lock())
         if lock.locked():
@@ -5637,7 +5632,7 @@ class Filter:
             messages, _ = repair_transcript(expanded)
             canon = canonical_messages(messages)  # digests only once worth it
             if ctx.force_summary or self.summaries.may_need_summary(ctx, canon):
-                self.summaries.start(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon)))
+                self.summaries.spawn(self.summaries.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
@@ -5645,8 +5640,6 @@ class Filter:
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries."""
         await self.summaries.wait(timeout)
-        if self.tokens.tasks:
-            await asyncio.wait(list(self.tokens.tasks), timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
@@ -5657,7 +5650,7 @@ class Filter:
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
-            self.tokens.in_background(self._save_ratios())
+            self.summaries.spawn(self._save_ratios())
             return
         known = self.tokens.scale(ctx.model_id, exact=False) is not None  # any path's ratio
         if known or not self.counter.is_exact(ctx.settings.encoding):
@@ -5666,7 +5659,7 @@ class Filter:
         if key in self.tokens.replayed or not any(isinstance(m, dict) and m.get("usage") for m in messages):
             return
         self.tokens.replayed[key] = True
-        self.tokens.in_background(self._replay_ratios(ctx, messages))
+        self.summaries.spawn(self._replay_ratios(ctx, messages))
 
     async def _replay_ratios(self, ctx: RequestContext, stored: Messages) -> None:
         s = ctx.settings
