@@ -5032,10 +5032,6 @@ class BackgroundSummarizer:
         if not task.cancelled() and task.exception() is not None:
             log.error("async_context_compression: background summary crashed", exc_info=task.exception())
 
-    async def wait(self, timeout: float = 60.0) -> None:
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=timeout)
-
     async def run(self, ctx: RequestContext, branch: Branch) -> None:
         key = ctx.chat_key()
         lock = self.locks.setdefault(key, asyncio.Lock())
@@ -5527,14 +5523,12 @@ class Filter:
             systems = strip_builtin_summary(systems)
             if record is not None:  # ours was built from the core's: send it once
                 messages = strip_builtin_summary(messages)
-        summarized = record is not None
-        if summarized:
+        if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
         else:
-            view = messages
-            prefix = protected_head_end(messages, s.keep_first)
-        overhead = request_overhead_tokens(self.counter, view if summarized else systems, fixed, s.encoding)
+            view, prefix = messages, protected_head_end(messages, s.keep_first)
+        overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
@@ -5639,7 +5633,8 @@ class Filter:
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries."""
-        await self.summaries.wait(timeout)
+        if self.summaries.tasks:
+            await asyncio.wait(list(self.summaries.tasks), timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
@@ -5652,9 +5647,8 @@ class Filter:
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.summaries.spawn(self._save_ratios())
             return
-        known = self.tokens.scale(ctx.model_id, exact=False) is not None  # any path's ratio
-        if known or not self.counter.is_exact(ctx.settings.encoding):
-            return
+        if self.tokens.scale(ctx.model_id, exact=False) is not None or not self.counter.is_exact(ctx.settings.encoding):
+            return  # known already (any path), or earlier replies cannot be counted exactly
         key = ctx.chat_key()
         if key in self.tokens.replayed or not any(isinstance(m, dict) and m.get("usage") for m in messages):
             return
