@@ -2435,9 +2435,7 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
     earlier) until live ones replace them. ``max_counted``: longer
     conversations (a summary or the cap may have shortened them) are skipped."""
     expanded, ids = expand_stored_messages(stored)
-    first_at: dict = {}
-    for at, stored_id in enumerate(ids):
-        first_at.setdefault(stored_id, at)
+    first_at = {stored_id: at for at, stored_id in reversed(list(enumerate(ids)))}  # each id's first place
     ratios = []
     for message in reversed(stored):
         if len(ratios) >= limit:
