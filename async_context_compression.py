@@ -63,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -5189,20 +5189,10 @@ class BackgroundSummarizer:
 
     async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
         s = ctx.settings
+        args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
         extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
-            answer = await asyncio.wait_for(
-                self.complete(
-                    ctx.request,
-                    ctx.user,
-                    s.summary_model,
-                    messages,
-                    s.max_summary_tokens,
-                    s.summary_temperature,
-                    **extra,
-                ),
-                timeout=s.summary_timeout,
-            )
+            answer = await asyncio.wait_for(self.complete(*args, **extra), timeout=s.summary_timeout)
         except TimeoutError:
             raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
         except SummaryError:
@@ -5217,10 +5207,7 @@ class BackgroundSummarizer:
         stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
-
-        def count(text: str) -> int:
-            return self.counter.text_tokens(text, s.summary_encoding)
-
+        count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
         budget = summary_round_budget(
             s.summary_window, s.max_summary_tokens, "", count, s.summary_style, s.summary_prompt
         )
