@@ -4844,9 +4844,8 @@ class ChatState:
 
 @dataclass
 class RequestContext:
-    """What one hook call knows about its request: who, which chat and
-    model, the settings resolved for them, where status lines go. Lives only
-    for that call and the background task it starts, never on the Filter."""
+    """What one hook call knows about its request. Lives only for that call
+    and the background task it starts, never on the Filter."""
 
     user: dict
     user_id: str
@@ -4859,7 +4858,6 @@ class RequestContext:
     message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
     force_summary: bool = False  # the user asked for a summary now (/summarize)
-
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
 
     def chat_key(self) -> str:
@@ -4913,13 +4911,12 @@ class Branch:
 @dataclass(frozen=True)
 class FoldPlan:
     """Fold canonical messages [start, target) into ``previous`` (None: the
-    first summary), keeping [0, head) verbatim; ``next_request``: tokens without it."""
+    first summary), keeping [0, head) verbatim."""
 
     previous: Optional[SummaryRecord]
     head: int
     start: int
     target: int
-    next_request: int
 
 
 def fold_deadline(s: Settings) -> int:
@@ -5127,7 +5124,7 @@ class BackgroundSummarizer:
                 start,
                 target,
             )
-        return FoldPlan(previous, head, start, target, used)
+        return FoldPlan(previous, head, start, target)
 
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
