@@ -4805,13 +4805,15 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
     return " · ".join(parts)
 
 
-async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
-    if emitter is None:
-        return
+async def _emit(emitter: Optional[Callable], event: Any, done: bool = True) -> None:
+    """A status line (text) or any other event to the chat's browsers."""
+    if isinstance(event, str):
+        event = {"type": "status", "data": {"description": event, "done": done, "hidden": False}}
     try:
-        await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
-    except Exception as exc:  # a closed socket must not break the request
-        log.debug("status event not delivered: %s", exc)
+        if emitter is not None:
+            await emitter(event)
+    except Exception as exc:  # a closed socket must not break the request or the summary
+        log.debug("event not delivered: %s", exc)
 
 
 # ---------------------------------------------------------------------------
@@ -4954,10 +4956,9 @@ class BackgroundSummarizer:
         return self.chats[ctx.chat_key()]
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
-        """Remembers what a request sent; returns it as its status line should
-        state it (the request hook's completed with inlet's; the settings
-        notes on turns 1, 11, 21, ... so they are seen without standing under
-        every reply), or None when no line is due."""
+        """Remembers what a request sent; returns it as its line states it (the
+        request hook's completed with inlet's; settings notes on turns 1, 11,
+        21, ...: seen, yet not under every reply), or None when no line is due."""
         state = self.chat(ctx)
         if not inlet:
             sent = sent.after(state.inlet_sent)
@@ -4982,14 +4983,10 @@ class BackgroundSummarizer:
 
     async def _show_summary(self, ctx: RequestContext, record: SummaryRecord) -> None:
         """The summary's whole text under the reply, as a source entry."""
-        if not ctx.settings.show_status or ctx.emitter is None:
-            return
-        source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
-        event = summary_source_event(ctx.language, record.covered_count - record.head_count, record.summary, source_id)
-        try:
-            await ctx.emitter(event)
-        except Exception as exc:  # a closed socket must not fail the summary
-            log.debug("summary source event not delivered: %s", exc)
+        if ctx.settings.show_status:
+            source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
+            covered = record.covered_count - record.head_count
+            await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
 
     # -- the next request, counted one way --------------------------------
     def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
@@ -5475,10 +5472,9 @@ class Filter:
         await self.tokens.refresh(getattr(self.store, "read_ratios", None))
         scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
         settings = in_counted_units(settings, scale, bound)
-        messages = body.get("messages")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
-            anchor="" if chat_id or not isinstance(messages, list) else opening_anchor(messages),
+            anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
             user_id=str(user.get("id") or "anonymous"),
             chat_id=chat_id,
