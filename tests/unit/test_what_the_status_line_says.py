@@ -81,6 +81,23 @@ def test_a_store_fault_is_said_on_every_request_that_met_it():
     assert down not in healed[0]
 
 
+def test_a_store_fault_in_a_background_summary_is_said_by_its_line_when_it_happens():
+    down = acc.StoreUnavailable("down", acc.Fault.STORE_DOWN)
+    f = make_filter(2500, counter="exact", store=RecordStore(error=down), compression_threshold_tokens=1250)
+    lines: list = []
+
+    async def emit(event):
+        lines.append(event["data"]["description"])
+
+    async def run():
+        body = {"model": "gpt-4", "chat_id": "c1", "messages": _chat(6)[1:]}  # outlet's messages
+        await f.outlet(body, {"id": "u1"}, {"chat_id": "c1"}, emit)
+        await f.wait_for_background(10)
+
+    asyncio.run(run())
+    assert lines and acc.status_text("en", "summaries_down", reason="r_store_down") in lines[-1], lines
+
+
 def test_the_usage_part_is_hidden_below_the_share_but_trims_are_said():
     f = make_filter(
         2500,
