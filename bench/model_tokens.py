@@ -81,14 +81,14 @@ class _NotHeld:
 
 def _filter(exact: bool) -> acc.Filter:
     f = acc.Filter()
-    f.store = _NoStore()
+    f.summaries.store = _NoStore()
     f.valves.max_context_tokens = CAP
     f.valves.compression_threshold_tokens = 0
     f.valves.show_status = True
     if exact:
         assert probes.wait_ready(f.counter, "cl100k_base", 60)
     else:
-        f.counter = _NoFile()  # the estimator's path
+        f.summaries.counter = _NoFile()  # the estimator's path
     return f
 
 

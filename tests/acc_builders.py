@@ -143,7 +143,7 @@ MARK = re.compile(r"MK-\d{4}")
 
 
 class FakeSummarizer:
-    """A stand-in for ``Filter.complete``. Records every call; answers with
+    """A stand-in for ``Filter.summaries.complete``. Records every call; answers with
     every marker (``MK-0000``) it was shown, unless a scripted behaviour (an
     exception, a string, or ("sleep", seconds)) is queued for the call."""
 
@@ -197,11 +197,11 @@ def make_filter(
     replace the summary store and the summarizer when given."""
     f = acc.Filter()
     if counter == "estimate":
-        f.counter = EstimateOnly()
+        f.summaries.counter = EstimateOnly()
     if store is not None:
-        f.store = store
+        f.summaries.store = store
     if complete is not None:
-        f.complete = complete
+        f.summaries.complete = complete
     if cap is not None:
         f.valves.max_context_tokens = cap
     for key, value in valves.items():

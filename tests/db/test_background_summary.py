@@ -635,17 +635,12 @@ def core_compacted(monkeypatch, stored: list, checkpoint_id: str, core_text: str
     """Open WebUI's own compaction on, and its summary saved as ``contextSummary``
     on ``checkpoint_id`` (what /compact does to the latest reply)."""
 
-    async def enabled():
-        acc._BUILTIN_ON[:] = [True, time.monotonic()]
-        return True
-
     async def stored_branch(chat_id, ids):
         by_id = {m["id"]: dict(m, contextSummary=core_text) if m["id"] == checkpoint_id else m for m in stored}
         return [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
 
-    monkeypatch.setattr(acc, "_builtin_compaction_enabled", enabled)
     monkeypatch.setattr(acc, "_stored_branch", stored_branch)
-    monkeypatch.setattr(acc, "_BUILTIN_ON", [False, float("-inf")])
+    monkeypatch.setattr(acc, "_BUILTIN_ON", [True, float("inf")])  # switched on, never read again
 
 
 async def test_core_summary_after_compact_is_the_base_of_the_next_summary(db, monkeypatch):

@@ -5,6 +5,7 @@ worker that never saw a reply of the model. SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -22,7 +23,7 @@ async def test_ratios_saved_by_one_worker_are_read_by_another(db):
     read = await two.read_ratios()
     assert sorted(r[0] for r in read) == ["w1:0", "w1:1", "w1:2"]
     tokens = acc.ModelTokens()
-    tokens.merge(read)
+    tokens.snapshot(read, minute=1)
     assert tokens.scale("llama") == pytest.approx(1.301)
     assert tokens.scale("qwen") is None
 
@@ -49,7 +50,7 @@ async def test_workers_adding_at_once_lose_nothing_they_keep(db):
 
 async def test_the_filter_saves_and_refreshes_through_the_store(db):
     f = acc.Filter()
-    f.store = db.store()
+    f.summaries.store = db.store()
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
     text = "The quarterly figures were compared with the plan in detail. " * 20
     meta = {"chat_id": "c1", "message_id": "a1"}
@@ -60,8 +61,9 @@ async def test_the_filter_saves_and_refreshes_through_the_store(db):
     await f.outlet({"id": "a1", "chat_id": "c1", "messages": msgs + [reply]}, {"id": "u1"}, meta)
     await f.wait_for_background(10)
     assert [r[1:3] for r in await f.store.read_ratios()] == [("llama", "exact")]
-    other = acc.Filter()  # another worker: learns it from the store on its first request, in the background
-    other.store = db.store(db.engine())
+    other = acc.Filter()  # another worker: applies it from the next minute's snapshot on, as every worker does
+    other.summaries.store = db.store(db.engine())
     await other.inlet({"model": "llama", "messages": msgs}, {"id": "u2"}, {}, None)
-    await other.wait_for_background(10)
+    assert other.tokens.scale("llama") is None  # this minute's snapshot predates the sample
+    await other.tokens.refresh(other.store.read_ratios, time.time() + 60 + acc.RATIOS_SETTLE)
     assert other.tokens.scale("llama") == pytest.approx(1.4, rel=0.01)

@@ -26,7 +26,7 @@ async def test_next_request_counts_the_summary_once(db):
     assert any(acc.is_summary_message(m) for m in view)
     inlet_count = messages_tokens(w.filter.counter, view, "cl100k_base")
 
-    ctx = w.filter._context(
+    ctx = await w.filter._context(
         {"model": MODEL, "messages": sent}, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1"
     )
     canon = [m for m in sent if m["role"] != "system"]
@@ -50,7 +50,7 @@ async def test_tool_schemas_seen_by_request_count_in_the_next_request(db):
     ]
     body = {"model": MODEL, "messages": copy.deepcopy(view), "tools": tools}
     await w.filter.request(body, __user__=dict(ALICE), __metadata__={"chat_id": "chat-1"}, __chat_id__="chat-1")
-    ctx = w.filter._context(body, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1")
+    ctx = await w.filter._context(body, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1")
     canon = [m for m in sent if m["role"] != "system"]
     planned = w.filter.summaries.next_request_tokens(
         ctx, acc.Branch.of(canon, [None] * len(canon)), record.summary, record.head_count, record.covered_count

@@ -104,5 +104,5 @@ def test_compact_then_twenty_turns(acc, provider):
     assert checkpoint[:12] in seen, "the message /compact kept was never folded"
     assert len(made) <= 20
     said = [line for line in lines if BOTH_ON in line]
-    assert len(said) == 1, said
+    assert said and len(said) <= 3, said  # on the turns 1, 11, 21, ... inlet received, never under every reply
     print(f"\n[compact] filter summaries after /compact: {len(made)}; chat requests: {len(chats)}")

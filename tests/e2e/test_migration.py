@@ -176,7 +176,7 @@ def test_values_typed_in_the_admin_form_are_saved_and_explained(acc, provider, o
     assert {k: saved[k] for k in odd} == odd, saved
     start = len(provider.requests)
     conv = Conversation(acc, provider, seed=22)
-    conv.add_turns(2)
+    conv.add_turns(10, words=20)  # the live turn is turn 11: settings notes are said on turns 1, 11, 21, ...
     conv.store("odd values")
     turn = conv.turn()
     assert not check_turn(conv, turn, CAP) and not provider_errors(provider.requests[start:])

@@ -379,10 +379,6 @@ def reply_status(client, chat_id: str, message_id: str) -> list:
 NOTE_RE = re.compile(r" · Settings: .*$")
 
 
-def without_notes(lines: list) -> list:
-    return [NOTE_RE.sub("", line or "") for line in lines]
-
-
 def test_same_turn_sends_the_same_on_both_replicas(dep):
     """A chat with tool rounds (repaired, so the per-worker repair memo is
     involved) and a summary: the same user message regenerated on A and then
@@ -419,46 +415,32 @@ def test_same_turn_sends_the_same_on_both_replicas(dep):
     assert has_summary(req_a)
     assert unstamped(req_a) == unstamped(req_b), "the replicas sent different lists for the same turn"
     assert req_a["tokens"] == req_b["tokens"]
-    # the figure and the summary part; a settings note is said once per worker (see the xfail test below)
-    assert status_a and without_notes(status_a) == without_notes(status_b), (status_a, status_b)
+    assert status_a and status_a == status_b, (status_a, status_b)
     assert not [r for r in provider.requests[start:] if r["status"] == 400]
     print(f"\n[e2e] same turn on A and B: {req_a['tokens']} tokens each; status {status_a[-1]!r}")
 
 
-class ReplicasDisagree(Exception):
-    """What the xfail test expects; a failed set-up is an AssertionError, a real failure."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=ReplicasDisagree,
-    reason="product: a settings note is 'said once' per worker (StatusMemory.shown_notes, per-worker "
-    "memory), so the same turn's status line has the note on a replica whose workers have not served "
-    "the chat and not on one that has: see /work/notes/replicas-findings.md",
-)
 def test_same_turn_says_the_same_status_line_on_both_replicas(dep):
-    """The same regenerated turn: on A once a worker there has said the
-    chat's settings note, then on B, whose workers never served this chat."""
+    """The status line is a function of the request: a chat's settings note
+    on its turn 11 (turns 1, 11, 21, ...) on every worker of both replicas,
+    however often the turn is regenerated, and on neither at turns 12 and 13."""
     conv = Conversation(dep.clients["A"], dep.provider, seed=236)
-    conv.add_turns(2)
+    conv.add_turns(10, words=20)  # short: no summary due while the lines are compared
     conv.store("replicas same note")
-    first = conv.turn()
-    target = first.user_id
-    lines = reply_status(dep.clients["A"], conv.chat_id, first.assistant_id)
-    assert any(NOTE_RE.search(line or "") for line in lines), f"the e2e valves give no settings note: {lines}"
-    on_a = None
-    for _ in range(8):  # until one of A's workers answers having said the note already
+    target = conv.turn().user_id
+    said = {}
+    for i, name in enumerate("AABB"):  # workers that said it already, then B's (cold for this chat)
+        alternate(conv, dep, name)
         turn = conv.turn(regenerate_of=target)
-        status = reply_status(dep.clients["A"], conv.chat_id, turn.assistant_id)
-        if status and not any(NOTE_RE.search(line or "") for line in status):
-            on_a = status
-            break
-    assert on_a, "every reply on A said the note: the setup did not reach a worker that had said it"
-    alternate(conv, dep, "B")
-    turn = conv.turn(regenerate_of=target)
-    on_b = reply_status(dep.clients["B"], conv.chat_id, turn.assistant_id)
-    if on_a != on_b:
-        raise ReplicasDisagree(f"A said {on_a}, B said {on_b}")
+        said[f"{name}{i}"] = reply_status(dep.clients[name], conv.chat_id, turn.assistant_id)
+    first = said["A0"]
+    assert any(NOTE_RE.search(line or "") for line in first), f"the e2e valves give no settings note: {first}"
+    assert all(lines == first for lines in said.values()), said
+    for name in "BA":
+        alternate(conv, dep, name)
+        turn = conv.turn()
+        lines = reply_status(dep.clients[name], conv.chat_id, turn.assistant_id)
+        assert lines and not any(NOTE_RE.search(line or "") for line in lines), (name, lines)
 
 
 # ---------------------------------------------------------------------------

@@ -224,19 +224,3 @@ def test_protected_head_skips_leading_and_late_systems():
     messages = [S(), S("b"), U(), S("late"), AS(), U()]
     assert acc.protected_head_end(messages, 1) == 3
     assert acc.protected_head_end(messages, 2) == 5
-
-
-# -- Filter methods ------------------------------------------------------------
-
-
-def test_filter_methods_answer_like_the_module_functions():
-    f = acc.Filter()
-    messages = [S(), U(), A("a"), T("a"), AS(), U()]
-    assert f._get_atomic_groups(messages) == [[0], [1], [2, 3, 4], [5]]
-    assert f._align_tail_start_to_atomic_boundary(messages, 3, 1) == 2
-    assert f._align_tail_start_to_atomic_boundary(messages, 3, 3) == 5
-    for prefix in range(0, 7):
-        for raw in range(-1, 8):
-            assert f._align_tail_start_to_atomic_boundary(
-                messages, raw, prefix
-            ) == acc.align_tail_start_to_atomic_boundary(messages, raw, prefix)

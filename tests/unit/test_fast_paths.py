@@ -201,7 +201,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
             )
         )
     f = _shared_filter()
-    f.store = RecordStore(records)
+    f.summaries.store = RecordStore(records)
     ctx = request_context(f.valves)
     chosen, fault = asyncio.run(f._lookup_summary(ctx, messages, len(acc.canonical_messages(messages))))
     assert fault is None

@@ -6,6 +6,7 @@ without one request over it."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from hypothesis import given
@@ -180,17 +181,15 @@ def test_the_estimator_has_its_own_ratio_and_falls_back_to_the_exact_one():
     assert t.scale("m", exact=True) == pytest.approx(1.3)
 
 
-def test_merge_takes_other_workers_samples_and_keeps_the_newest():
+def test_a_minutes_snapshot_holds_the_stores_samples_created_before_it():
     t = acc.ModelTokens()
     rows = [(f"w2:{i}", "m", "exact", 1.0 + i / 100, float(i)) for i in range(30)]
-    t.merge(rows)
+    late = [("w2:late", "m", "exact", 2.5, 60 - acc.RATIOS_SETTLE), ("w3:1", "m", "bogus-path", 2.0, 9.0)]
+    t.snapshot(rows + late, minute=1)
     assert t.scale("m") == pytest.approx(acc.robust_ratio([1.0 + i / 100 for i in range(30)]))
-    assert len(t.ratios[("m", "exact")]) == acc.RATIO_SAMPLES
-    t.merge(rows)  # the same rows again change nothing
-    assert len(t.ratios[("m", "exact")]) == acc.RATIO_SAMPLES
-    t.merge([("w3:1", "m", "bogus-path", 2.0, 99.0)])
-    assert ("m", "bogus-path") not in t.ratios
-    assert not t.refresh_due()
+    assert len(t.shared[("m", "exact")]) == acc.RATIO_SAMPLES and ("m", "bogus-path") not in t.shared
+    t.snapshot([], minute=0)  # a read that outlived its minute changes nothing
+    assert t.minute == 1 and t.scale("m") is not None
 
 
 def test_tables_are_bounded():
@@ -198,7 +197,67 @@ def test_tables_are_bounded():
     for i in range(50):
         t.note_sent(f"r{i}", f"m{i}", True, 1000)
         t.add(f"m{i}", "exact", 1.1)
-    assert len(t.counted) == 8 and len(t.ratios) == 4 and len(t.unsaved) <= 64
+    assert len(t.counted) == 8 and len(t.own) == 4 and len(t.unsaved) <= 64
+
+
+def _learned(t: acc.ModelTokens, store: "_Store", model: str, ratio: float, reply: str) -> None:
+    t.note_sent(reply, model, True, 1000)
+    assert t.learn(reply, {"prompt_tokens": round(1000 * ratio)}) is not None
+    store.rows += t.unsaved  # what _save_ratios writes
+    t.unsaved = []
+
+
+def test_workers_on_one_store_apply_the_same_ratio_all_minute_even_after_learning_here():
+    store = _Store()
+    store.rows = [(f"w0:{i}", "llama", "exact", 1.2, time.time() - 600 + i) for i in range(3)]
+    one, two = acc.ModelTokens(), acc.ModelTokens()
+
+    async def run():
+        now = time.time()
+        for t in (one, two):
+            await t.refresh(store.read_ratios, now)
+        for reply in ("r1", "r2", "r3", "r4"):  # learned on one, stored at once
+            _learned(one, store, "llama", 2.0, reply)
+        late = acc.ModelTokens()  # a worker whose first request comes later in the minute
+        await late.refresh(store.read_ratios, now)
+        assert one.scale("llama") == two.scale("llama") == late.scale("llama") == pytest.approx(1.2)
+        later = max(at for *_, at in store.rows) + 60 + acc.RATIOS_SETTLE  # a minute that sees them
+        for t in (one, two, late):
+            await t.refresh(store.read_ratios, later)
+        assert one.scale("llama") == two.scale("llama") == late.scale("llama") == pytest.approx(2.0)
+
+    asyncio.run(run())
+
+
+def test_a_new_model_calibrates_after_its_first_reply_on_the_worker_that_saw_it():
+    store, one, two = _Store(), acc.ModelTokens(), acc.ModelTokens()
+
+    async def run():
+        now = time.time()
+        for t in (one, two):
+            await t.refresh(store.read_ratios, now)
+        _learned(one, store, "qwen", 1.3, "r1")
+        assert one.scale("qwen") == pytest.approx(1.3)  # its own sample: none in the snapshot yet
+        assert two.scale("qwen") is None  # the window where workers differ, until the next minute
+        await two.refresh(store.read_ratios, now + 60 + acc.RATIOS_SETTLE)
+        assert two.scale("qwen") == pytest.approx(1.3)
+
+    asyncio.run(run())
+
+
+def test_a_store_that_cannot_be_read_keeps_the_last_snapshot():
+    store, t = _Store(), acc.ModelTokens()
+    store.rows = [("w0:1", "llama", "exact", 1.4, 0.0)]
+
+    async def broken():
+        raise acc.StoreUnavailable("down", acc.Fault.STORE_DOWN)
+
+    async def run():
+        await t.refresh(store.read_ratios, 120.0)
+        await t.refresh(broken, 180.0)
+        assert t.scale("llama") == pytest.approx(1.4) and t.minute == 3
+
+    asyncio.run(run())
 
 
 def test_replayed_samples_from_the_usage_stored_on_earlier_replies():
@@ -285,7 +344,7 @@ def _figure(text: str) -> float:
 
 def test_a_chat_grows_past_the_window_of_a_13x_model_without_a_request_over_it():
     f = acc.Filter()
-    f.store = _Store()
+    f.summaries.store = _Store()
     f.valves.max_context_tokens = 4000
     f.valves.compression_threshold_tokens = 0
     f.valves.summary_model = "none-such"  # summaries would fail: only the cap protects
@@ -302,7 +361,7 @@ def test_a_chat_grows_past_the_window_of_a_13x_model_without_a_request_over_it()
 
 def test_a_model_that_reports_no_usage_keeps_todays_counts():
     f = acc.Filter()
-    f.store = _Store()
+    f.summaries.store = _Store()
     f.valves.max_context_tokens = 4000
     f.valves.compression_threshold_tokens = 0
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
@@ -320,7 +379,7 @@ def test_a_model_that_reports_no_usage_keeps_todays_counts():
 
 def test_the_requests_num_ctx_bounds_the_cap_whatever_the_valves_say():
     f = acc.Filter()
-    f.store = _Store()
+    f.summaries.store = _Store()
     f.valves.max_context_tokens = 128000
     f.valves.compression_threshold_tokens = 0
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
@@ -334,7 +393,7 @@ def test_ratios_stored_by_another_worker_are_used_without_a_reply_here():
     store = _Store()
     store.rows = [("w2:1", "llama", "exact", 1.3, 1.0), ("w2:2", "llama", "exact", 1.3, 2.0)]
     f = acc.Filter()
-    f.store = store
+    f.summaries.store = store
 
     async def run():
         await f.inlet({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}, {"id": "u"}, {}, None)

@@ -64,7 +64,7 @@ def test_filter_logs_the_limits_once_per_process(monkeypatch, caplog):
 
     monkeypatch.setitem(sys.modules, "open_webui.env", types.SimpleNamespace(VERSION="0.9.0"))
     for line in acc.open_webui_limits():
-        acc._WARNED.pop(line, None)
+        acc._LOGGED_NOTES.pop(line, None)
     with caplog.at_level(logging.WARNING, logger="async_context_compression"):
         acc.Filter()
         acc.Filter()

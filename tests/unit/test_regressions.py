@@ -250,7 +250,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
     chat = [{"role": "system", "content": "s"}, *at_outlet, {"role": "user", "content": "Thanks. And now?"}]
     assert not acc.summary_tail_joins(canonical_view(chat)[0], head, covered)
     f = make_filter(0, counter="estimate", keep_first=0)
-    f.store = RecordStore([record])
+    f.summaries.store = RecordStore([record])
     out, _ = _run(f, {"model": "gpt-4o", "messages": chat})
     sent = out["messages"]
     assert check_openai(sent) == []
@@ -266,7 +266,7 @@ def test_a_summary_whose_tail_would_open_with_an_assistant_is_not_used():
         fingerprint=acc.prefix_fingerprint(canonical_view(chat)[1], 4),
         summary="Earlier: a report.",
     )
-    f.store = RecordStore([record, ok])
+    f.summaries.store = RecordStore([record, ok])
     sent = _run(f, {"model": "gpt-4o", "messages": chat})[0]["messages"]
     assert [m["role"] for m in sent] == ["system", "system", "user"] and acc.is_summary_message(sent[1])
     assert violations_added(chat, sent) == []

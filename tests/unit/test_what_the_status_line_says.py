@@ -1,6 +1,7 @@
 """The status line says what the model received: the figures of the list
 actually sent (by the request hook, after Open WebUI added tools), what the
-summary stands for, what was left out, and faults once per change."""
+summary stands for, what was left out, the faults the request met, and
+settings notes on turns 1, 11, 21, ...: the same on every worker."""
 
 from __future__ import annotations
 
@@ -68,18 +69,33 @@ def test_switched_off_for_the_user_shows_no_line_at_all():
     assert lines == []
 
 
-def test_a_store_fault_is_said_once_then_again_when_it_changes():
+def test_a_store_fault_is_said_on_every_request_that_met_it():
     f = make_filter(2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250)
-    f.store = RecordStore(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
+    f.summaries.store = RecordStore(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
     _, first = _hooks(f, _chat(6))
     _, second = _hooks(f, _chat(6))
     down = acc.status_text("en", "summaries_down", reason="r_store_down")
-    assert down in first[0] and down not in second[0]
-    f.store = RecordStore()
+    assert down in first[0] and first == second  # the line is the request's, not this worker's memory
+    f.summaries.store = RecordStore()
     _, healed = _hooks(f, _chat(6))
-    f.store = RecordStore(error=acc.StoreUnavailable("down", acc.Fault.STORE_DOWN))
-    _, again = _hooks(f, _chat(6))
-    assert down not in healed[0] and down in again[0]
+    assert down not in healed[0]
+
+
+def test_a_store_fault_in_a_background_summary_is_said_by_its_line_when_it_happens():
+    down = acc.StoreUnavailable("down", acc.Fault.STORE_DOWN)
+    f = make_filter(2500, counter="exact", store=RecordStore(error=down), compression_threshold_tokens=1250)
+    lines: list = []
+
+    async def emit(event):
+        lines.append(event["data"]["description"])
+
+    async def run():
+        body = {"model": "gpt-4", "chat_id": "c1", "messages": _chat(6)[1:]}  # outlet's messages
+        await f.outlet(body, {"id": "u1"}, {"chat_id": "c1"}, emit)
+        await f.wait_for_background(10)
+
+    asyncio.run(run())
+    assert lines and acc.status_text("en", "summaries_down", reason="r_store_down") in lines[-1], lines
 
 
 def test_the_usage_part_is_hidden_below_the_share_but_trims_are_said():
@@ -122,22 +138,28 @@ def test_failure_reasons_have_their_own_words():
     for fault in acc.Fault:  # every fault the user is told of has its words in every language
         for table in acc.STATUS_TEXTS.values():
             assert not fault.key or fault.key in table
-    assert acc.SentOutcome(used=5, cap=9, left_out=1).after(acc.SentOutcome(used=7, cap=9, covered=3, left_out=2)) == (
-        acc.SentOutcome(used=5, cap=9, covered=3, left_out=3)
+    inlet = acc.SentOutcome(used=7, cap=9, covered=3, left_out=2, turn=11)
+    assert acc.SentOutcome(used=5, cap=9, left_out=1, turn=2).after(inlet) == (
+        acc.SentOutcome(used=5, cap=9, covered=3, left_out=3, turn=11)  # inlet counted the turns before the summary
     )
 
 
-def test_a_settings_note_is_said_once_per_chat_not_under_every_reply():
-    f = make_filter(
-        2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250, max_summary_tokens=2048
-    )  # corrected: more than half the cap
-    _, first = _hooks(f, _chat(1))
-    _, second = _hooks(f, _chat(2))
-    assert "max_summary_tokens" in first[0]
-    assert "max_summary_tokens" not in second[0]
-    f.valves.max_summary_tokens = 4000  # a different correction is said again
-    _, third = _hooks(f, _chat(3))
-    assert "max_summary_tokens (4000)" in third[0]
+def test_a_settings_note_is_said_on_turn_1_and_every_tenth_turn_after_by_every_worker():
+    def worker():
+        return make_filter(
+            2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250, max_summary_tokens=2048
+        )  # corrected: more than half the cap
+
+    one, two = worker(), worker()
+    for turns, due in [(0, True), (1, False), (9, False), (10, True), (11, False), (20, True)]:
+        _, line = _hooks(one, _chat(turns))  # _chat(n) ends at user turn n + 1
+        _, again = _hooks(one, _chat(turns))  # the same turn again on the worker that said it
+        _, elsewhere = _hooks(two, _chat(turns))
+        assert ("max_summary_tokens" in line[0]) is due, (turns, line)
+        assert line == again == elsewhere
+    one.valves.max_summary_tokens = 4000  # a different correction, said on the next due turn
+    _, changed = _hooks(one, _chat(20))
+    assert "max_summary_tokens (4000)" in changed[0]
 
 
 def test_renamed_ids_alone_are_not_called_a_repair():
