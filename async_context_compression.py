@@ -1722,37 +1722,25 @@ _O200K_MODELS = re.compile(
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
 # Estimator coefficients per encoding, tokens per: ASCII lower-case letter,
-# upper-case letter, digit, space, newline, backslash, other ASCII character
-# (punctuation); 2-byte character other than Cyrillic (accented Latin, Greek,
-# Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF),
-# other 3-byte character (CJK ideographs, Indic, Thai), kana and CJK
-# punctuation, Hangul; 4-byte character (emoji); and a constant per text.
+# upper-case letter, digit, space, newline, other ASCII character
+# (punctuation), backslash; 2-byte character other than Cyrillic (accented
+# Latin, Greek, Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation
+# (U+2000-U+2FFF), other 3-byte character (CJK ideographs, Indic, Thai), kana
+# and CJK punctuation, Hangul; 4-byte character (emoji); a constant per text.
 # Fitted by bench/calibrate.py to exact cl100k counts (bench/corpus.py:
 # English, CJK, code, JSON, tool output, 17 other languages) so that no
 # fitted text, counted as a message, needs more than 7% over its estimate;
 # on held-out samples the worst is 11% (docs/en/benchmarks.md). The bound
 # costs English a high median: letters must also cover Dutch or Indonesian,
 # which need ~45% more tokens per letter. o200k's file is not available
-# offline, so it has no row and uses cl100k's (o200k needs about as many tokens for
-# English and code, fewer for CJK and other scripts): conservative until it
-# is fitted where the file is cached.
+# offline, so it has no row and uses cl100k's (o200k needs about as many
+# tokens for English and code, fewer for CJK and other scripts):
+# conservative until it is fitted where the file is cached.
 _ESTIMATOR = {
     "cl100k_base": (
-        0.306,
-        1.113,
-        0.855,
-        0.027,
-        0.602,
-        0.538,
-        2.31,
-        1.415,
-        0.695,
-        2.189,
-        1.27,
-        0.989,
-        1.421,
-        2.329,
-        3.436,
+        *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
+        *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329),  # non-ASCII, in the order above
+        3.436,  # per text
     ),
 }
 
@@ -1779,41 +1767,21 @@ def _estimator_features(text: str) -> tuple:
     byte operations on the UTF-8 text (UTF-8 lead bytes tell the classes)."""
     data = text.encode("utf-8", "surrogatepass")
     size = len(data)
-    letters = size - len(data.translate(None, _LETTER_BYTES))
-    upper = size - len(data.translate(None, _UPPER_BYTES))
-    digits = size - len(data.translate(None, _DIGIT_BYTES))
-    spaces = data.count(b" ")
-    newlines = data.count(b"\n")
-    backslashes = data.count(b"\\")
-    if size == len(text):
-        punctuation = size - letters - digits - spaces - newlines - backslashes
-        return (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes, 0, 0, 0, 0, 0, 0, 0)
-    non_ascii_bytes = len(data.translate(None, _ASCII_BYTES))
+    letters, upper, digits = (size - len(data.translate(None, b)) for b in (_LETTER_BYTES, _UPPER_BYTES, _DIGIT_BYTES))
+    spaces, newlines, backslashes = data.count(b" "), data.count(b"\n"), data.count(b"\\")
+    non_ascii_bytes = 0 if size == len(text) else len(data.translate(None, _ASCII_BYTES))
     ascii_chars = size - non_ascii_bytes
+    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
+    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
+    if not non_ascii_bytes:
+        return (*ascii_counts, 0, 0, 0, 0, 0, 0, 0)
+    leads = (_LEAD_2BYTE, _LEAD_CYRILLIC, _LEAD_SYMBOL, _LEAD_KANA, _LEAD_HANGUL)
+    two, cyrillic, symbols, kana, hangul = (size - len(data.translate(None, lead)) for lead in leads)
     non_ascii = len(text) - ascii_chars
-    two = size - len(data.translate(None, _LEAD_2BYTE))
-    cyrillic = size - len(data.translate(None, _LEAD_CYRILLIC))
-    symbols = size - len(data.translate(None, _LEAD_SYMBOL))
-    kana = size - len(data.translate(None, _LEAD_KANA))
-    hangul = size - len(data.translate(None, _LEAD_HANGUL))
     four = max(0, non_ascii_bytes - 3 * non_ascii + two)
     three = max(0, non_ascii - two - four)
-    return (
-        letters - upper,
-        upper,
-        digits,
-        spaces,
-        newlines,
-        ascii_chars - letters - digits - spaces - newlines - backslashes,
-        backslashes,
-        two - cyrillic,
-        cyrillic,
-        symbols,
-        max(0, three - symbols - kana - hangul),
-        kana,
-        hangul,
-        four,
-    )
+    other_three = max(0, three - symbols - kana - hangul)  # CJK ideographs, Indic, Thai
+    return (*ascii_counts, two - cyrillic, cyrillic, symbols, other_three, kana, hangul, four)
 
 
 def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
