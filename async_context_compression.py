@@ -2028,58 +2028,27 @@ class TokenCounter:
 
 
 def _cache_key(message: Message, encoding: str) -> tuple:
-    """The count cache's key of a message for an encoding (estimates and
-    exact counts add a flag)."""
+    """The count cache's key of a message for an encoding: what its count
+    depends on, with each text as its hash and length, so the cache does not
+    keep large strings alive."""
     content = message.get("content")
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
         # the usual message, keyed without building nested tuples
         return (encoding, hash(content), len(content), bool(message.get("tool_call_id")))
-    return (encoding, _message_key(message))
+    calls, name = _tool_calls(message), message.get("name")
+    return (encoding, _shape(content), _shape(calls), _shape(name), bool(message.get("tool_call_id")))
 
 
-def _message_key(message: Message) -> tuple:
-    """A compact cache key: hashes and lengths, never the content itself, so
-    the cache does not keep large strings alive."""
-    content = message.get("content")
-    if isinstance(content, str):
-        content_key: Any = (hash(content), len(content))
-    elif isinstance(content, list):
-        content_key = tuple(_part_key(p) for p in content)
-    else:
-        content_key = None
-    calls = _tool_calls(message)
-    calls_key = tuple(_call_key(c) for c in calls) if calls else None
-    name = message.get("name")
-    return (
-        content_key,
-        calls_key,
-        str(name) if name else None,
-        bool(message.get("tool_call_id")),
-    )
-
-
-def _call_key(call: Any) -> Any:
-    """What a tool call's count depends on: its function's name and
-    arguments (hashed), without serializing the call."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if isinstance(function, dict) and isinstance(function.get("arguments", ""), str):
-        arguments = function.get("arguments", "")
-        return (str(function.get("name", "")), hash(arguments), len(arguments))
-    return hash(json.dumps(call, sort_keys=True, default=str))
-
-
-def _part_key(part: Any) -> tuple:
-    if isinstance(part, dict):
-        if isinstance(part.get("text"), str):
-            return ("t", hash(part["text"]), len(part["text"]))
-        image = part.get("image_url")
-        if isinstance(image, dict):
-            url = str(image.get("url", ""))
-            # str(): a malformed detail (a list, an object) must not make
-            # the key unhashable; only detail == "low" changes the count
-            return ("i", hash(url), len(url), str(image.get("detail")))
-        return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
-    return ("s", hash(str(part)))
+def _shape(value: Any) -> Any:
+    """A hashable stand-in for a JSON value: its structure, each string as
+    (hash, length); anything else as the hash of its text."""
+    if isinstance(value, str):
+        return ("s", hash(value), len(value))
+    if isinstance(value, dict):
+        return tuple((str(k), _shape(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ("l", *(_shape(v) for v in value))
+    return ("o", hash(str(value)))
 
 
 # -- The token policy of a request -------------------------------------------
