@@ -2187,20 +2187,15 @@ def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
     writes) is cumulative: Open WebUI sums it over the calls of one reply."""
     if not isinstance(usage, dict):
         return None
-    for key in ("prompt_tokens", "prompt_eval_count"):
-        tokens = _positive_int(usage.get(key))
-        if tokens:
-            return tokens, False
-    if usage.get("prompt_n") is not None or usage.get("cache_n") is not None:
-        tokens = _positive_int(usage.get("prompt_n")) + _positive_int(usage.get("cache_n"))
-        if tokens:
-            return tokens, False
-    tokens = _positive_int(usage.get("input_tokens"))
-    if tokens:
-        extra = _positive_int(usage.get("cache_read_input_tokens")) + _positive_int(
-            usage.get("cache_creation_input_tokens")
-        )
-        return tokens + extra, True
+
+    def tokens(key: str) -> int:
+        return _positive_int(usage.get(key))
+
+    last = tokens("prompt_tokens") or tokens("prompt_eval_count") or tokens("prompt_n") + tokens("cache_n")
+    if last:
+        return last, False
+    if tokens("input_tokens"):
+        return tokens("input_tokens") + tokens("cache_read_input_tokens") + tokens("cache_creation_input_tokens"), True
     return None
 
 
@@ -2239,13 +2234,9 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
     params = (info or {}).get("params") if isinstance(info, dict) else None
     params = params if isinstance(params, dict) else {}
     sources = (options, body, params)
-    window = next((_positive_int(s.get("num_ctx")) for s in sources if _positive_int(s.get("num_ctx"))), 0)
-    if not window:
-        return 0
-    reply = 0
-    for source in sources:
-        for key in ("num_predict", "max_tokens", "max_completion_tokens"):
-            reply = reply or _positive_int(source.get(key))
+    window = next((n for s in sources if (n := _positive_int(s.get("num_ctx")))), 0)
+    keys = ("num_predict", "max_tokens", "max_completion_tokens")
+    reply = next((n for s in sources for key in keys if (n := _positive_int(s.get(key)))), 0)
     return window - reply if reply < window else window
 
 
