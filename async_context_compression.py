@@ -2478,14 +2478,18 @@ _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
 _UNSET = object()
 
 
-def _as_bool(value: Any) -> bool:
+def _as_bool(value: Any, strict: bool = True) -> bool:
+    """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); anything
+    else raises, or when not ``strict`` is read by its truth value."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
         return value.strip().lower() in _TRUE_WORDS
-    raise ValueError(value)
+    if strict:
+        raise ValueError(value)
+    return bool(value)
 
 
 def _as_number(value: Any, kind: type) -> Any:
@@ -2507,26 +2511,21 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _typed(kind: Any, value: Any) -> Any:
-    if kind is bool:
-        return _as_bool(value)
-    if kind in (int, float):
-        return _as_number(value, kind)
-    if kind is str:
-        return _as_text(value)
-    return value
-
-
 def _shown(value: Any) -> str:
     return repr(value)[:60]
 
 
 def _accepted(field: Any, name: str, value: Any) -> tuple:
     """(the value to use, or _UNSET for the default; a Note when replaced)."""
-    if value is None and field.annotation is not str:
+    kind = field.annotation
+    if value is None and kind is not str:
         return _UNSET, None  # Open WebUI drops None ("not set"): the default applies
     try:
-        return _typed(field.annotation, value), None
+        if kind is bool:
+            return _as_bool(value), None
+        if kind in (int, float):
+            return _as_number(value, kind), None
+        return (_as_text(value) if kind is str else value), None
     except (TypeError, ValueError, OverflowError):
         return _UNSET, note("n_valve_invalid", name=name, value=_shown(value), used=_shown(field.default))
 
@@ -2572,11 +2571,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
     return clean, notes
 
 
-class _SeenNotes(OrderedDict):
-    limit = 256
-
-
-_LOGGED_NOTES = _SeenNotes()
+_LOGGED_NOTES = _BoundedDict(256)
 
 
 def log_notes_once(notes: Iterable[Note]) -> None:
@@ -2586,8 +2581,6 @@ def log_notes_once(notes: Iterable[Note]) -> None:
         for item in notes:
             if item not in _LOGGED_NOTES:
                 _LOGGED_NOTES[item] = True
-                while len(_LOGGED_NOTES) > _LOGGED_NOTES.limit:
-                    _LOGGED_NOTES.popitem(last=False)
                 log.warning("async_context_compression settings: %s", item)
     except Exception:  # e.g. a concurrent eviction from another thread
         pass
@@ -2653,40 +2646,39 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
     return table or None
 
 
-def _token_count(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and value == value
-        and 0 <= value <= _TOKEN_LIMIT
-    )
+def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
+    """A valve holding a JSON object (typed as text, or already an object):
+    (the object, {} when unset or unreadable; a Note ``unreadable`` when it
+    cannot be read). ``legacy`` reads the text when it is not JSON."""
+    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
+        return {}, []
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            value = legacy(raw) if legacy else None
+            if value is None:
+                return {}, [note(unreadable, detail=getattr(exc, "msg", str(exc)))]
+    if not isinstance(value, dict):
+        return {}, [note(unreadable, detail="not a JSON object")]
+    return value, []
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
     prefix ending in ``*``) to overrides, or the older filter's
     ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
-    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
-        return {}, []
-    table = raw
-    if isinstance(raw, str):
-        try:
-            table = json.loads(raw)
-        except ValueError as exc:
-            table = _legacy_thresholds(raw)
-            if table is None:
-                return {}, [note("n_thresholds_unreadable", detail=getattr(exc, "msg", str(exc)))]
-    if not isinstance(table, dict):
-        return {}, [note("n_thresholds_unreadable", detail="not a JSON object")]
-    clean, problems = {}, []
+    table, problems = _json_object(raw, "n_thresholds_unreadable", _legacy_thresholds)
+    clean = {}
     for model, entry in table.items():
         if not isinstance(entry, dict):
             problems.append(note("n_thresholds_entry", entry=f"{model!r}: {entry!r}"[:80]))
             continue
         values = {}
         for key, value in entry.items():
-            if key in _SETTING_KEYS and _token_count(value):
-                values[key] = int(value)
+            if key in _SETTING_KEYS and type(value) in (int, float) and 0 <= value <= _TOKEN_LIMIT:
+                values[key] = int(value)  # NaN fails the range test
             elif key == "encoding" and value in _ENCODINGS:
                 values[key] = value
             else:
@@ -2702,18 +2694,10 @@ _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temper
 def parse_model_params(raw: Any) -> tuple[dict, list]:
     """The ``summary_model_params`` valve: a JSON object merged into the
     summary call. Returns (params, Notes on what was ignored)."""
-    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
-        return {}, []
-    params = raw
-    if isinstance(raw, str):
-        try:
-            params = json.loads(raw)
-        except ValueError as exc:
-            return {}, [note("n_params_unreadable", detail=getattr(exc, "msg", str(exc)))]
-    if not isinstance(params, dict):
-        return {}, [note("n_params_unreadable", detail="not a JSON object")]
+    params, problems = _json_object(raw, "n_params_unreadable")
     own = sorted(k for k in params if k in _OWN_CALL_KEYS)
-    problems = [note("n_params_own", names=", ".join(own))] if own else []
+    if own:
+        problems.append(note("n_params_own", names=", ".join(own)))
     return {str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS}, problems
 
 
@@ -2809,8 +2793,8 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
     warnings.extend(problems)
     style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
-    show = _flag(getattr(valves, "show_status", True)) and (
-        user_valves is None or _flag(getattr(user_valves, "show_status", True))
+    show = _as_bool(getattr(valves, "show_status", True), strict=False) and (
+        user_valves is None or _as_bool(getattr(user_valves, "show_status", True), strict=False)
     )
     return Settings(
         threshold=threshold,
@@ -2825,7 +2809,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_timeout=float(bounded["summary_timeout_seconds"]),
         encoding=encoding_for_model(model_id, own.get("encoding", "")),
         show_status=show,
-        debug=_flag(getattr(valves, "debug", False)),
+        debug=_as_bool(getattr(valves, "debug", False), strict=False),
         warnings=tuple(warnings),
         summary_encoding=encoding_for_model(summary_model, summary_own.get("encoding", "")),
         status_usage_threshold=float(bounded["status_usage_threshold"]),
@@ -2880,13 +2864,6 @@ def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: i
 def to_model_tokens(settings: Settings, counted: int) -> int:
     """A count in the model's own tokens, as the status line states it."""
     return int(round(counted * settings.scale))
-
-
-def _flag(value: Any) -> bool:
-    try:
-        return _as_bool(value)
-    except ValueError:
-        return bool(value)
 
 
 # ---------------------------------------------------------------------------
