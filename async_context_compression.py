@@ -1799,37 +1799,29 @@ def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
 def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
     """Width and height from a base64 data URL's header (PNG, GIF, JPEG,
     WebP), decoding only its first bytes."""
-    if not url.startswith("data:") or "," not in url[:200]:
+    start = url.find(",", 0, 200) + 1
+    if not url.startswith("data:") or not start:
         return None
-    b64 = url.split(",", 1)[1]
+    b64 = url[start : start + 65536]
     try:
-        head = base64.b64decode(b64[:65536] + "=" * (-len(b64[:65536]) % 4), validate=False)
-    except Exception:
-        return None
-    try:
+        head = base64.b64decode(b64 + "=" * (-len(b64) % 4))
+        webp = head[12:16] if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else None
         if head[:8] == b"\x89PNG\r\n\x1a\n":
             return struct.unpack(">II", head[16:24])
         if head[:6] in (b"GIF87a", b"GIF89a"):
             return struct.unpack("<HH", head[6:10])
-        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-            return _webp_dimensions(head)
+        if webp == b"VP8X":
+            return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
+        if webp == b"VP8 ":
+            w, h = struct.unpack("<HH", head[26:30])
+            return w & 0x3FFF, h & 0x3FFF
+        if webp == b"VP8L":
+            bits = int.from_bytes(head[21:25], "little")
+            return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
         if head[:2] == b"\xff\xd8":
             return _jpeg_dimensions(head)
-    except (struct.error, IndexError):
+    except (ValueError, struct.error, IndexError):  # not base64, or a truncated header
         return None
-    return None
-
-
-def _webp_dimensions(head: bytes) -> Optional[tuple[int, int]]:
-    kind = head[12:16]
-    if kind == b"VP8X":
-        return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
-    if kind == b"VP8 ":
-        w, h = struct.unpack("<HH", head[26:30])
-        return w & 0x3FFF, h & 0x3FFF
-    if kind == b"VP8L":
-        bits = int.from_bytes(head[21:25], "little")
-        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
     return None
 
 
