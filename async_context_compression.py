@@ -1926,40 +1926,32 @@ class TokenCounter:
 
     def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
         total = TOKENS_PER_MESSAGE + 1  # role
+        texts = []
         content = message.get("content")
-        if isinstance(content, str):
-            total += self.text_tokens(content, encoding, exact)
-        elif isinstance(content, list):
-            for part in content:
-                total += self._part_tokens(part, encoding, exact)
+        for part in [content] if isinstance(content, str) else content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                image = part.get("image_url")
+                image = image if isinstance(image, dict) else {"url": str(image or "")}
+                total += image_tokens(image.get("url", ""), image.get("detail", "auto"))
+            elif isinstance(part, dict):
+                texts.append(
+                    part["text"] if isinstance(part.get("text"), str) else json.dumps(part, ensure_ascii=False)
+                )
+            elif isinstance(part, str):
+                texts.append(part)
         if message.get("name"):
-            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), encoding, exact)
+            total += TOKENS_PER_NAME
+            texts.append(str(message["name"]))
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 total += TOKENS_PER_TOOL_CALL
-                total += self.text_tokens(str(function.get("name", "")), encoding, exact)
                 arguments = function.get("arguments", "")
-                if not isinstance(arguments, str):
-                    arguments = json.dumps(arguments, ensure_ascii=False)
-                total += self.text_tokens(arguments, encoding, exact)
+                texts.append(str(function.get("name", "")))
+                texts.append(arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
-        return total
-
-    def _part_tokens(self, part: Any, encoding: str, exact: bool) -> int:
-        if isinstance(part, str):
-            return self.text_tokens(part, encoding, exact)
-        if not isinstance(part, dict):
-            return 0
-        if part.get("type") == "image_url":
-            image = part.get("image_url")
-            url = image.get("url", "") if isinstance(image, dict) else str(image or "")
-            detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
-            return image_tokens(url, detail)
-        if isinstance(part.get("text"), str):
-            return self.text_tokens(part["text"], encoding, exact)
-        return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
+        return total + sum(self.text_tokens(text, encoding, exact) for text in texts)
 
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
@@ -1989,16 +1981,11 @@ class TokenCounter:
         sizes: list = []
         missing: list = []
         for message in messages:
-            if not isinstance(message, dict):
-                sizes.append(0)
-                continue
-            entry = self._entry(message, encoding)
+            entry = self._entry(message, encoding) if isinstance(message, dict) else [0, 0]
             value = entry[slot]
             if value is None:
-                sizes.append(None)
                 missing.append(entry)
-            else:
-                sizes.append(value if slot else _with_margin(value))
+            sizes.append(value if value is None or slot else _with_margin(value))
         return sizes, missing
 
     def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
@@ -2011,9 +1998,7 @@ class TokenCounter:
         of a message made while fitting (a shortened copy), so that fitting
         never tokenizes. ``cached=False`` leaves the cache alone (for a
         worker thread; the estimate is the same)."""
-        if not cached:
-            return _with_margin(self._count_message(message, encoding, False))
-        entry = self._entry(message, encoding)
+        entry = self._entry(message, encoding) if cached else [None]
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
         return _with_margin(entry[0])
