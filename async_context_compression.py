@@ -2075,12 +2075,7 @@ def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: in
 
 
 async def fit_request(
-    counter: TokenCounter,
-    messages: Messages,
-    cap: int,
-    prefix: int,
-    fixed: int,
-    encoding: str,
+    counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
     ``prefix`` messages while it can), counted under the policy above; the
@@ -2088,8 +2083,7 @@ async def fit_request(
     Holds the event loop only for slices of cache look-ups: counting and
     fitting a long list happen in a worker thread."""
     exact = counter.is_exact(encoding)
-    sizes: list = []
-    missing: list = []
+    sizes, missing = [], []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
         if at:
             await asyncio.sleep(0)  # other requests run between slices
@@ -2150,7 +2144,7 @@ def _positive_int(value: Any) -> int:
         return 0
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # JSON may carry Infinity
         return 0
     return number if number > 0 else 0
 
