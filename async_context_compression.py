@@ -2518,9 +2518,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
     carried over, ignored or replaced. Never raises."""
     if not isinstance(raw, dict):
         return {}, []
-    clean: dict = {}
-    notes: list = []
-    carried, ignored = [], []
+    clean, notes, carried, ignored = {}, [], [], []
     for name, value in raw.items():
         name = str(name)
         target = name if name in fields else LEGACY_VALVES.get(name)
@@ -2673,32 +2671,25 @@ def parse_model_params(raw: Any) -> tuple[dict, list]:
 
 
 def model_overrides(table: dict, model_id: str) -> dict:
+    """The overrides of a model: its own entry, else the longest matching
+    ``prefix*`` entry's."""
     if model_id in table:
         return table[model_id]
-    best, best_len = {}, -1
-    for pattern, entry in table.items():
-        if pattern.endswith("*") and model_id.startswith(pattern[:-1]) and len(pattern) > best_len:
-            best, best_len = entry, len(pattern)
-    return best
+    prefixes = [p for p in table if p.endswith("*") and model_id.startswith(p[:-1])]
+    return table[max(prefixes, key=len)] if prefixes else {}
 
 
-_DEFAULTS_BY_CLASS: dict = {}
-
-
-def _valve_default(valves: Any, name: str) -> Any:
-    """The default of a valve (this module's Valves' for objects that lack it)."""
-    cls = type(valves)
-    defaults = _DEFAULTS_BY_CLASS.get(cls)
-    if defaults is None:
-        fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
-        defaults = _DEFAULTS_BY_CLASS.setdefault(cls, {n: f.default for n, f in fields.items()})
-    return defaults[name]
+@lru_cache(maxsize=64)
+def _valve_defaults(cls: type) -> dict:
+    """The valves' defaults (this module's Valves' for objects that lack some)."""
+    fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
+    return {n: f.default for n, f in fields.items()}
 
 
 def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
     """A numeric valve inside its range; a value outside is corrected and
     explained (kept as typed in the valves, so the admin sees it)."""
-    default = _valve_default(valves, name)
+    default = _valve_defaults(type(valves))[name]
     kind = type(default)
     low, high = _VALVE_BOUNDS[name]
     value = getattr(valves, name, default)
@@ -2718,7 +2709,7 @@ def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
 
 
 def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
-    default = _valve_default(valves, name)
+    default = _valve_defaults(type(valves))[name]
     value = getattr(valves, name, default)
     wanted = value.strip().lower() if isinstance(value, str) else value
     if wanted in choices:
