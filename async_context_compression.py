@@ -2722,8 +2722,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     """Effective settings for one request. Impossible combinations and
     values out of range are corrected to a safe value and explained in
     ``warnings`` (Notes), after those of the valves themselves."""
-    warnings: list = list(getattr(valves, "_notes", ()) or ())
-    warnings.extend(getattr(user_valves, "_notes", ()) or ())
+    warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
     own = model_overrides(table, model_id)
@@ -2741,17 +2740,14 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     window = int(bounded["summary_model_max_context"]) or int(
         summary_own.get("summary_model_max_context", 0)
         or summary_own.get("max_context_tokens", 0)
-        or (max_context if summary_model == model_id else 0)
         or max_context
         or 32000
     )
     wanted = int(bounded["max_summary_tokens"])
-    limit = min(window // 2, max_context // 2 if max_context else window // 2)
-    max_summary = wanted if wanted <= limit else max(16, limit // 2)
+    room = min(window, max_context or window)  # a summary takes at most half of it
+    max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
     if max_summary != wanted:
-        warnings.append(
-            note("n_summary_budget", wanted=wanted, window=min(window, max_context or window), used=max_summary)
-        )
+        warnings.append(note("n_summary_budget", wanted=wanted, window=room, used=max_summary))
     params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
     warnings.extend(problems)
     style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
