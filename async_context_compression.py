@@ -1790,9 +1790,7 @@ def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
     if not text:
         return 0
     weights = _ESTIMATOR.get(encoding) or _ESTIMATOR["cl100k_base"]
-    total = weights[-1]
-    for count, weight in zip(_estimator_features(text), weights):
-        total += count * weight
+    total = sum((count * weight for count, weight in zip(_estimator_features(text), weights)), weights[-1])
     return int(total) + 1
 
 
@@ -2601,18 +2599,16 @@ _LEGACY_THRESHOLD_ENTRY = re.compile(r"^\s*(?P<model>.+?)\s*:\s*(?P<threshold>\d
 def _legacy_thresholds(text: str) -> Optional[dict]:
     """The older filter's ``model:threshold:max`` list (comma, semicolon or
     line separated; model ids may contain colons), or None if not that."""
-    table = {}
-    for entry in re.split(r"[,;\n]", text):
-        if not entry.strip():
-            continue
-        match = _LEGACY_THRESHOLD_ENTRY.match(entry)
-        if not match:
-            return None
-        table[match["model"]] = {
+    found = [_LEGACY_THRESHOLD_ENTRY.match(entry) for entry in re.split(r"[,;\n]", text) if entry.strip()]
+    if not found or not all(found):
+        return None
+    return {
+        match["model"]: {
             "compression_threshold_tokens": int(match["threshold"]),
             "max_context_tokens": int(match["cap"]),
         }
-    return table or None
+        for match in found
+    }
 
 
 def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
