@@ -1699,9 +1699,8 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # Counted the way providers bill chat requests: a fixed overhead per message
 # and per request, the role, name, text, tool-call names and arguments, tool
 # results and images. tiktoken is loaded in a background thread (it may need
-# a download); until it is ready a cheap estimator stands in, with a margin.
-# Which of the two a request's count uses is decided in one place: the token
-# policy below (count_request, fit_request).
+# a download); until it is ready a cheap estimator stands in, with a margin
+# (the token policy below decides which of the two a count uses).
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REQUEST = 3
@@ -1716,8 +1715,7 @@ LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
 ESTIMATE_MARGIN = 0.15
 
 _O200K_MODELS = re.compile(
-    r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)",
-    re.IGNORECASE,
+    r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
@@ -1970,9 +1968,8 @@ class TokenCounter:
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
-        already knows it, else None; the cache entries of the messages whose
-        size is None, in order). Exact counts once the encoding is loaded,
-        estimates with their margin before. Nothing counted."""
+        knows it, else None; the cache entries of those None, in order).
+        Nothing is counted here."""
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
@@ -1992,10 +1989,9 @@ class TokenCounter:
         return [self._count_message(m, encoding, exact) for m in messages]
 
     def estimated_size(self, message: Message, encoding: str, cached: bool = True) -> int:
-        """A message's estimate with its margin: the request policy's size
-        of a message made while fitting (a shortened copy), so that fitting
-        never tokenizes. ``cached=False`` leaves the cache alone (for a
-        worker thread; the estimate is the same)."""
+        """A message's estimate with its margin: the policy's size of a
+        message made while fitting (a shortened copy), so that fitting never
+        tokenizes. ``cached=False`` leaves the cache alone (worker threads)."""
         entry = self._entry(message, encoding) if cached else [None]
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
@@ -2138,13 +2134,10 @@ RATIO_PATHS = ("exact", "estimate", "replayed")
 
 
 def _positive_int(value: Any) -> int:
-    if isinstance(value, bool):
-        return 0
     try:
-        number = int(value)
+        return max(0, int(value)) if not isinstance(value, bool) else 0
     except (TypeError, ValueError, OverflowError):  # JSON may carry Infinity
         return 0
-    return number if number > 0 else 0
 
 
 def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
@@ -2420,12 +2413,9 @@ class Note:
 
 def note(key: str, **values: Any) -> Note:
     """A Note; values other than numbers are kept as short text (hashable)."""
-    kept = []
-    for name, value in values.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            value = str(value)[:400]
-        kept.append((name, value))
-    return Note(key, tuple(sorted(kept)))
+    number = (int, float)
+    kept = {k: v if isinstance(v, number) and not isinstance(v, bool) else str(v)[:400] for k, v in values.items()}
+    return Note(key, tuple(sorted(kept.items())))
 
 
 # The older community filter of the same id stored these valves; each maps to
@@ -2786,13 +2776,11 @@ def usage_shown(settings: Settings, used: int) -> bool:
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` whose token budgets (cap, threshold, trigger), given in
-    the model's own tokens, are converted to counted tokens: divided by
-    ``scale`` (the model's tokens per counted token, ``ModelTokens.scale``).
-    ``prompt_bound`` (``request_prompt_bound``, model tokens) lowers the cap
-    and the trigger with it. The one place the correction is applied; the
-    status figure converts back with ``to_model_tokens``. A learned scale
-    keeps RATIO_SAFETY of room; None (nothing learned) is 1.0 without it."""
+    """``settings`` with the token budgets (cap, threshold, trigger) turned
+    from the model's own tokens into counted ones: divided by ``scale``
+    (``ModelTokens.scale``), with RATIO_SAFETY of room; None (nothing
+    learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``)
+    lowers the cap, and the trigger with it. ``to_model_tokens`` converts back."""
     cap = settings.max_context
     trigger = settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
