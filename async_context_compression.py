@@ -2434,7 +2434,6 @@ LEGACY_VALVES: dict = {
 _LEGACY_STYLES = {"aggressive": "concise", "balanced": "balanced", "faithful": "faithful"}
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
-_UNSET = object()
 
 
 def _as_bool(value: Any, strict: bool = True) -> bool:
@@ -2474,21 +2473,6 @@ def _shown(value: Any) -> str:
     return repr(value)[:60]
 
 
-def _accepted(field: Any, name: str, value: Any) -> tuple:
-    """(the value to use, or _UNSET for the default; a Note when replaced)."""
-    kind = field.annotation
-    if value is None and kind is not str:
-        return _UNSET, None  # Open WebUI drops None ("not set"): the default applies
-    try:
-        if kind is bool:
-            return _as_bool(value), None
-        if kind in (int, float):
-            return _as_number(value, kind), None
-        return (_as_text(value) if kind is str else value), None
-    except (TypeError, ValueError, OverflowError):
-        return _UNSET, note("n_valve_invalid", name=name, value=_shown(value), used=_shown(field.default))
-
-
 def _legacy_value(target: str, value: Any) -> Any:
     if target == "status_usage_threshold":
         try:
@@ -2516,11 +2500,19 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
         if target != name:
             value = _legacy_value(target, value)
             carried.append(f"{name} → {target}")
-        accepted, problem = _accepted(fields[target], target, value)
-        if accepted is not _UNSET:
-            clean[target] = accepted
-        if problem:
-            notes.append(problem)
+        kind = fields[target].annotation
+        if value is None and kind is not str:
+            continue  # Open WebUI drops None ("not set"): the default applies
+        try:
+            if kind is bool:
+                clean[target] = _as_bool(value)
+            elif kind in (int, float):
+                clean[target] = _as_number(value, kind)
+            else:
+                clean[target] = _as_text(value) if kind is str else value
+        except (TypeError, ValueError, OverflowError):
+            used = _shown(fields[target].default)
+            notes.append(note("n_valve_invalid", name=target, value=_shown(value), used=used))
     if carried:
         notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
