@@ -2191,11 +2191,9 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
     model's saved params) less the reply's room (``num_predict`` /
     ``max_tokens`` / ``max_completion_tokens``), whatever the valves say."""
     body = body if isinstance(body, dict) else {}
-    options = body.get("options") if isinstance(body.get("options"), dict) else {}
-    info = (model or {}).get("info") if isinstance(model, dict) else None
-    params = (info or {}).get("params") if isinstance(info, dict) else None
-    params = params if isinstance(params, dict) else {}
-    sources = (options, body, params)
+    info = model.get("info") if isinstance(model, dict) else None
+    sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
+    sources = [source for source in sources if isinstance(source, dict)]
     window = next((n for s in sources if (n := _positive_int(s.get("num_ctx")))), 0)
     keys = ("num_predict", "max_tokens", "max_completion_tokens")
     reply = next((n for s in sources for key in keys if (n := _positive_int(s.get(key)))), 0)
@@ -2760,11 +2758,8 @@ def usage_shown(settings: Settings, used: int) -> bool:
     """Whether the usage part of the status line is shown for a request of
     ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
     when it is 0; never without a cap, where there is no share to reach)."""
-    share = settings.status_usage_threshold
-    if share <= 0:
-        return True
-    cap = settings.model_cap or settings.max_context
-    return cap > 0 and used >= share * cap
+    share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
+    return share <= 0 or (cap > 0 and used >= share * cap)
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
