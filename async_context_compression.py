@@ -2000,26 +2000,47 @@ class TokenCounter:
 
 def _cache_key(message: Message, encoding: str) -> tuple:
     """The count cache's key of a message for an encoding: what its count
-    depends on, with each text as its hash and length, so the cache does not
-    keep large strings alive."""
+    depends on, each text as its hash and length (never the text itself, so
+    the cache does not keep large strings alive)."""
     content = message.get("content")
+    tool_result = bool(message.get("tool_call_id"))
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
-        # the usual message, keyed without building nested tuples
-        return (encoding, hash(content), len(content), bool(message.get("tool_call_id")))
-    calls, name = _tool_calls(message), message.get("name")
-    return (encoding, _shape(content), _shape(calls), _shape(name), bool(message.get("tool_call_id")))
+        return (encoding, hash(content), len(content), tool_result)  # the usual message, without nested tuples
+    if isinstance(content, str):
+        content = (hash(content), len(content))
+    else:
+        content = tuple(_part_key(p) for p in content) if isinstance(content, list) else None
+    calls = tuple(_call_key(c) for c in _tool_calls(message))
+    name = message.get("name")
+    return (encoding, content, calls, str(name) if name else None, tool_result)
 
 
-def _shape(value: Any) -> Any:
-    """A hashable stand-in for a JSON value: its structure, each string as
-    (hash, length); anything else as the hash of its text."""
-    if isinstance(value, str):
-        return ("s", hash(value), len(value))
-    if isinstance(value, dict):
-        return tuple((str(k), _shape(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return ("l", *(_shape(v) for v in value))
-    return ("o", hash(str(value)))
+def _call_key(call: Any) -> Any:
+    """What a tool call's count depends on: its function's name and
+    arguments (hashed), without serializing the call."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("arguments", ""), str):
+        arguments = function.get("arguments", "")
+        return (str(function.get("name", "")), hash(arguments), len(arguments))
+    return hash(json.dumps(call, sort_keys=True, default=str))
+
+
+def _part_key(part: Any) -> tuple:
+    """What a content part's count depends on, tested in the order
+    ``_count_message`` counts it."""
+    if isinstance(part, str):
+        return ("s", hash(part), len(part))
+    if not isinstance(part, dict):
+        return ("n",)  # counts nothing
+    if part.get("type") == "image_url":
+        image = part.get("image_url")
+        url, detail = (image.get("url", ""), image.get("detail")) if isinstance(image, dict) else (image, None)
+        # str(): a malformed url or detail (a list, an object) must not make
+        # the key unhashable; only detail == "low" changes the count
+        return ("i", hash(str(url)), len(str(url)), str(detail))
+    if isinstance(part.get("text"), str):
+        return ("t", hash(part["text"]), len(part["text"]))
+    return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
 
 
 # -- The token policy of a request -------------------------------------------
