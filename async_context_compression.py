@@ -1765,19 +1765,25 @@ def _estimator_features(text: str) -> tuple:
     byte operations on the UTF-8 text (UTF-8 lead bytes tell the classes)."""
     data = text.encode("utf-8", "surrogatepass")
     size = len(data)
-    letters, upper, digits = (size - len(data.translate(None, b)) for b in (_LETTER_BYTES, _UPPER_BYTES, _DIGIT_BYTES))
+    letters = size - len(data.translate(None, _LETTER_BYTES))
+    upper = size - len(data.translate(None, _UPPER_BYTES))
+    digits = size - len(data.translate(None, _DIGIT_BYTES))
     spaces, newlines, backslashes = data.count(b" "), data.count(b"\n"), data.count(b"\\")
-    non_ascii_bytes = 0 if size == len(text) else len(data.translate(None, _ASCII_BYTES))
+    if size == len(text):  # ASCII only
+        punctuation = size - letters - digits - spaces - newlines - backslashes
+        return (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes, 0, 0, 0, 0, 0, 0, 0)
+    non_ascii_bytes = len(data.translate(None, _ASCII_BYTES))
     ascii_chars = size - non_ascii_bytes
-    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
-    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
-    if not non_ascii_bytes:
-        return (*ascii_counts, 0, 0, 0, 0, 0, 0, 0)
-    leads = (_LEAD_2BYTE, _LEAD_CYRILLIC, _LEAD_SYMBOL, _LEAD_KANA, _LEAD_HANGUL)
-    two, cyrillic, symbols, kana, hangul = (size - len(data.translate(None, lead)) for lead in leads)
     non_ascii = len(text) - ascii_chars
+    two = size - len(data.translate(None, _LEAD_2BYTE))
+    cyrillic = size - len(data.translate(None, _LEAD_CYRILLIC))
+    symbols = size - len(data.translate(None, _LEAD_SYMBOL))
+    kana = size - len(data.translate(None, _LEAD_KANA))
+    hangul = size - len(data.translate(None, _LEAD_HANGUL))
     four = max(0, non_ascii_bytes - 3 * non_ascii + two)
     three = max(0, non_ascii - two - four)
+    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
+    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
     other_three = max(0, three - symbols - kana - hangul)  # CJK ideographs, Indic, Thai
     return (*ascii_counts, two - cyrillic, cyrillic, symbols, other_three, kana, hangul, four)
 
@@ -1788,7 +1794,9 @@ def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
     if not text:
         return 0
     weights = _ESTIMATOR.get(encoding) or _ESTIMATOR["cl100k_base"]
-    total = sum((count * weight for count, weight in zip(_estimator_features(text), weights)), weights[-1])
+    total = weights[-1]
+    for count, weight in zip(_estimator_features(text), weights):
+        total += count * weight
     return int(total) + 1
 
 
@@ -1922,32 +1930,30 @@ class TokenCounter:
 
     def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
         total = TOKENS_PER_MESSAGE + 1  # role
-        texts = []
         content = message.get("content")
-        for part in [content] if isinstance(content, str) else content if isinstance(content, list) else []:
-            if isinstance(part, dict) and part.get("type") == "image_url":
+        for part in (content,) if isinstance(content, str) else content if isinstance(content, list) else ():
+            if isinstance(part, str):
+                total += self.text_tokens(part, encoding, exact)
+            elif isinstance(part, dict) and part.get("type") == "image_url":
                 image = part.get("image_url")
                 image = image if isinstance(image, dict) else {"url": str(image or "")}
                 total += image_tokens(image.get("url", ""), image.get("detail", "auto"))
             elif isinstance(part, dict):
-                texts.append(
-                    part["text"] if isinstance(part.get("text"), str) else json.dumps(part, ensure_ascii=False)
-                )
-            elif isinstance(part, str):
-                texts.append(part)
+                text = part["text"] if isinstance(part.get("text"), str) else json.dumps(part, ensure_ascii=False)
+                total += self.text_tokens(text, encoding, exact)
         if message.get("name"):
-            total += TOKENS_PER_NAME
-            texts.append(str(message["name"]))
+            total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), encoding, exact)
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
-                total += TOKENS_PER_TOOL_CALL
                 arguments = function.get("arguments", "")
-                texts.append(str(function.get("name", "")))
-                texts.append(arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+                if not isinstance(arguments, str):
+                    arguments = json.dumps(arguments, ensure_ascii=False)
+                total += TOKENS_PER_TOOL_CALL + self.text_tokens(str(function.get("name", "")), encoding, exact)
+                total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
-        return total + sum(self.text_tokens(text, encoding, exact) for text in texts)
+        return total
 
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
