@@ -2034,18 +2034,18 @@ def _call_key(call: Any) -> Any:
 def _part_key(part: Any) -> tuple:
     """What a content part's count depends on, tested in the order
     ``_count_message`` counts it."""
-    if isinstance(part, str):
-        return ("s", hash(part), len(part))
     if not isinstance(part, dict):
-        return ("n",)  # counts nothing
+        return ("s", hash(part), len(part)) if isinstance(part, str) else ("n",)  # "n" counts nothing
     if part.get("type") == "image_url":
         image = part.get("image_url")
-        url, detail = (image.get("url", ""), image.get("detail")) if isinstance(image, dict) else (image, None)
+        image = image if isinstance(image, dict) else {"url": image}
         # str(): a malformed url or detail (a list, an object) must not make
         # the key unhashable; only detail == "low" changes the count
-        return ("i", hash(str(url)), len(str(url)), str(detail))
-    if isinstance(part.get("text"), str):
-        return ("t", hash(part["text"]), len(part["text"]))
+        url = str(image.get("url", ""))
+        return ("i", hash(url), len(url), str(image.get("detail")))
+    text = part.get("text")
+    if isinstance(text, str):
+        return ("t", hash(text), len(text))
     return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
 
 
