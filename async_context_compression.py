@@ -2074,8 +2074,7 @@ def _with_margin(estimate: int) -> int:
 
 
 def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> int:
-    """What a request costs besides its messages: its own overhead and the
-    tool schemas sent with it."""
+    """What a request costs besides its messages: framing and tool schemas."""
     return TOKENS_PER_REQUEST + counter.tools_tokens(tools, encoding)
 
 
@@ -2795,8 +2794,7 @@ def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: i
     (``ModelTokens.scale``), with RATIO_SAFETY of room; None (nothing
     learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``)
     lowers the cap, and the trigger with it. ``to_model_tokens`` converts back."""
-    cap = settings.max_context
-    trigger = settings.trigger_tokens
+    cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
         cap = prompt_bound
