@@ -2431,8 +2431,7 @@ class Note:
     def text(self, language: str = "en") -> str:
         return status_text(language, self.key, **dict(self.values))
 
-    def __str__(self) -> str:
-        return self.text("en")
+    __str__ = text  # English, for the log
 
 
 def note(key: str, **values: Any) -> Note:
