@@ -1375,9 +1375,8 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # Counted the way providers bill chat requests: a fixed overhead per message
 # and per request, the role, name, text, tool-call names and arguments, tool
 # results and images. tiktoken is loaded in a background thread (it may need
-# a download); until it is ready a cheap estimator stands in, with a margin.
-# Which of the two a request's count uses is decided in one place: the token
-# policy below (count_request, fit_request).
+# a download); until it is ready a cheap estimator stands in, with a margin
+# (the token policy below decides which of the two a count uses).
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REQUEST = 3
@@ -1392,43 +1391,30 @@ LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
 ESTIMATE_MARGIN = 0.15
 
 _O200K_MODELS = re.compile(
-    r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)",
-    re.IGNORECASE,
+    r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
 # Estimator coefficients per encoding, tokens per: ASCII lower-case letter,
-# upper-case letter, digit, space, newline, backslash, other ASCII character
-# (punctuation); 2-byte character other than Cyrillic (accented Latin, Greek,
-# Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF),
-# other 3-byte character (CJK ideographs, Indic, Thai), kana and CJK
-# punctuation, Hangul; 4-byte character (emoji); and a constant per text.
+# upper-case letter, digit, space, newline, other ASCII character
+# (punctuation), backslash; 2-byte character other than Cyrillic (accented
+# Latin, Greek, Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation
+# (U+2000-U+2FFF), other 3-byte character (CJK ideographs, Indic, Thai), kana
+# and CJK punctuation, Hangul; 4-byte character (emoji); a constant per text.
 # Fitted by bench/calibrate.py to exact cl100k counts (bench/corpus.py:
 # English, CJK, code, JSON, tool output, 17 other languages) so that no
 # fitted text, counted as a message, needs more than 7% over its estimate;
 # on held-out samples the worst is 11% (docs/en/benchmarks.md). The bound
 # costs English a high median: letters must also cover Dutch or Indonesian,
 # which need ~45% more tokens per letter. o200k's file is not available
-# offline, so it has no row and uses cl100k's (o200k needs about as many tokens for
-# English and code, fewer for CJK and other scripts): conservative until it
-# is fitted where the file is cached.
+# offline, so it has no row and uses cl100k's (o200k needs about as many
+# tokens for English and code, fewer for CJK and other scripts):
+# conservative until it is fitted where the file is cached.
 _ESTIMATOR = {
     "cl100k_base": (
-        0.306,
-        1.113,
-        0.855,
-        0.027,
-        0.602,
-        0.538,
-        2.31,
-        1.415,
-        0.695,
-        2.189,
-        1.27,
-        0.989,
-        1.421,
-        2.329,
-        3.436,
+        *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
+        *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329),  # non-ASCII, in the order above
+        3.436,  # per text
     ),
 }
 
@@ -1458,10 +1444,8 @@ def _estimator_features(text: str) -> tuple:
     letters = size - len(data.translate(None, _LETTER_BYTES))
     upper = size - len(data.translate(None, _UPPER_BYTES))
     digits = size - len(data.translate(None, _DIGIT_BYTES))
-    spaces = data.count(b" ")
-    newlines = data.count(b"\n")
-    backslashes = data.count(b"\\")
-    if size == len(text):
+    spaces, newlines, backslashes = data.count(b" "), data.count(b"\n"), data.count(b"\\")
+    if size == len(text):  # ASCII only
         punctuation = size - letters - digits - spaces - newlines - backslashes
         return (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes, 0, 0, 0, 0, 0, 0, 0)
     non_ascii_bytes = len(data.translate(None, _ASCII_BYTES))
@@ -1474,22 +1458,10 @@ def _estimator_features(text: str) -> tuple:
     hangul = size - len(data.translate(None, _LEAD_HANGUL))
     four = max(0, non_ascii_bytes - 3 * non_ascii + two)
     three = max(0, non_ascii - two - four)
-    return (
-        letters - upper,
-        upper,
-        digits,
-        spaces,
-        newlines,
-        ascii_chars - letters - digits - spaces - newlines - backslashes,
-        backslashes,
-        two - cyrillic,
-        cyrillic,
-        symbols,
-        max(0, three - symbols - kana - hangul),
-        kana,
-        hangul,
-        four,
-    )
+    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
+    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
+    other_three = max(0, three - symbols - kana - hangul)  # CJK ideographs, Indic, Thai
+    return (*ascii_counts, two - cyrillic, cyrillic, symbols, other_three, kana, hangul, four)
 
 
 def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
@@ -1507,37 +1479,29 @@ def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
 def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
     """Width and height from a base64 data URL's header (PNG, GIF, JPEG,
     WebP), decoding only its first bytes."""
-    if not url.startswith("data:") or "," not in url[:200]:
+    start = url.find(",", 0, 200) + 1
+    if not url.startswith("data:") or not start:
         return None
-    b64 = url.split(",", 1)[1]
+    b64 = url[start : start + 65536]
     try:
-        head = base64.b64decode(b64[:65536] + "=" * (-len(b64[:65536]) % 4), validate=False)
-    except Exception:
-        return None
-    try:
+        head = base64.b64decode(b64 + "=" * (-len(b64) % 4))
+        webp = head[12:16] if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else None
         if head[:8] == b"\x89PNG\r\n\x1a\n":
             return struct.unpack(">II", head[16:24])
         if head[:6] in (b"GIF87a", b"GIF89a"):
             return struct.unpack("<HH", head[6:10])
-        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-            return _webp_dimensions(head)
+        if webp == b"VP8X":
+            return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
+        if webp == b"VP8 ":
+            w, h = struct.unpack("<HH", head[26:30])
+            return w & 0x3FFF, h & 0x3FFF
+        if webp == b"VP8L":
+            bits = int.from_bytes(head[21:25], "little")
+            return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
         if head[:2] == b"\xff\xd8":
             return _jpeg_dimensions(head)
-    except (struct.error, IndexError):
+    except (ValueError, struct.error, IndexError):  # not base64, or a truncated header
         return None
-    return None
-
-
-def _webp_dimensions(head: bytes) -> Optional[tuple[int, int]]:
-    kind = head[12:16]
-    if kind == b"VP8X":
-        return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
-    if kind == b"VP8 ":
-        w, h = struct.unpack("<HH", head[26:30])
-        return w & 0x3FFF, h & 0x3FFF
-    if kind == b"VP8L":
-        bits = int.from_bytes(head[21:25], "little")
-        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
     return None
 
 
@@ -1643,39 +1607,29 @@ class TokenCounter:
     def _count_message(self, message: Message, encoding: str, exact: bool) -> int:
         total = TOKENS_PER_MESSAGE + 1  # role
         content = message.get("content")
-        if isinstance(content, str):
-            total += self.text_tokens(content, encoding, exact)
-        elif isinstance(content, list):
-            for part in content:
-                total += self._part_tokens(part, encoding, exact)
+        for part in (content,) if isinstance(content, str) else content if isinstance(content, list) else ():
+            if isinstance(part, str):
+                total += self.text_tokens(part, encoding, exact)
+            elif isinstance(part, dict) and part.get("type") == "image_url":
+                image = part.get("image_url")
+                image = image if isinstance(image, dict) else {"url": str(image or "")}
+                total += image_tokens(image.get("url", ""), image.get("detail", "auto"))
+            elif isinstance(part, dict):
+                text = part["text"] if isinstance(part.get("text"), str) else json.dumps(part, ensure_ascii=False)
+                total += self.text_tokens(text, encoding, exact)
         if message.get("name"):
             total += TOKENS_PER_NAME + self.text_tokens(str(message["name"]), encoding, exact)
         for call in _tool_calls(message):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
-                total += TOKENS_PER_TOOL_CALL
-                total += self.text_tokens(str(function.get("name", "")), encoding, exact)
                 arguments = function.get("arguments", "")
                 if not isinstance(arguments, str):
                     arguments = json.dumps(arguments, ensure_ascii=False)
+                total += TOKENS_PER_TOOL_CALL + self.text_tokens(str(function.get("name", "")), encoding, exact)
                 total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
         return total
-
-    def _part_tokens(self, part: Any, encoding: str, exact: bool) -> int:
-        if isinstance(part, str):
-            return self.text_tokens(part, encoding, exact)
-        if not isinstance(part, dict):
-            return 0
-        if part.get("type") == "image_url":
-            image = part.get("image_url")
-            url = image.get("url", "") if isinstance(image, dict) else str(image or "")
-            detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
-            return image_tokens(url, detail)
-        if isinstance(part.get("text"), str):
-            return self.text_tokens(part["text"], encoding, exact)
-        return self.text_tokens(json.dumps(part, ensure_ascii=False), encoding, exact)
 
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
@@ -1696,25 +1650,19 @@ class TokenCounter:
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
         """(each message's size under the request policy where the cache
-        already knows it, else None; the cache entries of the messages whose
-        size is None, in order). Exact counts once the encoding is loaded,
-        estimates with their margin before. Nothing counted."""
+        knows it, else None; the cache entries of those None, in order).
+        Nothing is counted here."""
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
         sizes: list = []
         missing: list = []
         for message in messages:
-            if not isinstance(message, dict):
-                sizes.append(0)
-                continue
-            entry = self._entry(message, encoding)
+            entry = self._entry(message, encoding) if isinstance(message, dict) else [0, 0]
             value = entry[slot]
             if value is None:
-                sizes.append(None)
                 missing.append(entry)
-            else:
-                sizes.append(value if slot else _with_margin(value))
+            sizes.append(value if value is None or slot else _with_margin(value))
         return sizes, missing
 
     def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
@@ -1723,47 +1671,30 @@ class TokenCounter:
         return [self._count_message(m, encoding, exact) for m in messages]
 
     def estimated_size(self, message: Message, encoding: str, cached: bool = True) -> int:
-        """A message's estimate with its margin: the request policy's size
-        of a message made while fitting (a shortened copy), so that fitting
-        never tokenizes. ``cached=False`` leaves the cache alone (for a
-        worker thread; the estimate is the same)."""
-        if not cached:
-            return _with_margin(self._count_message(message, encoding, False))
-        entry = self._entry(message, encoding)
+        """A message's estimate with its margin: the policy's size of a
+        message made while fitting (a shortened copy), so that fitting never
+        tokenizes. ``cached=False`` leaves the cache alone (worker threads)."""
+        entry = self._entry(message, encoding) if cached else [None]
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
         return _with_margin(entry[0])
 
 
 def _cache_key(message: Message, encoding: str) -> tuple:
-    """The count cache's key of a message for an encoding (estimates and
-    exact counts add a flag)."""
+    """The count cache's key of a message for an encoding: what its count
+    depends on, each text as its hash and length (never the text itself, so
+    the cache does not keep large strings alive)."""
     content = message.get("content")
+    tool_result = bool(message.get("tool_call_id"))
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
-        # the usual message, keyed without building nested tuples
-        return (encoding, hash(content), len(content), bool(message.get("tool_call_id")))
-    return (encoding, _message_key(message))
-
-
-def _message_key(message: Message) -> tuple:
-    """A compact cache key: hashes and lengths, never the content itself, so
-    the cache does not keep large strings alive."""
-    content = message.get("content")
+        return (encoding, hash(content), len(content), tool_result)  # the usual message, without nested tuples
     if isinstance(content, str):
-        content_key: Any = (hash(content), len(content))
-    elif isinstance(content, list):
-        content_key = tuple(_part_key(p) for p in content)
+        content = (hash(content), len(content))
     else:
-        content_key = None
-    calls = _tool_calls(message)
-    calls_key = tuple(_call_key(c) for c in calls) if calls else None
+        content = tuple(_part_key(p) for p in content) if isinstance(content, list) else None
+    calls = tuple(_call_key(c) for c in _tool_calls(message))
     name = message.get("name")
-    return (
-        content_key,
-        calls_key,
-        str(name) if name else None,
-        bool(message.get("tool_call_id")),
-    )
+    return (encoding, content, calls, str(name) if name else None, tool_result)
 
 
 def _call_key(call: Any) -> Any:
@@ -1777,17 +1708,21 @@ def _call_key(call: Any) -> Any:
 
 
 def _part_key(part: Any) -> tuple:
-    if isinstance(part, dict):
-        if isinstance(part.get("text"), str):
-            return ("t", hash(part["text"]), len(part["text"]))
+    """What a content part's count depends on, tested in the order
+    ``_count_message`` counts it."""
+    if not isinstance(part, dict):
+        return ("s", hash(part), len(part)) if isinstance(part, str) else ("n",)  # "n" counts nothing
+    if part.get("type") == "image_url":
         image = part.get("image_url")
-        if isinstance(image, dict):
-            url = str(image.get("url", ""))
-            # str(): a malformed detail (a list, an object) must not make
-            # the key unhashable; only detail == "low" changes the count
-            return ("i", hash(url), len(url), str(image.get("detail")))
-        return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
-    return ("s", hash(str(part)))
+        image = image if isinstance(image, dict) else {"url": image}
+        # str(): a malformed url or detail (a list, an object) must not make
+        # the key unhashable; only detail == "low" changes the count
+        url = str(image.get("url", ""))
+        return ("i", hash(url), len(url), str(image.get("detail")))
+    text = part.get("text")
+    if isinstance(text, str):
+        return ("t", hash(text), len(text))
+    return ("o", hash(json.dumps(part, sort_keys=True, default=str)))
 
 
 # -- The token policy of a request -------------------------------------------
@@ -1815,8 +1750,7 @@ def _with_margin(estimate: int) -> int:
 
 
 def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> int:
-    """What a request costs besides its messages: its own overhead and the
-    tool schemas sent with it."""
+    """What a request costs besides its messages: framing and tool schemas."""
     return TOKENS_PER_REQUEST + counter.tools_tokens(tools, encoding)
 
 
@@ -1837,12 +1771,7 @@ def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: in
 
 
 async def fit_request(
-    counter: TokenCounter,
-    messages: Messages,
-    cap: int,
-    prefix: int,
-    fixed: int,
-    encoding: str,
+    counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
     ``prefix`` messages while it can), counted under the policy above; the
@@ -1850,8 +1779,7 @@ async def fit_request(
     Holds the event loop only for slices of cache look-ups: counting and
     fitting a long list happen in a worker thread."""
     exact = counter.is_exact(encoding)
-    sizes: list = []
-    missing: list = []
+    sizes, missing = [], []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
         if at:
             await asyncio.sleep(0)  # other requests run between slices
@@ -1909,13 +1837,10 @@ RATIO_PATHS = ("exact", "estimate", "replayed")
 
 
 def _positive_int(value: Any) -> int:
-    if isinstance(value, bool):
-        return 0
     try:
-        number = int(value)
-    except (TypeError, ValueError):
+        return max(0, int(value)) if not isinstance(value, bool) else 0
+    except (TypeError, ValueError, OverflowError):  # JSON may carry Infinity
         return 0
-    return number if number > 0 else 0
 
 
 def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
@@ -1927,20 +1852,15 @@ def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
     writes) is cumulative: Open WebUI sums it over the calls of one reply."""
     if not isinstance(usage, dict):
         return None
-    for key in ("prompt_tokens", "prompt_eval_count"):
-        tokens = _positive_int(usage.get(key))
-        if tokens:
-            return tokens, False
-    if usage.get("prompt_n") is not None or usage.get("cache_n") is not None:
-        tokens = _positive_int(usage.get("prompt_n")) + _positive_int(usage.get("cache_n"))
-        if tokens:
-            return tokens, False
-    tokens = _positive_int(usage.get("input_tokens"))
-    if tokens:
-        extra = _positive_int(usage.get("cache_read_input_tokens")) + _positive_int(
-            usage.get("cache_creation_input_tokens")
-        )
-        return tokens + extra, True
+
+    def tokens(key: str) -> int:
+        return _positive_int(usage.get(key))
+
+    last = tokens("prompt_tokens") or tokens("prompt_eval_count") or tokens("prompt_n") + tokens("cache_n")
+    if last:
+        return last, False
+    if tokens("input_tokens"):
+        return tokens("input_tokens") + tokens("cache_read_input_tokens") + tokens("cache_creation_input_tokens"), True
     return None
 
 
@@ -1974,18 +1894,12 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
     model's saved params) less the reply's room (``num_predict`` /
     ``max_tokens`` / ``max_completion_tokens``), whatever the valves say."""
     body = body if isinstance(body, dict) else {}
-    options = body.get("options") if isinstance(body.get("options"), dict) else {}
-    info = (model or {}).get("info") if isinstance(model, dict) else None
-    params = (info or {}).get("params") if isinstance(info, dict) else None
-    params = params if isinstance(params, dict) else {}
-    sources = (options, body, params)
-    window = next((_positive_int(s.get("num_ctx")) for s in sources if _positive_int(s.get("num_ctx"))), 0)
-    if not window:
-        return 0
-    reply = 0
-    for source in sources:
-        for key in ("num_predict", "max_tokens", "max_completion_tokens"):
-            reply = reply or _positive_int(source.get(key))
+    info = model.get("info") if isinstance(model, dict) else None
+    sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
+    sources = [source for source in sources if isinstance(source, dict)]
+    window = next((n for s in sources if (n := _positive_int(s.get("num_ctx")))), 0)
+    keys = ("num_predict", "max_tokens", "max_completion_tokens")
+    reply = next((n for s in sources for key in keys if (n := _positive_int(s.get(key)))), 0)
     return window - reply if reply < window else window
 
 
@@ -2203,18 +2117,14 @@ class Note:
     def text(self, language: str = "en") -> str:
         return status_text(language, self.key, **dict(self.values))
 
-    def __str__(self) -> str:
-        return self.text("en")
+    __str__ = text  # English, for the log
 
 
 def note(key: str, **values: Any) -> Note:
     """A Note; values other than numbers are kept as short text (hashable)."""
-    kept = []
-    for name, value in values.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            value = str(value)[:400]
-        kept.append((name, value))
-    return Note(key, tuple(sorted(kept)))
+    number = (int, float)
+    kept = {k: v if isinstance(v, number) and not isinstance(v, bool) else str(v)[:400] for k, v in values.items()}
+    return Note(key, tuple(sorted(kept.items())))
 
 
 # The older community filter of the same id stored these valves; each maps to
@@ -2233,17 +2143,20 @@ LEGACY_VALVES: dict = {
 _LEGACY_STYLES = {"aggressive": "concise", "balanced": "balanced", "faithful": "faithful"}
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
-_UNSET = object()
 
 
-def _as_bool(value: Any) -> bool:
+def _as_bool(value: Any, strict: bool = True) -> bool:
+    """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); anything
+    else raises, or when not ``strict`` is read by its truth value."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
         return value.strip().lower() in _TRUE_WORDS
-    raise ValueError(value)
+    if strict:
+        raise ValueError(value)
+    return bool(value)
 
 
 def _as_number(value: Any, kind: type) -> Any:
@@ -2265,28 +2178,8 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _typed(kind: Any, value: Any) -> Any:
-    if kind is bool:
-        return _as_bool(value)
-    if kind in (int, float):
-        return _as_number(value, kind)
-    if kind is str:
-        return _as_text(value)
-    return value
-
-
 def _shown(value: Any) -> str:
     return repr(value)[:60]
-
-
-def _accepted(field: Any, name: str, value: Any) -> tuple:
-    """(the value to use, or _UNSET for the default; a Note when replaced)."""
-    if value is None and field.annotation is not str:
-        return _UNSET, None  # Open WebUI drops None ("not set"): the default applies
-    try:
-        return _typed(field.annotation, value), None
-    except (TypeError, ValueError, OverflowError):
-        return _UNSET, note("n_valve_invalid", name=name, value=_shown(value), used=_shown(field.default))
 
 
 def _legacy_value(target: str, value: Any) -> Any:
@@ -2306,9 +2199,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
     carried over, ignored or replaced. Never raises."""
     if not isinstance(raw, dict):
         return {}, []
-    clean: dict = {}
-    notes: list = []
-    carried, ignored = [], []
+    clean, notes, carried, ignored = {}, [], [], []
     for name, value in raw.items():
         name = str(name)
         target = name if name in fields else LEGACY_VALVES.get(name)
@@ -2318,11 +2209,19 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
         if target != name:
             value = _legacy_value(target, value)
             carried.append(f"{name} → {target}")
-        accepted, problem = _accepted(fields[target], target, value)
-        if accepted is not _UNSET:
-            clean[target] = accepted
-        if problem:
-            notes.append(problem)
+        kind = fields[target].annotation
+        if value is None and kind is not str:
+            continue  # Open WebUI drops None ("not set"): the default applies
+        try:
+            if kind is bool:
+                clean[target] = _as_bool(value)
+            elif kind in (int, float):
+                clean[target] = _as_number(value, kind)
+            else:
+                clean[target] = _as_text(value) if kind is str else value
+        except (TypeError, ValueError, OverflowError):
+            used = _shown(fields[target].default)
+            notes.append(note("n_valve_invalid", name=target, value=_shown(value), used=used))
     if carried:
         notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
@@ -2330,11 +2229,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
     return clean, notes
 
 
-class _SeenNotes(OrderedDict):
-    limit = 256
-
-
-_LOGGED_NOTES = _SeenNotes()
+_LOGGED_NOTES = _BoundedDict(256)
 
 
 def log_notes_once(notes: Iterable[Note]) -> None:
@@ -2344,8 +2239,6 @@ def log_notes_once(notes: Iterable[Note]) -> None:
         for item in notes:
             if item not in _LOGGED_NOTES:
                 _LOGGED_NOTES[item] = True
-                while len(_LOGGED_NOTES) > _LOGGED_NOTES.limit:
-                    _LOGGED_NOTES.popitem(last=False)
                 log.warning("async_context_compression settings: %s", item)
     except Exception:  # e.g. a concurrent eviction from another thread
         pass
@@ -2397,54 +2290,51 @@ _LEGACY_THRESHOLD_ENTRY = re.compile(r"^\s*(?P<model>.+?)\s*:\s*(?P<threshold>\d
 def _legacy_thresholds(text: str) -> Optional[dict]:
     """The older filter's ``model:threshold:max`` list (comma, semicolon or
     line separated; model ids may contain colons), or None if not that."""
-    table = {}
-    for entry in re.split(r"[,;\n]", text):
-        if not entry.strip():
-            continue
-        match = _LEGACY_THRESHOLD_ENTRY.match(entry)
-        if not match:
-            return None
-        table[match["model"]] = {
+    found = [_LEGACY_THRESHOLD_ENTRY.match(entry) for entry in re.split(r"[,;\n]", text) if entry.strip()]
+    if not found or not all(found):
+        return None
+    return {
+        match["model"]: {
             "compression_threshold_tokens": int(match["threshold"]),
             "max_context_tokens": int(match["cap"]),
         }
-    return table or None
+        for match in found
+    }
 
 
-def _token_count(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and value == value
-        and 0 <= value <= _TOKEN_LIMIT
-    )
+def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
+    """A valve holding a JSON object (typed as text, or already an object):
+    (the object, {} when unset or unreadable; a Note ``unreadable`` when it
+    cannot be read). ``legacy`` reads the text when it is not JSON."""
+    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
+        return {}, []
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            value = legacy(raw) if legacy else None
+            if value is None:
+                return {}, [note(unreadable, detail=getattr(exc, "msg", str(exc)))]
+    if not isinstance(value, dict):
+        return {}, [note(unreadable, detail="not a JSON object")]
+    return value, []
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
     prefix ending in ``*``) to overrides, or the older filter's
     ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
-    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
-        return {}, []
-    table = raw
-    if isinstance(raw, str):
-        try:
-            table = json.loads(raw)
-        except ValueError as exc:
-            table = _legacy_thresholds(raw)
-            if table is None:
-                return {}, [note("n_thresholds_unreadable", detail=getattr(exc, "msg", str(exc)))]
-    if not isinstance(table, dict):
-        return {}, [note("n_thresholds_unreadable", detail="not a JSON object")]
-    clean, problems = {}, []
+    table, problems = _json_object(raw, "n_thresholds_unreadable", _legacy_thresholds)
+    clean = {}
     for model, entry in table.items():
         if not isinstance(entry, dict):
             problems.append(note("n_thresholds_entry", entry=f"{model!r}: {entry!r}"[:80]))
             continue
         values = {}
         for key, value in entry.items():
-            if key in _SETTING_KEYS and _token_count(value):
-                values[key] = int(value)
+            if key in _SETTING_KEYS and type(value) in (int, float) and 0 <= value <= _TOKEN_LIMIT:
+                values[key] = int(value)  # NaN fails the range test
             elif key == "encoding" and value in _ENCODINGS:
                 values[key] = value
             else:
@@ -2460,48 +2350,33 @@ _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temper
 def parse_model_params(raw: Any) -> tuple[dict, list]:
     """The ``summary_model_params`` valve: a JSON object merged into the
     summary call. Returns (params, Notes on what was ignored)."""
-    if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
-        return {}, []
-    params = raw
-    if isinstance(raw, str):
-        try:
-            params = json.loads(raw)
-        except ValueError as exc:
-            return {}, [note("n_params_unreadable", detail=getattr(exc, "msg", str(exc)))]
-    if not isinstance(params, dict):
-        return {}, [note("n_params_unreadable", detail="not a JSON object")]
+    params, problems = _json_object(raw, "n_params_unreadable")
     own = sorted(k for k in params if k in _OWN_CALL_KEYS)
-    problems = [note("n_params_own", names=", ".join(own))] if own else []
+    if own:
+        problems.append(note("n_params_own", names=", ".join(own)))
     return {str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS}, problems
 
 
 def model_overrides(table: dict, model_id: str) -> dict:
+    """The overrides of a model: its own entry, else the longest matching
+    ``prefix*`` entry's."""
     if model_id in table:
         return table[model_id]
-    best, best_len = {}, -1
-    for pattern, entry in table.items():
-        if pattern.endswith("*") and model_id.startswith(pattern[:-1]) and len(pattern) > best_len:
-            best, best_len = entry, len(pattern)
-    return best
+    prefixes = [p for p in table if p.endswith("*") and model_id.startswith(p[:-1])]
+    return table[max(prefixes, key=len)] if prefixes else {}
 
 
-_DEFAULTS_BY_CLASS: dict = {}
-
-
-def _valve_default(valves: Any, name: str) -> Any:
-    """The default of a valve (this module's Valves' for objects that lack it)."""
-    cls = type(valves)
-    defaults = _DEFAULTS_BY_CLASS.get(cls)
-    if defaults is None:
-        fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
-        defaults = _DEFAULTS_BY_CLASS.setdefault(cls, {n: f.default for n, f in fields.items()})
-    return defaults[name]
+@lru_cache(maxsize=64)
+def _valve_defaults(cls: type) -> dict:
+    """The valves' defaults (this module's Valves' for objects that lack some)."""
+    fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
+    return {n: f.default for n, f in fields.items()}
 
 
 def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
     """A numeric valve inside its range; a value outside is corrected and
     explained (kept as typed in the valves, so the admin sees it)."""
-    default = _valve_default(valves, name)
+    default = _valve_defaults(type(valves))[name]
     kind = type(default)
     low, high = _VALVE_BOUNDS[name]
     value = getattr(valves, name, default)
@@ -2521,7 +2396,7 @@ def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
 
 
 def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
-    default = _valve_default(valves, name)
+    default = _valve_defaults(type(valves))[name]
     value = getattr(valves, name, default)
     wanted = value.strip().lower() if isinstance(value, str) else value
     if wanted in choices:
@@ -2534,8 +2409,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     """Effective settings for one request. Impossible combinations and
     values out of range are corrected to a safe value and explained in
     ``warnings`` (Notes), after those of the valves themselves."""
-    warnings: list = list(getattr(valves, "_notes", ()) or ())
-    warnings.extend(getattr(user_valves, "_notes", ()) or ())
+    warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
     own = model_overrides(table, model_id)
@@ -2553,22 +2427,19 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     window = int(bounded["summary_model_max_context"]) or int(
         summary_own.get("summary_model_max_context", 0)
         or summary_own.get("max_context_tokens", 0)
-        or (max_context if summary_model == model_id else 0)
         or max_context
         or 32000
     )
     wanted = int(bounded["max_summary_tokens"])
-    limit = min(window // 2, max_context // 2 if max_context else window // 2)
-    max_summary = wanted if wanted <= limit else max(16, limit // 2)
+    room = min(window, max_context or window)  # a summary takes at most half of it
+    max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
     if max_summary != wanted:
-        warnings.append(
-            note("n_summary_budget", wanted=wanted, window=min(window, max_context or window), used=max_summary)
-        )
+        warnings.append(note("n_summary_budget", wanted=wanted, window=room, used=max_summary))
     params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
     warnings.extend(problems)
     style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
-    show = _flag(getattr(valves, "show_status", True)) and (
-        user_valves is None or _flag(getattr(user_valves, "show_status", True))
+    show = _as_bool(getattr(valves, "show_status", True), strict=False) and (
+        user_valves is None or _as_bool(getattr(user_valves, "show_status", True), strict=False)
     )
     return Settings(
         threshold=threshold,
@@ -2583,7 +2454,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_timeout=float(bounded["summary_timeout_seconds"]),
         encoding=encoding_for_model(model_id, own.get("encoding", "")),
         show_status=show,
-        debug=_flag(getattr(valves, "debug", False)),
+        debug=_as_bool(getattr(valves, "debug", False), strict=False),
         warnings=tuple(warnings),
         summary_encoding=encoding_for_model(summary_model, summary_own.get("encoding", "")),
         status_usage_threshold=float(bounded["status_usage_threshold"]),
@@ -2598,23 +2469,17 @@ def usage_shown(settings: Settings, used: int) -> bool:
     """Whether the usage part of the status line is shown for a request of
     ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
     when it is 0; never without a cap, where there is no share to reach)."""
-    share = settings.status_usage_threshold
-    if share <= 0:
-        return True
-    cap = settings.model_cap or settings.max_context
-    return cap > 0 and used >= share * cap
+    share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
+    return share <= 0 or (cap > 0 and used >= share * cap)
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` whose token budgets (cap, threshold, trigger), given in
-    the model's own tokens, are converted to counted tokens: divided by
-    ``scale`` (the model's tokens per counted token, ``ModelTokens.scale``).
-    ``prompt_bound`` (``request_prompt_bound``, model tokens) lowers the cap
-    and the trigger with it. The one place the correction is applied; the
-    status figure converts back with ``to_model_tokens``. A learned scale
-    keeps RATIO_SAFETY of room; None (nothing learned) is 1.0 without it."""
-    cap = settings.max_context
-    trigger = settings.trigger_tokens
+    """``settings`` with the token budgets (cap, threshold, trigger) turned
+    from the model's own tokens into counted ones: divided by ``scale``
+    (``ModelTokens.scale``), with RATIO_SAFETY of room; None (nothing
+    learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``)
+    lowers the cap, and the trigger with it. ``to_model_tokens`` converts back."""
+    cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
         cap = prompt_bound
@@ -2638,13 +2503,6 @@ def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: i
 def to_model_tokens(settings: Settings, counted: int) -> int:
     """A count in the model's own tokens, as the status line states it."""
     return int(round(counted * settings.scale))
-
-
-def _flag(value: Any) -> bool:
-    try:
-        return _as_bool(value)
-    except ValueError:
-        return bool(value)
 
 
 # ---------------------------------------------------------------------------

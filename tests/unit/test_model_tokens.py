@@ -33,6 +33,7 @@ LONG = "The quarterly figures were compared with the plan in detail. " * 12
         ({"completion_tokens": 5}, None),
         ({"prompt_tokens": 0, "prompt_eval_count": "x"}, None),
         ({"prompt_tokens": True}, None),
+        ({"prompt_tokens": float("inf"), "input_tokens": 7}, (7, True)),  # Python's json reads Infinity
         (None, None),
         ("120", None),
     ],
@@ -85,6 +86,7 @@ def test_request_prompt_bound_from_num_ctx_less_the_replys_room():
     assert acc.request_prompt_bound({"max_tokens": 1000}) == 0  # no window known: the valves decide
     assert acc.request_prompt_bound({"options": {"num_ctx": 100, "num_predict": 500}}) == 100
     assert acc.request_prompt_bound(None, {"info": None}) == 0
+    assert acc.request_prompt_bound({"options": {"num_ctx": float("inf")}}) == 0
 
 
 # -- one change of units ---------------------------------------------------------

@@ -24,6 +24,17 @@ def _run(f: acc.Filter, body: dict, hook: str = "inlet") -> tuple[dict, list]:
     return out, events
 
 
+def test_the_count_cache_keys_a_part_as_it_is_counted():
+    # A part typed as an image that also carried "text" was keyed by its
+    # text: a text part of the same text then read the image's count.
+    image = {"type": "image_url", "text": "x", "image_url": {"url": "https://example.com/a.png"}}
+    text = {"type": "text", "text": "x", "image_url": {"url": "https://example.com/a.png"}}
+    counter = EstimateOnly()
+    for part in (image, text):
+        alone = message_tokens(EstimateOnly(), {"role": "user", "content": [part]}, "cl100k_base")
+        assert message_tokens(counter, {"role": "user", "content": [part]}, "cl100k_base") == alone
+
+
 def test_image_part_with_a_malformed_detail_is_counted_and_capped():
     # Found by the inlet fuzz: an image part whose "detail" is an object (or
     # a list) made the count cache's key unhashable; the TypeError sent the
