@@ -31,6 +31,9 @@ Flags:
     --chats N            chats at once (default 4)
     --saved-turns N      stored turns per chat before the live ones (default 30)
     --live-turns N       live turns per chat (default 4)
+    --untimed-turns N    of those, the first N per chat are sent but not timed (default 0): each
+                         worker's first use of the filter loads its source and tiktoken, once per
+                         process; this separates that from the steady state
     --workers N          uvicorn workers (default 2)
     --db LIST            sqlite,postgres (default both)
     --chat-delay S       fake model's answer time (default 0.3)
@@ -138,7 +141,8 @@ class Phase:
     def record(self, elapsed=None, error=None):
         with self.lock:
             if error is None:
-                self.latencies.append(elapsed)
+                if elapsed is not None:  # None: sent, not timed (a warm-up turn)
+                    self.latencies.append(elapsed)
             else:
                 self.failed.append(error)
                 if isinstance(error, OpenWebUIError) and error.status == 400:
@@ -191,7 +195,7 @@ def run_phase(client, provider: FakeProvider, name: str, args) -> Phase:
                 reply = result["response"]["choices"][0]["message"]["content"]
                 history.user("(live)", message_id=result["user_message_id"])
                 history.assistant(reply, message_id=result["assistant_id"])
-                phase.record(elapsed=result["elapsed"])
+                phase.record(elapsed=None if turn < args.untimed_turns else result["elapsed"])
             except Exception as exc:
                 phase.record(error=exc)
 
@@ -307,7 +311,9 @@ def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) 
 def report(results: dict, args) -> int:
     print()
     print(
-        f"{args.chats} chats at once x {args.live_turns} live turns, {args.saved_turns} saved turns each, "
+        f"{args.chats} chats at once x {args.live_turns} live turns"
+        + (f" (the first {args.untimed_turns} per chat not timed)" if args.untimed_turns else "")
+        + f", {args.saved_turns} saved turns each, "
         f"{args.workers} workers"
         + (f" x {args.replicas} replicas (turns alternate)" if args.replicas > 1 else "")
         + f"; model {args.chat_delay}s, summarizer {args.summary_delay}s"
@@ -347,6 +353,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chats", type=int, default=4)
     parser.add_argument("--saved-turns", type=int, default=30)
     parser.add_argument("--live-turns", type=int, default=4)
+    parser.add_argument("--untimed-turns", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--chat-delay", type=float, default=0.3)
