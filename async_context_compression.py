@@ -1670,11 +1670,12 @@ class TokenCounter:
         worker thread while the event loop uses the cache."""
         return [self._count_message(m, encoding, exact) for m in messages]
 
-    def estimated_size(self, message: Message, encoding: str, cached: bool = True) -> int:
+    def estimated_size(self, message: Message, encoding: str, cached: bool = True, entry: Optional[list] = None) -> int:
         """A message's estimate with its margin: the policy's size of a
         message made while fitting (a shortened copy), so that fitting never
-        tokenizes. ``cached=False`` leaves the cache alone (worker threads)."""
-        entry = self._entry(message, encoding) if cached else [None]
+        tokenizes. ``cached=False`` leaves the cache alone (worker threads);
+        ``entry``: the message's cache entry when the caller has it."""
+        entry = entry or (self._entry(message, encoding) if cached else [None])
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
         return _with_margin(entry[0])
@@ -1758,8 +1759,11 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
     """How many tokens a request of ``messages`` is: ``fixed`` (see
     ``request_fixed_tokens``) plus each message's size under the policy
     above. Never tokenizes; estimates messages never seen before."""
-    sizes, _ = counter.cached_sizes(messages, encoding)
-    return fixed + sum(counter.estimated_size(m, encoding) if n is None else n for m, n in zip(messages, sizes))
+    sizes, missing = counter.cached_sizes(messages, encoding)
+    entries = iter(missing)  # the entries of the sizes not known, in order: each key computed once
+    return fixed + sum(
+        counter.estimated_size(m, encoding, entry=next(entries)) if n is None else n for m, n in zip(messages, sizes)
+    )
 
 
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
