@@ -11,8 +11,8 @@ Prints, for chats of 10, 100, 1,000 and 5,000 messages:
 * the filter's peak memory during those calls (tracemalloc);
 * the memory the filter still holds after 10,000 distinct chats went
   through inlet and outlet (with an in-memory store and a fake summarizer),
-  and the size of its bounded tables; then 2,500 chats more, to see memory
-  stay flat once the caches are full;
+  and the size of its bounded tables; then more chats until the caches are
+  full (at most 30,000 in all) and 1,250 after that, to see memory stay flat;
 * the token estimator's error against exact cl100k counts, per category;
 * inlet on chats that need repair on every request (tool-call ids reused by
   every round, unanswered calls, tool chains, many scripts; ``make_repair_chat``),
@@ -460,7 +460,8 @@ def table_sizes(f: "acc.Filter") -> dict:
 
 
 async def many_chats(count: int, checkpoints: int = 8) -> dict:
-    """``count`` distinct chats, then a quarter more, so that the last
+    """``count`` distinct chats, then more until the caches are full (at
+    most ``3 * count``) and one checkpoint after that, so that the last two
     checkpoints show whether memory stays flat once the caches are full."""
     clear_shared_caches()
     store = FakeStore(keep=False)
@@ -474,7 +475,9 @@ async def many_chats(count: int, checkpoints: int = 8) -> dict:
     base = tracemalloc.get_traced_memory()[0]
     marks = []
     started = time.perf_counter()
-    for i in range(count + count // 4):
+    step, total, i = count // checkpoints, None, -1
+    while total is None or i + 1 < total:
+        i += 1
         chat_id = f"chat-{i}"
         user = {**USER, "id": f"user-{i % 100}"}
         messages = make_chat(8 + i % 7, seed=i, scale=0.1)
@@ -484,10 +487,12 @@ async def many_chats(count: int, checkpoints: int = 8) -> dict:
             await f.wait_for_background()
         if i + 1 == count:
             tables_at_count = table_sizes(f)
-        if (i + 1) % (count // checkpoints) == 0:
+        if (i + 1) % step == 0:
             gc.collect()
             full = all(size >= bound * 0.99 for name, (size, bound) in table_sizes(f).items() if name in _CACHES)
             marks.append((i + 1, tracemalloc.get_traced_memory()[0] - base, full))
+            if total is None and i + 1 >= count and (full or i + 1 >= 3 * count):
+                total = i + 1 + step if full else i + 1
     elapsed = time.perf_counter() - started
     tracemalloc.stop()
     return {
@@ -497,7 +502,7 @@ async def many_chats(count: int, checkpoints: int = 8) -> dict:
         "seconds": elapsed,
         "count": count,
         "summaries": store.saved,
-        "total": count + count // 4,
+        "total": i + 1,
     }
 
 
@@ -598,11 +603,11 @@ def main() -> int:
         )
 
     print(f"\nMemory held after {chats:,} distinct chats through inlet and outlet (summarized where worth it),")
-    print(f"then {chats // 4:,} more to see it stay flat once the caches are full (tracemalloc)")
+    print(f"then more until the caches are full and {chats // 8:,} after that, to see it stay flat (tracemalloc)")
     many = asyncio.run(many_chats(chats))
     for done, held, full in many["marks"]:
         print(f"  after {done:>6,} chats: {held / 1e6:7.2f} MB{'  (caches full)' if full else ''}")
-    total = chats + chats // 4
+    total = many["total"]
     print(f"  ({many['seconds']:.1f} s, {many['seconds'] / total * 1000:.2f} ms per chat through inlet and outlet)")
     print(f"  summaries made: {many['summaries']:,} for {many['total']:,} chats")
     print(f"  tables after {chats:,} chats:")
