@@ -426,6 +426,24 @@ def status_lines(client, chat_id: str) -> list:
     return lines
 
 
+def turn_until_summary_pending(conv: Conversation, provider, turns: int = 12) -> int:
+    """Live turns until one starts a background summary that is still
+    running; returns that request's index in the provider's log."""
+    for _ in range(turns):
+        start = len(provider.requests)
+        conv.turn(wait=False)
+
+        def running(since=start):
+            reqs = provider.requests
+            return [i for i in range(since, len(reqs)) if reqs[i]["kind"] == "summary" and reqs[i]["status"] is None]
+
+        try:
+            return wait_for(running, deadline=4, what="a running summary")[0]
+        except AssertionError:
+            settle(provider, start)
+    raise AssertionError(f"no summary started within {turns} turns")
+
+
 def pids_connected_to(port: int, pids: list) -> list:
     """Of ``pids``, those with an established TCP connection to 127.0.0.1:``port``."""
     inodes = set()

@@ -40,6 +40,7 @@ from e2e_support import (
     settle,
     status_lines,
     summary_text,
+    turn_until_summary_pending,
     wait_for,
 )
 
@@ -116,24 +117,6 @@ def chat_400s(provider, start: int) -> list:
 
 def summaries_since(provider, start: int) -> list:
     return [r for r in provider.requests[start:] if r["kind"] == "summary"]
-
-
-def turn_until_summary_pending(conv: Conversation, provider, turns: int = 12) -> int:
-    """Live turns until one starts a background summary that is still
-    running; returns that request's index in the provider's log."""
-    for _ in range(turns):
-        start = len(provider.requests)
-        conv.turn(wait=False)
-
-        def running(since=start):
-            reqs = provider.requests
-            return [i for i in range(since, len(reqs)) if reqs[i]["kind"] == "summary" and reqs[i]["status"] is None]
-
-        try:
-            return wait_for(running, deadline=4, what="a running summary")[0]
-        except AssertionError:
-            settle(provider, start)
-    raise AssertionError(f"no summary started within {turns} turns")
 
 
 # ---------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from e2e_support import (
     settle,
     summary_text,
     text_of,
+    turn_until_summary_pending,
     user_text,
     wait_for,
 )
@@ -448,22 +449,6 @@ def test_same_turn_says_the_same_status_line_on_both_replicas(dep):
 # ---------------------------------------------------------------------------
 
 UPDATED = re.compile(r"Summary updated: covers (\d+) messages?")
-
-
-def turn_until_summary_pending(conv: Conversation, provider, turns: int = 12) -> int:
-    for _ in range(turns):
-        start = len(provider.requests)
-        conv.turn(wait=False)
-
-        def running(since=start):
-            reqs = provider.requests
-            return [i for i in range(since, len(reqs)) if reqs[i]["kind"] == "summary" and reqs[i]["status"] is None]
-
-        try:
-            return wait_for(running, deadline=4, what="a running summary")[0]
-        except AssertionError:
-            settle(provider, start)
-    raise AssertionError(f"no summary started within {turns} turns")
 
 
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"Chromium is not installed at {CHROMIUM}")
