@@ -40,6 +40,12 @@ Flags:
     --summary-delay S    fake summarizer's answer time (default 2)
     --words N            words per user message (default 170, ~230 tokens)
     --replicas N         N replicas on PostgreSQL + Redis (default 1: one server per --db)
+    --paired             both arms in one phase instead of one after the other: the filter is not
+                         global but attached to a workspace model on the same fake model, and chat
+                         i uses it when i is odd. Open WebUI's own pauses (a worker's full garbage
+                         collection of its ~1.1M objects takes 0.6 s on a 2-core machine and comes
+                         every ~30-40 s under this load) then fall on both arms alike; run one after
+                         the other, a short phase's p99 mostly says whether one fell in it
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -75,6 +82,7 @@ from devkit.services import ThrowawayPostgres, ThrowawayRedis, replica_env  # no
 
 FILTER_ID = "async_context_compression"
 CHAT_MODEL, SUMMARY_MODEL = "fake-chat", "fake-summary"
+FILTERED_MODEL = "fake-chat-filtered"  # --paired: CHAT_MODEL with the filter attached
 START_POSTGRES = os.path.join(_ROOT, "scripts", "start_postgres.sh")
 VALVES = {
     "compression_threshold_tokens": 4000,
@@ -155,22 +163,24 @@ class Phase:
         return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run_phase(client, provider: FakeProvider, name: str, args) -> Phase:
+def run_phase(client, provider: FakeProvider, name: str, args, arms: Optional[list] = None) -> Phase:
     """``client``: one client, or a list of them (one per replica): a chat's
-    live turns then go to each in turn."""
+    live turns then go to each in turn. ``arms``: ``[(Phase, model), ...]``
+    run at once, chat i in arm i % len(arms); returns the first arm."""
     clients = client if isinstance(client, list) else [client]
     client = clients[0]
-    phase = Phase(name)
+    arms = arms or [(Phase(name), CHAT_MODEL)]
     start = len(provider.requests)
 
     def create(i: int):
+        phase, model = arms[i % len(arms)]
         rng = random.Random(hash((name, i)))
-        history = ChatHistory(CHAT_MODEL)
+        history = ChatHistory(model)
         for _ in range(args.saved_turns):
             history.user(f"[{name} chat {i}] " + text(rng, args.words))
             history.assistant("Noted. " + text(rng, 30))
         try:
-            return client.create_chat(history, title=f"load {name} {i}"), history, rng
+            return client.create_chat(history, title=f"load {name} {i}"), history, rng, phase, model
         except Exception as exc:  # Open WebUI itself failing under load is counted, not raised
             with phase.lock:
                 phase.create_failed += 1
@@ -181,12 +191,12 @@ def run_phase(client, provider: FakeProvider, name: str, args) -> Phase:
         chats = [c for c in pool.map(create, range(args.chats)) if c]
 
     def live(chat):
-        chat_id, history, rng = chat
+        chat_id, history, rng, phase, model = chat
         for turn in range(args.live_turns):
             try:
                 result = clients[turn % len(clients)].chat_completion(
                     text(rng, args.words),
-                    model=CHAT_MODEL,
+                    model=model,
                     chat_id=chat_id,
                     parent_id=history.current_id,
                     system="You are the load-test assistant.",
@@ -201,7 +211,8 @@ def run_phase(client, provider: FakeProvider, name: str, args) -> Phase:
 
     with ThreadPoolExecutor(max(1, len(chats))) as pool:
         list(pool.map(live, chats))
-    phase.chat_ids = [c[0] for c in chats]
+    for phase, _ in arms:
+        phase.chat_ids = [c[0] for c in chats if c[3] is phase]
     # background summaries: wait until the provider is quiet
     quiet_since, seen = time.monotonic(), -1
     deadline = time.monotonic() + 300
@@ -213,8 +224,10 @@ def run_phase(client, provider: FakeProvider, name: str, args) -> Phase:
         if not pending and time.monotonic() - quiet_since > 3:
             break
         time.sleep(0.5)
-    phase.status_400 += sum(1 for r in provider.requests[start:] if r["status"] == 400)
-    return phase
+    # the provider's 400s go to the last arm (the filter's when paired): the
+    # worst case for the filter, as the provider does not see which arm sent one
+    arms[-1][0].status_400 += sum(1 for r in provider.requests[start:] if r["status"] == 400)
+    return arms[0][0]
 
 
 def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str, args) -> list:
@@ -234,23 +247,44 @@ def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str
         client = OpenWebUIClient(server.base_url, timeout=300)
         client.signup("load@example.com", "Load-Passw0rd!", "Load Admin")
         client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120)
-        client.install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=True)
-        phases = []
-        for name, active in (("no filter", False), ("filter", True)):
-            client.set_function_state(FILTER_ID, active=active, is_global=True)
-            phase = run_phase(client, provider, name, args)
+        client.install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=not args.paired)
+        if args.paired:
+            add_filtered_model([client])
+            arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
+            run_phase(client, provider, "paired", args, arms=arms)
+            phases = [phase for phase, _ in arms]
+        else:
+            phases = []
+            for name, active in (("no filter", False), ("filter", True)):
+                client.set_function_state(FILTER_ID, active=active, is_global=True)
+                phases.append(run_phase(client, provider, name, args))
+                print(f"[{db}] {name}: done", flush=True)
+        for phase in phases:
             if pg:
                 phase.summaries = pg.rows_per_chat(phase.chat_ids)
             else:
                 phase.summaries = sqlite_rows_per_chat(os.path.join(server.data_dir, "webui.db"), phase.chat_ids)
-            phases.append(phase)
-            print(f"[{db}] {name}: done", flush=True)
         return phases
     finally:
         server.stop()
         server.cleanup()
         if pg:
             pg.stop()
+
+
+def add_filtered_model(clients: list) -> None:
+    """A workspace model on the plain chat model with the filter attached
+    (not global): the paired run's filter arm."""
+    form = {
+        "id": FILTERED_MODEL,
+        "base_model_id": CHAT_MODEL,
+        "name": "fake chat with the filter",
+        "meta": {"filterIds": [FILTER_ID]},
+        "params": {},
+    }
+    clients[0].post("/api/v1/models/create", form)
+    for client in clients:
+        client.wait_for_models([FILTERED_MODEL], timeout=120)
 
 
 def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) -> list:
@@ -281,23 +315,27 @@ def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) 
             client.signin("load@example.com", "Load-Passw0rd!")
         for client in clients:
             client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120)
-        clients[0].install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=True)
-        phases = []
-        for name, active in (("no filter", False), ("filter", True)):
-            clients[0].set_function_state(FILTER_ID, active=active, is_global=True)
-            phase = run_phase(clients, provider, name, args)
-            counts = {}
-            try:
-                (rows,) = pg.sql(
-                    "SELECT chat_id, count(*) FROM owui.acc_chat_summary GROUP BY chat_id", database="owui"
-                )
-                counts = dict(rows)
-            except Exception as exc:  # no table: the filter never stored one (the phase without it)
-                if "acc_chat_summary" not in str(exc):
-                    raise
+        clients[0].install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=not args.paired)
+        if args.paired:
+            add_filtered_model(clients)
+            arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
+            run_phase(clients, provider, "paired", args, arms=arms)
+            phases = [phase for phase, _ in arms]
+        else:
+            phases = []
+            for name, active in (("no filter", False), ("filter", True)):
+                clients[0].set_function_state(FILTER_ID, active=active, is_global=True)
+                phases.append(run_phase(clients, provider, name, args))
+                print(f"[replicas] {name}: done", flush=True)
+        counts = {}
+        try:
+            (rows,) = pg.sql("SELECT chat_id, count(*) FROM owui.acc_chat_summary GROUP BY chat_id", database="owui")
+            counts = dict(rows)
+        except Exception as exc:  # no table: the filter never stored one
+            if "acc_chat_summary" not in str(exc):
+                raise
+        for phase in phases:
             phase.summaries = {c: counts.get(c, 0) for c in phase.chat_ids}
-            phases.append(phase)
-            print(f"[replicas] {name}: done", flush=True)
         return phases
     finally:
         for server in servers:
@@ -317,6 +355,7 @@ def report(results: dict, args) -> int:
         f"{args.workers} workers"
         + (f" x {args.replicas} replicas (turns alternate)" if args.replicas > 1 else "")
         + f"; model {args.chat_delay}s, summarizer {args.summary_delay}s"
+        + ("; paired: both arms at once, chat i with the filter when i is odd" if args.paired else "")
     )
     header = (
         f"{'db':12} {'phase':10} {'chats':>5} {'not made':>8} {'requests':>8} {'failed':>6} {'400s':>4} "
@@ -360,6 +399,7 @@ def main(argv=None) -> int:
     parser.add_argument("--summary-delay", type=float, default=2.0)
     parser.add_argument("--words", type=int, default=170)
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--paired", action="store_true")
     args = parser.parse_args(argv)
     python = find_openwebui_python(install=True)
     with open(os.path.join(_ROOT, "async_context_compression.py"), encoding="utf-8") as f:
