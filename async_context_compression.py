@@ -4123,6 +4123,18 @@ async def _emit(emitter: Optional[Callable], event: Any, done: bool = True) -> N
         log.debug("event not delivered: %s", exc)
 
 
+def _pending_here(task: Optional[asyncio.Task]) -> bool:
+    """Whether ``task`` is still running on this event loop (a worker has one;
+    a Filter used from several loops, as tests do, must not wait across them)."""
+    return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
+
+
+async def _emit_after(previous: Optional[asyncio.Task], emitter: Optional[Callable], line: str) -> None:
+    if _pending_here(previous):
+        await asyncio.wait([previous])
+    await _emit(emitter, line, done=True)
+
+
 # ---------------------------------------------------------------------------
 # 8. Background summaries: plan, lease, fold in rounds, save, back off
 # ---------------------------------------------------------------------------
@@ -4149,6 +4161,7 @@ class ChatState:
     overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
     inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
     last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
+    line: Optional[asyncio.Task] = None  # the last request's status line being written
 
 
 @dataclass
@@ -4254,6 +4267,7 @@ class BackgroundSummarizer:
         self.worker = uuid.uuid4().hex[:12]
         self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
         self.tasks: set = set()
+        self.lines: set = set()  # status lines being written (at most one per request in flight)
         self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
 
     def chat(self, ctx: RequestContext) -> ChatState:
@@ -4277,6 +4291,21 @@ class BackgroundSummarizer:
             return None
         due = sent.turn % NOTES_EVERY == 1
         return replace(sent, notes=ctx.settings.warnings if due else ())
+
+    def say_soon(self, ctx: RequestContext, line: str) -> None:
+        """Writes a request's status line while the model answers: Open WebUI
+        stores each status in the chat's row under a row lock, which another
+        worker may hold (through a pause of its own) and which must not hold
+        up the reply. A chat's lines keep their order; outlet waits for them."""
+        state = self.chat(ctx)
+        state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
+        self.lines.add(task)
+        task.add_done_callback(self.lines.discard)
+
+    async def line_written(self, ctx: RequestContext) -> None:
+        line = self.chat(ctx).line
+        if _pending_here(line):
+            await asyncio.wait([line], timeout=STORE_TIMEOUT)
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
@@ -4850,7 +4879,7 @@ class Filter:
         shown = self.summaries.status_of(ctx, sent, inlet, final=final)
         line = status_line(ctx.language, shown, usage_shown(s, sent.used)) if shown else ""
         if line:
-            await _emit(ctx.emitter, line, done=True)
+            self.summaries.say_soon(ctx, line)
         return {**body, "messages": view}
 
     async def _lookup_summary(
@@ -4903,6 +4932,7 @@ class Filter:
             if ctx is None:
                 return body
             ctx.request = __request__
+            await self.summaries.line_written(ctx)  # the reply's line before anything after it
             self._learn_tokens(ctx, body)
             ctx.force_summary = asked_for_summary(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
@@ -4915,9 +4945,9 @@ class Filter:
         return body
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
-        """For tests and graceful shutdowns: wait for running summaries."""
-        if self.summaries.tasks:
-            await asyncio.wait(list(self.summaries.tasks), timeout=timeout)
+        """For tests and graceful shutdowns: wait for running summaries and status lines."""
+        if self.summaries.tasks or self.summaries.lines:
+            await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:

@@ -211,3 +211,10 @@ def make_filter(
 
         assert wait_ready(f.counter, "cl100k_base", 60)
     return f
+
+
+async def lines_written(f: acc.Filter) -> None:
+    """Waits for the status lines the filter writes while the model answers
+    (outlet would wait for them; a test that reads them before outlet waits here)."""
+    if f.summaries.lines:
+        await asyncio.wait(list(f.summaries.lines))

@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from acc_builders import MARK, FakeSummarizer, make_filter
+from acc_builders import MARK, FakeSummarizer, lines_written, make_filter
 from pg_support import lease_row
 from race_worker import run_processes
 
@@ -209,6 +209,7 @@ class Worker:
             __model__={"id": MODEL},
             __chat_id__=chat_id or None,
         )
+        await lines_written(self.filter)
         return sent, result["messages"]
 
     async def records(self, stored, chat_id="chat-1", user=ALICE) -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from acc_builders import EstimateOnly, RecordStore, make_filter
+from acc_builders import EstimateOnly, RecordStore, lines_written, make_filter
 
 import async_context_compression as acc
 from devkit.probes import canonical_view, message_tokens, messages_tokens, needs_repair
@@ -20,8 +20,13 @@ def _run(f: acc.Filter, body: dict, hook: str = "inlet") -> tuple[dict, list]:
         events.append(event)
 
     method = f.inlet if hook == "inlet" else f.request
-    out = asyncio.run(method(body, __user__={"id": "u1"}, __metadata__={"chat_id": "c1"}, __event_emitter__=emitter))
-    return out, events
+
+    async def call():
+        out = await method(body, __user__={"id": "u1"}, __metadata__={"chat_id": "c1"}, __event_emitter__=emitter)
+        await lines_written(f)
+        return out
+
+    return asyncio.run(call()), events
 
 
 def test_the_count_cache_keys_a_part_as_it_is_counted():

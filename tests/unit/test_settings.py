@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from acc_builders import lines_written
 
 import async_context_compression as acc
 
@@ -203,12 +204,77 @@ def test_inlet_shows_usage_in_the_status_line():
     f = acc.Filter()
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
     meta = {"variables": {"{{USER_LANGUAGE}}": "zh-CN"}}
-    body = run(f.inlet(body, __user__={"id": "u"}, __event_emitter__=emitter, __metadata__=meta))
-    if acc.request_hook_follows():  # Open WebUI 0.11.2+: the request hook's line is the one shown
-        assert events == []
-        run(f.request(body, __user__={"id": "u"}, __event_emitter__=emitter, __metadata__=meta))
+
+    async def turn():
+        sent = await f.inlet(body, __user__={"id": "u"}, __event_emitter__=emitter, __metadata__=meta)
+        await lines_written(f)
+        if acc.request_hook_follows():  # Open WebUI 0.11.2+: the request hook's line is the one shown
+            assert events == []
+            await f.request(sent, __user__={"id": "u"}, __event_emitter__=emitter, __metadata__=meta)
+            await lines_written(f)
+
+    run(turn())
     assert len(events) == 1 and events[0]["type"] == "status"
     assert events[0]["data"]["description"].startswith("已发送 ")
+
+
+def _hook(f: acc.Filter):
+    # the hook whose line is shown: the request hook from Open WebUI 0.11.2, else inlet
+    return f.request if acc.request_hook_follows() else f.inlet
+
+
+def test_a_status_line_being_written_does_not_hold_up_the_request_but_outlet_waits_for_it():
+    # Open WebUI writes a status into the chat row under a row lock that
+    # another worker may hold: the reply must not wait for it, outlet must.
+    written, events = asyncio.Event(), []
+
+    async def locked_row(event):
+        await written.wait()
+        events.append(event["data"]["description"])
+
+    async def turn():
+        f = acc.Filter()
+        meta = {"chat_id": "c1", "message_id": "m1"}
+        body = {"model": "m", "chat_id": "c1", "messages": [{"role": "user", "content": "hello"}]}
+        await asyncio.wait_for(_hook(f)(body, __user__={"id": "u"}, __event_emitter__=locked_row, __metadata__=meta), 5)
+        assert events == []  # the request went on while its line waits
+        reply = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "hi"}]}
+        outlet = asyncio.ensure_future(f.outlet(reply, __user__={"id": "u"}, __metadata__=meta))
+        await asyncio.sleep(0.05)
+        assert not outlet.done()
+        written.set()
+        await asyncio.wait_for(outlet, 5)
+        assert len(events) == 1
+
+    run(turn())
+
+
+def test_a_chats_status_lines_are_written_in_the_order_of_its_requests():
+    # A native tool loop calls the request hook before each model call: a
+    # slow first write must not let the second line land first.
+    first_may_finish, events = asyncio.Event(), []
+
+    async def emitter(event):
+        if not events and not first_may_finish.is_set():
+            first_may_finish.set()
+            await asyncio.sleep(0.05)
+        events.append(event["data"]["description"])
+
+    async def loop():
+        f = acc.Filter()
+        meta = {"chat_id": "c1", "message_id": "m1"}
+        short = [{"role": "user", "content": "hello"}]
+        longer = [*short, {"role": "assistant", "content": "word " * 400}, {"role": "user", "content": "more"}]
+        for messages in (short, longer):
+            body = {"model": "m", "chat_id": "c1", "messages": messages}
+            await _hook(f)(body, __user__={"id": "u"}, __event_emitter__=emitter, __metadata__=meta)
+        await lines_written(f)
+        return f
+
+    run(loop())
+    assert len(events) == 2
+    used = [int(re.search(r"\d+", line).group()) for line in events]
+    assert used[0] < used[1]  # the short request's line first
 
 
 def test_inlet_never_raises_and_sends_the_safest_list(monkeypatch):
