@@ -2225,7 +2225,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
                 clean[target] = _as_text(value) if kind is str else value
         except (TypeError, ValueError, OverflowError):
             used = _shown(fields[target].default)
-            notes.append(note("n_valve_invalid", name=target, value=_shown(value), used=used))
+            notes.append(note("n_valve_invalid", name=target, value=_shown(value), allowed=kind.__name__, used=used))
     if carried:
         notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
@@ -2274,8 +2274,9 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
         errors = exc.errors() if isinstance(exc, ValidationError) else []
         bad = {str(e["loc"][0]) for e in errors if e.get("loc")}
         for name in sorted(bad & set(clean)):
-            default = model.model_fields[name].default
-            notes.append(note("n_valve_invalid", name=name, value=_shown(clean.pop(name)), used=_shown(default)))
+            declared = model.model_fields[name]
+            value, used, allowed = _shown(clean.pop(name)), _shown(declared.default), type(declared.default).__name__
+            notes.append(note("n_valve_invalid", name=name, value=value, allowed=allowed, used=used))
         try:
             instance = handler(clean)
         except Exception:
@@ -2306,10 +2307,10 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
     }
 
 
-def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
-    """A valve holding a JSON object (typed as text, or already an object):
-    (the object, {} when unset or unreadable; a Note ``unreadable`` when it
-    cannot be read). ``legacy`` reads the text when it is not JSON."""
+def _json_object(raw: Any, name: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
+    """The valve ``name`` holding a JSON object (typed as text, or already an
+    object): (the object, {} when unset or unreadable; a Note when it cannot
+    be read). ``legacy`` reads the text when it is not JSON."""
     if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
     value = raw
@@ -2319,9 +2320,9 @@ def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -
         except ValueError as exc:
             value = legacy(raw) if legacy else None
             if value is None:
-                return {}, [note(unreadable, detail=getattr(exc, "msg", str(exc)))]
+                return {}, [note("n_unreadable", name=name, detail=getattr(exc, "msg", str(exc)))]
     if not isinstance(value, dict):
-        return {}, [note(unreadable, detail="not a JSON object")]
+        return {}, [note("n_unreadable", name=name, detail="not a JSON object")]
     return value, []
 
 
@@ -2329,7 +2330,7 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
     prefix ending in ``*``) to overrides, or the older filter's
     ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
-    table, problems = _json_object(raw, "n_thresholds_unreadable", _legacy_thresholds)
+    table, problems = _json_object(raw, "model_thresholds", _legacy_thresholds)
     clean = {}
     for model, entry in table.items():
         if not isinstance(entry, dict):
@@ -2354,7 +2355,7 @@ _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temper
 def parse_model_params(raw: Any) -> tuple[dict, list]:
     """The ``summary_model_params`` valve: a JSON object merged into the
     summary call. Returns (params, Notes on what was ignored)."""
-    params, problems = _json_object(raw, "n_params_unreadable")
+    params, problems = _json_object(raw, "summary_model_params")
     own = sorted(k for k in params if k in _OWN_CALL_KEYS)
     if own:
         problems.append(note("n_params_own", names=", ".join(own)))
@@ -2389,13 +2390,13 @@ def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
     try:
         number = _as_number(value, kind)
     except (TypeError, ValueError, OverflowError):
-        notes.append(note("n_valve_invalid", name=name, value=_shown(value), used=default))
+        notes.append(note("n_valve_invalid", name=name, value=_shown(value), allowed=f"{low}–{high}", used=default))
         return default
     used = min(max(number, kind(low)), kind(high))
     if name == "status_usage_threshold" and 1 < number <= 100:
         used = number / 100  # typed as a percentage
     if used != number:
-        notes.append(note("n_valve_range", name=name, value=number, low=low, high=high, used=used))
+        notes.append(note("n_valve_invalid", name=name, value=number, allowed=f"{low}–{high}", used=used))
     return used
 
 
@@ -2405,7 +2406,7 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
     wanted = value.strip().lower() if isinstance(value, str) else value
     if wanted in choices:
         return wanted
-    notes.append(note("n_valve_choice", name=name, value=_shown(value), choices=" / ".join(choices), used=default))
+    notes.append(note("n_valve_invalid", name=name, value=_shown(value), allowed=" / ".join(choices), used=default))
     return default
 
 
@@ -3506,7 +3507,6 @@ async def owui_complete(
 STATUS_TEXTS: dict = {
     "en": {
         "sent": "{used} / {cap} tokens sent",
-        "sent_no_cap": "{used} tokens sent",
         "in_summary": "summary covers {messages}",
         "left_out": "{messages} left out to fit",
         "over_cap": "still over the cap",
@@ -3532,12 +3532,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "an internal error",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) is not below max_context_tokens ({cap}); summaries start at {share} of the cap",
         "n_summary_budget": "max_summary_tokens ({wanted}) does not fit the summarizer's window ({window}); using {used}",
-        "n_thresholds_unreadable": "model_thresholds cannot be read ({detail}); ignored",
+        "n_unreadable": "{name} cannot be read ({detail}); ignored",
         "n_thresholds_entry": "model_thresholds entry ignored: {entry}",
-        "n_valve_invalid": "{name} = {value} is not valid; using {used}",
-        "n_valve_range": "{name} = {value} is outside {low}–{high}; using {used}",
-        "n_valve_choice": "{name} = {value} is not one of {choices}; using {used}",
-        "n_params_unreadable": "summary_model_params cannot be read ({detail}); ignored",
+        "n_valve_invalid": "{name} = {value} is not valid (expected {allowed}); using {used}",
         "n_params_own": "summary_model_params: the filter sets {names} itself; ignored",
         "n_valves_reset": "the stored valves could not be read; the defaults are used",
         "n_carried": "carried over from the older filter: {names}",
@@ -3546,7 +3543,6 @@ STATUS_TEXTS: dict = {
     },
     "zh": {
         "sent": "已发送 {used} / {cap} tokens",
-        "sent_no_cap": "已发送 {used} tokens",
         "in_summary": "摘要涵盖 {messages}",
         "left_out": "为适应上限未发送 {messages}",
         "over_cap": "仍超出上限",
@@ -3572,12 +3568,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "内部错误",
         "n_threshold_cap": "compression_threshold_tokens（{threshold}）不低于 max_context_tokens（{cap}）；改为在上限的 {share} 时开始摘要",
         "n_summary_budget": "max_summary_tokens（{wanted}）超出摘要模型的窗口（{window}）；改用 {used}",
-        "n_thresholds_unreadable": "无法读取 model_thresholds（{detail}）；已忽略",
+        "n_unreadable": "无法读取 {name}（{detail}）；已忽略",
         "n_thresholds_entry": "已忽略 model_thresholds 条目：{entry}",
-        "n_valve_invalid": "{name} = {value} 无效；改用 {used}",
-        "n_valve_range": "{name} = {value} 超出 {low}–{high}；改用 {used}",
-        "n_valve_choice": "{name} = {value} 不是 {choices} 之一；改用 {used}",
-        "n_params_unreadable": "无法读取 summary_model_params（{detail}）；已忽略",
+        "n_valve_invalid": "{name} = {value} 无效（应为 {allowed}）；改用 {used}",
         "n_params_own": "summary_model_params：{names} 由过滤器自行设置；已忽略",
         "n_valves_reset": "无法读取已保存的设置；使用默认值",
         "n_carried": "已沿用旧版过滤器的设置：{names}",
@@ -3586,7 +3579,6 @@ STATUS_TEXTS: dict = {
     },
     "ja": {
         "sent": "{used} / {cap} トークン送信",
-        "sent_no_cap": "{used} トークン送信",
         "in_summary": "要約は {messages}を含む",
         "left_out": "上限に収めるため {messages}を省略",
         "over_cap": "まだ上限を超えています",
@@ -3612,12 +3604,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "内部エラー",
         "n_threshold_cap": "compression_threshold_tokens（{threshold}）が max_context_tokens（{cap}）未満ではありません。上限の {share} で要約を開始します",
         "n_summary_budget": "max_summary_tokens（{wanted}）が要約モデルのウィンドウ（{window}）に収まりません。{used} を使用します",
-        "n_thresholds_unreadable": "model_thresholds を読み取れません（{detail}）。無視します",
+        "n_unreadable": "{name} を読み取れません（{detail}）。無視します",
         "n_thresholds_entry": "model_thresholds の項目を無視しました：{entry}",
-        "n_valve_invalid": "{name} = {value} は無効です。{used} を使用します",
-        "n_valve_range": "{name} = {value} は {low}–{high} の範囲外です。{used} を使用します",
-        "n_valve_choice": "{name} = {value} は {choices} のいずれでもありません。{used} を使用します",
-        "n_params_unreadable": "summary_model_params を読み取れません（{detail}）。無視します",
+        "n_valve_invalid": "{name} = {value} は無効です（{allowed} を指定してください）。{used} を使用します",
         "n_params_own": "summary_model_params：{names} はフィルターが設定するため無視します",
         "n_valves_reset": "保存された設定を読み取れないため、既定値を使用します",
         "n_carried": "旧フィルターから引き継ぎました：{names}",
@@ -3626,7 +3615,6 @@ STATUS_TEXTS: dict = {
     },
     "ko": {
         "sent": "{used} / {cap} 토큰 전송",
-        "sent_no_cap": "{used} 토큰 전송",
         "in_summary": "요약에 {messages} 포함",
         "left_out": "한도에 맞추려고 {messages} 제외",
         "over_cap": "여전히 한도 초과",
@@ -3652,12 +3640,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "내부 오류",
         "n_threshold_cap": "compression_threshold_tokens({threshold})가 max_context_tokens({cap})보다 작지 않습니다. 한도의 {share}에서 요약을 시작합니다",
         "n_summary_budget": "max_summary_tokens({wanted})가 요약 모델의 창({window})에 맞지 않습니다. {used}을(를) 사용합니다",
-        "n_thresholds_unreadable": "model_thresholds를 읽을 수 없습니다({detail}). 무시합니다",
+        "n_unreadable": "{name}을(를) 읽을 수 없습니다({detail}). 무시합니다",
         "n_thresholds_entry": "model_thresholds 항목을 무시했습니다: {entry}",
-        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다. {used}을(를) 사용합니다",
-        "n_valve_range": "{name} = {value}이(가) {low}–{high} 범위를 벗어났습니다. {used}을(를) 사용합니다",
-        "n_valve_choice": "{name} = {value}은(는) {choices} 중 하나가 아닙니다. {used}을(를) 사용합니다",
-        "n_params_unreadable": "summary_model_params를 읽을 수 없습니다({detail}). 무시합니다",
+        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다(허용 값: {allowed}). {used}을(를) 사용합니다",
         "n_params_own": "summary_model_params: {names}은(는) 필터가 직접 설정하므로 무시합니다",
         "n_valves_reset": "저장된 설정을 읽을 수 없어 기본값을 사용합니다",
         "n_carried": "이전 필터에서 가져온 설정: {names}",
@@ -3666,7 +3651,6 @@ STATUS_TEXTS: dict = {
     },
     "fr": {
         "sent": "{used} / {cap} tokens envoyés",
-        "sent_no_cap": "{used} tokens envoyés",
         "in_summary": "le résumé couvre {messages}",
         "left_out": "{messages} omis pour tenir",
         "over_cap": "toujours au-dessus de la limite",
@@ -3692,12 +3676,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "une erreur interne",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) n'est pas inférieur à max_context_tokens ({cap}) ; les résumés commencent à {share} de la limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) ne tient pas dans la fenêtre du modèle de résumé ({window}) ; {used} est utilisé",
-        "n_thresholds_unreadable": "model_thresholds illisible ({detail}) ; ignoré",
+        "n_unreadable": "{name} illisible ({detail}) ; ignoré",
         "n_thresholds_entry": "entrée de model_thresholds ignorée : {entry}",
-        "n_valve_invalid": "{name} = {value} n'est pas valide ; {used} est utilisé",
-        "n_valve_range": "{name} = {value} est hors de {low}–{high} ; {used} est utilisé",
-        "n_valve_choice": "{name} = {value} n'est pas parmi {choices} ; {used} est utilisé",
-        "n_params_unreadable": "summary_model_params illisible ({detail}) ; ignoré",
+        "n_valve_invalid": "{name} = {value} n'est pas valide (attendu : {allowed}) ; {used} est utilisé",
         "n_params_own": "summary_model_params : {names} est fixé par le filtre ; ignoré",
         "n_valves_reset": "les réglages enregistrés sont illisibles ; valeurs par défaut utilisées",
         "n_carried": "repris de l'ancien filtre : {names}",
@@ -3706,7 +3687,6 @@ STATUS_TEXTS: dict = {
     },
     "de": {
         "sent": "{used} / {cap} Tokens gesendet",
-        "sent_no_cap": "{used} Tokens gesendet",
         "in_summary": "Zusammenfassung umfasst {messages}",
         "left_out": "{messages} weggelassen, um das Limit einzuhalten",
         "over_cap": "weiterhin über dem Limit",
@@ -3732,12 +3712,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "ein interner Fehler",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) liegt nicht unter max_context_tokens ({cap}); Zusammenfassungen beginnen bei {share} des Limits",
         "n_summary_budget": "max_summary_tokens ({wanted}) passt nicht in das Fenster des Zusammenfassungsmodells ({window}); verwende {used}",
-        "n_thresholds_unreadable": "model_thresholds ist nicht lesbar ({detail}); ignoriert",
+        "n_unreadable": "{name} ist nicht lesbar ({detail}); ignoriert",
         "n_thresholds_entry": "Eintrag in model_thresholds ignoriert: {entry}",
-        "n_valve_invalid": "{name} = {value} ist ungültig; verwende {used}",
-        "n_valve_range": "{name} = {value} liegt außerhalb von {low}–{high}; verwende {used}",
-        "n_valve_choice": "{name} = {value} ist keiner von {choices}; verwende {used}",
-        "n_params_unreadable": "summary_model_params ist nicht lesbar ({detail}); ignoriert",
+        "n_valve_invalid": "{name} = {value} ist ungültig (erwartet: {allowed}); verwende {used}",
         "n_params_own": "summary_model_params: {names} setzt der Filter selbst; ignoriert",
         "n_valves_reset": "die gespeicherten Einstellungen sind nicht lesbar; Standardwerte werden verwendet",
         "n_carried": "vom älteren Filter übernommen: {names}",
@@ -3746,7 +3723,6 @@ STATUS_TEXTS: dict = {
     },
     "es": {
         "sent": "{used} / {cap} tokens enviados",
-        "sent_no_cap": "{used} tokens enviados",
         "in_summary": "el resumen cubre {messages}",
         "left_out": "omitido por el límite: {messages}",
         "over_cap": "todavía por encima del límite",
@@ -3772,12 +3748,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "un error interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) no es menor que max_context_tokens ({cap}); los resúmenes empiezan al {share} del límite",
         "n_summary_budget": "max_summary_tokens ({wanted}) no cabe en la ventana del modelo de resumen ({window}); se usa {used}",
-        "n_thresholds_unreadable": "no se puede leer model_thresholds ({detail}); se ignora",
+        "n_unreadable": "no se puede leer {name} ({detail}); se ignora",
         "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
-        "n_valve_invalid": "{name} = {value} no es válido; se usa {used}",
-        "n_valve_range": "{name} = {value} está fuera de {low}–{high}; se usa {used}",
-        "n_valve_choice": "{name} = {value} no es uno de {choices}; se usa {used}",
-        "n_params_unreadable": "no se puede leer summary_model_params ({detail}); se ignora",
+        "n_valve_invalid": "{name} = {value} no es válido (se espera {allowed}); se usa {used}",
         "n_params_own": "summary_model_params: el filtro fija {names} por sí mismo; se ignora",
         "n_valves_reset": "no se pueden leer los ajustes guardados; se usan los valores predeterminados",
         "n_carried": "tomado del filtro anterior: {names}",
@@ -3786,7 +3759,6 @@ STATUS_TEXTS: dict = {
     },
     "pt": {
         "sent": "{used} / {cap} tokens enviados",
-        "sent_no_cap": "{used} tokens enviados",
         "in_summary": "o resumo cobre {messages}",
         "left_out": "omitido pelo limite: {messages}",
         "over_cap": "ainda acima do limite",
@@ -3812,12 +3784,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "um erro interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) não é menor que max_context_tokens ({cap}); os resumos começam em {share} do limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) não cabe na janela do modelo de resumo ({window}); usando {used}",
-        "n_thresholds_unreadable": "não é possível ler model_thresholds ({detail}); ignorado",
+        "n_unreadable": "não é possível ler {name} ({detail}); ignorado",
         "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
-        "n_valve_invalid": "{name} = {value} não é válido; usando {used}",
-        "n_valve_range": "{name} = {value} está fora de {low}–{high}; usando {used}",
-        "n_valve_choice": "{name} = {value} não é um de {choices}; usando {used}",
-        "n_params_unreadable": "não é possível ler summary_model_params ({detail}); ignorado",
+        "n_valve_invalid": "{name} = {value} não é válido (esperado: {allowed}); usando {used}",
         "n_params_own": "summary_model_params: {names} é definido pelo próprio filtro; ignorado",
         "n_valves_reset": "não é possível ler as configurações salvas; usando os padrões",
         "n_carried": "trazido do filtro antigo: {names}",
@@ -3826,7 +3795,6 @@ STATUS_TEXTS: dict = {
     },
     "ru": {
         "sent": "отправлено {used} / {cap} токенов",
-        "sent_no_cap": "отправлено {used} токенов",
         "in_summary": "в сводке: {messages}",
         "left_out": "не отправлено ради лимита: {messages}",
         "over_cap": "лимит всё ещё превышен",
@@ -3852,12 +3820,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "внутренняя ошибка",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) не меньше max_context_tokens ({cap}); сводки начинаются при {share} лимита",
         "n_summary_budget": "max_summary_tokens ({wanted}) не помещается в окно модели сводки ({window}); используется {used}",
-        "n_thresholds_unreadable": "model_thresholds не читается ({detail}); пропущено",
+        "n_unreadable": "{name} не читается ({detail}); пропущено",
         "n_thresholds_entry": "запись model_thresholds пропущена: {entry}",
-        "n_valve_invalid": "{name} = {value} недопустимо; используется {used}",
-        "n_valve_range": "{name} = {value} вне диапазона {low}–{high}; используется {used}",
-        "n_valve_choice": "{name} = {value} — не одно из {choices}; используется {used}",
-        "n_params_unreadable": "summary_model_params не читается ({detail}); пропущено",
+        "n_valve_invalid": "{name} = {value} недопустимо (ожидается {allowed}); используется {used}",
         "n_params_own": "summary_model_params: {names} задаёт сам фильтр; пропущено",
         "n_valves_reset": "сохранённые настройки не читаются; используются значения по умолчанию",
         "n_carried": "перенесено из старого фильтра: {names}",
@@ -3866,7 +3831,6 @@ STATUS_TEXTS: dict = {
     },
     "it": {
         "sent": "{used} / {cap} token inviati",
-        "sent_no_cap": "{used} token inviati",
         "in_summary": "il riepilogo copre {messages}",
         "left_out": "omesso per il limite: {messages}",
         "over_cap": "ancora oltre il limite",
@@ -3892,12 +3856,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "un errore interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) non è inferiore a max_context_tokens ({cap}); i riepiloghi partono al {share} del limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) non rientra nella finestra del modello di riepilogo ({window}); si usa {used}",
-        "n_thresholds_unreadable": "model_thresholds non leggibile ({detail}); ignorato",
+        "n_unreadable": "{name} non leggibile ({detail}); ignorato",
         "n_thresholds_entry": "voce di model_thresholds ignorata: {entry}",
-        "n_valve_invalid": "{name} = {value} non è valido; si usa {used}",
-        "n_valve_range": "{name} = {value} è fuori da {low}–{high}; si usa {used}",
-        "n_valve_choice": "{name} = {value} non è tra {choices}; si usa {used}",
-        "n_params_unreadable": "summary_model_params non leggibile ({detail}); ignorato",
+        "n_valve_invalid": "{name} = {value} non è valido (atteso: {allowed}); si usa {used}",
         "n_params_own": "summary_model_params: {names} è impostato dal filtro stesso; ignorato",
         "n_valves_reset": "le impostazioni salvate non sono leggibili; si usano i valori predefiniti",
         "n_carried": "ripreso dal filtro precedente: {names}",
@@ -3906,7 +3867,6 @@ STATUS_TEXTS: dict = {
     },
     "pl": {
         "sent": "wysłano {used} / {cap} tokenów",
-        "sent_no_cap": "wysłano {used} tokenów",
         "in_summary": "w podsumowaniu: {messages}",
         "left_out": "pominięto, by zmieścić się w limicie: {messages}",
         "over_cap": "nadal powyżej limitu",
@@ -3932,12 +3892,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "błąd wewnętrzny",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) nie jest mniejsze niż max_context_tokens ({cap}); podsumowania zaczynają się przy {share} limitu",
         "n_summary_budget": "max_summary_tokens ({wanted}) nie mieści się w oknie modelu podsumowań ({window}); użyto {used}",
-        "n_thresholds_unreadable": "nie można odczytać model_thresholds ({detail}); pominięto",
+        "n_unreadable": "nie można odczytać {name} ({detail}); pominięto",
         "n_thresholds_entry": "pominięto wpis model_thresholds: {entry}",
-        "n_valve_invalid": "{name} = {value} jest nieprawidłowe; użyto {used}",
-        "n_valve_range": "{name} = {value} jest poza zakresem {low}–{high}; użyto {used}",
-        "n_valve_choice": "{name} = {value} nie należy do {choices}; użyto {used}",
-        "n_params_unreadable": "nie można odczytać summary_model_params ({detail}); pominięto",
+        "n_valve_invalid": "{name} = {value} jest nieprawidłowe (oczekiwano: {allowed}); użyto {used}",
         "n_params_own": "summary_model_params: {names} ustawia sam filtr; pominięto",
         "n_valves_reset": "nie można odczytać zapisanych ustawień; użyto wartości domyślnych",
         "n_carried": "przeniesiono ze starszego filtra: {names}",
@@ -4034,8 +3991,6 @@ def status_text(language: str, key: str, **values: Any) -> str:
     try:
         english = STATUS_TEXTS["en"]
         table = STATUS_TEXTS.get(language) or english
-        if key == "sent" and not values.get("cap"):
-            key = "sent_no_cap"
         template = table.get(key) or english.get(key)
         if template is None:
             return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
@@ -4051,6 +4006,8 @@ def status_text(language: str, key: str, **values: Any) -> str:
                 reason = value.key if isinstance(value, Fault) else value
                 value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
             shown[name] = value
+        if key == "sent" and values.get("cap"):
+            shown["used"] = f"{shown.get('used', '?')} / {shown['cap']}"
         try:
             return template.format_map(_Missing(shown))
         except (IndexError, ValueError, AttributeError, TypeError):  # a broken translation: English
