@@ -3032,11 +3032,9 @@ def choose_summary(
 # ---------------------------------------------------------------------------
 # 6. Summarizer
 # ---------------------------------------------------------------------------
-# What the summarizer is shown, how it is asked, and how its answer is read.
-# A summary replaces messages for good, so every message it folds is shown
-# whole: a stretch too long for the summary model's window is folded in
-# rounds, and one message too long on its own is folded in pieces
-# (``plan_rounds``), never clipped.
+# What the summarizer is shown, how it is asked, and how its answer is read. A summary replaces messages for good,
+# so every message it folds is shown whole: a stretch too long for the summary model's window is folded in rounds,
+# and one message too long on its own is folded in pieces (``plan_rounds``), never clipped.
 
 _SUMMARY_STYLES = {
     "concise": """Update the previous summary with the new messages. Keep it short: the user's goals and the latest request still in progress, constraints and preferences the user stated, decisions made and results that matter (names, numbers, identifiers), and open next steps. Drop chit-chat, superseded details and anything the assistant can do without.""",
@@ -3072,8 +3070,7 @@ class SummaryError(RuntimeError):
 
 
 def _part_text(part: Any) -> str:
-    """A content part's whole text, or a short marker for an image, audio,
-    file or other part that is not text."""
+    """A content part's whole text, or a short marker for an image, audio, file or other part that is not text."""
     if not isinstance(part, dict):
         return str(part)
     kind = part.get("type")
@@ -3089,9 +3086,8 @@ def _part_text(part: Any) -> str:
 
 
 def render_for_summary(messages: Messages, ids: list) -> list:
-    """One text block per message, each naming its message id and author;
-    every text is whole (tool calls show their name and full arguments,
-    results their full output); images, audio and files become markers."""
+    """One text block per message, naming its id and author; every text whole (tool calls with their name and full
+    arguments, results with their full output); images, audio and files become markers."""
     names: dict = {}
     blocks = []
     for message, mid in zip(messages, ids):
@@ -3141,11 +3137,9 @@ class RoundPiece:
 
 @dataclass(frozen=True)
 class SummaryRound:
-    """One summarizer call's new input. ``done``: blocks wholly shown once
-    this round and those before are folded; ``at_message_end``: it ends with
-    a whole block or a last piece; ``covered``: ``done`` when coverage may
-    advance there (a message end at a stop), else None (never saved as
-    coverage: it holds part of a message)."""
+    """One summarizer call's new input. ``done``: blocks wholly shown once this round and those before are folded;
+    ``at_message_end``: it ends with a whole block or a last piece; ``covered``: ``done`` when coverage may advance
+    there (a message end at a stop), else None (never saved as coverage: it holds part of a message)."""
 
     pieces: tuple
     done: int
@@ -3156,14 +3150,12 @@ class SummaryRound:
         return [piece.render() for piece in self.pieces]
 
 
-# No piece is searched for beyond this many characters per token of its
-# budget, so a huge text costs about log2(window) counts per piece.
+# No piece is searched for beyond this many characters per token of its budget: a huge text costs ~log2(window) counts.
 _MAX_CHARS_PER_TOKEN = 16
 
 
 def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
-    """``text`` in pieces that each count at most ``budget_tokens`` (one
-    character excepted) and join back to ``text`` exactly."""
+    """``text`` in pieces that each count at most ``budget_tokens`` (one character excepted) and join back exactly."""
     budget = max(1, int(budget_tokens))
     window = budget * _MAX_CHARS_PER_TOKEN
     pieces = []
@@ -3198,13 +3190,10 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
 def plan_rounds(
     blocks: list, budget_tokens: int, count: Callable[[str], int], stops: Optional[Iterable[int]] = None
 ) -> list:
-    """``blocks`` as SummaryRounds of at most ``budget_tokens`` new tokens
-    each (a block costs its ``count`` plus a separator). Every character
-    lands in exactly one round, in order: blocks packed whole, a block
-    larger than a round cut into pieces marked "(part i of n)". ``stops``:
-    the block counts where coverage may advance (ends of atomic units: tool
-    calls and their results are one; every block when None); rounds end at
-    a stop whenever a unit fits."""
+    """``blocks`` as SummaryRounds of at most ``budget_tokens`` new tokens each (a block costs its ``count`` plus a
+    separator). Every character lands in exactly one round, in order: blocks packed whole, a block larger than a round
+    cut into pieces marked "(part i of n)". ``stops``: the block counts where coverage may advance (ends of atomic
+    units: tool calls and their results are one; every block when None); rounds end at a stop whenever a unit fits."""
     n = len(blocks)
     allowed = set(range(1, n + 1)) if stops is None else {s for s in stops if 0 < s <= n} | {n}
     budget = max(1, int(budget_tokens))
@@ -3253,9 +3242,8 @@ def plan_rounds(
 
 
 def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str = "") -> str:
-    """The summarizer's system prompt: the admin's own ``prompt`` when not
-    empty ("{max_tokens}" in it is filled in), else the frame with the
-    ``style``'s instructions (balanced for an unknown style)."""
+    """The summarizer's system prompt: the admin's own ``prompt`` when not empty ("{max_tokens}" in it filled in),
+    else the frame with the ``style``'s instructions (balanced for an unknown style)."""
     if isinstance(prompt, str) and prompt.strip():
         return prompt.strip().replace("{max_tokens}", str(max_tokens))
     instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
@@ -3265,8 +3253,7 @@ def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str =
 def build_summarizer_messages(
     previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = ""
 ) -> Messages:
-    """The summarizer's request: instructions as the system message, then
-    the previous summary and the new blocks (strings, or a round's texts)."""
+    """Instructions as the system message, then the previous summary and the new blocks (or a round's texts)."""
     prior = (previous or "").strip() or "(none yet)"
     request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
     return [
@@ -3278,9 +3265,7 @@ def build_summarizer_messages(
 def summary_round_budget(
     window: int, max_summary_tokens: int, count: Callable[[str], int], style: str = "balanced", prompt: str = ""
 ) -> int:
-    """New-message tokens one round may carry: the summary model's
-    ``window`` less the answer, the instructions and a margin of 200 for
-    message overheads (at least 1)."""
+    """New-message tokens one round may carry: ``window`` less the answer, the instructions and 200 for overheads."""
     frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt)
     fixed = sum(count(m["content"]) for m in frame)
     return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
@@ -3297,8 +3282,7 @@ def _strip_reasoning(text: str) -> str:
 
 
 def _answer(text: str, reasoning: bool = False) -> str:
-    """``text`` when it holds more than reasoning; else the failure:
-    reasoning only (seen in ``text`` or beside it), or empty."""
+    """``text`` when it holds more than reasoning; else the failure: reasoning only (in or beside it), or empty."""
     if _strip_reasoning(text).strip():
         return text
     if reasoning or text.strip():
@@ -3307,8 +3291,7 @@ def _answer(text: str, reasoning: bool = False) -> str:
 
 
 def clean_summary_answer(text: Any) -> str:
-    """The summary without reasoning blocks or echoed markers; SummaryError
-    when nothing is left."""
+    """The summary without reasoning blocks or echoed markers; SummaryError when nothing is left."""
     text = _SUMMARY_TAG_RE.sub("", text) if isinstance(text, str) else ""
     return _strip_reasoning(_answer(text)).strip()
 
@@ -3320,8 +3303,7 @@ def _error_detail(error: Any) -> str:
 
 
 def _said(item: Any) -> tuple[str, bool]:
-    """The text of a message, a delta or a Responses output item (only
-    text / output_text parts) and whether it carried reasoning."""
+    """The text of a message, a delta or a Responses output item (text parts only) and whether it carried reasoning."""
     if not isinstance(item, dict):
         return "", False
     kind, content = item.get("type"), item.get("content")
@@ -3343,9 +3325,8 @@ def _output_said(output: Any) -> tuple[str, bool]:
 
 
 def _payload_said(response: dict) -> tuple[str, bool]:
-    """``_said`` of a parsed answer or streamed chunk: chat completions
-    (``message`` or ``delta``; legacy ``text``), Responses, or Ollama's
-    native answer. Error payloads raise."""
+    """``_said`` of a parsed answer or streamed chunk: chat completions (``message`` or ``delta``; legacy ``text``),
+    Responses, or Ollama's native answer. Error payloads raise."""
     if response.get("error") or response.get("status") == "failed":
         raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
     if "choices" in response:
@@ -3369,11 +3350,9 @@ def _payload_said(response: dict) -> tuple[str, bool]:
 
 
 def completion_text(response: Any) -> str:
-    """The answer's text in what a model call returned: a chat completion,
-    a Responses or Ollama payload (a dict, or its JSON text), a streamed SSE
-    body already collected (chat deltas or Responses events), or a pipe's
-    plain text; str or bytes. Raises SummaryError on an error payload, a
-    reasoning-only answer or an empty one."""
+    """The answer's text in what a model call returned: a chat completion, a Responses or Ollama payload (a dict, or
+    its JSON text), a collected SSE body (chat deltas or Responses events), or a pipe's plain text; str or bytes.
+    Raises SummaryError on an error payload, a reasoning-only answer or an empty one."""
     if isinstance(response, (bytes, bytearray)):
         response = response.decode("utf-8", "replace")
     if isinstance(response, str):
@@ -3391,9 +3370,8 @@ def completion_text(response: Any) -> str:
 
 
 def _sse_text(stream: str) -> str:
-    """Text of a streamed answer: chat-completion chunks and Responses
-    events (``response.output_text.delta``; the ``.done`` texts or the final
-    ``response.completed`` when no delta came). Reasoning is noted, never kept."""
+    """Text of a streamed answer: chat-completion chunks and Responses events (``response.output_text.delta``; the
+    ``.done`` texts or the final ``response.completed`` when no delta came). Reasoning is noted, never kept."""
     deltas, done_texts, final, reasoning = [], [], None, False
     for line in stream.splitlines():
         try:
@@ -3426,9 +3404,8 @@ def _sse_text(stream: str) -> str:
 
 
 async def response_text(response: Any) -> str:
-    """``completion_text`` of anything a model call returned, first reading
-    the body of a Starlette response (``body``, or a streamed
-    ``body_iterator``); an HTTP error status raises SummaryError."""
+    """``completion_text`` of anything a model call returned, first reading the body of a Starlette response
+    (``body``, or a streamed ``body_iterator``); an HTTP error status raises SummaryError."""
     if hasattr(response, "body_iterator"):  # decoded whole: a chunk may end inside a character
         body = b"".join([c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator])
     elif hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
@@ -3451,10 +3428,9 @@ async def response_text(response: Any) -> str:
 def summary_form(
     model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
 ) -> dict:
-    """The form data of the summary call. Admin ``params`` (for example
-    ``{"chat_template_kwargs": {"enable_thinking": false}}``) are merged in,
-    copied (None values left out); they never replace the model, the
-    messages, streaming, max_tokens, temperature or the task metadata."""
+    """The form data of the summary call. Admin ``params`` (e.g. ``{"chat_template_kwargs": {"enable_thinking":
+    false}}``) are merged in, copied (None values left out); they never replace the model, the messages, streaming,
+    max_tokens, temperature or the task metadata."""
     from copy import deepcopy
 
     extra = params.items() if isinstance(params, dict) else ()
@@ -3472,8 +3448,7 @@ async def owui_complete(
     temperature: float,
     params: Optional[dict] = None,
 ) -> str:
-    """Call a model through Open WebUI from a background task; ``params``
-    are the admin's extra model parameters (see ``summary_form``)."""
+    """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
     try:
         from open_webui.models.users import Users  # type: ignore
         from open_webui.utils.chat import generate_chat_completion  # type: ignore
@@ -3903,9 +3878,8 @@ STATUS_TEXTS: dict = {
     },
 }
 
-# The noun "message" after a count, per language: (one, few, many) for the
-# Slavic rules, (one, other) elsewhere; CJK languages put the count in a
-# pattern and have no plural.
+# The noun "message" after a count, per language: (one, few, many) for the Slavic rules, (one, other) elsewhere;
+# CJK languages put the count in a pattern and have no plural.
 MESSAGE_NOUNS: dict = {
     "en": ("{n} message", "{n} messages"),
     "fr": ("{n} message", "{n} messages"),
@@ -3922,8 +3896,7 @@ MESSAGE_NOUNS: dict = {
 
 
 def user_language(metadata: Any, user: Any = None) -> str:
-    """The language of the status texts: Open WebUI's {{USER_LANGUAGE}},
-    else the user's settings; English when neither is one of ours."""
+    """Open WebUI's {{USER_LANGUAGE}}, else the user's settings; English when neither is one of ours."""
     variables = metadata.get("variables") if isinstance(metadata, dict) else None
     info = user.get("info") if isinstance(user, dict) else None
     for holder, key in ((variables, "{{USER_LANGUAGE}}"), (info, "language")):
@@ -3935,9 +3908,8 @@ def user_language(metadata: Any, user: Any = None) -> str:
 
 
 def format_tokens(value: int) -> str:
-    """812, 6.9k, 14.7k, 128k: at most 0.5% off below 100k (whole thousands
-    from 10k would be up to 5% off: the figure would hide how close to the
-    cap a request is)."""
+    """812, 6.9k, 14.7k, 128k: at most 0.5% off below 100k (whole thousands from 10k would be up to 5% off: the
+    figure would hide how close to the cap a request is)."""
     if value >= 100_000:
         return f"{value / 1000:.0f}k"
     if value >= 1_000:
@@ -3946,8 +3918,7 @@ def format_tokens(value: int) -> str:
 
 
 def messages_phrase(language: str, n: int) -> str:
-    """``n`` with the word for messages in the right plural form (CLDR's
-    rules for these languages)."""
+    """``n`` with the word for messages in the right plural form (CLDR's rules for these languages)."""
     language = language if language in MESSAGE_NOUNS else "en"
     forms, m = MESSAGE_NOUNS[language], abs(n)
     if len(forms) == 1:
@@ -3962,10 +3933,8 @@ def messages_phrase(language: str, n: int) -> str:
 
 
 def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
-    """The event that shows a summary under the reply after which it was
-    written: a source entry ("Conversation summary (19 messages)") that opens
-    to the whole text, rendered as Markdown. Open WebUI keeps it in the
-    message's ``sources``, which are never sent to the model."""
+    """A source entry ("Conversation summary (19 messages)") under the reply after which the summary was written,
+    opening to its whole text as Markdown; Open WebUI keeps ``sources``, never sending them to the model."""
     name = status_text(language, "summary_source", messages=messages)
     return {
         "type": "source",
@@ -3983,11 +3952,9 @@ class _Missing(dict):
 
 
 def status_text(language: str, key: str, **values: Any) -> str:
-    """One status text in the UI language (English where one is missing).
-    Never raises. ``messages`` is a count shown with its noun; ``used`` and
-    ``cap`` are token counts shown as 12k (except in settings Notes, which
-    quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
-    ``reason`` that is a Fault or its key, is shown translated."""
+    """One status text in the UI language (English where one is missing); never raises. ``messages`` is a count
+    shown with its noun; ``used`` and ``cap`` are token counts shown as 12k (settings Notes quote the valves exactly;
+    a ``cap`` of 0 means no cap); a Note, or a ``reason`` that is a Fault or its key, is shown translated."""
     try:
         english = STATUS_TEXTS["en"]
         table = STATUS_TEXTS.get(language) or english
@@ -4032,9 +3999,8 @@ class SentOutcome:
     turn: int = 0  # user messages in the list inlet received: when notes are due
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
-        """The request hook's outcome completed with what inlet did before it
-        (the summary it applied, the messages it left out, the turn it counted
-        before a summary shortened the list)."""
+        """The request hook's outcome completed with what inlet did before it (the summary it applied, the messages
+        it left out, the turn it counted before a summary shortened the list)."""
         if inlet is None:
             return self
         return replace(
@@ -4048,8 +4014,7 @@ class SentOutcome:
 
 
 def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
-    """One short line: what was sent, what the summary covers, what was left
-    out, and what went wrong. Only the usage part may be left out (``usage_shown``)."""
+    """What was sent, what the summary covers, what was left out, what went wrong; only the usage may be left out."""
     parts = []
     if show_usage:
         parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
