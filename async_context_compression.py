@@ -59,7 +59,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -3052,14 +3052,6 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-_PART_MARKS = {
-    "image_url": "[image]",
-    "input_image": "[image]",
-    "image": "[image]",
-    "input_audio": "[audio]",
-    "audio": "[audio]",
-}
-
 
 class SummaryError(RuntimeError):
     """A summary could not be made, for ``fault``."""
@@ -3078,8 +3070,8 @@ def _part_text(part: Any) -> str:
         info = part.get("file") if isinstance(part.get("file"), dict) else part
         name = info.get("filename") or info.get("name")
         return f"[file: {name}]" if isinstance(name, str) and name.strip() else "[file]"
-    if kind in _PART_MARKS:
-        return _PART_MARKS[kind]
+    if kind in ("image_url", "input_image", "image", "input_audio", "audio"):
+        return "[audio]" if "audio" in kind else "[image]"
     if isinstance(part.get("text"), str):
         return part["text"]
     return f"[{kind}]" if isinstance(kind, str) and kind.isidentifier() else "[attachment]"
@@ -3946,11 +3938,6 @@ def summary_source_event(language: str, messages: int, summary: str, source_id: 
     }
 
 
-class _Missing(dict):
-    def __missing__(self, key):
-        return "?"
-
-
 def status_text(language: str, key: str, **values: Any) -> str:
     """One status text in the UI language (English where one is missing); never raises. ``messages`` is a count
     shown with its noun; ``used`` and ``cap`` are token counts shown as 12k (settings Notes quote the valves exactly;
@@ -3961,7 +3948,7 @@ def status_text(language: str, key: str, **values: Any) -> str:
         template = table.get(key) or english.get(key)
         if template is None:
             return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
-        shown = {}
+        shown: dict = defaultdict(lambda: "?")  # a value missing shows as "?"
         for name, value in values.items():
             if isinstance(value, Note):
                 value = value.text(language)
@@ -3974,11 +3961,11 @@ def status_text(language: str, key: str, **values: Any) -> str:
                 value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
             shown[name] = value
         if key == "sent" and values.get("cap"):
-            shown["used"] = f"{shown.get('used', '?')} / {shown['cap']}"
+            shown["used"] = f"{shown['used']} / {shown['cap']}"
         try:
-            return template.format_map(_Missing(shown))
+            return template.format_map(shown)
         except (IndexError, ValueError, AttributeError, TypeError):  # a broken translation: English
-            return english.get(key, key).format_map(_Missing(shown))
+            return english.get(key, key).format_map(shown)
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
         return str(key)
@@ -4015,19 +4002,15 @@ class SentOutcome:
 
 def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
     """What was sent, what the summary covers, what was left out, what went wrong; only the usage may be left out."""
-    parts = []
-    if show_usage:
-        parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
-    if sent.covered:
-        parts.append(status_text(language, "in_summary", messages=sent.covered))
-    if sent.left_out:
-        parts.append(status_text(language, "left_out", messages=sent.left_out))
-    if sent.over_cap:
-        parts.append(status_text(language, "over_cap"))
-    if sent.repaired:
-        parts.append(status_text(language, "repaired"))
-    if sent.fault and sent.fault.key:
-        parts.append(status_text(language, "summaries_down", reason=sent.fault))
+    said = [
+        (show_usage, "sent", {"used": sent.used, "cap": sent.cap}),
+        (sent.covered, "in_summary", {"messages": sent.covered}),
+        (sent.left_out, "left_out", {"messages": sent.left_out}),
+        (sent.over_cap, "over_cap", {}),
+        (sent.repaired, "repaired", {}),
+        (sent.fault and sent.fault.key, "summaries_down", {"reason": sent.fault}),
+    ]
+    parts = [status_text(language, key, **values) for due, key, values in said if due]
     if sent.notes:
         reasons = "; ".join(note.text(language) if isinstance(note, Note) else str(note) for note in sent.notes)
         parts.append(status_text(language, "settings", reason=reasons))
