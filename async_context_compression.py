@@ -3094,8 +3094,7 @@ def render_for_summary(messages: Messages, ids: list) -> list:
         else:
             lines = [f"{label}:", text] if text else [f"{label}:"]
         for call in _tool_calls(message):
-            function = call.get("function") if isinstance(call, dict) else None
-            function = function if isinstance(function, dict) else {}
+            function = _function_of(call) if isinstance(call, dict) else {}
             names[_call_id(call)] = name = function.get("name") or "tool"
             arguments = function.get("arguments", "")
             arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
