@@ -3300,11 +3300,9 @@ def _said(item: Any) -> tuple[str, bool]:
     kind, content = item.get("type"), item.get("content")
     if kind == "output_text":
         return (item["text"] if isinstance(item.get("text"), str) else ""), False
-    reasoning = kind == "reasoning" or any(item.get(key) for key in _REASONING_FIELDS)
-    if isinstance(content, list):
-        reasoning = reasoning or any(
-            isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
-        )
+    parts = content if isinstance(content, list) else ()
+    thinking = any(isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in parts)
+    reasoning = kind == "reasoning" or thinking or any(item.get(key) for key in _REASONING_FIELDS)
     text = "".join(_texts(content, (None, "text", "output_text"))) if kind in ("message", None) else ""
     return text, reasoning
 
