@@ -3417,8 +3417,8 @@ async def response_text(response: Any) -> str:
 def summary_form(
     model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
 ) -> dict:
-    """The form data of the summary call. Admin ``params`` (e.g. ``{"chat_template_kwargs": {"enable_thinking":
-    false}}``) are merged in, copied (None values left out); they never replace the model, the messages, streaming,
+    """The form data of the summary call. Admin ``params`` are merged in, copied (None values left out), for example
+    ``{"chat_template_kwargs": {"enable_thinking": false}}``; they never replace the model, the messages, streaming,
     max_tokens, temperature or the task metadata."""
     from copy import deepcopy
 
