@@ -3470,7 +3470,7 @@ async def owui_complete(
 
 STATUS_TEXTS: dict = {
     "en": {
-        "sent": "{used} / {cap} tokens sent",
+        "sent": "{used} tokens sent",
         "in_summary": "summary covers {messages}",
         "left_out": "{messages} left out to fit",
         "over_cap": "still over the cap",
@@ -3506,7 +3506,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
     },
     "zh": {
-        "sent": "已发送 {used} / {cap} tokens",
+        "sent": "已发送 {used} tokens",
         "in_summary": "摘要涵盖 {messages}",
         "left_out": "为适应上限未发送 {messages}",
         "over_cap": "仍超出上限",
@@ -3542,7 +3542,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
     },
     "ja": {
-        "sent": "{used} / {cap} トークン送信",
+        "sent": "{used} トークン送信",
         "in_summary": "要約は {messages}を含む",
         "left_out": "上限に収めるため {messages}を省略",
         "over_cap": "まだ上限を超えています",
@@ -3578,7 +3578,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
     },
     "ko": {
-        "sent": "{used} / {cap} 토큰 전송",
+        "sent": "{used} 토큰 전송",
         "in_summary": "요약에 {messages} 포함",
         "left_out": "한도에 맞추려고 {messages} 제외",
         "over_cap": "여전히 한도 초과",
@@ -3614,7 +3614,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
     },
     "fr": {
-        "sent": "{used} / {cap} tokens envoyés",
+        "sent": "{used} tokens envoyés",
         "in_summary": "le résumé couvre {messages}",
         "left_out": "{messages} omis pour tenir",
         "over_cap": "toujours au-dessus de la limite",
@@ -3650,7 +3650,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
     },
     "de": {
-        "sent": "{used} / {cap} Tokens gesendet",
+        "sent": "{used} Tokens gesendet",
         "in_summary": "Zusammenfassung umfasst {messages}",
         "left_out": "{messages} weggelassen, um das Limit einzuhalten",
         "over_cap": "weiterhin über dem Limit",
@@ -3686,7 +3686,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
     },
     "es": {
-        "sent": "{used} / {cap} tokens enviados",
+        "sent": "{used} tokens enviados",
         "in_summary": "el resumen cubre {messages}",
         "left_out": "omitido por el límite: {messages}",
         "over_cap": "todavía por encima del límite",
@@ -3722,7 +3722,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
     },
     "pt": {
-        "sent": "{used} / {cap} tokens enviados",
+        "sent": "{used} tokens enviados",
         "in_summary": "o resumo cobre {messages}",
         "left_out": "omitido pelo limite: {messages}",
         "over_cap": "ainda acima do limite",
@@ -3758,7 +3758,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
     },
     "ru": {
-        "sent": "отправлено {used} / {cap} токенов",
+        "sent": "отправлено {used} токенов",
         "in_summary": "в сводке: {messages}",
         "left_out": "не отправлено ради лимита: {messages}",
         "over_cap": "лимит всё ещё превышен",
@@ -3794,7 +3794,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
     },
     "it": {
-        "sent": "{used} / {cap} token inviati",
+        "sent": "{used} token inviati",
         "in_summary": "il riepilogo copre {messages}",
         "left_out": "omesso per il limite: {messages}",
         "over_cap": "ancora oltre il limite",
@@ -3830,7 +3830,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
     },
     "pl": {
-        "sent": "wysłano {used} / {cap} tokenów",
+        "sent": "wysłano {used} tokenów",
         "in_summary": "w podsumowaniu: {messages}",
         "left_out": "pominięto, by zmieścić się w limicie: {messages}",
         "over_cap": "nadal powyżej limitu",
