@@ -59,7 +59,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -2225,7 +2225,7 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
                 clean[target] = _as_text(value) if kind is str else value
         except (TypeError, ValueError, OverflowError):
             used = _shown(fields[target].default)
-            notes.append(note("n_valve_invalid", name=target, value=_shown(value), used=used))
+            notes.append(note("n_valve_invalid", name=target, value=_shown(value), allowed=kind.__name__, used=used))
     if carried:
         notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
@@ -2274,8 +2274,9 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
         errors = exc.errors() if isinstance(exc, ValidationError) else []
         bad = {str(e["loc"][0]) for e in errors if e.get("loc")}
         for name in sorted(bad & set(clean)):
-            default = model.model_fields[name].default
-            notes.append(note("n_valve_invalid", name=name, value=_shown(clean.pop(name)), used=_shown(default)))
+            declared = model.model_fields[name]
+            value, used, allowed = _shown(clean.pop(name)), _shown(declared.default), type(declared.default).__name__
+            notes.append(note("n_valve_invalid", name=name, value=value, allowed=allowed, used=used))
         try:
             instance = handler(clean)
         except Exception:
@@ -2306,10 +2307,10 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
     }
 
 
-def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
-    """A valve holding a JSON object (typed as text, or already an object):
-    (the object, {} when unset or unreadable; a Note ``unreadable`` when it
-    cannot be read). ``legacy`` reads the text when it is not JSON."""
+def _json_object(raw: Any, name: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
+    """The valve ``name`` holding a JSON object (typed as text, or already an
+    object): (the object, {} when unset or unreadable; a Note when it cannot
+    be read). ``legacy`` reads the text when it is not JSON."""
     if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
     value = raw
@@ -2319,9 +2320,9 @@ def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -
         except ValueError as exc:
             value = legacy(raw) if legacy else None
             if value is None:
-                return {}, [note(unreadable, detail=getattr(exc, "msg", str(exc)))]
+                return {}, [note("n_unreadable", name=name, detail=getattr(exc, "msg", str(exc)))]
     if not isinstance(value, dict):
-        return {}, [note(unreadable, detail="not a JSON object")]
+        return {}, [note("n_unreadable", name=name, detail="not a JSON object")]
     return value, []
 
 
@@ -2329,7 +2330,7 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
     prefix ending in ``*``) to overrides, or the older filter's
     ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
-    table, problems = _json_object(raw, "n_thresholds_unreadable", _legacy_thresholds)
+    table, problems = _json_object(raw, "model_thresholds", _legacy_thresholds)
     clean = {}
     for model, entry in table.items():
         if not isinstance(entry, dict):
@@ -2354,7 +2355,7 @@ _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temper
 def parse_model_params(raw: Any) -> tuple[dict, list]:
     """The ``summary_model_params`` valve: a JSON object merged into the
     summary call. Returns (params, Notes on what was ignored)."""
-    params, problems = _json_object(raw, "n_params_unreadable")
+    params, problems = _json_object(raw, "summary_model_params")
     own = sorted(k for k in params if k in _OWN_CALL_KEYS)
     if own:
         problems.append(note("n_params_own", names=", ".join(own)))
@@ -2389,13 +2390,13 @@ def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
     try:
         number = _as_number(value, kind)
     except (TypeError, ValueError, OverflowError):
-        notes.append(note("n_valve_invalid", name=name, value=_shown(value), used=default))
+        notes.append(note("n_valve_invalid", name=name, value=_shown(value), allowed=f"{low}–{high}", used=default))
         return default
     used = min(max(number, kind(low)), kind(high))
     if name == "status_usage_threshold" and 1 < number <= 100:
         used = number / 100  # typed as a percentage
     if used != number:
-        notes.append(note("n_valve_range", name=name, value=number, low=low, high=high, used=used))
+        notes.append(note("n_valve_invalid", name=name, value=number, allowed=f"{low}–{high}", used=used))
     return used
 
 
@@ -2405,7 +2406,7 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
     wanted = value.strip().lower() if isinstance(value, str) else value
     if wanted in choices:
         return wanted
-    notes.append(note("n_valve_choice", name=name, value=_shown(value), choices=" / ".join(choices), used=default))
+    notes.append(note("n_valve_invalid", name=name, value=_shown(value), allowed=" / ".join(choices), used=default))
     return default
 
 
@@ -3031,11 +3032,9 @@ def choose_summary(
 # ---------------------------------------------------------------------------
 # 6. Summarizer
 # ---------------------------------------------------------------------------
-# What the summarizer is shown, how it is asked, and how its answer is read.
-# A summary replaces messages for good, so every message it folds is shown
-# whole: a stretch too long for the summary model's window is folded in
-# rounds, and one message too long on its own is folded in pieces
-# (``plan_rounds``), never clipped.
+# What the summarizer is shown, how it is asked, and how its answer is read. A summary replaces messages for good,
+# so every message it folds is shown whole: a stretch too long for the summary model's window is folded in rounds,
+# and one message too long on its own is folded in pieces (``plan_rounds``), never clipped.
 
 _SUMMARY_STYLES = {
     "concise": """Update the previous summary with the new messages. Keep it short: the user's goals and the latest request still in progress, constraints and preferences the user stated, decisions made and results that matter (names, numbers, identifiers), and open next steps. Drop chit-chat, superseded details and anything the assistant can do without.""",
@@ -3053,14 +3052,6 @@ _SUMMARY_FRAME = """You maintain the running summary of a conversation between a
 {instructions}
 A long message may arrive in numbered parts, "(part i of n)", over several updates: fold in each part as it comes. Refer to messages by their [#id] where it helps traceability. Be factual; never invent. Write plain text or short Markdown, at most {max_tokens} tokens, in the conversation's language. Output only the updated summary, no preamble."""
 
-_PART_MARKS = {
-    "image_url": "[image]",
-    "input_image": "[image]",
-    "image": "[image]",
-    "input_audio": "[audio]",
-    "audio": "[audio]",
-}
-
 
 class SummaryError(RuntimeError):
     """A summary could not be made, for ``fault``."""
@@ -3071,8 +3062,7 @@ class SummaryError(RuntimeError):
 
 
 def _part_text(part: Any) -> str:
-    """A content part's whole text, or a short marker for an image, audio,
-    file or other part that is not text."""
+    """A content part's whole text, or a short marker for an image, audio, file or other part that is not text."""
     if not isinstance(part, dict):
         return str(part)
     kind = part.get("type")
@@ -3080,17 +3070,16 @@ def _part_text(part: Any) -> str:
         info = part.get("file") if isinstance(part.get("file"), dict) else part
         name = info.get("filename") or info.get("name")
         return f"[file: {name}]" if isinstance(name, str) and name.strip() else "[file]"
-    if kind in _PART_MARKS:
-        return _PART_MARKS[kind]
+    if kind in ("image_url", "input_image", "image", "input_audio", "audio"):
+        return "[audio]" if "audio" in kind else "[image]"
     if isinstance(part.get("text"), str):
         return part["text"]
     return f"[{kind}]" if isinstance(kind, str) and kind.isidentifier() else "[attachment]"
 
 
 def render_for_summary(messages: Messages, ids: list) -> list:
-    """One text block per message, each naming its message id and author;
-    every text is whole (tool calls show their name and full arguments,
-    results their full output); images, audio and files become markers."""
+    """One text block per message, naming its id and author; every text whole (tool calls with their name and full
+    arguments, results with their full output); images, audio and files become markers."""
     names: dict = {}
     blocks = []
     for message, mid in zip(messages, ids):
@@ -3105,8 +3094,7 @@ def render_for_summary(messages: Messages, ids: list) -> list:
         else:
             lines = [f"{label}:", text] if text else [f"{label}:"]
         for call in _tool_calls(message):
-            function = call.get("function") if isinstance(call, dict) else None
-            function = function if isinstance(function, dict) else {}
+            function = _function_of(call) if isinstance(call, dict) else {}
             names[_call_id(call)] = name = function.get("name") or "tool"
             arguments = function.get("arguments", "")
             arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
@@ -3140,11 +3128,9 @@ class RoundPiece:
 
 @dataclass(frozen=True)
 class SummaryRound:
-    """One summarizer call's new input. ``done``: blocks wholly shown once
-    this round and those before are folded; ``at_message_end``: it ends with
-    a whole block or a last piece; ``covered``: ``done`` when coverage may
-    advance there (a message end at a stop), else None (never saved as
-    coverage: it holds part of a message)."""
+    """One summarizer call's new input. ``done``: blocks wholly shown once this round and those before are folded;
+    ``at_message_end``: it ends with a whole block or a last piece; ``covered``: ``done`` when coverage may advance
+    there (a message end at a stop), else None (never saved as coverage: it holds part of a message)."""
 
     pieces: tuple
     done: int
@@ -3155,14 +3141,12 @@ class SummaryRound:
         return [piece.render() for piece in self.pieces]
 
 
-# No piece is searched for beyond this many characters per token of its
-# budget, so a huge text costs about log2(window) counts per piece.
+# No piece is searched for beyond this many characters per token of its budget: a huge text costs ~log2(window) counts.
 _MAX_CHARS_PER_TOKEN = 16
 
 
 def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> list:
-    """``text`` in pieces that each count at most ``budget_tokens`` (one
-    character excepted) and join back to ``text`` exactly."""
+    """``text`` in pieces that each count at most ``budget_tokens`` (one character excepted) and join back exactly."""
     budget = max(1, int(budget_tokens))
     window = budget * _MAX_CHARS_PER_TOKEN
     pieces = []
@@ -3197,13 +3181,10 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
 def plan_rounds(
     blocks: list, budget_tokens: int, count: Callable[[str], int], stops: Optional[Iterable[int]] = None
 ) -> list:
-    """``blocks`` as SummaryRounds of at most ``budget_tokens`` new tokens
-    each (a block costs its ``count`` plus a separator). Every character
-    lands in exactly one round, in order: blocks packed whole, a block
-    larger than a round cut into pieces marked "(part i of n)". ``stops``:
-    the block counts where coverage may advance (ends of atomic units: tool
-    calls and their results are one; every block when None); rounds end at
-    a stop whenever a unit fits."""
+    """``blocks`` as SummaryRounds of at most ``budget_tokens`` new tokens each (a block costs its ``count`` plus a
+    separator). Every character lands in exactly one round, in order: blocks packed whole, a block larger than a round
+    cut into pieces marked "(part i of n)". ``stops``: the block counts where coverage may advance (ends of atomic
+    units: tool calls and their results are one; every block when None); rounds end at a stop whenever a unit fits."""
     n = len(blocks)
     allowed = set(range(1, n + 1)) if stops is None else {s for s in stops if 0 < s <= n} | {n}
     budget = max(1, int(budget_tokens))
@@ -3252,9 +3233,8 @@ def plan_rounds(
 
 
 def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str = "") -> str:
-    """The summarizer's system prompt: the admin's own ``prompt`` when not
-    empty ("{max_tokens}" in it is filled in), else the frame with the
-    ``style``'s instructions (balanced for an unknown style)."""
+    """The summarizer's system prompt: the admin's own ``prompt`` when not empty ("{max_tokens}" in it filled in),
+    else the frame with the ``style``'s instructions (balanced for an unknown style)."""
     if isinstance(prompt, str) and prompt.strip():
         return prompt.strip().replace("{max_tokens}", str(max_tokens))
     instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
@@ -3264,8 +3244,7 @@ def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str =
 def build_summarizer_messages(
     previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = ""
 ) -> Messages:
-    """The summarizer's request: instructions as the system message, then
-    the previous summary and the new blocks (strings, or a round's texts)."""
+    """Instructions as the system message, then the previous summary and the new blocks (or a round's texts)."""
     prior = (previous or "").strip() or "(none yet)"
     request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
     return [
@@ -3277,9 +3256,7 @@ def build_summarizer_messages(
 def summary_round_budget(
     window: int, max_summary_tokens: int, count: Callable[[str], int], style: str = "balanced", prompt: str = ""
 ) -> int:
-    """New-message tokens one round may carry: the summary model's
-    ``window`` less the answer, the instructions and a margin of 200 for
-    message overheads (at least 1)."""
+    """New-message tokens one round may carry: ``window`` less the answer, the instructions and 200 for overheads."""
     frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt)
     fixed = sum(count(m["content"]) for m in frame)
     return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
@@ -3296,8 +3273,7 @@ def _strip_reasoning(text: str) -> str:
 
 
 def _answer(text: str, reasoning: bool = False) -> str:
-    """``text`` when it holds more than reasoning; else the failure:
-    reasoning only (seen in ``text`` or beside it), or empty."""
+    """``text`` when it holds more than reasoning; else the failure: reasoning only (in or beside it), or empty."""
     if _strip_reasoning(text).strip():
         return text
     if reasoning or text.strip():
@@ -3306,8 +3282,7 @@ def _answer(text: str, reasoning: bool = False) -> str:
 
 
 def clean_summary_answer(text: Any) -> str:
-    """The summary without reasoning blocks or echoed markers; SummaryError
-    when nothing is left."""
+    """The summary without reasoning blocks or echoed markers; SummaryError when nothing is left."""
     text = _SUMMARY_TAG_RE.sub("", text) if isinstance(text, str) else ""
     return _strip_reasoning(_answer(text)).strip()
 
@@ -3319,18 +3294,15 @@ def _error_detail(error: Any) -> str:
 
 
 def _said(item: Any) -> tuple[str, bool]:
-    """The text of a message, a delta or a Responses output item (only
-    text / output_text parts) and whether it carried reasoning."""
+    """The text of a message, a delta or a Responses output item (text parts only) and whether it carried reasoning."""
     if not isinstance(item, dict):
         return "", False
     kind, content = item.get("type"), item.get("content")
     if kind == "output_text":
         return (item["text"] if isinstance(item.get("text"), str) else ""), False
-    reasoning = kind == "reasoning" or any(item.get(key) for key in _REASONING_FIELDS)
-    if isinstance(content, list):
-        reasoning = reasoning or any(
-            isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in content
-        )
+    parts = content if isinstance(content, list) else ()
+    thinking = any(isinstance(p, dict) and p.get("type") in ("reasoning", "thinking") for p in parts)
+    reasoning = kind == "reasoning" or thinking or any(item.get(key) for key in _REASONING_FIELDS)
     text = "".join(_texts(content, (None, "text", "output_text"))) if kind in ("message", None) else ""
     return text, reasoning
 
@@ -3342,9 +3314,8 @@ def _output_said(output: Any) -> tuple[str, bool]:
 
 
 def _payload_said(response: dict) -> tuple[str, bool]:
-    """``_said`` of a parsed answer or streamed chunk: chat completions
-    (``message`` or ``delta``; legacy ``text``), Responses, or Ollama's
-    native answer. Error payloads raise."""
+    """``_said`` of a parsed answer or streamed chunk: chat completions (``message`` or ``delta``; legacy ``text``),
+    Responses, or Ollama's native answer. Error payloads raise."""
     if response.get("error") or response.get("status") == "failed":
         raise SummaryError(Fault.MODEL_ERROR, _error_detail(response.get("error") or "failed"))
     if "choices" in response:
@@ -3368,11 +3339,9 @@ def _payload_said(response: dict) -> tuple[str, bool]:
 
 
 def completion_text(response: Any) -> str:
-    """The answer's text in what a model call returned: a chat completion,
-    a Responses or Ollama payload (a dict, or its JSON text), a streamed SSE
-    body already collected (chat deltas or Responses events), or a pipe's
-    plain text; str or bytes. Raises SummaryError on an error payload, a
-    reasoning-only answer or an empty one."""
+    """The answer's text in what a model call returned: a chat completion, a Responses or Ollama payload (a dict, or
+    its JSON text), a collected SSE body (chat deltas or Responses events), or a pipe's plain text; str or bytes.
+    Raises SummaryError on an error payload, a reasoning-only answer or an empty one."""
     if isinstance(response, (bytes, bytearray)):
         response = response.decode("utf-8", "replace")
     if isinstance(response, str):
@@ -3390,9 +3359,8 @@ def completion_text(response: Any) -> str:
 
 
 def _sse_text(stream: str) -> str:
-    """Text of a streamed answer: chat-completion chunks and Responses
-    events (``response.output_text.delta``; the ``.done`` texts or the final
-    ``response.completed`` when no delta came). Reasoning is noted, never kept."""
+    """Text of a streamed answer: chat-completion chunks and Responses events (``response.output_text.delta``; the
+    ``.done`` texts or the final ``response.completed`` when no delta came). Reasoning is noted, never kept."""
     deltas, done_texts, final, reasoning = [], [], None, False
     for line in stream.splitlines():
         try:
@@ -3425,9 +3393,8 @@ def _sse_text(stream: str) -> str:
 
 
 async def response_text(response: Any) -> str:
-    """``completion_text`` of anything a model call returned, first reading
-    the body of a Starlette response (``body``, or a streamed
-    ``body_iterator``); an HTTP error status raises SummaryError."""
+    """``completion_text`` of anything a model call returned, first reading the body of a Starlette response
+    (``body``, or a streamed ``body_iterator``); an HTTP error status raises SummaryError."""
     if hasattr(response, "body_iterator"):  # decoded whole: a chunk may end inside a character
         body = b"".join([c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator])
     elif hasattr(response, "body") and not isinstance(response, (dict, str, bytes)):
@@ -3450,10 +3417,9 @@ async def response_text(response: Any) -> str:
 def summary_form(
     model: str, messages: Messages, max_tokens: int, temperature: float, params: Optional[dict] = None
 ) -> dict:
-    """The form data of the summary call. Admin ``params`` (for example
-    ``{"chat_template_kwargs": {"enable_thinking": false}}``) are merged in,
-    copied (None values left out); they never replace the model, the
-    messages, streaming, max_tokens, temperature or the task metadata."""
+    """The form data of the summary call. Admin ``params`` are merged in, copied (None values left out), for example
+    ``{"chat_template_kwargs": {"enable_thinking": false}}``; they never replace the model, the messages, streaming,
+    max_tokens, temperature or the task metadata."""
     from copy import deepcopy
 
     extra = params.items() if isinstance(params, dict) else ()
@@ -3471,8 +3437,7 @@ async def owui_complete(
     temperature: float,
     params: Optional[dict] = None,
 ) -> str:
-    """Call a model through Open WebUI from a background task; ``params``
-    are the admin's extra model parameters (see ``summary_form``)."""
+    """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
     try:
         from open_webui.models.users import Users  # type: ignore
         from open_webui.utils.chat import generate_chat_completion  # type: ignore
@@ -3505,8 +3470,7 @@ async def owui_complete(
 
 STATUS_TEXTS: dict = {
     "en": {
-        "sent": "{used} / {cap} tokens sent",
-        "sent_no_cap": "{used} tokens sent",
+        "sent": "{used} tokens sent",
         "in_summary": "summary covers {messages}",
         "left_out": "{messages} left out to fit",
         "over_cap": "still over the cap",
@@ -3532,12 +3496,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "an internal error",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) is not below max_context_tokens ({cap}); summaries start at {share} of the cap",
         "n_summary_budget": "max_summary_tokens ({wanted}) does not fit the summarizer's window ({window}); using {used}",
-        "n_thresholds_unreadable": "model_thresholds cannot be read ({detail}); ignored",
+        "n_unreadable": "{name} cannot be read ({detail}); ignored",
         "n_thresholds_entry": "model_thresholds entry ignored: {entry}",
-        "n_valve_invalid": "{name} = {value} is not valid; using {used}",
-        "n_valve_range": "{name} = {value} is outside {low}–{high}; using {used}",
-        "n_valve_choice": "{name} = {value} is not one of {choices}; using {used}",
-        "n_params_unreadable": "summary_model_params cannot be read ({detail}); ignored",
+        "n_valve_invalid": "{name} = {value} is not valid (expected {allowed}); using {used}",
         "n_params_own": "summary_model_params: the filter sets {names} itself; ignored",
         "n_valves_reset": "the stored valves could not be read; the defaults are used",
         "n_carried": "carried over from the older filter: {names}",
@@ -3545,8 +3506,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
     },
     "zh": {
-        "sent": "已发送 {used} / {cap} tokens",
-        "sent_no_cap": "已发送 {used} tokens",
+        "sent": "已发送 {used} tokens",
         "in_summary": "摘要涵盖 {messages}",
         "left_out": "为适应上限未发送 {messages}",
         "over_cap": "仍超出上限",
@@ -3572,12 +3532,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "内部错误",
         "n_threshold_cap": "compression_threshold_tokens（{threshold}）不低于 max_context_tokens（{cap}）；改为在上限的 {share} 时开始摘要",
         "n_summary_budget": "max_summary_tokens（{wanted}）超出摘要模型的窗口（{window}）；改用 {used}",
-        "n_thresholds_unreadable": "无法读取 model_thresholds（{detail}）；已忽略",
+        "n_unreadable": "无法读取 {name}（{detail}）；已忽略",
         "n_thresholds_entry": "已忽略 model_thresholds 条目：{entry}",
-        "n_valve_invalid": "{name} = {value} 无效；改用 {used}",
-        "n_valve_range": "{name} = {value} 超出 {low}–{high}；改用 {used}",
-        "n_valve_choice": "{name} = {value} 不是 {choices} 之一；改用 {used}",
-        "n_params_unreadable": "无法读取 summary_model_params（{detail}）；已忽略",
+        "n_valve_invalid": "{name} = {value} 无效（应为 {allowed}）；改用 {used}",
         "n_params_own": "summary_model_params：{names} 由过滤器自行设置；已忽略",
         "n_valves_reset": "无法读取已保存的设置；使用默认值",
         "n_carried": "已沿用旧版过滤器的设置：{names}",
@@ -3585,8 +3542,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
     },
     "ja": {
-        "sent": "{used} / {cap} トークン送信",
-        "sent_no_cap": "{used} トークン送信",
+        "sent": "{used} トークン送信",
         "in_summary": "要約は {messages}を含む",
         "left_out": "上限に収めるため {messages}を省略",
         "over_cap": "まだ上限を超えています",
@@ -3612,12 +3568,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "内部エラー",
         "n_threshold_cap": "compression_threshold_tokens（{threshold}）が max_context_tokens（{cap}）未満ではありません。上限の {share} で要約を開始します",
         "n_summary_budget": "max_summary_tokens（{wanted}）が要約モデルのウィンドウ（{window}）に収まりません。{used} を使用します",
-        "n_thresholds_unreadable": "model_thresholds を読み取れません（{detail}）。無視します",
+        "n_unreadable": "{name} を読み取れません（{detail}）。無視します",
         "n_thresholds_entry": "model_thresholds の項目を無視しました：{entry}",
-        "n_valve_invalid": "{name} = {value} は無効です。{used} を使用します",
-        "n_valve_range": "{name} = {value} は {low}–{high} の範囲外です。{used} を使用します",
-        "n_valve_choice": "{name} = {value} は {choices} のいずれでもありません。{used} を使用します",
-        "n_params_unreadable": "summary_model_params を読み取れません（{detail}）。無視します",
+        "n_valve_invalid": "{name} = {value} は無効です（{allowed} を指定してください）。{used} を使用します",
         "n_params_own": "summary_model_params：{names} はフィルターが設定するため無視します",
         "n_valves_reset": "保存された設定を読み取れないため、既定値を使用します",
         "n_carried": "旧フィルターから引き継ぎました：{names}",
@@ -3625,8 +3578,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
     },
     "ko": {
-        "sent": "{used} / {cap} 토큰 전송",
-        "sent_no_cap": "{used} 토큰 전송",
+        "sent": "{used} 토큰 전송",
         "in_summary": "요약에 {messages} 포함",
         "left_out": "한도에 맞추려고 {messages} 제외",
         "over_cap": "여전히 한도 초과",
@@ -3652,12 +3604,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "내부 오류",
         "n_threshold_cap": "compression_threshold_tokens({threshold})가 max_context_tokens({cap})보다 작지 않습니다. 한도의 {share}에서 요약을 시작합니다",
         "n_summary_budget": "max_summary_tokens({wanted})가 요약 모델의 창({window})에 맞지 않습니다. {used}을(를) 사용합니다",
-        "n_thresholds_unreadable": "model_thresholds를 읽을 수 없습니다({detail}). 무시합니다",
+        "n_unreadable": "{name}을(를) 읽을 수 없습니다({detail}). 무시합니다",
         "n_thresholds_entry": "model_thresholds 항목을 무시했습니다: {entry}",
-        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다. {used}을(를) 사용합니다",
-        "n_valve_range": "{name} = {value}이(가) {low}–{high} 범위를 벗어났습니다. {used}을(를) 사용합니다",
-        "n_valve_choice": "{name} = {value}은(는) {choices} 중 하나가 아닙니다. {used}을(를) 사용합니다",
-        "n_params_unreadable": "summary_model_params를 읽을 수 없습니다({detail}). 무시합니다",
+        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다(허용 값: {allowed}). {used}을(를) 사용합니다",
         "n_params_own": "summary_model_params: {names}은(는) 필터가 직접 설정하므로 무시합니다",
         "n_valves_reset": "저장된 설정을 읽을 수 없어 기본값을 사용합니다",
         "n_carried": "이전 필터에서 가져온 설정: {names}",
@@ -3665,8 +3614,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
     },
     "fr": {
-        "sent": "{used} / {cap} tokens envoyés",
-        "sent_no_cap": "{used} tokens envoyés",
+        "sent": "{used} tokens envoyés",
         "in_summary": "le résumé couvre {messages}",
         "left_out": "{messages} omis pour tenir",
         "over_cap": "toujours au-dessus de la limite",
@@ -3692,12 +3640,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "une erreur interne",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) n'est pas inférieur à max_context_tokens ({cap}) ; les résumés commencent à {share} de la limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) ne tient pas dans la fenêtre du modèle de résumé ({window}) ; {used} est utilisé",
-        "n_thresholds_unreadable": "model_thresholds illisible ({detail}) ; ignoré",
+        "n_unreadable": "{name} illisible ({detail}) ; ignoré",
         "n_thresholds_entry": "entrée de model_thresholds ignorée : {entry}",
-        "n_valve_invalid": "{name} = {value} n'est pas valide ; {used} est utilisé",
-        "n_valve_range": "{name} = {value} est hors de {low}–{high} ; {used} est utilisé",
-        "n_valve_choice": "{name} = {value} n'est pas parmi {choices} ; {used} est utilisé",
-        "n_params_unreadable": "summary_model_params illisible ({detail}) ; ignoré",
+        "n_valve_invalid": "{name} = {value} n'est pas valide (attendu : {allowed}) ; {used} est utilisé",
         "n_params_own": "summary_model_params : {names} est fixé par le filtre ; ignoré",
         "n_valves_reset": "les réglages enregistrés sont illisibles ; valeurs par défaut utilisées",
         "n_carried": "repris de l'ancien filtre : {names}",
@@ -3705,8 +3650,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
     },
     "de": {
-        "sent": "{used} / {cap} Tokens gesendet",
-        "sent_no_cap": "{used} Tokens gesendet",
+        "sent": "{used} Tokens gesendet",
         "in_summary": "Zusammenfassung umfasst {messages}",
         "left_out": "{messages} weggelassen, um das Limit einzuhalten",
         "over_cap": "weiterhin über dem Limit",
@@ -3732,12 +3676,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "ein interner Fehler",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) liegt nicht unter max_context_tokens ({cap}); Zusammenfassungen beginnen bei {share} des Limits",
         "n_summary_budget": "max_summary_tokens ({wanted}) passt nicht in das Fenster des Zusammenfassungsmodells ({window}); verwende {used}",
-        "n_thresholds_unreadable": "model_thresholds ist nicht lesbar ({detail}); ignoriert",
+        "n_unreadable": "{name} ist nicht lesbar ({detail}); ignoriert",
         "n_thresholds_entry": "Eintrag in model_thresholds ignoriert: {entry}",
-        "n_valve_invalid": "{name} = {value} ist ungültig; verwende {used}",
-        "n_valve_range": "{name} = {value} liegt außerhalb von {low}–{high}; verwende {used}",
-        "n_valve_choice": "{name} = {value} ist keiner von {choices}; verwende {used}",
-        "n_params_unreadable": "summary_model_params ist nicht lesbar ({detail}); ignoriert",
+        "n_valve_invalid": "{name} = {value} ist ungültig (erwartet: {allowed}); verwende {used}",
         "n_params_own": "summary_model_params: {names} setzt der Filter selbst; ignoriert",
         "n_valves_reset": "die gespeicherten Einstellungen sind nicht lesbar; Standardwerte werden verwendet",
         "n_carried": "vom älteren Filter übernommen: {names}",
@@ -3745,8 +3686,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
     },
     "es": {
-        "sent": "{used} / {cap} tokens enviados",
-        "sent_no_cap": "{used} tokens enviados",
+        "sent": "{used} tokens enviados",
         "in_summary": "el resumen cubre {messages}",
         "left_out": "omitido por el límite: {messages}",
         "over_cap": "todavía por encima del límite",
@@ -3772,12 +3712,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "un error interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) no es menor que max_context_tokens ({cap}); los resúmenes empiezan al {share} del límite",
         "n_summary_budget": "max_summary_tokens ({wanted}) no cabe en la ventana del modelo de resumen ({window}); se usa {used}",
-        "n_thresholds_unreadable": "no se puede leer model_thresholds ({detail}); se ignora",
+        "n_unreadable": "no se puede leer {name} ({detail}); se ignora",
         "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
-        "n_valve_invalid": "{name} = {value} no es válido; se usa {used}",
-        "n_valve_range": "{name} = {value} está fuera de {low}–{high}; se usa {used}",
-        "n_valve_choice": "{name} = {value} no es uno de {choices}; se usa {used}",
-        "n_params_unreadable": "no se puede leer summary_model_params ({detail}); se ignora",
+        "n_valve_invalid": "{name} = {value} no es válido (se espera {allowed}); se usa {used}",
         "n_params_own": "summary_model_params: el filtro fija {names} por sí mismo; se ignora",
         "n_valves_reset": "no se pueden leer los ajustes guardados; se usan los valores predeterminados",
         "n_carried": "tomado del filtro anterior: {names}",
@@ -3785,8 +3722,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
     },
     "pt": {
-        "sent": "{used} / {cap} tokens enviados",
-        "sent_no_cap": "{used} tokens enviados",
+        "sent": "{used} tokens enviados",
         "in_summary": "o resumo cobre {messages}",
         "left_out": "omitido pelo limite: {messages}",
         "over_cap": "ainda acima do limite",
@@ -3812,12 +3748,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "um erro interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) não é menor que max_context_tokens ({cap}); os resumos começam em {share} do limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) não cabe na janela do modelo de resumo ({window}); usando {used}",
-        "n_thresholds_unreadable": "não é possível ler model_thresholds ({detail}); ignorado",
+        "n_unreadable": "não é possível ler {name} ({detail}); ignorado",
         "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
-        "n_valve_invalid": "{name} = {value} não é válido; usando {used}",
-        "n_valve_range": "{name} = {value} está fora de {low}–{high}; usando {used}",
-        "n_valve_choice": "{name} = {value} não é um de {choices}; usando {used}",
-        "n_params_unreadable": "não é possível ler summary_model_params ({detail}); ignorado",
+        "n_valve_invalid": "{name} = {value} não é válido (esperado: {allowed}); usando {used}",
         "n_params_own": "summary_model_params: {names} é definido pelo próprio filtro; ignorado",
         "n_valves_reset": "não é possível ler as configurações salvas; usando os padrões",
         "n_carried": "trazido do filtro antigo: {names}",
@@ -3825,8 +3758,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
     },
     "ru": {
-        "sent": "отправлено {used} / {cap} токенов",
-        "sent_no_cap": "отправлено {used} токенов",
+        "sent": "отправлено {used} токенов",
         "in_summary": "в сводке: {messages}",
         "left_out": "не отправлено ради лимита: {messages}",
         "over_cap": "лимит всё ещё превышен",
@@ -3852,12 +3784,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "внутренняя ошибка",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) не меньше max_context_tokens ({cap}); сводки начинаются при {share} лимита",
         "n_summary_budget": "max_summary_tokens ({wanted}) не помещается в окно модели сводки ({window}); используется {used}",
-        "n_thresholds_unreadable": "model_thresholds не читается ({detail}); пропущено",
+        "n_unreadable": "{name} не читается ({detail}); пропущено",
         "n_thresholds_entry": "запись model_thresholds пропущена: {entry}",
-        "n_valve_invalid": "{name} = {value} недопустимо; используется {used}",
-        "n_valve_range": "{name} = {value} вне диапазона {low}–{high}; используется {used}",
-        "n_valve_choice": "{name} = {value} — не одно из {choices}; используется {used}",
-        "n_params_unreadable": "summary_model_params не читается ({detail}); пропущено",
+        "n_valve_invalid": "{name} = {value} недопустимо (ожидается {allowed}); используется {used}",
         "n_params_own": "summary_model_params: {names} задаёт сам фильтр; пропущено",
         "n_valves_reset": "сохранённые настройки не читаются; используются значения по умолчанию",
         "n_carried": "перенесено из старого фильтра: {names}",
@@ -3865,8 +3794,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
     },
     "it": {
-        "sent": "{used} / {cap} token inviati",
-        "sent_no_cap": "{used} token inviati",
+        "sent": "{used} token inviati",
         "in_summary": "il riepilogo copre {messages}",
         "left_out": "omesso per il limite: {messages}",
         "over_cap": "ancora oltre il limite",
@@ -3892,12 +3820,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "un errore interno",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) non è inferiore a max_context_tokens ({cap}); i riepiloghi partono al {share} del limite",
         "n_summary_budget": "max_summary_tokens ({wanted}) non rientra nella finestra del modello di riepilogo ({window}); si usa {used}",
-        "n_thresholds_unreadable": "model_thresholds non leggibile ({detail}); ignorato",
+        "n_unreadable": "{name} non leggibile ({detail}); ignorato",
         "n_thresholds_entry": "voce di model_thresholds ignorata: {entry}",
-        "n_valve_invalid": "{name} = {value} non è valido; si usa {used}",
-        "n_valve_range": "{name} = {value} è fuori da {low}–{high}; si usa {used}",
-        "n_valve_choice": "{name} = {value} non è tra {choices}; si usa {used}",
-        "n_params_unreadable": "summary_model_params non leggibile ({detail}); ignorato",
+        "n_valve_invalid": "{name} = {value} non è valido (atteso: {allowed}); si usa {used}",
         "n_params_own": "summary_model_params: {names} è impostato dal filtro stesso; ignorato",
         "n_valves_reset": "le impostazioni salvate non sono leggibili; si usano i valori predefiniti",
         "n_carried": "ripreso dal filtro precedente: {names}",
@@ -3905,8 +3830,7 @@ STATUS_TEXTS: dict = {
         "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
     },
     "pl": {
-        "sent": "wysłano {used} / {cap} tokenów",
-        "sent_no_cap": "wysłano {used} tokenów",
+        "sent": "wysłano {used} tokenów",
         "in_summary": "w podsumowaniu: {messages}",
         "left_out": "pominięto, by zmieścić się w limicie: {messages}",
         "over_cap": "nadal powyżej limitu",
@@ -3932,12 +3856,9 @@ STATUS_TEXTS: dict = {
         "r_internal": "błąd wewnętrzny",
         "n_threshold_cap": "compression_threshold_tokens ({threshold}) nie jest mniejsze niż max_context_tokens ({cap}); podsumowania zaczynają się przy {share} limitu",
         "n_summary_budget": "max_summary_tokens ({wanted}) nie mieści się w oknie modelu podsumowań ({window}); użyto {used}",
-        "n_thresholds_unreadable": "nie można odczytać model_thresholds ({detail}); pominięto",
+        "n_unreadable": "nie można odczytać {name} ({detail}); pominięto",
         "n_thresholds_entry": "pominięto wpis model_thresholds: {entry}",
-        "n_valve_invalid": "{name} = {value} jest nieprawidłowe; użyto {used}",
-        "n_valve_range": "{name} = {value} jest poza zakresem {low}–{high}; użyto {used}",
-        "n_valve_choice": "{name} = {value} nie należy do {choices}; użyto {used}",
-        "n_params_unreadable": "nie można odczytać summary_model_params ({detail}); pominięto",
+        "n_valve_invalid": "{name} = {value} jest nieprawidłowe (oczekiwano: {allowed}); użyto {used}",
         "n_params_own": "summary_model_params: {names} ustawia sam filtr; pominięto",
         "n_valves_reset": "nie można odczytać zapisanych ustawień; użyto wartości domyślnych",
         "n_carried": "przeniesiono ze starszego filtra: {names}",
@@ -3946,9 +3867,8 @@ STATUS_TEXTS: dict = {
     },
 }
 
-# The noun "message" after a count, per language: (one, few, many) for the
-# Slavic rules, (one, other) elsewhere; CJK languages put the count in a
-# pattern and have no plural.
+# The noun "message" after a count, per language: (one, few, many) for the Slavic rules, (one, other) elsewhere;
+# CJK languages put the count in a pattern and have no plural.
 MESSAGE_NOUNS: dict = {
     "en": ("{n} message", "{n} messages"),
     "fr": ("{n} message", "{n} messages"),
@@ -3965,8 +3885,7 @@ MESSAGE_NOUNS: dict = {
 
 
 def user_language(metadata: Any, user: Any = None) -> str:
-    """The language of the status texts: Open WebUI's {{USER_LANGUAGE}},
-    else the user's settings; English when neither is one of ours."""
+    """Open WebUI's {{USER_LANGUAGE}}, else the user's settings; English when neither is one of ours."""
     variables = metadata.get("variables") if isinstance(metadata, dict) else None
     info = user.get("info") if isinstance(user, dict) else None
     for holder, key in ((variables, "{{USER_LANGUAGE}}"), (info, "language")):
@@ -3978,9 +3897,8 @@ def user_language(metadata: Any, user: Any = None) -> str:
 
 
 def format_tokens(value: int) -> str:
-    """812, 6.9k, 14.7k, 128k: at most 0.5% off below 100k (whole thousands
-    from 10k would be up to 5% off: the figure would hide how close to the
-    cap a request is)."""
+    """812, 6.9k, 14.7k, 128k: at most 0.5% off below 100k (whole thousands from 10k would be up to 5% off: the
+    figure would hide how close to the cap a request is)."""
     if value >= 100_000:
         return f"{value / 1000:.0f}k"
     if value >= 1_000:
@@ -3989,8 +3907,7 @@ def format_tokens(value: int) -> str:
 
 
 def messages_phrase(language: str, n: int) -> str:
-    """``n`` with the word for messages in the right plural form (CLDR's
-    rules for these languages)."""
+    """``n`` with the word for messages in the right plural form (CLDR's rules for these languages)."""
     language = language if language in MESSAGE_NOUNS else "en"
     forms, m = MESSAGE_NOUNS[language], abs(n)
     if len(forms) == 1:
@@ -4005,10 +3922,8 @@ def messages_phrase(language: str, n: int) -> str:
 
 
 def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
-    """The event that shows a summary under the reply after which it was
-    written: a source entry ("Conversation summary (19 messages)") that opens
-    to the whole text, rendered as Markdown. Open WebUI keeps it in the
-    message's ``sources``, which are never sent to the model."""
+    """A source entry ("Conversation summary (19 messages)") under the reply after which the summary was written,
+    opening to its whole text as Markdown; Open WebUI keeps ``sources``, never sending them to the model."""
     name = status_text(language, "summary_source", messages=messages)
     return {
         "type": "source",
@@ -4020,26 +3935,17 @@ def summary_source_event(language: str, messages: int, summary: str, source_id: 
     }
 
 
-class _Missing(dict):
-    def __missing__(self, key):
-        return "?"
-
-
 def status_text(language: str, key: str, **values: Any) -> str:
-    """One status text in the UI language (English where one is missing).
-    Never raises. ``messages`` is a count shown with its noun; ``used`` and
-    ``cap`` are token counts shown as 12k (except in settings Notes, which
-    quote the valves exactly; a ``cap`` of 0 means no cap); a Note, or a
-    ``reason`` that is a Fault or its key, is shown translated."""
+    """One status text in the UI language (English where one is missing); never raises. ``messages`` is a count
+    shown with its noun; ``used`` and ``cap`` are token counts shown as 12k (settings Notes quote the valves exactly;
+    a ``cap`` of 0 means no cap); a Note, or a ``reason`` that is a Fault or its key, is shown translated."""
     try:
         english = STATUS_TEXTS["en"]
         table = STATUS_TEXTS.get(language) or english
-        if key == "sent" and not values.get("cap"):
-            key = "sent_no_cap"
         template = table.get(key) or english.get(key)
         if template is None:
             return " ".join([key, *(f"{k}={v}" for k, v in values.items())])
-        shown = {}
+        shown: dict = defaultdict(lambda: "?")  # a value missing shows as "?"
         for name, value in values.items():
             if isinstance(value, Note):
                 value = value.text(language)
@@ -4051,10 +3957,12 @@ def status_text(language: str, key: str, **values: Any) -> str:
                 reason = value.key if isinstance(value, Fault) else value
                 value = (table.get(reason) or english.get(reason, value)) if reason.startswith("r_") else value
             shown[name] = value
+        if key == "sent" and values.get("cap"):
+            shown["used"] = f"{shown['used']} / {shown['cap']}"
         try:
-            return template.format_map(_Missing(shown))
+            return template.format_map(shown)
         except (IndexError, ValueError, AttributeError, TypeError):  # a broken translation: English
-            return english.get(key, key).format_map(_Missing(shown))
+            return english.get(key, key).format_map(shown)
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
         return str(key)
@@ -4075,9 +3983,8 @@ class SentOutcome:
     turn: int = 0  # user messages in the list inlet received: when notes are due
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
-        """The request hook's outcome completed with what inlet did before it
-        (the summary it applied, the messages it left out, the turn it counted
-        before a summary shortened the list)."""
+        """The request hook's outcome completed with what inlet did before it (the summary it applied, the messages
+        it left out, the turn it counted before a summary shortened the list)."""
         if inlet is None:
             return self
         return replace(
@@ -4091,21 +3998,16 @@ class SentOutcome:
 
 
 def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
-    """One short line: what was sent, what the summary covers, what was left
-    out, and what went wrong. Only the usage part may be left out (``usage_shown``)."""
-    parts = []
-    if show_usage:
-        parts.append(status_text(language, "sent", used=sent.used, cap=sent.cap))
-    if sent.covered:
-        parts.append(status_text(language, "in_summary", messages=sent.covered))
-    if sent.left_out:
-        parts.append(status_text(language, "left_out", messages=sent.left_out))
-    if sent.over_cap:
-        parts.append(status_text(language, "over_cap"))
-    if sent.repaired:
-        parts.append(status_text(language, "repaired"))
-    if sent.fault and sent.fault.key:
-        parts.append(status_text(language, "summaries_down", reason=sent.fault))
+    """What was sent, what the summary covers, what was left out, what went wrong; only the usage may be left out."""
+    said = [
+        (show_usage, "sent", {"used": sent.used, "cap": sent.cap}),
+        (sent.covered, "in_summary", {"messages": sent.covered}),
+        (sent.left_out, "left_out", {"messages": sent.left_out}),
+        (sent.over_cap, "over_cap", {}),
+        (sent.repaired, "repaired", {}),
+        (sent.fault and sent.fault.key, "summaries_down", {"reason": sent.fault}),
+    ]
+    parts = [status_text(language, key, **values) for due, key, values in said if due]
     if sent.notes:
         reasons = "; ".join(note.text(language) if isinstance(note, Note) else str(note) for note in sent.notes)
         parts.append(status_text(language, "settings", reason=reasons))

@@ -35,11 +35,21 @@ def test_valve_names_and_defaults_are_the_ones_admins_know():
             {"max_context_tokens": -1},
             "max_context_tokens",
             -1,
-            "max_context_tokens = -1 is outside 0–1000000000; using 0",
+            "max_context_tokens = -1 is not valid (expected 0–1000000000); using 0",
         ),
-        ({"keep_last": -3}, "keep_last", -3, "keep_last = -3 is outside 0–10000; using 0"),
-        ({"summary_trigger_ratio": 3}, "summary_trigger_ratio", 3.0, "summary_trigger_ratio = 3.0 is outside"),
-        ({"summary_low_water": 0}, "summary_low_water", 0.0, "summary_low_water = 0.0 is outside 0.1–0.9; using 0.1"),
+        ({"keep_last": -3}, "keep_last", -3, "keep_last = -3 is not valid (expected 0–10000); using 0"),
+        (
+            {"summary_trigger_ratio": 3},
+            "summary_trigger_ratio",
+            3.0,
+            "summary_trigger_ratio = 3.0 is not valid (expected",
+        ),
+        (
+            {"summary_low_water": 0},
+            "summary_low_water",
+            0.0,
+            "summary_low_water = 0.0 is not valid (expected 0.1–0.9); using 0.1",
+        ),
         ({"model_thresholds": "{not json"}, "model_thresholds", "{not json", "model_thresholds cannot be read"),
         (
             {"model_thresholds": '{"gpt-4o": {"max_context_tokens": "lots"}}'},
@@ -176,10 +186,10 @@ def test_message_counts_use_the_languages_plural_forms(language, counts):
 def test_settings_notes_are_translated_in_the_status_line():
     s = acc.resolve_settings(acc.Filter.Valves(keep_last=-3), "m")
     [warning] = s.warnings
-    assert str(warning) == "keep_last = -3 is outside 0–10000; using 0"
+    assert str(warning) == "keep_last = -3 is not valid (expected 0–10000); using 0"
     assert (
         acc.status_text("ja", "settings", reason=warning)
-        == "設定：keep_last = -3 は 0–10000 の範囲外です。0 を使用します"
+        == "設定：keep_last = -3 は無効です（0–10000 を指定してください）。0 を使用します"
     )
     assert (
         acc.status_text("zh", "summary_failed", reason=acc.Fault.TIMEOUT, retry="8s")

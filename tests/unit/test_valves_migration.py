@@ -115,8 +115,18 @@ def test_a_half_readable_list_is_explained_not_half_used():
 @pytest.mark.parametrize(
     "values, field, value, words",
     [
-        ({"max_context_tokens": "lots"}, "max_context_tokens", 128000, "max_context_tokens = 'lots' is not valid"),
-        ({"show_status": "maybe"}, "show_status", True, "show_status = 'maybe' is not valid"),
+        (
+            {"max_context_tokens": "lots"},
+            "max_context_tokens",
+            128000,
+            "max_context_tokens = 'lots' is not valid (expected int); using 128000",
+        ),
+        (
+            {"show_status": "maybe"},
+            "show_status",
+            True,
+            "show_status = 'maybe' is not valid (expected bool); using True",
+        ),
         ({"summary_temperature": float("nan")}, "summary_temperature", 0.1, "summary_temperature = nan is not valid"),
         ({"keep_first": [1]}, "keep_first", 1, "keep_first = [1] is not valid"),
         ({"max_context_tokens": "9000"}, "max_context_tokens", 9000, None),
@@ -138,15 +148,25 @@ def test_values_of_the_wrong_type_are_converted_or_replaced_and_explained(values
 @pytest.mark.parametrize(
     "values, attribute, used, words",
     [
-        ({"summary_trigger_ratio": 3}, "trigger_tokens", 64000, "summary_trigger_ratio = 3.0 is outside 0.1–1.0"),
-        ({"max_summary_tokens": 1}, "max_summary_tokens", 64, "max_summary_tokens = 1 is outside 64–"),
-        ({"summary_low_water": 3}, "low_water", 0.9, "summary_low_water = 3.0 is outside 0.1–0.9"),
+        (
+            {"summary_trigger_ratio": 3},
+            "trigger_tokens",
+            64000,
+            "summary_trigger_ratio = 3.0 is not valid (expected 0.1–1.0)",
+        ),
+        ({"max_summary_tokens": 1}, "max_summary_tokens", 64, "max_summary_tokens = 1 is not valid (expected 64–"),
+        ({"summary_low_water": 3}, "low_water", 0.9, "summary_low_water = 3.0 is not valid (expected 0.1–0.9)"),
         ({"summary_timeout_seconds": 10**12}, "summary_timeout", 86400.0, "summary_timeout_seconds = 1000000000000"),
-        ({"max_context_tokens": 10**30}, "max_context", 1_000_000_000, "is outside 0–1000000000"),
+        ({"max_context_tokens": 10**30}, "max_context", 1_000_000_000, "is not valid (expected 0–1000000000)"),
         ({"status_usage_threshold": 80}, "status_usage_threshold", 0.8, "status_usage_threshold = 80.0"),
         ({"status_usage_threshold": -1}, "status_usage_threshold", 0.0, "status_usage_threshold = -1.0"),
         ({"summary_style": "Faithful"}, "summary_style", "faithful", None),
-        ({"summary_style": "short"}, "summary_style", "balanced", "summary_style = 'short' is not one of concise"),
+        (
+            {"summary_style": "short"},
+            "summary_style",
+            "balanced",
+            "summary_style = 'short' is not valid (expected concise / balanced / faithful)",
+        ),
     ],
 )
 def test_values_out_of_range_are_kept_as_typed_and_corrected_per_request(values, attribute, used, words):
