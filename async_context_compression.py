@@ -4258,9 +4258,7 @@ class BackgroundSummarizer:
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
-        if ctx.chat_key() not in self.chats:
-            self.chats[ctx.chat_key()] = ChatState()
-        return self.chats[ctx.chat_key()]
+        return self.chats.setdefault(ctx.chat_key(), ChatState())
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
         """Remembers what a request sent; returns it as its line states it (the
@@ -4288,31 +4286,19 @@ class BackgroundSummarizer:
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
 
-    async def _show_summary(self, ctx: RequestContext, record: SummaryRecord) -> None:
-        """The summary's whole text under the reply, as a source entry."""
-        if ctx.settings.show_status:
-            source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
-            covered = record.covered_count - record.head_count
-            await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
-
     # -- the next request, counted one way --------------------------------
-    def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
-        """``conversation`` and what the chat's requests carry besides it (layer 3)."""
-        return count_request(self.counter, conversation, ctx.settings.encoding, self.chat(ctx).overhead)
-
     def next_request_tokens(
-        self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
+        self, ctx: RequestContext, canon: Messages, summary: Optional[str] = None, head: int = 0, start: int = 0
     ) -> int:
-        """Tokens of the request inlet would send next: head, summary, tail."""
-        canon = branch.messages
+        """Tokens of the request inlet would send next: head, summary, tail, and what the chat's requests
+        carry besides them (layer 3); without ``summary`` the whole of ``canon``."""
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return self._request_tokens(ctx, kept)
+        return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """Whether the next request would be over the trigger without any
-        summary: an upper bound of ``plan``'s count, so chats below it cost no
-        database read and no digests."""
-        return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
+        """Whether the next request would be over the trigger without any summary: an upper bound of
+        ``plan``'s count, so chats below it cost no database read and no digests."""
+        return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
     def spawn(self, work: Awaitable) -> None:
@@ -4385,8 +4371,11 @@ class BackgroundSummarizer:
             try:
                 await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
                 record = await self._fold(ctx, branch, plan, lease)
-                await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
-                await self._show_summary(ctx, record)
+                covered = record.covered_count - record.head_count
+                await self._say(ctx, "summary_done", done=True, messages=covered)
+                if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
+                    source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
+                    await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
             except _LeaseLost:
                 log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
             except SummaryError as exc:
@@ -4407,7 +4396,7 @@ class BackgroundSummarizer:
         previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
         head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
         start = previous.covered_count if previous else head
-        used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
+        used = self.next_request_tokens(ctx, canon, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens and not ctx.force_summary:
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
