@@ -4126,11 +4126,10 @@ async def _emit(emitter: Optional[Callable], event: Any, done: bool = True) -> N
 # ---------------------------------------------------------------------------
 # 8. Background summaries: plan, lease, fold in rounds, save, back off
 # ---------------------------------------------------------------------------
-# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
-# once. The summarizer decides whether the next request would be over the
-# trigger, takes the chat's lease (one worker per chat, across replicas),
-# folds in as many rounds as the summary model's window needs, saves each,
-# and backs off after failures. Counts are in canonical coordinates (layer 2).
+# Outlet hands the branch it saw to the BackgroundSummarizer and returns at once. The summarizer decides whether
+# the next request would be over the trigger, takes the chat's lease (one worker per chat, across replicas), folds
+# in as many rounds as the summary model's window needs, saves each, and backs off after failures. Counts are in
+# canonical coordinates (layer 2).
 
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
@@ -4142,9 +4141,8 @@ NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
 
 @dataclass
 class ChatState:
-    """What this worker remembers of one conversation between its requests.
-    Nothing here decides what a status line says (a function of the request,
-    so every worker and replica says the same for the same turn)."""
+    """What this worker remembers of one conversation between its requests. Nothing here decides what a status
+    line says (a function of the request, so every worker and replica says the same for the same turn)."""
 
     overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
     inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
@@ -4153,8 +4151,7 @@ class ChatState:
 
 @dataclass
 class RequestContext:
-    """What one hook call knows about its request. Lives only for that call
-    and the background task it starts, never on the Filter."""
+    """What one hook call knows of its request; lives only for that call and its background task, not on the Filter."""
 
     user: dict
     user_id: str
@@ -4170,15 +4167,13 @@ class RequestContext:
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
 
     def chat_key(self) -> str:
-        """Key of this conversation in leases, locks and per-chat state: the
-        chat id, or for API calls the conversation's anchor (one user's API
-        conversations share nothing)."""
+        """Key of this conversation in leases, locks and per-chat state: the chat id, or for API calls the
+        conversation's anchor (one user's API conversations share nothing)."""
         return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
 
 
 def opening_anchor(messages: Messages) -> str:
-    """The anchor of a conversation as it came: its first two non-system
-    messages. A malformed opening (repair will drop it) gives ""."""
+    """The anchor of a conversation as it came: its first two non-system messages; "" for a malformed opening."""
     try:
         opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
         return conversation_anchor([canonical_digest(m) for m in opening])
@@ -4188,15 +4183,15 @@ def opening_anchor(messages: Messages) -> str:
 
 @dataclass(frozen=True)
 class Branch:
-    """The branch outlet saw, in canonical coordinates: the repaired
-    non-system messages, their stored ids and digests, the conversation's anchor."""
+    """The branch outlet saw, in canonical coordinates: the repaired non-system messages, their stored ids and
+    digests, the conversation's anchor."""
 
     messages: Messages
     ids: list
     digests: list
     anchor: str
-    # Open WebUI's own summary of what precedes ``messages`` (after /compact):
-    # the previous summary of a branch with none of this filter's yet
+    # Open WebUI's own summary of what precedes ``messages`` (after /compact): the previous summary of a branch
+    # with none of this filter's yet
     base: Optional[SummaryRecord] = None
 
     @classmethod
@@ -4205,9 +4200,8 @@ class Branch:
         return cls(canon, ids, digests, conversation_anchor(digests))
 
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
-        """The branch as inlet receives it once Open WebUI's own compaction
-        cut it at ``message_id`` (kept), the core's summary as its base; None
-        when that message is not on this branch."""
+        """The branch as inlet receives it once Open WebUI's own compaction cut it at ``message_id`` (kept), the
+        core's summary as its base; None when that message is not on this branch."""
         try:
             cut = self.ids.index(message_id)
         except ValueError:
@@ -4219,8 +4213,7 @@ class Branch:
 
 @dataclass(frozen=True)
 class FoldPlan:
-    """Fold canonical messages [start, target) into ``previous`` (None: the
-    first summary), keeping [0, head) verbatim."""
+    """Fold canonical messages [start, target) into ``previous`` (None: a first summary), keep [0, head) verbatim."""
 
     previous: Optional[SummaryRecord]
     head: int
@@ -4229,23 +4222,20 @@ class FoldPlan:
 
 
 def fold_deadline(s: Settings) -> int:
-    """Tokens of the next request past which a summary is written even if it
-    cannot fold down to the low water mark: halfway from the trigger to the
-    cap (ready before trimming); without a cap twice the trigger."""
+    """Tokens of the next request past which a summary is written even if it cannot fold down to the low water
+    mark: halfway from the trigger to the cap (ready before trimming); without a cap twice the trigger."""
     if s.max_context <= s.trigger_tokens:
         return 2 * s.trigger_tokens
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
 
 
 class _LeaseLost(Exception):
-    """The chat's lease was taken over while summarizing (after an outage
-    longer than its TTL): stop without saving."""
+    """The chat's lease was taken over while summarizing (after an outage longer than its TTL): stop, never save."""
 
 
 class BackgroundSummarizer:
-    """Owns what summarizing needs: the store, the token counter, the
-    completion call, one lock per chat and the running tasks. Shared by every
-    request; per-chat tables are bounded."""
+    """Owns what summarizing needs: the store, the token counter, the completion call, one lock per chat and the
+    running tasks. Shared by every request; per-chat tables are bounded."""
 
     def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
@@ -4261,9 +4251,8 @@ class BackgroundSummarizer:
         return self.chats.setdefault(ctx.chat_key(), ChatState())
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
-        """Remembers what a request sent; returns it as its line states it (the
-        request hook's completed with inlet's; settings notes on turns 1, 11,
-        21, ...: seen, yet not under every reply), or None when no line is due."""
+        """Remembers what a request sent; returns it as its line states it (the request hook's completed with
+        inlet's; settings notes on turns 1, 11, 21, ...: seen, yet not under every reply), or None when none is due."""
         state = self.chat(ctx)
         if not inlet:
             sent = sent.after(state.inlet_sent)
@@ -4302,8 +4291,8 @@ class BackgroundSummarizer:
 
     # -- tasks ------------------------------------------------------------
     def spawn(self, work: Awaitable) -> None:
-        """Runs ``work`` (a summary, or the model-token samples' save) in the
-        background; past MAX_BACKGROUND_TASKS it waits for a later turn."""
+        """Runs ``work`` (a summary, or the model-token samples' save) in the background; past MAX_BACKGROUND_TASKS
+        it waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
             work.close()
             log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
@@ -4337,9 +4326,8 @@ class BackgroundSummarizer:
                 log.exception("async_context_compression: background summary failed")
 
     async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
-        """The branch from Open WebUI's latest compaction point on (what inlet
-        receives), the core's summary as its base; None when it cannot be
-        followed (a cut between tool rounds, an unreadable database)."""
+        """The branch from Open WebUI's latest compaction point on (what inlet receives), the core's summary as its
+        base; None when it cannot be followed (a cut between tool rounds, an unreadable database)."""
         try:
             found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
         except Exception as exc:
@@ -4360,11 +4348,11 @@ class BackgroundSummarizer:
                 await self._say(ctx, "summary_nothing", done=True)
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
-        # a short lease, renewed while the work runs: a killed worker's
-        # lease frees within LEASE_TTL, a live one's never expires under it
+        # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
+        # never expires under it
         async with self.store.hold(key, holder) as lease:
-            # not held: another worker has it, or failures back off; planned
-            # again under it: another may just have finished
+            # not held: another worker has it, or failures back off; planned again under it: another worker may
+            # just have finished
             plan = await self.plan(ctx, branch) if lease else None
             if plan is None:
                 return
@@ -4389,8 +4377,7 @@ class BackgroundSummarizer:
                 await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
-        """A fold when the next request would be over the trigger and enough
-        is new to be worth rewriting the summary; else None."""
+        """A fold when the next request would be over the trigger and enough is new to be worth a summary call."""
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
         previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
@@ -4424,12 +4411,10 @@ class BackgroundSummarizer:
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
-        """Fewest new tokens worth a summary call: the stretch from the low
-        water mark to the trigger, so the next rewrite is many turns away and
-        the cached prompt prefix changes rarely; and twice what each call
-        re-sends (instructions, previous summary), so the summarizer reads at
-        most ~1.5x the chat over its life. Past ``fold_deadline`` only the
-        latter: waiting longer would end in trimming, which moves the front too."""
+        """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
+        rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
+        (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
+        ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
@@ -4438,9 +4423,8 @@ class BackgroundSummarizer:
         return max(deep, 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
-        """Fold the plan's messages, every one whole, in as many rounds as the
-        summary model's window needs; a round is saved as coverage only where
-        it ends at a unit's end (a long message's pieces: after the last)."""
+        """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
+        is saved as coverage only where it ends at a unit's end (a long message's pieces: after the last)."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
@@ -4492,16 +4476,14 @@ class BackgroundSummarizer:
         return clean_summary_answer(answer)
 
     def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
-        """canon[start:target] rendered and cut into rounds that fit the
-        summary model's window with room for the longest summary; coverage
-        stops only at an atomic unit's end (a call and its results together)."""
+        """canon[start:target] rendered and cut into rounds that fit the summary model's window with room for the
+        longest summary; coverage stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
         budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
-        # a unit begun before ``start`` (a branch that grew a chain past an
-        # old boundary) contributes its remaining messages
+        # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
         return plan_rounds(blocks, budget, count, stops)
 
