@@ -4499,10 +4499,9 @@ def owui_version(version: Any) -> tuple:
 
 @lru_cache(maxsize=1)
 def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
-    so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. The version Open WebUI loaded, else the installed package's;
-    unknown (not inside Open WebUI): inlet's line is definitive."""
+    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later), so that inlet's line is not the
+    definitive one: tools and RAG are added after inlet. The version Open WebUI loaded, else the installed
+    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
     version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     if not isinstance(version, str):
         try:
@@ -4526,10 +4525,9 @@ _OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
 
 
 def open_webui_limits(version: Any = None) -> list:
-    """What the running Open WebUI lacks that this filter would use, as log
-    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
-    when Open WebUI has loaded it (never imported here: importing it has side
-    effects outside a server); unknown or unreadable: nothing is claimed."""
+    """What the running Open WebUI lacks that this filter would use, as log lines (docs/en/versions.md).
+    ``version`` defaults to ``open_webui.env.VERSION`` when Open WebUI has loaded it (never imported here:
+    importing it has side effects outside a server); unknown or unreadable: nothing is claimed."""
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     have = owui_version(version)
@@ -4542,9 +4540,8 @@ BUILTIN_CHECK_EVERY = 5.0  # seconds that answer is trusted (one config read per
 
 
 async def builtin_compaction_on(refresh: bool = True) -> bool:
-    """Whether Open WebUI's own (blocking) compaction is switched on: then
-    its compaction point and summary are where this filter's summaries start.
-    Read again when ``refresh`` and the last answer is older than BUILTIN_CHECK_EVERY."""
+    """Whether Open WebUI's own (blocking) compaction is switched on: then its compaction point and summary are where
+    this filter's summaries start. Read again when ``refresh`` and the answer is older than BUILTIN_CHECK_EVERY."""
     if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
         if not _OWUI_CONFIG:
             try:
@@ -4561,8 +4558,8 @@ async def builtin_compaction_on(refresh: bool = True) -> bool:
 
 
 async def _stored_branch(chat_id: str, ids: list) -> Messages:
-    """The branch's messages as Open WebUI's database keeps them (with the
-    ``contextSummary`` its own compaction saves, which outlet's body lacks)."""
+    """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
+    compaction saves, which outlet's body lacks)."""
     if not chat_id:
         return []
     from open_webui.models.chats import Chats  # type: ignore
@@ -4577,8 +4574,8 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
 
 
 class _TolerantValves(BaseModel):
-    """Values stored by any version, or by the older filter of the same id,
-    are carried over or ignored, never refused (layer 4)."""
+    """Values stored by any version, or by the older filter of the same id, are carried over or ignored, never
+    refused (layer 4)."""
 
     _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
