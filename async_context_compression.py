@@ -4608,8 +4608,7 @@ class Filter:
             description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
         )
         keep_first: int = Field(
-            default=1,
-            description="Leading non-system messages always kept verbatim (the chat's opening).",
+            default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
         )
         keep_last: int = Field(
             default=6,
@@ -4623,14 +4622,8 @@ class Filter:
             default=0,
             description="Context window of the summary model in tokens. 0 = take it from model_thresholds or max_context_tokens.",
         )
-        max_summary_tokens: int = Field(
-            default=2048,
-            description="Longest summary, in tokens (at least 64).",
-        )
-        summary_temperature: float = Field(
-            default=0.1,
-            description="Sampling temperature of the summary model (0-2).",
-        )
+        max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
+        summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
         summary_timeout_seconds: int = Field(
             default=120,
             description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
@@ -4652,16 +4645,14 @@ class Filter:
             description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
         )
         show_status: bool = Field(
-            default=True,
-            description="Show context usage and summary progress in the chat's status line.",
+            default=True, description="Show context usage and summary progress in the chat's status line."
         )
         status_usage_threshold: float = Field(
             default=0.0,
             description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
         )
         debug: bool = Field(
-            default=False,
-            description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
+            default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
         )
 
     class UserValves(_TolerantValves):
@@ -4692,7 +4683,6 @@ class Filter:
         __metadata__: Optional[dict] = None,
         __event_emitter__: Optional[Callable] = None,
         __model__: Optional[dict] = None,
-        __request__: Any = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
         return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
@@ -4706,13 +4696,13 @@ class Filter:
         __model__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
-        # Before every model call of a native tool loop, where inlet does not
-        # run again: the loop's growing list is repaired and capped too.
+        # Before every model call of a native tool loop, where inlet does not run again: the loop's growing list
+        # is repaired and capped too.
         return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
 
     async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
-        """Never raises into Open WebUI: on any internal error it sends the
-        safest list it can still build, at worst the request as it came."""
+        """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
+        the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
         ctx = None
@@ -4783,9 +4773,8 @@ class Filter:
         self.summaries.chat(ctx).overhead = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
-            # a guard, not a fix: fitting keeps whole turns of a repaired list
-            # (tests/unit/test_properties.py checks its output needs no repair),
-            # but a 400 from the provider would cost the user's turn
+            # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
+            # its output needs no repair), but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
             repair += again
         if repair.changed() or fit.changed() or s.debug:
@@ -4824,9 +4813,8 @@ class Filter:
     async def _lookup_summary(
         self, ctx: RequestContext, messages: Messages, canonical_count: int
     ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
-        """The stored summary this request can use, and the fault that kept
-        summaries from being read (None when none). ``canonical_count``: the
-        non-system messages of ``messages``."""
+        """The stored summary this request can use, and the fault that kept summaries from being read (None when
+        none). ``canonical_count``: the non-system messages of ``messages``."""
         if canonical_count < 3:
             return None, None
         anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
@@ -4840,14 +4828,12 @@ class Filter:
         except Exception as exc:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
             return None, Fault.STORE_DOWN
-        # a summary whose tail would open with an assistant is not used:
-        # the history, trimmed if need be, is sent instead
+        # a summary whose tail would open with an assistant is skipped: the history, trimmed if need be, is sent instead
         canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
             return None, None  # no summary yet: the history needs no fingerprint
-        # Digests only as far as a record can reach (one more, so that
-        # choose_summary sees the same limit as with every digest).
+        # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
         return choose_summary(records, digests), None
@@ -4862,8 +4848,8 @@ class Filter:
         __model__: Optional[dict] = None,
         __request__: Any = None,
     ) -> dict:
-        """Decides whether older turns should be folded into the summary and,
-        if so, starts that work in the background; returns at once."""
+        """Decides whether older turns should be folded into the summary and, if so, starts that work in the
+        background; returns at once."""
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
@@ -4889,9 +4875,8 @@ class Filter:
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
-        """Relates this reply's usage to what was counted for its request; an
-        existing chat of a model not known yet replays its earlier replies' usage
-        (once per chat, in the background)."""
+        """Relates this reply's usage to what was counted for its request; an existing chat of a model not known yet
+        replays its earlier replies' usage (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
