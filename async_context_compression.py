@@ -4202,13 +4202,11 @@ class Branch:
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
         """The branch as inlet receives it once Open WebUI's own compaction cut it at ``message_id`` (kept), the
         core's summary as its base; None when that message is not on this branch."""
-        try:
-            cut = self.ids.index(message_id)
-        except ValueError:
+        if message_id not in self.ids:
             return None
+        cut = self.ids.index(message_id)
         branch = Branch.of(self.messages[cut:], self.ids[cut:])
-        base = SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary)
-        return replace(branch, base=base)
+        return replace(branch, base=SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary))
 
 
 @dataclass(frozen=True)
@@ -4227,10 +4225,6 @@ def fold_deadline(s: Settings) -> int:
     if s.max_context <= s.trigger_tokens:
         return 2 * s.trigger_tokens
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
-
-
-class _LeaseLost(Exception):
-    """The chat's lease was taken over while summarizing (after an outage longer than its TTL): stop, never save."""
 
 
 class BackgroundSummarizer:
@@ -4316,9 +4310,8 @@ class BackgroundSummarizer:
                 if await builtin_compaction_on():
                     log_notes_once([note("n_builtin_on")])
                     branch = await self._after_builtin_checkpoint(ctx, branch)
-                    if branch is None:
-                        return
-                await self._summarize_if_needed(ctx, branch, key)
+                if branch is not None:
+                    await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
                 if exc.fault.key:
                     await self._say(ctx, "summaries_down", done=True, reason=exc.fault)
@@ -4359,13 +4352,14 @@ class BackgroundSummarizer:
             try:
                 await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
                 record = await self._fold(ctx, branch, plan, lease)
+                if record is None:  # the lease was taken over (after an outage longer than its TTL)
+                    log.info("async_context_compression chat=%s: lease taken over; another worker goes on", ctx.chat_id)
+                    return
                 covered = record.covered_count - record.head_count
                 await self._say(ctx, "summary_done", done=True, messages=covered)
                 if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
                     source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
                     await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
-            except _LeaseLost:
-                log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
             except SummaryError as exc:
                 delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
                 log.warning(
@@ -4391,9 +4385,8 @@ class BackgroundSummarizer:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        if fresh < self._worth_folding(s, previous, used) and not (
-            s.max_context and used > s.max_context or ctx.force_summary
-        ):
+        urgent = ctx.force_summary or (s.max_context and used > s.max_context)
+        if not urgent and fresh < self._worth_folding(s, previous, used):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -4422,27 +4415,24 @@ class BackgroundSummarizer:
         deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
         return max(deep, 2 * resent)
 
-    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
+    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any) -> Optional[SummaryRecord]:
         """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
-        is saved as coverage only where it ends at a unit's end (a long message's pieces: after the last)."""
+        is saved as coverage only where it ends at a unit's end (a long message's pieces: after the last). None
+        when the chat's lease is lost meanwhile: another worker holds it now, never save over its work."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
         rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
-        record, calls, at_coverage = None, 0, True
-        for summary_round in rounds:
+        record, at_coverage = None, True
+        for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
                 break  # the rest waits for a later turn (never mid-message: that would start it over)
-            calls += 1
-            messages = build_summarizer_messages(
-                summary, summary_round.texts(), s.max_summary_tokens, s.summary_style, s.summary_prompt
-            )
-            summary = await self._ask(ctx, messages)
+            summary = await self._ask(ctx, summary, summary_round.texts())
             at_coverage = summary_round.covered is not None
             if not at_coverage:
                 continue  # part of a message: coverage waits for its last piece
             if getattr(lease, "lost", False):
-                raise _LeaseLost()  # another worker holds the chat now: never save over its work
+                return None  # another worker holds the chat now
             end = plan.start + summary_round.covered
             record = SummaryRecord(
                 user_id=ctx.user_id,
@@ -4461,8 +4451,10 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
 
-    async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
+    async def _ask(self, ctx: RequestContext, summary: str, texts: list) -> str:
+        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in."""
         s = ctx.settings
+        messages = build_summarizer_messages(summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt)
         args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
         extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
@@ -4750,9 +4742,8 @@ class Filter:
         )
 
     async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
-        body = {**body, "messages": explain_summarize_command(body["messages"])}
         s = ctx.settings
-        messages, repair = await repair_request(body["messages"])
+        messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
         builtin = has_builtin_summary(systems)
@@ -4897,8 +4888,7 @@ class Filter:
         def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
             return TOKENS_PER_REQUEST + sum(self.counter.measure(prefix, s.encoding, True))
 
-        ratios = await asyncio.to_thread(replayed_samples, list(stored), count, s.trigger_tokens)
-        for ratio in ratios:
+        for ratio in await asyncio.to_thread(replayed_samples, list(stored), count, s.trigger_tokens):
             self.tokens.add(ctx.model_id, "replayed", ratio)
         await self._save_ratios()
 
