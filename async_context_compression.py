@@ -4183,8 +4183,7 @@ def opening_anchor(messages: Messages) -> str:
 
 @dataclass(frozen=True)
 class Branch:
-    """The branch outlet saw, in canonical coordinates: the repaired non-system messages, their stored ids and
-    digests, the conversation's anchor."""
+    """The branch outlet saw, in canonical coordinates: its repaired non-system messages with their ids and digests."""
 
     messages: Messages
     ids: list
@@ -4228,8 +4227,7 @@ def fold_deadline(s: Settings) -> int:
 
 
 class BackgroundSummarizer:
-    """Owns what summarizing needs: the store, the token counter, the completion call, one lock per chat and the
-    running tasks. Shared by every request; per-chat tables are bounded."""
+    """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
 
     def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
@@ -4285,8 +4283,7 @@ class BackgroundSummarizer:
 
     # -- tasks ------------------------------------------------------------
     def spawn(self, work: Awaitable) -> None:
-        """Runs ``work`` (a summary, or the model-token samples' save) in the background; past MAX_BACKGROUND_TASKS
-        it waits for a later turn."""
+        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped and waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
             work.close()
             log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
@@ -4491,9 +4488,8 @@ def owui_version(version: Any) -> tuple:
 
 @lru_cache(maxsize=1)
 def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later), so that inlet's line is not the
-    definitive one: tools and RAG are added after inlet. The version Open WebUI loaded, else the installed
-    package's; unknown (not inside Open WebUI): inlet's line is definitive."""
+    """Whether Open WebUI (0.11.2+) calls ``request`` after inlet, whose line then is not the definitive one (tools
+    and RAG come later). Version: the loaded one, else the installed package's; unknown: inlet's line is definitive."""
     version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     if not isinstance(version, str):
         try:
@@ -4839,8 +4835,7 @@ class Filter:
         __model__: Optional[dict] = None,
         __request__: Any = None,
     ) -> dict:
-        """Decides whether older turns should be folded into the summary and, if so, starts that work in the
-        background; returns at once."""
+        """Starts folding older turns into the summary in the background when due; returns at once."""
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
