@@ -4271,8 +4271,7 @@ class BackgroundSummarizer:
     def next_request_tokens(
         self, ctx: RequestContext, canon: Messages, summary: Optional[str] = None, head: int = 0, start: int = 0
     ) -> int:
-        """Tokens of the request inlet would send next: head, summary, tail, and what the chat's requests
-        carry besides them (layer 3); without ``summary`` the whole of ``canon``."""
+        """Tokens of the request inlet would send next (layer 3): head, summary, tail; no summary: all of ``canon``."""
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
         return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
 
@@ -4513,9 +4512,8 @@ _OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
 
 
 def open_webui_limits(version: Any = None) -> list:
-    """What the running Open WebUI lacks that this filter would use, as log lines (docs/en/versions.md).
-    ``version`` defaults to ``open_webui.env.VERSION`` when Open WebUI has loaded it (never imported here:
-    importing it has side effects outside a server); unknown or unreadable: nothing is claimed."""
+    """What the running Open WebUI lacks that this filter would use, as log lines (docs/en/versions.md); ``version``
+    defaults to ``open_webui.env.VERSION`` once loaded (never imported: side effects); unknown: nothing is claimed."""
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     have = owui_version(version)
