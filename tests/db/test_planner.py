@@ -30,7 +30,9 @@ async def test_next_request_counts_the_summary_once(db):
         {"model": MODEL, "messages": sent}, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1"
     )
     canon = [m for m in sent if m["role"] != "system"]
-    planned = w.filter.summaries.next_request_tokens(ctx, canon, record.summary, record.head_count, record.covered_count)
+    planned = w.filter.summaries.next_request_tokens(
+        ctx, canon, record.summary, record.head_count, record.covered_count
+    )
     summary_tokens = w.filter.counter.text_tokens(record.summary, "cl100k_base")
     assert summary_tokens > 300  # large enough that counting it twice shows
     # estimates may add their margin, never a second summary
@@ -49,7 +51,9 @@ async def test_tool_schemas_seen_by_request_count_in_the_next_request(db):
     await w.filter.request(body, __user__=dict(ALICE), __metadata__={"chat_id": "chat-1"}, __chat_id__="chat-1")
     ctx = await w.filter._context(body, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1")
     canon = [m for m in sent if m["role"] != "system"]
-    planned = w.filter.summaries.next_request_tokens(ctx, canon, record.summary, record.head_count, record.covered_count)
+    planned = w.filter.summaries.next_request_tokens(
+        ctx, canon, record.summary, record.head_count, record.covered_count
+    )
     with_tools = messages_tokens(w.filter.counter, view, "cl100k_base") + w.filter.counter.tools_tokens(
         tools, "cl100k_base"
     )
