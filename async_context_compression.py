@@ -4665,6 +4665,7 @@ class Filter:
         __metadata__: Optional[dict] = None,
         __event_emitter__: Optional[Callable] = None,
         __model__: Optional[dict] = None,
+        __request__: Any = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
         return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
