@@ -4254,8 +4254,7 @@ class BackgroundSummarizer:
         state.last_sent = sent
         if not ctx.settings.show_status:
             return None
-        due = sent.turn % NOTES_EVERY == 1
-        return replace(sent, notes=ctx.settings.warnings if due else ())
+        return replace(sent, notes=ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ())
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
