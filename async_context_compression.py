@@ -4040,11 +4040,10 @@ async def _emit_after(previous: Optional[asyncio.Task], emitter: Optional[Callab
 # ---------------------------------------------------------------------------
 # 8. Background summaries: plan, lease, fold in rounds, save, back off
 # ---------------------------------------------------------------------------
-# Outlet hands the branch it saw to the BackgroundSummarizer and returns at
-# once. The summarizer decides whether the next request would be over the
-# trigger, takes the chat's lease (one worker per chat, across replicas),
-# folds in as many rounds as the summary model's window needs, saves each,
-# and backs off after failures. Counts are in canonical coordinates (layer 2).
+# Outlet hands the branch it saw to the BackgroundSummarizer and returns at once. The summarizer decides whether
+# the next request would be over the trigger, takes the chat's lease (one worker per chat, across replicas), folds
+# in as many rounds as the summary model's window needs, saves each, and backs off after failures. Counts are in
+# canonical coordinates (layer 2).
 
 STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
@@ -4056,9 +4055,8 @@ NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
 
 @dataclass
 class ChatState:
-    """What this worker remembers of one conversation between its requests.
-    Nothing here decides what a status line says (a function of the request,
-    so every worker and replica says the same for the same turn)."""
+    """What this worker remembers of one conversation between its requests. Nothing here decides what a status
+    line says (a function of the request, so every worker and replica says the same for the same turn)."""
 
     overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
     inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
@@ -4068,8 +4066,7 @@ class ChatState:
 
 @dataclass
 class RequestContext:
-    """What one hook call knows about its request. Lives only for that call
-    and the background task it starts, never on the Filter."""
+    """What one hook call knows of its request; lives only for that call and its background task, not on the Filter."""
 
     user: dict
     user_id: str
@@ -4085,15 +4082,13 @@ class RequestContext:
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
 
     def chat_key(self) -> str:
-        """Key of this conversation in leases, locks and per-chat state: the
-        chat id, or for API calls the conversation's anchor (one user's API
-        conversations share nothing)."""
+        """Key of this conversation in leases, locks and per-chat state: the chat id, or for API calls the
+        conversation's anchor (one user's API conversations share nothing)."""
         return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
 
 
 def opening_anchor(messages: Messages) -> str:
-    """The anchor of a conversation as it came: its first two non-system
-    messages. A malformed opening (repair will drop it) gives ""."""
+    """The anchor of a conversation as it came: its first two non-system messages; "" for a malformed opening."""
     try:
         opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
         return conversation_anchor([canonical_digest(m) for m in opening])
@@ -4103,15 +4098,14 @@ def opening_anchor(messages: Messages) -> str:
 
 @dataclass(frozen=True)
 class Branch:
-    """The branch outlet saw, in canonical coordinates: the repaired
-    non-system messages, their stored ids and digests, the conversation's anchor."""
+    """The branch outlet saw, in canonical coordinates: its repaired non-system messages with their ids and digests."""
 
     messages: Messages
     ids: list
     digests: list
     anchor: str
-    # Open WebUI's own summary of what precedes ``messages`` (after /compact):
-    # the previous summary of a branch with none of this filter's yet
+    # Open WebUI's own summary of what precedes ``messages`` (after /compact): the previous summary of a branch
+    # with none of this filter's yet
     base: Optional[SummaryRecord] = None
 
     @classmethod
@@ -4120,22 +4114,18 @@ class Branch:
         return cls(canon, ids, digests, conversation_anchor(digests))
 
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
-        """The branch as inlet receives it once Open WebUI's own compaction
-        cut it at ``message_id`` (kept), the core's summary as its base; None
-        when that message is not on this branch."""
-        try:
-            cut = self.ids.index(message_id)
-        except ValueError:
+        """The branch as inlet receives it once Open WebUI's own compaction cut it at ``message_id`` (kept), the
+        core's summary as its base; None when that message is not on this branch."""
+        if message_id not in self.ids:
             return None
+        cut = self.ids.index(message_id)
         branch = Branch.of(self.messages[cut:], self.ids[cut:])
-        base = SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary)
-        return replace(branch, base=base)
+        return replace(branch, base=SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary))
 
 
 @dataclass(frozen=True)
 class FoldPlan:
-    """Fold canonical messages [start, target) into ``previous`` (None: the
-    first summary), keeping [0, head) verbatim."""
+    """Fold canonical messages [start, target) into ``previous`` (None: a first summary), keep [0, head) verbatim."""
 
     previous: Optional[SummaryRecord]
     head: int
@@ -4144,23 +4134,15 @@ class FoldPlan:
 
 
 def fold_deadline(s: Settings) -> int:
-    """Tokens of the next request past which a summary is written even if it
-    cannot fold down to the low water mark: halfway from the trigger to the
-    cap (ready before trimming); without a cap twice the trigger."""
+    """Tokens of the next request past which a summary is written even if it cannot fold down to the low water
+    mark: halfway from the trigger to the cap (ready before trimming); without a cap twice the trigger."""
     if s.max_context <= s.trigger_tokens:
         return 2 * s.trigger_tokens
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
 
 
-class _LeaseLost(Exception):
-    """The chat's lease was taken over while summarizing (after an outage
-    longer than its TTL): stop without saving."""
-
-
 class BackgroundSummarizer:
-    """Owns what summarizing needs: the store, the token counter, the
-    completion call, one lock per chat and the running tasks. Shared by every
-    request; per-chat tables are bounded."""
+    """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
 
     def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
@@ -4174,14 +4156,11 @@ class BackgroundSummarizer:
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
-        if ctx.chat_key() not in self.chats:
-            self.chats[ctx.chat_key()] = ChatState()
-        return self.chats[ctx.chat_key()]
+        return self.chats.setdefault(ctx.chat_key(), ChatState())
 
     def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
-        """Remembers what a request sent; returns it as its line states it (the
-        request hook's completed with inlet's; settings notes on turns 1, 11,
-        21, ...: seen, yet not under every reply), or None when no line is due."""
+        """Remembers what a request sent; returns it as its line states it (the request hook's completed with
+        inlet's; settings notes on turns 1, 11, 21, ...: seen, yet not under every reply), or None when none is due."""
         state = self.chat(ctx)
         if not inlet:
             sent = sent.after(state.inlet_sent)
@@ -4191,8 +4170,7 @@ class BackgroundSummarizer:
         state.last_sent = sent
         if not ctx.settings.show_status:
             return None
-        due = sent.turn % NOTES_EVERY == 1
-        return replace(sent, notes=ctx.settings.warnings if due else ())
+        return replace(sent, notes=ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ())
 
     def say_soon(self, ctx: RequestContext, line: str) -> None:
         """Writes a request's status line while the model answers: Open WebUI
@@ -4219,36 +4197,22 @@ class BackgroundSummarizer:
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
 
-    async def _show_summary(self, ctx: RequestContext, record: SummaryRecord) -> None:
-        """The summary's whole text under the reply, as a source entry."""
-        if ctx.settings.show_status:
-            source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
-            covered = record.covered_count - record.head_count
-            await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
-
     # -- the next request, counted one way --------------------------------
-    def _request_tokens(self, ctx: RequestContext, conversation: Messages) -> int:
-        """``conversation`` and what the chat's requests carry besides it (layer 3)."""
-        return count_request(self.counter, conversation, ctx.settings.encoding, self.chat(ctx).overhead)
-
     def next_request_tokens(
-        self, ctx: RequestContext, branch: Branch, summary: Optional[str], head: int, start: int
+        self, ctx: RequestContext, canon: Messages, summary: Optional[str] = None, head: int = 0, start: int = 0
     ) -> int:
-        """Tokens of the request inlet would send next: head, summary, tail."""
-        canon = branch.messages
+        """Tokens of the request inlet would send next (layer 3): head, summary, tail; no summary: all of ``canon``."""
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return self._request_tokens(ctx, kept)
+        return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """Whether the next request would be over the trigger without any
-        summary: an upper bound of ``plan``'s count, so chats below it cost no
-        database read and no digests."""
-        return self._request_tokens(ctx, canon) > ctx.settings.trigger_tokens
+        """Whether the next request would be over the trigger without any summary: an upper bound of
+        ``plan``'s count, so chats below it cost no database read and no digests."""
+        return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
     def spawn(self, work: Awaitable) -> None:
-        """Runs ``work`` (a summary, or the model-token samples' save) in the
-        background; past MAX_BACKGROUND_TASKS it waits for a later turn."""
+        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped and waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
             work.close()
             log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
@@ -4272,9 +4236,8 @@ class BackgroundSummarizer:
                 if await builtin_compaction_on():
                     log_notes_once([note("n_builtin_on")])
                     branch = await self._after_builtin_checkpoint(ctx, branch)
-                    if branch is None:
-                        return
-                await self._summarize_if_needed(ctx, branch, key)
+                if branch is not None:
+                    await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
                 if exc.fault.key:
                     await self._say(ctx, "summaries_down", done=True, reason=exc.fault)
@@ -4282,9 +4245,8 @@ class BackgroundSummarizer:
                 log.exception("async_context_compression: background summary failed")
 
     async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
-        """The branch from Open WebUI's latest compaction point on (what inlet
-        receives), the core's summary as its base; None when it cannot be
-        followed (a cut between tool rounds, an unreadable database)."""
+        """The branch from Open WebUI's latest compaction point on (what inlet receives), the core's summary as its
+        base; None when it cannot be followed (a cut between tool rounds, an unreadable database)."""
         try:
             found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
         except Exception as exc:
@@ -4305,21 +4267,25 @@ class BackgroundSummarizer:
                 await self._say(ctx, "summary_nothing", done=True)
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
-        # a short lease, renewed while the work runs: a killed worker's
-        # lease frees within LEASE_TTL, a live one's never expires under it
+        # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
+        # never expires under it
         async with self.store.hold(key, holder) as lease:
-            # not held: another worker has it, or failures back off; planned
-            # again under it: another may just have finished
+            # not held: another worker has it, or failures back off; planned again under it: another worker may
+            # just have finished
             plan = await self.plan(ctx, branch) if lease else None
             if plan is None:
                 return
             try:
                 await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
                 record = await self._fold(ctx, branch, plan, lease)
-                await self._say(ctx, "summary_done", done=True, messages=record.covered_count - record.head_count)
-                await self._show_summary(ctx, record)
-            except _LeaseLost:
-                log.info("async_context_compression chat=%s: lease taken over; the other worker goes on", ctx.chat_id)
+                if record is None:  # the lease was taken over (after an outage longer than its TTL)
+                    log.info("async_context_compression chat=%s: lease taken over; another worker goes on", ctx.chat_id)
+                    return
+                covered = record.covered_count - record.head_count
+                await self._say(ctx, "summary_done", done=True, messages=covered)
+                if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
+                    source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
+                    await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
             except SummaryError as exc:
                 delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
                 log.warning(
@@ -4331,14 +4297,13 @@ class BackgroundSummarizer:
                 await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
-        """A fold when the next request would be over the trigger and enough
-        is new to be worth rewriting the summary; else None."""
+        """A fold when the next request would be over the trigger and enough is new to be worth a summary call."""
         s, canon = ctx.settings, branch.messages
         records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
         previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
         head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
         start = previous.covered_count if previous else head
-        used = self.next_request_tokens(ctx, branch, previous.summary if previous else None, head, start)
+        used = self.next_request_tokens(ctx, canon, previous.summary if previous else None, head, start)
         if used <= s.trigger_tokens and not ctx.force_summary:
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
@@ -4346,9 +4311,8 @@ class BackgroundSummarizer:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        if fresh < self._worth_folding(s, previous, used) and not (
-            s.max_context and used > s.max_context or ctx.force_summary
-        ):
+        urgent = ctx.force_summary or (s.max_context and used > s.max_context)
+        if not urgent and fresh < self._worth_folding(s, previous, used):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -4366,12 +4330,10 @@ class BackgroundSummarizer:
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
     def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
-        """Fewest new tokens worth a summary call: the stretch from the low
-        water mark to the trigger, so the next rewrite is many turns away and
-        the cached prompt prefix changes rarely; and twice what each call
-        re-sends (instructions, previous summary), so the summarizer reads at
-        most ~1.5x the chat over its life. Past ``fold_deadline`` only the
-        latter: waiting longer would end in trimming, which moves the front too."""
+        """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
+        rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
+        (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
+        ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
@@ -4379,28 +4341,24 @@ class BackgroundSummarizer:
         deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
         return max(deep, 2 * resent)
 
-    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any = None) -> SummaryRecord:
-        """Fold the plan's messages, every one whole, in as many rounds as the
-        summary model's window needs; a round is saved as coverage only where
-        it ends at a unit's end (a long message's pieces: after the last)."""
+    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any) -> Optional[SummaryRecord]:
+        """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
+        is saved as coverage only where it ends at a unit's end (a long message's pieces: after the last). None
+        when the chat's lease is lost meanwhile: another worker holds it now, never save over its work."""
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
         rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
-        record, calls, at_coverage = None, 0, True
-        for summary_round in rounds:
+        record, at_coverage = None, True
+        for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
                 break  # the rest waits for a later turn (never mid-message: that would start it over)
-            calls += 1
-            messages = build_summarizer_messages(
-                summary, summary_round.texts(), s.max_summary_tokens, s.summary_style, s.summary_prompt
-            )
-            summary = await self._ask(ctx, messages)
+            summary = await self._ask(ctx, summary, summary_round.texts())
             at_coverage = summary_round.covered is not None
             if not at_coverage:
                 continue  # part of a message: coverage waits for its last piece
             if getattr(lease, "lost", False):
-                raise _LeaseLost()  # another worker holds the chat now: never save over its work
+                return None  # another worker holds the chat now
             end = plan.start + summary_round.covered
             record = SummaryRecord(
                 user_id=ctx.user_id,
@@ -4419,8 +4377,10 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
 
-    async def _ask(self, ctx: RequestContext, messages: Messages) -> str:
+    async def _ask(self, ctx: RequestContext, summary: str, texts: list) -> str:
+        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in."""
         s = ctx.settings
+        messages = build_summarizer_messages(summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt)
         args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
         extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
@@ -4434,16 +4394,14 @@ class BackgroundSummarizer:
         return clean_summary_answer(answer)
 
     def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
-        """canon[start:target] rendered and cut into rounds that fit the
-        summary model's window with room for the longest summary; coverage
-        stops only at an atomic unit's end (a call and its results together)."""
+        """canon[start:target] rendered and cut into rounds that fit the summary model's window with room for the
+        longest summary; coverage stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
         budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
-        # a unit begun before ``start`` (a branch that grew a chain past an
-        # old boundary) contributes its remaining messages
+        # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
         return plan_rounds(blocks, budget, count, stops)
 
@@ -4459,10 +4417,8 @@ def owui_version(version: Any) -> tuple:
 
 @lru_cache(maxsize=1)
 def request_hook_follows() -> bool:
-    """Whether Open WebUI calls ``request`` after inlet (0.11.2 and later),
-    so that inlet's line is not the definitive one: tools and RAG are added
-    after inlet. The version Open WebUI loaded, else the installed package's;
-    unknown (not inside Open WebUI): inlet's line is definitive."""
+    """Whether Open WebUI (0.11.2+) calls ``request`` after inlet, whose line then is not the definitive one (tools
+    and RAG come later). Version: the loaded one, else the installed package's; unknown: inlet's line is definitive."""
     version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     if not isinstance(version, str):
         try:
@@ -4486,10 +4442,8 @@ _OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
 
 
 def open_webui_limits(version: Any = None) -> list:
-    """What the running Open WebUI lacks that this filter would use, as log
-    lines (docs/en/versions.md). ``version`` defaults to ``open_webui.env.VERSION``
-    when Open WebUI has loaded it (never imported here: importing it has side
-    effects outside a server); unknown or unreadable: nothing is claimed."""
+    """What the running Open WebUI lacks that this filter would use, as log lines (docs/en/versions.md); ``version``
+    defaults to ``open_webui.env.VERSION`` once loaded (never imported: side effects); unknown: nothing is claimed."""
     if version is None:
         version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
     have = owui_version(version)
@@ -4502,9 +4456,8 @@ BUILTIN_CHECK_EVERY = 5.0  # seconds that answer is trusted (one config read per
 
 
 async def builtin_compaction_on(refresh: bool = True) -> bool:
-    """Whether Open WebUI's own (blocking) compaction is switched on: then
-    its compaction point and summary are where this filter's summaries start.
-    Read again when ``refresh`` and the last answer is older than BUILTIN_CHECK_EVERY."""
+    """Whether Open WebUI's own (blocking) compaction is switched on: then its compaction point and summary are where
+    this filter's summaries start. Read again when ``refresh`` and the answer is older than BUILTIN_CHECK_EVERY."""
     if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
         if not _OWUI_CONFIG:
             try:
@@ -4521,8 +4474,8 @@ async def builtin_compaction_on(refresh: bool = True) -> bool:
 
 
 async def _stored_branch(chat_id: str, ids: list) -> Messages:
-    """The branch's messages as Open WebUI's database keeps them (with the
-    ``contextSummary`` its own compaction saves, which outlet's body lacks)."""
+    """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
+    compaction saves, which outlet's body lacks)."""
     if not chat_id:
         return []
     from open_webui.models.chats import Chats  # type: ignore
@@ -4537,8 +4490,8 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
 
 
 class _TolerantValves(BaseModel):
-    """Values stored by any version, or by the older filter of the same id,
-    are carried over or ignored, never refused (layer 4)."""
+    """Values stored by any version, or by the older filter of the same id, are carried over or ignored, never
+    refused (layer 4)."""
 
     _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
@@ -4571,8 +4524,7 @@ class Filter:
             description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
         )
         keep_first: int = Field(
-            default=1,
-            description="Leading non-system messages always kept verbatim (the chat's opening).",
+            default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
         )
         keep_last: int = Field(
             default=6,
@@ -4586,14 +4538,8 @@ class Filter:
             default=0,
             description="Context window of the summary model in tokens. 0 = take it from model_thresholds or max_context_tokens.",
         )
-        max_summary_tokens: int = Field(
-            default=2048,
-            description="Longest summary, in tokens (at least 64).",
-        )
-        summary_temperature: float = Field(
-            default=0.1,
-            description="Sampling temperature of the summary model (0-2).",
-        )
+        max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
+        summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
         summary_timeout_seconds: int = Field(
             default=120,
             description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
@@ -4615,16 +4561,14 @@ class Filter:
             description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
         )
         show_status: bool = Field(
-            default=True,
-            description="Show context usage and summary progress in the chat's status line.",
+            default=True, description="Show context usage and summary progress in the chat's status line."
         )
         status_usage_threshold: float = Field(
             default=0.0,
             description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
         )
         debug: bool = Field(
-            default=False,
-            description="Log every decision (context sizes, summaries chosen, trims) at INFO level.",
+            default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
         )
 
     class UserValves(_TolerantValves):
@@ -4639,13 +4583,9 @@ class Filter:
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
-    @property
-    def counter(self) -> TokenCounter:  # owned by the summarizer (tests swap ``summaries.counter``)
-        return self.summaries.counter
-
-    @property
-    def store(self) -> "SummaryStore":
-        return self.summaries.store
+    # the summarizer owns both (tests swap ``summaries.counter`` and ``summaries.store``)
+    counter = property(lambda self: self.summaries.counter)
+    store = property(lambda self: self.summaries.store)
 
     # -- inlet / request ---------------------------------------------------
     async def inlet(
@@ -4669,13 +4609,13 @@ class Filter:
         __model__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
-        # Before every model call of a native tool loop, where inlet does not
-        # run again: the loop's growing list is repaired and capped too.
+        # Before every model call of a native tool loop, where inlet does not run again: the loop's growing list
+        # is repaired and capped too.
         return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
 
     async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
-        """Never raises into Open WebUI: on any internal error it sends the
-        safest list it can still build, at worst the request as it came."""
+        """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
+        the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
         ctx = None
@@ -4723,9 +4663,8 @@ class Filter:
         )
 
     async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
-        body = {**body, "messages": explain_summarize_command(body["messages"])}
         s = ctx.settings
-        messages, repair = await repair_request(body["messages"])
+        messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
         builtin = has_builtin_summary(systems)
@@ -4746,9 +4685,8 @@ class Filter:
         self.summaries.chat(ctx).overhead = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
         if fit.changed():
-            # a guard, not a fix: fitting keeps whole turns of a repaired list
-            # (tests/unit/test_properties.py checks its output needs no repair),
-            # but a 400 from the provider would cost the user's turn
+            # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
+            # its output needs no repair), but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
             repair += again
         if repair.changed() or fit.changed() or s.debug:
@@ -4787,9 +4725,8 @@ class Filter:
     async def _lookup_summary(
         self, ctx: RequestContext, messages: Messages, canonical_count: int
     ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
-        """The stored summary this request can use, and the fault that kept
-        summaries from being read (None when none). ``canonical_count``: the
-        non-system messages of ``messages``."""
+        """The stored summary this request can use, and the fault that kept summaries from being read (None when
+        none). ``canonical_count``: the non-system messages of ``messages``."""
         if canonical_count < 3:
             return None, None
         anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
@@ -4803,14 +4740,12 @@ class Filter:
         except Exception as exc:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
             return None, Fault.STORE_DOWN
-        # a summary whose tail would open with an assistant is not used:
-        # the history, trimmed if need be, is sent instead
+        # a summary whose tail would open with an assistant is skipped: the history, trimmed if need be, is sent instead
         canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
             return None, None  # no summary yet: the history needs no fingerprint
-        # Digests only as far as a record can reach (one more, so that
-        # choose_summary sees the same limit as with every digest).
+        # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
         return choose_summary(records, digests), None
@@ -4825,8 +4760,7 @@ class Filter:
         __model__: Optional[dict] = None,
         __request__: Any = None,
     ) -> dict:
-        """Decides whether older turns should be folded into the summary and,
-        if so, starts that work in the background; returns at once."""
+        """Starts folding older turns into the summary in the background when due; returns at once."""
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
@@ -4853,9 +4787,8 @@ class Filter:
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
     def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
-        """Relates this reply's usage to what was counted for its request; an
-        existing chat of a model not known yet replays its earlier replies' usage
-        (once per chat, in the background)."""
+        """Relates this reply's usage to what was counted for its request; an existing chat of a model not known yet
+        replays its earlier replies' usage (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
@@ -4876,8 +4809,7 @@ class Filter:
         def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
             return TOKENS_PER_REQUEST + sum(self.counter.measure(prefix, s.encoding, True))
 
-        ratios = await asyncio.to_thread(replayed_samples, list(stored), count, s.trigger_tokens)
-        for ratio in ratios:
+        for ratio in await asyncio.to_thread(replayed_samples, list(stored), count, s.trigger_tokens):
             self.tokens.add(ctx.model_id, "replayed", ratio)
         await self._save_ratios()
 

@@ -15,6 +15,7 @@ import asyncio
 import copy
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -461,6 +462,35 @@ async def test_worker_that_finds_the_work_done_releases_its_lease(db):
     longer = chat + stored_chat(range(8, 14))
     await fast.outlet(longer)
     assert len(fast.summarizer.calls) == 2
+
+
+class LeaseTakenOver:
+    """A store whose lease heartbeat (every 50 ms) finds the lease taken over,
+    as after an outage longer than its TTL."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def renew(self, *args, **kwargs):
+        return False
+
+    def hold(self, scope, holder):
+        return acc.SummaryStore.hold(self, scope, holder, renew_every=0.05)
+
+
+async def test_a_lease_taken_over_during_the_fold_saves_nothing(db, caplog):
+    w = Worker(db, store=LeaseTakenOver(db.store()), summarizer=FakeSummarizer(delay=0.3))
+    chat = stored_chat(range(8))
+    with caplog.at_level(logging.INFO, logger="async_context_compression"):
+        await w.outlet(chat)
+    assert len(w.summarizer.calls) == 1  # the answer came after the lease was lost
+    assert await w.records(chat) == []  # never saved over the other worker's work
+    assert any("lease taken over" in r.getMessage() for r in caplog.records)
+    assert any(s.startswith("Summarizing") for s in w.statuses())
+    assert not any("Summary updated" in s for s in w.statuses())
 
 
 # -- failures ---------------------------------------------------------------------

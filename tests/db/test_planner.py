@@ -30,9 +30,8 @@ async def test_next_request_counts_the_summary_once(db):
         {"model": MODEL, "messages": sent}, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1"
     )
     canon = [m for m in sent if m["role"] != "system"]
-    branch = acc.Branch.of(canon, [None] * len(canon))
     planned = w.filter.summaries.next_request_tokens(
-        ctx, branch, record.summary, record.head_count, record.covered_count
+        ctx, canon, record.summary, record.head_count, record.covered_count
     )
     summary_tokens = w.filter.counter.text_tokens(record.summary, "cl100k_base")
     assert summary_tokens > 300  # large enough that counting it twice shows
@@ -53,7 +52,7 @@ async def test_tool_schemas_seen_by_request_count_in_the_next_request(db):
     ctx = await w.filter._context(body, dict(ALICE), {"chat_id": "chat-1"}, None, None, "chat-1")
     canon = [m for m in sent if m["role"] != "system"]
     planned = w.filter.summaries.next_request_tokens(
-        ctx, acc.Branch.of(canon, [None] * len(canon)), record.summary, record.head_count, record.covered_count
+        ctx, canon, record.summary, record.head_count, record.covered_count
     )
     with_tools = messages_tokens(w.filter.counter, view, "cl100k_base") + w.filter.counter.tools_tokens(
         tools, "cl100k_base"
