@@ -4586,6 +4586,9 @@ class Filter:
     # the summarizer owns both (tests swap ``summaries.counter`` and ``summaries.store``)
     counter = property(lambda self: self.summaries.counter)
     store = property(lambda self: self.summaries.store)
+    # the atomic-unit rules under the names the tool-pairing fixes use (layer 1 holds them)
+    _get_atomic_groups = staticmethod(get_atomic_groups)
+    _align_tail_start_to_atomic_boundary = staticmethod(align_tail_start_to_atomic_boundary)
 
     # -- inlet / request ---------------------------------------------------
     async def inlet(

@@ -224,3 +224,12 @@ def test_protected_head_skips_leading_and_late_systems():
     messages = [S(), S("b"), U(), S("late"), AS(), U()]
     assert acc.protected_head_end(messages, 1) == 3
     assert acc.protected_head_end(messages, 2) == 5
+
+
+def test_the_filter_answers_to_the_names_the_tool_pairing_fixes_use():
+    # Admins and fixes elsewhere call these on the Filter; they must be the
+    # layer-1 rules, not a copy that could drift.
+    f = acc.Filter()
+    chat = [U("q"), A("c1"), T("c1"), AS("done"), U("next")]
+    assert f._get_atomic_groups(chat) == acc.get_atomic_groups(chat) == [[0], [1, 2, 3], [4]]
+    assert f._align_tail_start_to_atomic_boundary(chat, 2, 0) == 1  # never between a call and its result
