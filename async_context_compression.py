@@ -2197,12 +2197,41 @@ def _legacy_value(target: str, value: Any) -> Any:
     return value
 
 
-def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
-    """Stored valves of any version (this filter's, or the older filter's of
-    the same id) as values of the right types, plus Notes that say what was
+_LOGGED_NOTES = _BoundedDict(256)
+
+
+def log_notes_once(notes: Iterable[Note]) -> None:
+    """Each distinct Note once per process (valves are rebuilt per request).
+    Never raises: it runs inside the valves' validation."""
+    try:
+        for item in notes:
+            if item not in _LOGGED_NOTES:
+                _LOGGED_NOTES[item] = True
+                log.warning("async_context_compression settings: %s", item)
+    except Exception:  # e.g. a concurrent eviction from another thread
+        pass
+
+
+_FIELD_TYPES: dict = {}
+_INFINITE = (float("inf"), float("-inf"))
+
+
+def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
+    """The body of the Valves' and UserValves' wrap validators: stored valves of any version (this filter's, or the
+    older filter's of the same id) become an instance of the right types, with Notes in ``_notes`` on what was
     carried over, ignored or replaced. Never raises."""
-    if not isinstance(raw, dict):
-        return {}, []
+    if isinstance(data, model):
+        return data
+    fields = model.model_fields
+    types = _FIELD_TYPES.get(model) or _FIELD_TYPES.setdefault(model, {n: f.annotation for n, f in fields.items()})
+    if isinstance(data, dict) and all(
+        type(v) is types.get(k) and v == v and v not in _INFINITE for k, v in data.items()
+    ):
+        try:  # the usual case: stored by this version, nothing to convert or explain
+            return handler(data)
+        except Exception:
+            pass
+    raw = data if isinstance(data, dict) else {}
     clean, notes, carried, ignored = {}, [], [], []
     for name, value in raw.items():
         name = str(name)
@@ -2230,52 +2259,13 @@ def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
         notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
     if ignored:
         notes.append(note("n_ignored", names=", ".join(sorted(ignored))))
-    return clean, notes
-
-
-_LOGGED_NOTES = _BoundedDict(256)
-
-
-def log_notes_once(notes: Iterable[Note]) -> None:
-    """Each distinct Note once per process (valves are rebuilt per request).
-    Never raises: it runs inside the valves' validation."""
-    try:
-        for item in notes:
-            if item not in _LOGGED_NOTES:
-                _LOGGED_NOTES[item] = True
-                log.warning("async_context_compression settings: %s", item)
-    except Exception:  # e.g. a concurrent eviction from another thread
-        pass
-
-
-_FIELD_TYPES: dict = {}
-_INFINITE = (float("inf"), float("-inf"))
-
-
-def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
-    """The body of the Valves' and UserValves' wrap validators: whatever is
-    given, an instance comes back, with what was corrected in ``_notes``."""
-    if isinstance(data, model):
-        return data
-    types = _FIELD_TYPES.get(model)
-    if types is None:
-        types = _FIELD_TYPES.setdefault(model, {n: f.annotation for n, f in model.model_fields.items()})
-    if isinstance(data, dict) and all(
-        type(v) is types.get(k) and v == v and v not in _INFINITE for k, v in data.items()
-    ):
-        try:  # the usual case: stored by this version, nothing to convert or explain
-            return handler(data)
-        except Exception:
-            pass
-    clean, notes = accept_valves(model.model_fields, data)
     try:
         instance = handler(clean)
-    except Exception as exc:
-        errors = exc.errors() if isinstance(exc, ValidationError) else []
-        bad = {str(e["loc"][0]) for e in errors if e.get("loc")}
+    except Exception as exc:  # a value of a type passed as it came: its field, else every field, takes the default
+        bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")} if isinstance(exc, ValidationError) else set()
         for name in sorted(bad & set(clean)):
-            default = model.model_fields[name].default
-            notes.append(note("n_valve_invalid", name=name, value=_shown(clean.pop(name)), used=_shown(default)))
+            used = _shown(fields[name].default)
+            notes.append(note("n_valve_invalid", name=name, value=_shown(clean.pop(name)), used=used))
         try:
             instance = handler(clean)
         except Exception:
