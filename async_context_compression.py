@@ -2054,13 +2054,11 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
-# Valves are accepted from anything stored: this filter's values of any
-# version, the older community filter's of the same id, and values typed in
-# the admin UI. Open WebUI builds Valves(**stored) before every hook, where a
-# raise fails the chat, and refuses a save with only a generic toast. So a
-# value is kept as typed where its type allows (corrected per request, and
-# explained in the status line and the log), or replaced by the default with
-# a Note; nothing is refused.
+# Valves are accepted from anything stored: this filter's values of any version, the older community filter's of
+# the same id, and values typed in the admin UI. Open WebUI builds Valves(**stored) before every hook, where a raise
+# fails the chat, and refuses a save with only a generic toast. So a value is kept as typed where its type allows
+# (corrected per request, and explained in the status line and the log), or replaced by the default with a Note;
+# nothing is refused.
 
 
 @dataclass(frozen=True)
@@ -2111,9 +2109,8 @@ _VALVE_BOUNDS: dict = {
 
 @dataclass(frozen=True)
 class Note:
-    """Something the admin should know about the settings: ``key`` names a
-    text of STATUS_TEXTS, ``values`` fill it. Shown in the log in English
-    (``str``) and in the status line in the user's language (``text``)."""
+    """Something the admin should know about the settings: ``key`` names a text of STATUS_TEXTS, ``values`` fill
+    it. Shown in the log in English (``str``) and in the status line in the user's language (``text``)."""
 
     key: str
     values: tuple = ()
@@ -2131,8 +2128,8 @@ def note(key: str, **values: Any) -> Note:
     return Note(key, tuple(sorted(kept.items())))
 
 
-# The older community filter of the same id stored these valves; each maps to
-# our valve of the same meaning, or to None (no equivalent: ignored).
+# The older community filter of the same id stored these valves: each maps to ours of the same meaning, or to None
+# (no equivalent: ignored).
 LEGACY_VALVES: dict = {
     "debug_mode": "debug",
     "show_token_usage_status": "show_status",
@@ -2152,9 +2149,7 @@ _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
 def _as_bool(value: Any, strict: bool = True) -> bool:
     """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); anything
     else raises, or when not ``strict`` is read by its truth value."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):  # bool included
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
         return value.strip().lower() in _TRUE_WORDS
@@ -2175,11 +2170,9 @@ def _as_number(value: Any, kind: type) -> Any:
 
 
 def _as_text(value: Any) -> str:
-    if value is None:
-        return ""
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, default=str)
-    return value if isinstance(value, str) else str(value)
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def _shown(value: Any) -> str:
@@ -2201,8 +2194,7 @@ _LOGGED_NOTES = _BoundedDict(256)
 
 
 def log_notes_once(notes: Iterable[Note]) -> None:
-    """Each distinct Note once per process (valves are rebuilt per request).
-    Never raises: it runs inside the valves' validation."""
+    """Each distinct Note once per process (valves are rebuilt per request); never raises (runs in validation)."""
     try:
         for item in notes:
             if item not in _LOGGED_NOTES:
@@ -2296,30 +2288,25 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
     }
 
 
-def _json_object(raw: Any, unreadable: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
-    """A valve holding a JSON object (typed as text, or already an object):
-    (the object, {} when unset or unreadable; a Note ``unreadable`` when it
-    cannot be read). ``legacy`` reads the text when it is not JSON."""
+def _json_object(raw: Any, unreadable: str) -> tuple[dict, list]:
+    """A valve holding a JSON object, typed as text or already an object: (the object, []), ({}, []) when unset,
+    ({}, [a Note ``unreadable``]) when it cannot be read."""
     if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
-    value = raw
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except ValueError as exc:
-            value = legacy(raw) if legacy else None
-            if value is None:
-                return {}, [note(unreadable, detail=getattr(exc, "msg", str(exc)))]
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        return {}, [note(unreadable, detail=getattr(exc, "msg", str(exc)))]
     if not isinstance(value, dict):
         return {}, [note(unreadable, detail="not a JSON object")]
     return value, []
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
-    """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
-    prefix ending in ``*``) to overrides, or the older filter's
-    ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
-    table, problems = _json_object(raw, "n_thresholds_unreadable", _legacy_thresholds)
+    """The ``model_thresholds`` valve: a JSON object mapping a model id (or a prefix ending in ``*``) to overrides,
+    or the older filter's ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
+    legacy = _legacy_thresholds(raw) if isinstance(raw, str) else None  # never matches JSON text
+    table, problems = (legacy, []) if legacy else _json_object(raw, "n_thresholds_unreadable")
     clean = {}
     for model, entry in table.items():
         if not isinstance(entry, dict):
@@ -2342,8 +2329,7 @@ _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temper
 
 
 def parse_model_params(raw: Any) -> tuple[dict, list]:
-    """The ``summary_model_params`` valve: a JSON object merged into the
-    summary call. Returns (params, Notes on what was ignored)."""
+    """The ``summary_model_params`` valve: a JSON object merged into the summary call; (params, Notes)."""
     params, problems = _json_object(raw, "n_params_unreadable")
     own = sorted(k for k in params if k in _OWN_CALL_KEYS)
     if own:
@@ -2352,8 +2338,7 @@ def parse_model_params(raw: Any) -> tuple[dict, list]:
 
 
 def model_overrides(table: dict, model_id: str) -> dict:
-    """The overrides of a model: its own entry, else the longest matching
-    ``prefix*`` entry's."""
+    """A model's overrides: its own entry, else the longest matching ``prefix*`` entry's."""
     if model_id in table:
         return table[model_id]
     prefixes = [p for p in table if p.endswith("*") and model_id.startswith(p[:-1])]
@@ -2368,8 +2353,7 @@ def _valve_defaults(cls: type) -> dict:
 
 
 def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
-    """A numeric valve inside its range; a value outside is corrected and
-    explained (kept as typed in the valves, so the admin sees it)."""
+    """A numeric valve inside its range: a value outside is corrected and explained (kept as typed for the admin)."""
     default = _valve_defaults(type(valves))[name]
     kind = type(default)
     low, high = _VALVE_BOUNDS[name]
@@ -2400,9 +2384,8 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
 
 
 def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Settings:
-    """Effective settings for one request. Impossible combinations and
-    values out of range are corrected to a safe value and explained in
-    ``warnings`` (Notes), after those of the valves themselves."""
+    """Effective settings for one request: impossible combinations and values out of range are corrected to a safe
+    value and explained in ``warnings`` (Notes), after those of the valves themselves."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
@@ -2418,12 +2401,8 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
     summary_model = _as_text(getattr(valves, "summary_model", "")).strip() or model_id
     summary_own = model_overrides(table, summary_model)
-    window = int(bounded["summary_model_max_context"]) or int(
-        summary_own.get("summary_model_max_context", 0)
-        or summary_own.get("max_context_tokens", 0)
-        or max_context
-        or 32000
-    )
+    window = bounded["summary_model_max_context"] or summary_own.get("summary_model_max_context", 0)
+    window = window or summary_own.get("max_context_tokens", 0) or max_context or 32000
     wanted = int(bounded["max_summary_tokens"])
     room = min(window, max_context or window)  # a summary takes at most half of it
     max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
@@ -2432,9 +2411,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
     warnings.extend(problems)
     style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
-    show = _as_bool(getattr(valves, "show_status", True), strict=False) and (
-        user_valves is None or _as_bool(getattr(user_valves, "show_status", True), strict=False)
-    )
+    show = all(_as_bool(getattr(v, "show_status", True), strict=False) for v in (valves, user_valves) if v is not None)
     return Settings(
         threshold=threshold,
         max_context=max_context,
@@ -2460,19 +2437,17 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
 
 
 def usage_shown(settings: Settings, used: int) -> bool:
-    """Whether the usage part of the status line is shown for a request of
-    ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
-    when it is 0; never without a cap, where there is no share to reach)."""
+    """Whether the status line shows the usage of a request of ``used`` tokens: from ``status_usage_threshold`` of
+    the cap on (always when it is 0; never without a cap, where there is no share to reach)."""
     share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
     return share <= 0 or (cap > 0 and used >= share * cap)
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` with the token budgets (cap, threshold, trigger) turned
-    from the model's own tokens into counted ones: divided by ``scale``
-    (``ModelTokens.scale``), with RATIO_SAFETY of room; None (nothing
-    learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``)
-    lowers the cap, and the trigger with it. ``to_model_tokens`` converts back."""
+    """``settings`` with the token budgets (cap, threshold, trigger) turned from the model's own tokens into counted
+    ones: divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room; None (nothing learned) is 1.0
+    without it. ``prompt_bound`` (``request_prompt_bound``) lowers the cap, and the trigger with it.
+    ``to_model_tokens`` converts back."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
