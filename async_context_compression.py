@@ -2494,8 +2494,6 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
-STORE_FIX = "set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE"
-
 
 class Fault(Enum):
     """Why summaries failed, in one vocabulary for the store, the summarizer,
@@ -2503,38 +2501,34 @@ class Fault(Enum):
     status-text key that says it (layer 7; "": nothing worth telling the
     user) and, for the store, the log line that explains it."""
 
-    TIMEOUT = ("timeout", "r_timeout", "")
-    MODEL_ERROR = ("model error", "r_model_error", "")
-    EMPTY = ("empty answer", "r_empty", "")
-    REASONING_ONLY = ("reasoning-only answer", "r_reasoning_only", "")
-    DIRECT = ("direct connection", "r_direct", "")
-    UNREADABLE = ("unreadable answer", "r_unreadable", "")
-    NO_SUMMARIZER = ("no summarizer", "r_no_summarizer", "")
-    INTERNAL = ("internal error", "r_internal", "")
-    # the role may not create or use the tables
-    STORE_DENIED = (
+    TIMEOUT = ("timeout", "r_timeout")
+    MODEL_ERROR = ("model error", "r_model_error")
+    EMPTY = ("empty answer", "r_empty")
+    REASONING_ONLY = ("reasoning-only answer", "r_reasoning_only")
+    DIRECT = ("direct connection", "r_direct")
+    UNREADABLE = ("unreadable answer", "r_unreadable")
+    NO_SUMMARIZER = ("no summarizer", "r_no_summarizer")
+    INTERNAL = ("internal error", "r_internal")
+    STORE_DENIED = (  # the role may not create or use the tables
         "store_denied",
         "r_store_denied",
-        "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
+        "no permission to create or use the summary tables ({detail}); set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE",
     )
-    # connection refused, closed, or the server restarting
-    STORE_DOWN = (
+    STORE_DOWN = (  # connection refused, closed, or the server restarting
         "store_down",
         "r_store_down",
         "the database is unreachable ({detail}); summaries resume once it answers again",
     )
-    # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
-    STORE_BUSY = (
+    STORE_BUSY = (  # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
         "store_busy",
         "r_store_busy",
         "the database stayed locked or busy after retries ({detail}); retried on later turns",
     )
     STORE_ERROR = ("store_error", "r_store_down", "database error ({detail})")  # any other database error
-    # no database here at all (Open WebUI or SQLAlchemy missing): nothing to tell the user
-    STORE_ABSENT = ("store_absent", "", "no database ({detail})")
+    STORE_ABSENT = ("store_absent", "", "no database ({detail})")  # no Open WebUI or SQLAlchemy: nothing to tell
 
-    def __init__(self, text: str, key: str, explained: str):
-        self.text, self.key, self.explained = text, key, explained or "{detail}"
+    def __init__(self, text: str, key: str, explained: str = "{detail}"):
+        self.text, self.key, self.explained = text, key, explained
 
 
 @dataclass
@@ -2652,17 +2646,14 @@ def _error_chain(exc: BaseException) -> list:
 
 
 def classify_store_error(exc: BaseException) -> Optional[Fault]:
-    """The STORE_* Fault of a database error; None when ``exc`` is not one
-    (a bug, which is raised as it is)."""
+    """The STORE_* Fault of a database error (SQLSTATE first, then words); None when ``exc`` is not one (a bug)."""
     chain = _error_chain(exc)
-    for code in (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None) for e in chain):
-        for fault, states, _ in _STORE_SIGNS:
-            if isinstance(code, str) and code.startswith(states):
-                return fault
+    codes = [getattr(e, "sqlstate", None) or getattr(e, "pgcode", None) for e in chain]
     text = " ".join(str(e).lower() for e in chain)
-    for fault, _, words in _STORE_SIGNS:
-        if any(word in text for word in words):
-            return fault
+    signs = [f for c in codes if isinstance(c, str) for f, states, _ in _STORE_SIGNS if c.startswith(states)]
+    signs += [f for f, _, words in _STORE_SIGNS if any(word in text for word in words)]
+    if signs:
+        return signs[0]
     if any(getattr(e, "connection_invalidated", False) or isinstance(e, (ConnectionError, OSError)) for e in chain):
         return Fault.STORE_DOWN
     drivers = ("sqlalchemy", "psycopg", "psycopg2", "sqlite3", "aiosqlite")
@@ -2704,10 +2695,9 @@ class LeaseHold:
                 log.exception("async_context_compression: lease heartbeat failed")
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        if self._task is not None:
+        if self.acquired:  # the heartbeat runs exactly when the lease was acquired
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.acquired:
             try:
                 await self.store.release(self.scope, self.holder)  # after back_off the row is no longer ours
             except StoreUnavailable as exc:
@@ -2805,11 +2795,9 @@ class SummaryStore:
         return engine
 
     async def _table(self, name: str) -> tuple:
-        """SQLAlchemy and our table ``name``; StoreUnavailable (before any
-        import can fail) where there is no database."""
+        """SQLAlchemy and our table ``name``; StoreUnavailable first where there is no database."""
         await self._engine()
-        import sqlalchemy
-        import sqlalchemy.exc
+        import sqlalchemy.exc  # binds sqlalchemy too
 
         return sqlalchemy, self._t[name]
 
