@@ -2477,11 +2477,9 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 # ---------------------------------------------------------------------------
 # 5. Summary store: Open WebUI's async database
 # ---------------------------------------------------------------------------
-# Two tables of the filter's own, created on first use: summaries (several
-# per chat, so another branch can fall back to an older still-valid one) and
-# leases (one row per chat while a worker summarizes it, or while failures
-# back off). Every call goes through the async engine: the event loop never
-# waits on the database.
+# Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
+# an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off) and
+# ModelTokens' ratios. Every call goes through the async engine: the event loop never waits on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
@@ -2496,9 +2494,8 @@ DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denie
 
 
 class Fault(Enum):
-    """Why summaries failed, in one vocabulary for the store, the summarizer,
-    the status line and the log: each member carries its short log text, the
-    status-text key that says it (layer 7; "": nothing worth telling the
+    """Why summaries failed, in one vocabulary for the store, the summarizer, the status line and the log: each
+    member carries its short log text, the status-text key that says it (layer 7; "": nothing worth telling the
     user) and, for the store, the log line that explains it."""
 
     TIMEOUT = ("timeout", "r_timeout")
@@ -2556,9 +2553,8 @@ class StoreUnavailable(RuntimeError):
 
 @lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
-    """SQLAlchemy Core tables on a metadata of their own, in ``schema``
-    like Open WebUI's own (``MetaData(schema=DATABASE_SCHEMA)``). Imported
-    lazily: the filter also runs where SQLAlchemy is absent, without a store."""
+    """SQLAlchemy Core tables on a metadata of their own, in ``schema`` like Open WebUI's own
+    (``MetaData(schema=DATABASE_SCHEMA)``). Imported lazily: without SQLAlchemy the filter runs without a store."""
     from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
     metadata = MetaData(schema=schema)
@@ -2612,11 +2608,9 @@ def _owui_async_engine() -> Any:
     return async_engine
 
 
-# How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of
-# the message. SQLSTATEs: insufficient_privilege; lock_not_available,
-# deadlock, serialization failure, query canceled (statement or lock
-# timeout), too many connections; connection exceptions (08), operator
-# intervention (57P: shut down, crashed, cannot connect now).
+# How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of the message. SQLSTATEs:
+# insufficient_privilege; lock_not_available, deadlock, serialization failure, query canceled (statement or lock
+# timeout), too many connections; connection exceptions (08), operator intervention (57P: shut down, crashed, ...).
 _STORE_SIGNS = (
     (Fault.STORE_DENIED, ("42501",), ("permission denied", "readonly database", "read-only", "must be owner of")),
     (
@@ -2661,12 +2655,10 @@ def classify_store_error(exc: BaseException) -> Optional[Fault]:
 
 
 class LeaseHold:
-    """``async with store.hold(scope, holder) as held:`` takes the chat's
-    lease (``held`` is false when another worker has it or failures back
-    off), renews it every ``renew_every`` seconds while the block runs
-    (``lost`` turns true when a heartbeat finds it taken over or gone), and
-    releases it at the end, unless ``back_off`` turned it into a back-off
-    hold. A killed holder's lease frees within ``ttl``."""
+    """``async with store.hold(scope, holder) as held:`` takes the chat's lease (``held`` is false when another
+    worker has it or failures back off), renews it every ``renew_every`` seconds while the block runs (``lost``
+    turns true when a heartbeat finds it taken over or gone), and releases it at the end, unless ``back_off``
+    turned it into a back-off hold. A killed holder's lease frees within ``ttl``."""
 
     def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
         self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
@@ -2714,15 +2706,11 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class SummaryStore:
-    """Summaries and leases in the host's database, through an async
-    SQLAlchemy engine (Open WebUI's own by default), in Open WebUI's
-    DATABASE_SCHEMA on PostgreSQL.
-
-    Every operation is one short transaction. Database errors come out as
-    StoreUnavailable with a Fault; a locked database is retried a few times
-    first, a dropped connection once. ``fault`` is the Fault of the latest
-    failed operation, None after a success. The tables are created by the
-    first call that succeeds, tried again after a failure."""
+    """Summaries, leases and ratios in the host's database, through an async SQLAlchemy engine (Open WebUI's own by
+    default), in Open WebUI's DATABASE_SCHEMA on PostgreSQL. Every operation is one short transaction. Database
+    errors come out as StoreUnavailable with a Fault; a locked database is retried a few times first, a dropped
+    connection once. ``fault`` is the Fault of the latest failed operation, None after a success. The tables are
+    created by the first call that succeeds, tried again after a failure."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -2735,9 +2723,8 @@ class SummaryStore:
         self.fault: Optional[Fault] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: the one given, else Open WebUI's
-        DATABASE_SCHEMA (from its loaded settings, else from the environment
-        it reads it from); none on SQLite, which has no schemas."""
+        """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (from its loaded settings,
+        else from the environment it reads it from); none on SQLite, which has no schemas."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
         schema = self._schema_setting
@@ -2756,8 +2743,8 @@ class SummaryStore:
         return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
     async def _engine(self) -> Any:
-        """The engine, once our tables exist there; a failure to make them
-        is tried again at the next call (after DENIED_RETRY when denied)."""
+        """The engine, once our tables exist there; making them is tried again at the next call (after
+        DENIED_RETRY when denied)."""
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
@@ -2782,8 +2769,7 @@ class SummaryStore:
                     reason = classify_store_error(exc)
                     if reason is None:
                         raise
-                    # a race with another worker creating the same tables
-                    # (duplicate, locked) is tried again
+                    # a race with another worker creating the same tables (duplicate, locked) is tried again
                     if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt):
                         failure = self._failed(reason, exc)
                         if reason == Fault.STORE_DENIED:
@@ -2802,10 +2788,9 @@ class SummaryStore:
         return sqlalchemy, self._t[name]
 
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """``operation(conn)`` in one transaction: a locked or busy database
-        is tried again after short jittered waits, a dropped connection once
-        (the pool then holds fresh connections), tables dropped since we
-        made them are made again once."""
+        """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
+        waits, a dropped connection once (the pool then holds fresh connections), tables dropped since we made them
+        are made again once."""
         import random
 
         engine = await self._engine()
@@ -2854,8 +2839,7 @@ class SummaryStore:
         return [SummaryRecord(**row) for row in rows.mappings()]
 
     async def save(self, record: SummaryRecord) -> None:
-        """One transaction: the new row and the pruning of the oldest; a
-        reader sees all of it or nothing."""
+        """One transaction: the new row and the pruning of the oldest; a reader sees all of it or nothing."""
         sa, t = await self._table("summary")
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
@@ -2872,10 +2856,9 @@ class SummaryStore:
 
     # -- the model's own tokens (ModelTokens) ----------------------------------
     async def add_ratios(self, rows: list) -> None:
-        """Samples (key, model, path, ratio, created_at), one transaction;
-        each model and path keeps its RATIO_SAMPLES newest rows older than
-        RATIOS_KEPT_FRESH, and every younger one (so no row of a snapshot
-        that ``ModelTokens`` may read this minute is pruned before then)."""
+        """Samples (key, model, path, ratio, created_at), one transaction; each model and path keeps its
+        RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one (so no row of a snapshot that
+        ``ModelTokens`` may read this minute is pruned before then)."""
         if not rows:
             return
         sa, t = await self._table("ratio")
@@ -2901,10 +2884,8 @@ class SummaryStore:
         return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Atomically take the chat's lease, or fail when a live one (or a
-        failure back-off) is held: one upsert (one transaction) on SQLite
-        and PostgreSQL; the primary key makes it safe across workers and
-        replicas sharing the database."""
+        """Atomically take the chat's lease, or fail when a live one (or a failure back-off) is held: one upsert
+        (one transaction) on SQLite and PostgreSQL; the primary key makes it safe across workers and replicas."""
         sa, t = await self._table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
@@ -2935,8 +2916,7 @@ class SummaryStore:
         return await self._run(op)
 
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no
-        longer ours."""
+        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no longer ours."""
         sa, t = await self._table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
         result = await self._run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
@@ -2947,8 +2927,7 @@ class SummaryStore:
         await self._run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
-        """Turn our lease into a back-off hold that grows with each failure;
-        returns its length in seconds."""
+        """Turn our lease into a back-off hold that grows with each failure; returns its length in seconds."""
         sa, t = await self._table("lease")
 
         async def op(conn):
@@ -2968,9 +2947,8 @@ class SummaryStore:
 def choose_summary(
     records: Iterable[SummaryRecord], digests: list, allow_full: bool = False
 ) -> Optional[SummaryRecord]:
-    """The most advanced summary whose covered prefix is exactly the start
-    of this branch. Inlet needs a verbatim tail after it (``allow_full``
-    False); outlet, which sees the reply just made, accepts full coverage."""
+    """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim
+    tail after it (``allow_full`` False); outlet, which sees the reply just made, accepts full coverage."""
     limit = len(digests) if allow_full else len(digests) - 1
     valid = [
         r
