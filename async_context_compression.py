@@ -2179,13 +2179,11 @@ def _shown(value: Any) -> str:
     return repr(value)[:60]
 
 
-def _legacy_value(target: str, value: Any) -> Any:
-    if target == "status_usage_threshold":
-        try:
-            return float(value) / 100  # the older filter stored a percentage, 0 = always
-        except (TypeError, ValueError, OverflowError):
-            return value
-    if target == "summary_style" and isinstance(value, str):
+def _legacy_value(name: str, value: Any) -> Any:
+    """``value`` of the valve ``name`` in our terms when the older filter named it so; raises like ``_as_number``."""
+    if name == "token_usage_status_threshold":
+        return float(value) / 100  # a percentage, 0 = always
+    if name == "compression_style" and isinstance(value, str):
         return _LEGACY_STYLES.get(value.strip().lower(), value)
     return value
 
@@ -2232,12 +2230,12 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
             ignored.append(name)  # unknown, or an old name whose new one is set too
             continue
         if target != name:
-            value = _legacy_value(target, value)
             carried.append(f"{name} → {target}")
         kind = fields[target].annotation
         if value is None and kind is not str:
             continue  # Open WebUI drops None ("not set"): the default applies
         try:
+            value = _legacy_value(name, value)
             if kind is bool:
                 clean[target] = _as_bool(value)
             elif kind in (int, float):
