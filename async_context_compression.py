@@ -2520,7 +2520,7 @@ class Fault(Enum):
         "the database stayed locked or busy after retries ({detail}); retried on later turns",
     )
     STORE_ERROR = ("store_error", "r_store_down", "database error ({detail})")  # any other database error
-    STORE_ABSENT = ("store_absent", "", "no database ({detail})")  # no Open WebUI or SQLAlchemy: nothing to tell
+    STORE_ABSENT = ("store_absent", "", "no database ({detail})")  # no Open WebUI database here: nothing to tell
 
     def __init__(self, text: str, key: str, explained: str = "{detail}"):
         self.text, self.key, self.explained = text, key, explained
@@ -2746,10 +2746,6 @@ class SummaryStore:
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
-        try:
-            _tables()
-        except ImportError as exc:
-            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", Fault.STORE_ABSENT)
         if self._ready_for is engine:
             return engine
         async with self._schema_lock:
