@@ -2277,13 +2277,8 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
     found = [_LEGACY_THRESHOLD_ENTRY.match(entry) for entry in re.split(r"[,;\n]", text) if entry.strip()]
     if not found or not all(found):
         return None
-    return {
-        match["model"]: {
-            "compression_threshold_tokens": int(match["threshold"]),
-            "max_context_tokens": int(match["cap"]),
-        }
-        for match in found
-    }
+    keys = ("compression_threshold_tokens", "max_context_tokens")
+    return {match["model"]: dict(zip(keys, map(int, match.group("threshold", "cap")))) for match in found}
 
 
 def _json_object(raw: Any, unreadable: str) -> tuple[dict, list]:
@@ -2324,15 +2319,6 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
 
 # Keys of the summary call that the filter sets itself.
 _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
-
-
-def parse_model_params(raw: Any) -> tuple[dict, list]:
-    """The ``summary_model_params`` valve: a JSON object merged into the summary call; (params, Notes)."""
-    params, problems = _json_object(raw, "n_params_unreadable")
-    own = sorted(k for k in params if k in _OWN_CALL_KEYS)
-    if own:
-        problems.append(note("n_params_own", names=", ".join(own)))
-    return {str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS}, problems
 
 
 def model_overrides(table: dict, model_id: str) -> dict:
@@ -2406,8 +2392,10 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
     max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
     if max_summary != wanted:
         warnings.append(note("n_summary_budget", wanted=wanted, window=room, used=max_summary))
-    params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
+    params, problems = _json_object(getattr(valves, "summary_model_params", ""), "n_params_unreadable")
     warnings.extend(problems)
+    if own_keys := sorted(k for k in params if k in _OWN_CALL_KEYS):
+        warnings.append(note("n_params_own", names=", ".join(own_keys)))
     style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
     show = all(_as_bool(getattr(v, "show_status", True), strict=False) for v in (valves, user_valves) if v is not None)
     return Settings(
@@ -2429,7 +2417,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         status_usage_threshold=float(bounded["status_usage_threshold"]),
         summary_style=style,
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
-        summary_model_params=params,
+        summary_model_params={str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS},
         low_water=float(bounded["summary_low_water"]),
     )
 
@@ -2938,18 +2926,12 @@ class SummaryStore:
         return await self._run(op)
 
 
-def choose_summary(
-    records: Iterable[SummaryRecord], digests: list, allow_full: bool = False
-) -> Optional[SummaryRecord]:
+def choose_summary(records: Iterable, digests: list, allow_full: bool = False) -> Optional[SummaryRecord]:
     """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim
     tail after it (``allow_full`` False); outlet, which sees the reply just made, accepts full coverage."""
     limit = len(digests) if allow_full else len(digests) - 1
-    valid = [
-        r
-        for r in records
-        if 0 <= r.head_count < r.covered_count <= limit
-        and prefix_fingerprint(digests, r.covered_count) == r.fingerprint
-    ]
+    in_range = (r for r in records if 0 <= r.head_count < r.covered_count <= limit)
+    valid = [r for r in in_range if prefix_fingerprint(digests, r.covered_count) == r.fingerprint]
     return max(valid, key=lambda r: r.covered_count, default=None)
 
 
