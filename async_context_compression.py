@@ -2128,8 +2128,7 @@ def note(key: str, **values: Any) -> Note:
     return Note(key, tuple(sorted(kept.items())))
 
 
-# The older community filter of the same id stored these valves: each maps to ours of the same meaning, or to None
-# (no equivalent: ignored).
+# The older community filter's valves (same id): each maps to ours of the same meaning, or to None (ignored).
 LEGACY_VALVES: dict = {
     "debug_mode": "debug",
     "show_token_usage_status": "show_status",
@@ -2147,8 +2146,7 @@ _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
 
 
 def _as_bool(value: Any, strict: bool = True) -> bool:
-    """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); anything
-    else raises, or when not ``strict`` is read by its truth value."""
+    """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); else ValueError, or if not ``strict`` bool()."""
     if isinstance(value, (int, float)) and value in (0, 1):  # bool included
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
@@ -2207,9 +2205,8 @@ _INFINITE = (float("inf"), float("-inf"))
 
 
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
-    """The body of the Valves' and UserValves' wrap validators: stored valves of any version (this filter's, or the
-    older filter's of the same id) become an instance of the right types, with Notes in ``_notes`` on what was
-    carried over, ignored or replaced. Never raises."""
+    """The Valves' and UserValves' wrap validator, never raising: stored values of any version (ours, or the older
+    filter's of the same id) become an instance of the right types; Notes in ``_notes`` say what was changed."""
     if isinstance(data, model):
         return data
     fields = model.model_fields
@@ -2272,8 +2269,8 @@ _LEGACY_THRESHOLD_ENTRY = re.compile(r"^\s*(?P<model>.+?)\s*:\s*(?P<threshold>\d
 
 
 def _legacy_thresholds(text: str) -> Optional[dict]:
-    """The older filter's ``model:threshold:max`` list (comma, semicolon or
-    line separated; model ids may contain colons), or None if not that."""
+    """The older filter's ``model:threshold:max`` list (comma, semicolon or line separated; model ids may contain
+    colons), or None if not that."""
     found = [_LEGACY_THRESHOLD_ENTRY.match(entry) for entry in re.split(r"[,;\n]", text) if entry.strip()]
     if not found or not all(found):
         return None
@@ -2431,9 +2428,8 @@ def usage_shown(settings: Settings, used: int) -> bool:
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
     """``settings`` with the token budgets (cap, threshold, trigger) turned from the model's own tokens into counted
-    ones: divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room; None (nothing learned) is 1.0
-    without it. ``prompt_bound`` (``request_prompt_bound``) lowers the cap, and the trigger with it.
-    ``to_model_tokens`` converts back."""
+    ones (``to_model_tokens`` converts back): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room;
+    None (nothing learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``) lowers cap and trigger."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
@@ -2683,8 +2679,7 @@ class LeaseHold:
 
 
 async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int) -> None:
-    """Delete the rows of ``same`` older than its ``keep`` newest (only
-    older: a row another worker committed after the SELECT stays)."""
+    """Delete the rows of ``same`` older than its ``keep`` newest (a row committed after the SELECT stays)."""
     query = sa.select(table.c.id).where(*same).order_by(table.c.id.desc()).limit(keep)
     kept = [row[0] for row in (await conn.execute(query)).all()]
     if len(kept) == keep:
@@ -2692,11 +2687,10 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class SummaryStore:
-    """Summaries, leases and ratios in the host's database, through an async SQLAlchemy engine (Open WebUI's own by
-    default), in Open WebUI's DATABASE_SCHEMA on PostgreSQL. Every operation is one short transaction. Database
-    errors come out as StoreUnavailable with a Fault; a locked database is retried a few times first, a dropped
-    connection once. ``fault`` is the Fault of the latest failed operation, None after a success. The tables are
-    created by the first call that succeeds, tried again after a failure."""
+    """Summaries, leases and ratios in the host's database through an async SQLAlchemy engine (Open WebUI's own by
+    default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per operation. Database errors come out as
+    StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked database
+    is retried a few times first, a dropped connection once. The tables are made by the first call that succeeds."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -2729,8 +2723,7 @@ class SummaryStore:
         return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
     async def _engine(self) -> Any:
-        """The engine, once our tables exist there; making them is tried again at the next call (after
-        DENIED_RETRY when denied)."""
+        """The engine, once our tables exist there (tried again at the next call; when denied, DENIED_RETRY later)."""
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
@@ -2771,8 +2764,7 @@ class SummaryStore:
 
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
-        waits, a dropped connection once (the pool then holds fresh connections), tables dropped since we made them
-        are made again once."""
+        waits, a dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
         import random
 
         engine = await self._engine()
@@ -2839,8 +2831,7 @@ class SummaryStore:
     # -- the model's own tokens (ModelTokens) ----------------------------------
     async def add_ratios(self, rows: list) -> None:
         """Samples (key, model, path, ratio, created_at), one transaction; each model and path keeps its
-        RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one (so no row of a snapshot that
-        ``ModelTokens`` may read this minute is pruned before then)."""
+        RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
         if not rows:
             return
         sa, t = await self._table("ratio")
