@@ -2054,13 +2054,11 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
-# Valves are accepted from anything stored: this filter's values of any
-# version, the older community filter's of the same id, and values typed in
-# the admin UI. Open WebUI builds Valves(**stored) before every hook, where a
-# raise fails the chat, and refuses a save with only a generic toast. So a
-# value is kept as typed where its type allows (corrected per request, and
-# explained in the status line and the log), or replaced by the default with
-# a Note; nothing is refused.
+# Valves are accepted from anything stored: this filter's values of any version, the older community filter's of
+# the same id, and values typed in the admin UI. Open WebUI builds Valves(**stored) before every hook, where a raise
+# fails the chat, and refuses a save with only a generic toast. So a value is kept as typed where its type allows
+# (corrected per request, and explained in the status line and the log), or replaced by the default with a Note;
+# nothing is refused.
 
 
 @dataclass(frozen=True)
@@ -2111,9 +2109,8 @@ _VALVE_BOUNDS: dict = {
 
 @dataclass(frozen=True)
 class Note:
-    """Something the admin should know about the settings: ``key`` names a
-    text of STATUS_TEXTS, ``values`` fill it. Shown in the log in English
-    (``str``) and in the status line in the user's language (``text``)."""
+    """Something the admin should know about the settings: ``key`` names a text of STATUS_TEXTS, ``values`` fill
+    it. Shown in the log in English (``str``) and in the status line in the user's language (``text``)."""
 
     key: str
     values: tuple = ()
@@ -2131,8 +2128,7 @@ def note(key: str, **values: Any) -> Note:
     return Note(key, tuple(sorted(kept.items())))
 
 
-# The older community filter of the same id stored these valves; each maps to
-# our valve of the same meaning, or to None (no equivalent: ignored).
+# The older community filter's valves (same id): each maps to ours of the same meaning, or to None (ignored).
 LEGACY_VALVES: dict = {
     "debug_mode": "debug",
     "show_token_usage_status": "show_status",
@@ -2150,11 +2146,8 @@ _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
 
 
 def _as_bool(value: Any, strict: bool = True) -> bool:
-    """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); anything
-    else raises, or when not ``strict`` is read by its truth value."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and value in (0, 1):
+    """A switch typed as a bool, 0/1 or a word (yes/no, on/off...); else ValueError, or if not ``strict`` bool()."""
+    if isinstance(value, (int, float)) and value in (0, 1):  # bool included
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
         return value.strip().lower() in _TRUE_WORDS
@@ -2175,70 +2168,29 @@ def _as_number(value: Any, kind: type) -> Any:
 
 
 def _as_text(value: Any) -> str:
-    if value is None:
-        return ""
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, default=str)
-    return value if isinstance(value, str) else str(value)
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def _shown(value: Any) -> str:
     return repr(value)[:60]
 
 
-def _legacy_value(target: str, value: Any) -> Any:
-    if target == "status_usage_threshold":
-        try:
-            return float(value) / 100  # the older filter stored a percentage, 0 = always
-        except (TypeError, ValueError, OverflowError):
-            return value
-    if target == "summary_style" and isinstance(value, str):
+def _legacy_value(name: str, value: Any) -> Any:
+    """``value`` of the valve ``name`` in our terms when the older filter named it so; raises like ``_as_number``."""
+    if name == "token_usage_status_threshold":
+        return float(value) / 100  # a percentage, 0 = always
+    if name == "compression_style" and isinstance(value, str):
         return _LEGACY_STYLES.get(value.strip().lower(), value)
     return value
-
-
-def accept_valves(fields: dict, raw: Any) -> tuple[dict, list]:
-    """Stored valves of any version (this filter's, or the older filter's of
-    the same id) as values of the right types, plus Notes that say what was
-    carried over, ignored or replaced. Never raises."""
-    if not isinstance(raw, dict):
-        return {}, []
-    clean, notes, carried, ignored = {}, [], [], []
-    for name, value in raw.items():
-        name = str(name)
-        target = name if name in fields else LEGACY_VALVES.get(name)
-        if target is None or target not in fields or (target != name and (target in raw or target in clean)):
-            ignored.append(name)  # unknown, or an old name whose new one is set too
-            continue
-        if target != name:
-            value = _legacy_value(target, value)
-            carried.append(f"{name} → {target}")
-        kind = fields[target].annotation
-        if value is None and kind is not str:
-            continue  # Open WebUI drops None ("not set"): the default applies
-        try:
-            if kind is bool:
-                clean[target] = _as_bool(value)
-            elif kind in (int, float):
-                clean[target] = _as_number(value, kind)
-            else:
-                clean[target] = _as_text(value) if kind is str else value
-        except (TypeError, ValueError, OverflowError):
-            used = _shown(fields[target].default)
-            notes.append(note("n_valve_invalid", name=target, value=_shown(value), allowed=kind.__name__, used=used))
-    if carried:
-        notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
-    if ignored:
-        notes.append(note("n_ignored", names=", ".join(sorted(ignored))))
-    return clean, notes
 
 
 _LOGGED_NOTES = _BoundedDict(256)
 
 
 def log_notes_once(notes: Iterable[Note]) -> None:
-    """Each distinct Note once per process (valves are rebuilt per request).
-    Never raises: it runs inside the valves' validation."""
+    """Each distinct Note once per process (valves are rebuilt per request); never raises (runs in validation)."""
     try:
         for item in notes:
             if item not in _LOGGED_NOTES:
@@ -2253,13 +2205,12 @@ _INFINITE = (float("inf"), float("-inf"))
 
 
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
-    """The body of the Valves' and UserValves' wrap validators: whatever is
-    given, an instance comes back, with what was corrected in ``_notes``."""
+    """The Valves' and UserValves' wrap validator, never raising: stored values of any version (ours, or the older
+    filter's of the same id) become an instance of the right types; Notes in ``_notes`` say what was changed."""
     if isinstance(data, model):
         return data
-    types = _FIELD_TYPES.get(model)
-    if types is None:
-        types = _FIELD_TYPES.setdefault(model, {n: f.annotation for n, f in model.model_fields.items()})
+    fields = model.model_fields
+    types = _FIELD_TYPES.get(model) or _FIELD_TYPES.setdefault(model, {n: f.annotation for n, f in fields.items()})
     if isinstance(data, dict) and all(
         type(v) is types.get(k) and v == v and v not in _INFINITE for k, v in data.items()
     ):
@@ -2267,14 +2218,40 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
             return handler(data)
         except Exception:
             pass
-    clean, notes = accept_valves(model.model_fields, data)
+    raw = data if isinstance(data, dict) else {}
+    clean, notes, carried, ignored = {}, [], [], []
+    for name, value in raw.items():
+        name = str(name)
+        target = name if name in fields else LEGACY_VALVES.get(name)
+        if target is None or target not in fields or (target != name and (target in raw or target in clean)):
+            ignored.append(name)  # unknown, or an old name whose new one is set too
+            continue
+        if target != name:
+            carried.append(f"{name} → {target}")
+        kind = fields[target].annotation
+        if value is None and kind is not str:
+            continue  # Open WebUI drops None ("not set"): the default applies
+        try:
+            value = _legacy_value(name, value)
+            if kind is bool:
+                clean[target] = _as_bool(value)
+            elif kind in (int, float):
+                clean[target] = _as_number(value, kind)
+            else:
+                clean[target] = _as_text(value) if kind is str else value
+        except (TypeError, ValueError, OverflowError):
+            used = _shown(fields[target].default)
+            notes.append(note("n_valve_invalid", name=target, value=_shown(value), allowed=kind.__name__, used=used))
+    if carried:
+        notes.insert(0, note("n_carried", names=", ".join(sorted(carried))))
+    if ignored:
+        notes.append(note("n_ignored", names=", ".join(sorted(ignored))))
     try:
         instance = handler(clean)
-    except Exception as exc:
-        errors = exc.errors() if isinstance(exc, ValidationError) else []
-        bad = {str(e["loc"][0]) for e in errors if e.get("loc")}
+    except Exception as exc:  # a value of a type passed as it came: its field, else every field, takes the default
+        bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")} if isinstance(exc, ValidationError) else set()
         for name in sorted(bad & set(clean)):
-            declared = model.model_fields[name]
+            declared = fields[name]
             value, used, allowed = _shown(clean.pop(name)), _shown(declared.default), type(declared.default).__name__
             notes.append(note("n_valve_invalid", name=name, value=value, allowed=allowed, used=used))
         try:
@@ -2293,44 +2270,34 @@ _LEGACY_THRESHOLD_ENTRY = re.compile(r"^\s*(?P<model>.+?)\s*:\s*(?P<threshold>\d
 
 
 def _legacy_thresholds(text: str) -> Optional[dict]:
-    """The older filter's ``model:threshold:max`` list (comma, semicolon or
-    line separated; model ids may contain colons), or None if not that."""
+    """The older filter's ``model:threshold:max`` list (comma, semicolon or line separated; model ids may contain
+    colons), or None if not that."""
     found = [_LEGACY_THRESHOLD_ENTRY.match(entry) for entry in re.split(r"[,;\n]", text) if entry.strip()]
     if not found or not all(found):
         return None
-    return {
-        match["model"]: {
-            "compression_threshold_tokens": int(match["threshold"]),
-            "max_context_tokens": int(match["cap"]),
-        }
-        for match in found
-    }
+    keys = ("compression_threshold_tokens", "max_context_tokens")
+    return {match["model"]: dict(zip(keys, map(int, match.group("threshold", "cap")))) for match in found}
 
 
-def _json_object(raw: Any, name: str, legacy: Optional[Callable] = None) -> tuple[dict, list]:
-    """The valve ``name`` holding a JSON object (typed as text, or already an
-    object): (the object, {} when unset or unreadable; a Note when it cannot
-    be read). ``legacy`` reads the text when it is not JSON."""
+def _json_object(raw: Any, name: str) -> tuple[dict, list]:
+    """A valve holding a JSON object, typed as text or already an object: (the object, []), ({}, []) when unset,
+    ({}, [a Note]) when the valve ``name`` cannot be read."""
     if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
-    value = raw
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except ValueError as exc:
-            value = legacy(raw) if legacy else None
-            if value is None:
-                return {}, [note("n_unreadable", name=name, detail=getattr(exc, "msg", str(exc)))]
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        return {}, [note("n_unreadable", name=name, detail=getattr(exc, "msg", str(exc)))]
     if not isinstance(value, dict):
         return {}, [note("n_unreadable", name=name, detail="not a JSON object")]
     return value, []
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
-    """The ``model_thresholds`` valve: a JSON object mapping a model id (or a
-    prefix ending in ``*``) to overrides, or the older filter's
-    ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
-    table, problems = _json_object(raw, "model_thresholds", _legacy_thresholds)
+    """The ``model_thresholds`` valve: a JSON object mapping a model id (or a prefix ending in ``*``) to overrides,
+    or the older filter's ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
+    legacy = _legacy_thresholds(raw) if isinstance(raw, str) else None  # never matches JSON text
+    table, problems = (legacy, []) if legacy else _json_object(raw, "model_thresholds")
     clean = {}
     for model, entry in table.items():
         if not isinstance(entry, dict):
@@ -2352,19 +2319,8 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
 _OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
 
 
-def parse_model_params(raw: Any) -> tuple[dict, list]:
-    """The ``summary_model_params`` valve: a JSON object merged into the
-    summary call. Returns (params, Notes on what was ignored)."""
-    params, problems = _json_object(raw, "summary_model_params")
-    own = sorted(k for k in params if k in _OWN_CALL_KEYS)
-    if own:
-        problems.append(note("n_params_own", names=", ".join(own)))
-    return {str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS}, problems
-
-
 def model_overrides(table: dict, model_id: str) -> dict:
-    """The overrides of a model: its own entry, else the longest matching
-    ``prefix*`` entry's."""
+    """A model's overrides: its own entry, else the longest matching ``prefix*`` entry's."""
     if model_id in table:
         return table[model_id]
     prefixes = [p for p in table if p.endswith("*") and model_id.startswith(p[:-1])]
@@ -2379,8 +2335,7 @@ def _valve_defaults(cls: type) -> dict:
 
 
 def _bounded_valve(valves: Any, name: str, notes: list) -> Any:
-    """A numeric valve inside its range; a value outside is corrected and
-    explained (kept as typed in the valves, so the admin sees it)."""
+    """A numeric valve inside its range: a value outside is corrected and explained (kept as typed for the admin)."""
     default = _valve_defaults(type(valves))[name]
     kind = type(default)
     low, high = _VALVE_BOUNDS[name]
@@ -2411,9 +2366,8 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
 
 
 def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Settings:
-    """Effective settings for one request. Impossible combinations and
-    values out of range are corrected to a safe value and explained in
-    ``warnings`` (Notes), after those of the valves themselves."""
+    """Effective settings for one request: impossible combinations and values out of range are corrected to a safe
+    value and explained in ``warnings`` (Notes), after those of the valves themselves."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
@@ -2429,23 +2383,19 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
     summary_model = _as_text(getattr(valves, "summary_model", "")).strip() or model_id
     summary_own = model_overrides(table, summary_model)
-    window = int(bounded["summary_model_max_context"]) or int(
-        summary_own.get("summary_model_max_context", 0)
-        or summary_own.get("max_context_tokens", 0)
-        or max_context
-        or 32000
-    )
+    window = bounded["summary_model_max_context"] or summary_own.get("summary_model_max_context", 0)
+    window = window or summary_own.get("max_context_tokens", 0) or max_context or 32000
     wanted = int(bounded["max_summary_tokens"])
     room = min(window, max_context or window)  # a summary takes at most half of it
     max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
     if max_summary != wanted:
         warnings.append(note("n_summary_budget", wanted=wanted, window=room, used=max_summary))
-    params, problems = parse_model_params(getattr(valves, "summary_model_params", ""))
+    params, problems = _json_object(getattr(valves, "summary_model_params", ""), "summary_model_params")
     warnings.extend(problems)
+    if own_keys := sorted(k for k in params if k in _OWN_CALL_KEYS):
+        warnings.append(note("n_params_own", names=", ".join(own_keys)))
     style = _choice(valves, "summary_style", SUMMARY_STYLES, warnings)
-    show = _as_bool(getattr(valves, "show_status", True), strict=False) and (
-        user_valves is None or _as_bool(getattr(user_valves, "show_status", True), strict=False)
-    )
+    show = all(_as_bool(getattr(v, "show_status", True), strict=False) for v in (valves, user_valves) if v is not None)
     return Settings(
         threshold=threshold,
         max_context=max_context,
@@ -2465,25 +2415,22 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         status_usage_threshold=float(bounded["status_usage_threshold"]),
         summary_style=style,
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
-        summary_model_params=params,
+        summary_model_params={str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS},
         low_water=float(bounded["summary_low_water"]),
     )
 
 
 def usage_shown(settings: Settings, used: int) -> bool:
-    """Whether the usage part of the status line is shown for a request of
-    ``used`` tokens: from ``status_usage_threshold`` of the cap on (always
-    when it is 0; never without a cap, where there is no share to reach)."""
+    """Whether the status line shows the usage of a request of ``used`` tokens: from ``status_usage_threshold`` of
+    the cap on (always when it is 0; never without a cap, where there is no share to reach)."""
     share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
     return share <= 0 or (cap > 0 and used >= share * cap)
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` with the token budgets (cap, threshold, trigger) turned
-    from the model's own tokens into counted ones: divided by ``scale``
-    (``ModelTokens.scale``), with RATIO_SAFETY of room; None (nothing
-    learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``)
-    lowers the cap, and the trigger with it. ``to_model_tokens`` converts back."""
+    """``settings`` with the token budgets (cap, threshold, trigger) turned from the model's own tokens into counted
+    ones (``to_model_tokens`` converts back): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room;
+    None (nothing learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``) lowers cap and trigger."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
@@ -2513,11 +2460,9 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 # ---------------------------------------------------------------------------
 # 5. Summary store: Open WebUI's async database
 # ---------------------------------------------------------------------------
-# Two tables of the filter's own, created on first use: summaries (several
-# per chat, so another branch can fall back to an older still-valid one) and
-# leases (one row per chat while a worker summarizes it, or while failures
-# back off). Every call goes through the async engine: the event loop never
-# waits on the database.
+# Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
+# an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off) and
+# ModelTokens' ratios. Every call goes through the async engine: the event loop never waits on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
@@ -2530,47 +2475,40 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
-STORE_FIX = "set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE"
-
 
 class Fault(Enum):
-    """Why summaries failed, in one vocabulary for the store, the summarizer,
-    the status line and the log: each member carries its short log text, the
-    status-text key that says it (layer 7; "": nothing worth telling the
+    """Why summaries failed, in one vocabulary for the store, the summarizer, the status line and the log: each
+    member carries its short log text, the status-text key that says it (layer 7; "": nothing worth telling the
     user) and, for the store, the log line that explains it."""
 
-    TIMEOUT = ("timeout", "r_timeout", "")
-    MODEL_ERROR = ("model error", "r_model_error", "")
-    EMPTY = ("empty answer", "r_empty", "")
-    REASONING_ONLY = ("reasoning-only answer", "r_reasoning_only", "")
-    DIRECT = ("direct connection", "r_direct", "")
-    UNREADABLE = ("unreadable answer", "r_unreadable", "")
-    NO_SUMMARIZER = ("no summarizer", "r_no_summarizer", "")
-    INTERNAL = ("internal error", "r_internal", "")
-    # the role may not create or use the tables
-    STORE_DENIED = (
+    TIMEOUT = ("timeout", "r_timeout")
+    MODEL_ERROR = ("model error", "r_model_error")
+    EMPTY = ("empty answer", "r_empty")
+    REASONING_ONLY = ("reasoning-only answer", "r_reasoning_only")
+    DIRECT = ("direct connection", "r_direct")
+    UNREADABLE = ("unreadable answer", "r_unreadable")
+    NO_SUMMARIZER = ("no summarizer", "r_no_summarizer")
+    INTERNAL = ("internal error", "r_internal")
+    STORE_DENIED = (  # the role may not create or use the tables
         "store_denied",
         "r_store_denied",
-        "no permission to create or use the summary tables ({detail}); " + STORE_FIX,
+        "no permission to create or use the summary tables ({detail}); set DATABASE_SCHEMA to a schema Open WebUI's role may create tables in, or GRANT CREATE",
     )
-    # connection refused, closed, or the server restarting
-    STORE_DOWN = (
+    STORE_DOWN = (  # connection refused, closed, or the server restarting
         "store_down",
         "r_store_down",
         "the database is unreachable ({detail}); summaries resume once it answers again",
     )
-    # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
-    STORE_BUSY = (
+    STORE_BUSY = (  # SQLite `database is locked`, PostgreSQL lock or pool timeouts, after retries
         "store_busy",
         "r_store_busy",
         "the database stayed locked or busy after retries ({detail}); retried on later turns",
     )
     STORE_ERROR = ("store_error", "r_store_down", "database error ({detail})")  # any other database error
-    # no database here at all (Open WebUI or SQLAlchemy missing): nothing to tell the user
-    STORE_ABSENT = ("store_absent", "", "no database ({detail})")
+    STORE_ABSENT = ("store_absent", "", "no database ({detail})")  # no Open WebUI database here: nothing to tell
 
-    def __init__(self, text: str, key: str, explained: str):
-        self.text, self.key, self.explained = text, key, explained or "{detail}"
+    def __init__(self, text: str, key: str, explained: str = "{detail}"):
+        self.text, self.key, self.explained = text, key, explained
 
 
 @dataclass
@@ -2598,9 +2536,8 @@ class StoreUnavailable(RuntimeError):
 
 @lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
-    """SQLAlchemy Core tables on a metadata of their own, in ``schema``
-    like Open WebUI's own (``MetaData(schema=DATABASE_SCHEMA)``). Imported
-    lazily: the filter also runs where SQLAlchemy is absent, without a store."""
+    """SQLAlchemy Core tables on a metadata of their own, in ``schema`` like Open WebUI's own
+    (``MetaData(schema=DATABASE_SCHEMA)``). Imported lazily: without SQLAlchemy the filter runs without a store."""
     from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
     metadata = MetaData(schema=schema)
@@ -2654,11 +2591,9 @@ def _owui_async_engine() -> Any:
     return async_engine
 
 
-# How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of
-# the message. SQLSTATEs: insufficient_privilege; lock_not_available,
-# deadlock, serialization failure, query canceled (statement or lock
-# timeout), too many connections; connection exceptions (08), operator
-# intervention (57P: shut down, crashed, cannot connect now).
+# How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of the message. SQLSTATEs:
+# insufficient_privilege; lock_not_available, deadlock, serialization failure, query canceled (statement or lock
+# timeout), too many connections; connection exceptions (08), operator intervention (57P: shut down, crashed, ...).
 _STORE_SIGNS = (
     (Fault.STORE_DENIED, ("42501",), ("permission denied", "readonly database", "read-only", "must be owner of")),
     (
@@ -2688,17 +2623,14 @@ def _error_chain(exc: BaseException) -> list:
 
 
 def classify_store_error(exc: BaseException) -> Optional[Fault]:
-    """The STORE_* Fault of a database error; None when ``exc`` is not one
-    (a bug, which is raised as it is)."""
+    """The STORE_* Fault of a database error (SQLSTATE first, then words); None when ``exc`` is not one (a bug)."""
     chain = _error_chain(exc)
-    for code in (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None) for e in chain):
-        for fault, states, _ in _STORE_SIGNS:
-            if isinstance(code, str) and code.startswith(states):
-                return fault
+    codes = [getattr(e, "sqlstate", None) or getattr(e, "pgcode", None) for e in chain]
     text = " ".join(str(e).lower() for e in chain)
-    for fault, _, words in _STORE_SIGNS:
-        if any(word in text for word in words):
-            return fault
+    signs = [f for c in codes if isinstance(c, str) for f, states, _ in _STORE_SIGNS if c.startswith(states)]
+    signs += [f for f, _, words in _STORE_SIGNS if any(word in text for word in words)]
+    if signs:
+        return signs[0]
     if any(getattr(e, "connection_invalidated", False) or isinstance(e, (ConnectionError, OSError)) for e in chain):
         return Fault.STORE_DOWN
     drivers = ("sqlalchemy", "psycopg", "psycopg2", "sqlite3", "aiosqlite")
@@ -2706,12 +2638,10 @@ def classify_store_error(exc: BaseException) -> Optional[Fault]:
 
 
 class LeaseHold:
-    """``async with store.hold(scope, holder) as held:`` takes the chat's
-    lease (``held`` is false when another worker has it or failures back
-    off), renews it every ``renew_every`` seconds while the block runs
-    (``lost`` turns true when a heartbeat finds it taken over or gone), and
-    releases it at the end, unless ``back_off`` turned it into a back-off
-    hold. A killed holder's lease frees within ``ttl``."""
+    """``async with store.hold(scope, holder) as held:`` takes the chat's lease (``held`` is false when another
+    worker has it or failures back off), renews it every ``renew_every`` seconds while the block runs (``lost``
+    turns true when a heartbeat finds it taken over or gone), and releases it at the end, unless ``back_off``
+    turned it into a back-off hold. A killed holder's lease frees within ``ttl``."""
 
     def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
         self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
@@ -2740,10 +2670,9 @@ class LeaseHold:
                 log.exception("async_context_compression: lease heartbeat failed")
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        if self._task is not None:
+        if self.acquired:  # the heartbeat runs exactly when the lease was acquired
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.acquired:
             try:
                 await self.store.release(self.scope, self.holder)  # after back_off the row is no longer ours
             except StoreUnavailable as exc:
@@ -2751,8 +2680,7 @@ class LeaseHold:
 
 
 async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int) -> None:
-    """Delete the rows of ``same`` older than its ``keep`` newest (only
-    older: a row another worker committed after the SELECT stays)."""
+    """Delete the rows of ``same`` older than its ``keep`` newest (a row committed after the SELECT stays)."""
     query = sa.select(table.c.id).where(*same).order_by(table.c.id.desc()).limit(keep)
     kept = [row[0] for row in (await conn.execute(query)).all()]
     if len(kept) == keep:
@@ -2760,15 +2688,10 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class SummaryStore:
-    """Summaries and leases in the host's database, through an async
-    SQLAlchemy engine (Open WebUI's own by default), in Open WebUI's
-    DATABASE_SCHEMA on PostgreSQL.
-
-    Every operation is one short transaction. Database errors come out as
-    StoreUnavailable with a Fault; a locked database is retried a few times
-    first, a dropped connection once. ``fault`` is the Fault of the latest
-    failed operation, None after a success. The tables are created by the
-    first call that succeeds, tried again after a failure."""
+    """Summaries, leases and ratios in the host's database through an async SQLAlchemy engine (Open WebUI's own by
+    default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per operation. Database errors come out as
+    StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked database
+    is retried a few times first, a dropped connection once. The tables are made by the first call that succeeds."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -2781,9 +2704,8 @@ class SummaryStore:
         self.fault: Optional[Fault] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: the one given, else Open WebUI's
-        DATABASE_SCHEMA (from its loaded settings, else from the environment
-        it reads it from); none on SQLite, which has no schemas."""
+        """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (from its loaded settings,
+        else from the environment it reads it from); none on SQLite, which has no schemas."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
         schema = self._schema_setting
@@ -2802,15 +2724,10 @@ class SummaryStore:
         return StoreUnavailable(f"{fault.text}: {detail}", fault)
 
     async def _engine(self) -> Any:
-        """The engine, once our tables exist there; a failure to make them
-        is tried again at the next call (after DENIED_RETRY when denied)."""
+        """The engine, once our tables exist there (tried again at the next call; when denied, DENIED_RETRY later)."""
         engine = self._engine_getter()
         if engine is None:
             raise StoreUnavailable("no database (Open WebUI is not installed here)", Fault.STORE_ABSENT)
-        try:
-            _tables()
-        except ImportError as exc:
-            raise StoreUnavailable(f"SQLAlchemy is not installed ({exc})", Fault.STORE_ABSENT)
         if self._ready_for is engine:
             return engine
         async with self._schema_lock:
@@ -2828,8 +2745,7 @@ class SummaryStore:
                     reason = classify_store_error(exc)
                     if reason is None:
                         raise
-                    # a race with another worker creating the same tables
-                    # (duplicate, locked) is tried again
+                    # a race with another worker creating the same tables (duplicate, locked) is tried again
                     if reason == Fault.STORE_DENIED or attempt == 4 or (reason == Fault.STORE_DOWN and attempt):
                         failure = self._failed(reason, exc)
                         if reason == Fault.STORE_DENIED:
@@ -2841,19 +2757,15 @@ class SummaryStore:
         return engine
 
     async def _table(self, name: str) -> tuple:
-        """SQLAlchemy and our table ``name``; StoreUnavailable (before any
-        import can fail) where there is no database."""
+        """SQLAlchemy and our table ``name``; StoreUnavailable first where there is no database."""
         await self._engine()
-        import sqlalchemy
-        import sqlalchemy.exc
+        import sqlalchemy.exc  # binds sqlalchemy too
 
         return sqlalchemy, self._t[name]
 
     async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """``operation(conn)`` in one transaction: a locked or busy database
-        is tried again after short jittered waits, a dropped connection once
-        (the pool then holds fresh connections), tables dropped since we
-        made them are made again once."""
+        """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
+        waits, a dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
         import random
 
         engine = await self._engine()
@@ -2902,8 +2814,7 @@ class SummaryStore:
         return [SummaryRecord(**row) for row in rows.mappings()]
 
     async def save(self, record: SummaryRecord) -> None:
-        """One transaction: the new row and the pruning of the oldest; a
-        reader sees all of it or nothing."""
+        """One transaction: the new row and the pruning of the oldest; a reader sees all of it or nothing."""
         sa, t = await self._table("summary")
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
@@ -2920,10 +2831,8 @@ class SummaryStore:
 
     # -- the model's own tokens (ModelTokens) ----------------------------------
     async def add_ratios(self, rows: list) -> None:
-        """Samples (key, model, path, ratio, created_at), one transaction;
-        each model and path keeps its RATIO_SAMPLES newest rows older than
-        RATIOS_KEPT_FRESH, and every younger one (so no row of a snapshot
-        that ``ModelTokens`` may read this minute is pruned before then)."""
+        """Samples (key, model, path, ratio, created_at), one transaction; each model and path keeps its
+        RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
         if not rows:
             return
         sa, t = await self._table("ratio")
@@ -2949,10 +2858,8 @@ class SummaryStore:
         return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Atomically take the chat's lease, or fail when a live one (or a
-        failure back-off) is held: one upsert (one transaction) on SQLite
-        and PostgreSQL; the primary key makes it safe across workers and
-        replicas sharing the database."""
+        """Atomically take the chat's lease, or fail when a live one (or a failure back-off) is held: one upsert
+        (one transaction) on SQLite and PostgreSQL; the primary key makes it safe across workers and replicas."""
         sa, t = await self._table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
@@ -2983,8 +2890,7 @@ class SummaryStore:
         return await self._run(op)
 
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no
-        longer ours."""
+        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no longer ours."""
         sa, t = await self._table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
         result = await self._run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
@@ -2995,8 +2901,7 @@ class SummaryStore:
         await self._run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
-        """Turn our lease into a back-off hold that grows with each failure;
-        returns its length in seconds."""
+        """Turn our lease into a back-off hold that grows with each failure; returns its length in seconds."""
         sa, t = await self._table("lease")
 
         async def op(conn):
@@ -3013,19 +2918,12 @@ class SummaryStore:
         return await self._run(op)
 
 
-def choose_summary(
-    records: Iterable[SummaryRecord], digests: list, allow_full: bool = False
-) -> Optional[SummaryRecord]:
-    """The most advanced summary whose covered prefix is exactly the start
-    of this branch. Inlet needs a verbatim tail after it (``allow_full``
-    False); outlet, which sees the reply just made, accepts full coverage."""
+def choose_summary(records: Iterable, digests: list, allow_full: bool = False) -> Optional[SummaryRecord]:
+    """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim
+    tail after it (``allow_full`` False); outlet, which sees the reply just made, accepts full coverage."""
     limit = len(digests) if allow_full else len(digests) - 1
-    valid = [
-        r
-        for r in records
-        if 0 <= r.head_count < r.covered_count <= limit
-        and prefix_fingerprint(digests, r.covered_count) == r.fingerprint
-    ]
+    in_range = (r for r in records if 0 <= r.head_count < r.covered_count <= limit)
+    valid = [r for r in in_range if prefix_fingerprint(digests, r.covered_count) == r.fingerprint]
     return max(valid, key=lambda r: r.covered_count, default=None)
 
 
