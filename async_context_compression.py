@@ -89,10 +89,9 @@ class _BoundedDict(OrderedDict):
 
     def recall(self, key, default=None):
         """The value of ``key``, which becomes the most recently used."""
-        try:
-            self.move_to_end(key)
-        except KeyError:
+        if key not in self:
             return default
+        self.move_to_end(key)
         return self[key]
 
 
@@ -100,13 +99,10 @@ class _BoundedDict(OrderedDict):
 # 1. Pure transcript functions
 # ---------------------------------------------------------------------------
 
-_ERROR_STOP_REASONS = frozenset({"error", "aborted"})
 _MAX_TOOL_CALL_ID = 40
-_FUNCTION_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_NAME_FIELD_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")  # a ``name`` (O8); a function name too, with at most 64 chars (O6)
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
-_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
 _MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
@@ -131,7 +127,7 @@ def _is_tool_call_turn(message: Any) -> bool:
 
 def _is_errored_assistant(message: Message) -> bool:
     reasons = (message.get(key) for key in ("stopReason", "stop_reason", "finish_reason"))
-    return any(isinstance(r, str) and r.lower() in _ERROR_STOP_REASONS for r in reasons) or bool(message.get("error"))
+    return any(isinstance(r, str) and r.lower() in ("error", "aborted") for r in reasons) or bool(message.get("error"))
 
 
 def _text_chars(message: Any) -> int:
@@ -143,9 +139,7 @@ def _text_chars(message: Any) -> int:
 
 
 def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
-    """The texts of a message's ``content``: the string itself, or its bare
-    strings and the ``text`` of its parts (only parts whose ``type`` is in
-    ``kinds``, when given)."""
+    """The texts of ``content``: the string, or bare strings and parts' ``text`` (of a type in ``kinds``, if given)."""
     if isinstance(content, str):
         return [content]
     if not isinstance(content, list):
@@ -176,11 +170,10 @@ def _has_visible_content(message: Message) -> bool:
 
 
 def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
-    """Half-open [start, end) spans of the units kept or dropped together,
-    lazily (a caller looking for one unit stops early). A unit is an
-    ``assistant(tool_calls)`` with its results, further call/result steps of
-    the chain, and the answer that consumes the last results; any other
-    message, an orphan tool message included, is a unit of its own."""
+    """The half-open spans of the units kept or dropped together, lazily (a
+    caller looking for one unit stops early): an ``assistant(tool_calls)``
+    with its results, the chain's further steps and the answer to its last
+    results; any other message (an orphan tool message too) alone."""
     chain_start = -1
     prev_role: Optional[str] = None
     for i, message in enumerate(messages):
@@ -229,15 +222,10 @@ def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int
 
 
 def protected_head_end(messages: Messages, keep_first: int) -> int:
-    """Index just past the first ``keep_first`` non-system messages, with the
-    last of them extended to the end of its unit so the head never splits a
-    tool chain."""
-    if keep_first <= 0:
-        return 0
-    heads = [i for i, m in enumerate(messages) if _role(m) != "system"]
-    if len(heads) < keep_first:
-        return len(messages)
-    return next(end for start, end in atomic_spans(messages) if start <= heads[keep_first - 1] < end)
+    """Index just past the first ``keep_first`` non-system messages and the
+    rest of the last one's unit: the head never splits a tool chain."""
+    last = index_after_head(messages, keep_first) - 1
+    return next((end for start, end in atomic_spans(messages) if start <= last < end), 0)
 
 
 # -- Repair -----------------------------------------------------------------
@@ -270,11 +258,10 @@ class RepairReport:
     def noticeable(self) -> bool:
         """Whether a person would notice: id renames (long or reused ids,
         every request of some providers) change nothing anyone reads."""
-        return any(count for name, count in vars(self).items() if name not in _SILENT_REPAIRS)
+        return any(count for name, count in vars(self).items() if name not in ("shortened_ids", "renamed_reused_ids"))
 
     def describe(self) -> str:
-        parts = [f"{name.replace('_', ' ')}={count}" for name, count in vars(self).items() if count]
-        return ", ".join(parts) or "nothing to repair"
+        return ", ".join(f"{k.replace('_', ' ')}={v}" for k, v in vars(self).items() if v) or "nothing to repair"
 
     def __add__(self, other: RepairReport) -> RepairReport:
         return RepairReport(**{name: count + getattr(other, name) for name, count in vars(self).items()})
@@ -282,17 +269,15 @@ class RepairReport:
 
 @dataclass
 class TranscriptView:
-    """A message list with the few sub-lists repair checks read, each built
-    once, on first use, and shared by every check of the same list (so a
-    clean list costs a handful of fast passes however many steps there are).
-    Only for a list that is not changed meanwhile; ``messages`` is not copied.
-    The sub-lists assume the list has no malformed message (step one)."""
+    """A message list with the sub-lists repair checks read, each built on
+    first use and shared by every check of the list (a clean list costs a few
+    fast passes however many steps there are). The list must not change
+    meanwhile (it is not copied) nor hold a malformed message (step one)."""
 
     messages: Messages
 
     @cached_property
     def callers(self) -> list:
-        """(index, message) of every message with a ``tool_calls`` key."""
         return [(i, m) for i, m in enumerate(self.messages) if "tool_calls" in m]
 
     @cached_property
@@ -300,21 +285,15 @@ class TranscriptView:
         return [m for m in self.messages if m["role"] == "tool"]
 
     @cached_property
-    def named(self) -> list:
-        return [m for m in self.messages if "name" in m]
-
-    @cached_property
     def not_text(self) -> list:
-        """Messages whose content is not a string (null included)."""
         return [m for m in self.messages if m.get("content").__class__ is not str]
 
 
 @dataclass(frozen=True)
 class RepairStep:
-    """One repair invariant: ``broken(view)``, a cheap check whether the
-    list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
-    which restores it. Called, a step returns its input untouched (the same
-    list) when its check finds nothing to do."""
+    """One repair invariant: ``broken(view)`` cheaply checks whether a list
+    breaks it, ``fix(messages, report)`` restores it. Called, a step returns
+    the very same list when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
@@ -352,13 +331,11 @@ def _fix_calls(messages: Messages, ok: Callable[[dict], bool], fix: Callable[[di
 
 
 def _has_malformed(view: TranscriptView) -> bool:
-    try:
-        # a message that is no dict has no role here; an unhashable role raises
-        if not _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages]):
-            return True
+    try:  # a message that is no dict has no role here; an unhashable role raises
+        roles_ok = _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages])
     except TypeError:
         return True
-    return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
+    return not (roles_ok and all(isinstance(m.get("tool_call_id"), str) for m in view.tools))
 
 
 @_repair_step(_has_malformed)
@@ -392,21 +369,19 @@ def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Message
     out = []
     for message in messages:
         if "tool_calls" in message:
-            calls = message.get("tool_calls")
-            valid = [c for c in calls if _call_id(c)] if isinstance(calls, list) else []
+            valid = [c for c in _tool_calls(message) if _call_id(c)]
             if not valid:
                 message = {k: v for k, v in message.items() if k != "tool_calls"}
                 report.removed_empty_tool_calls += 1
-            elif len(valid) != len(calls):
+            elif len(valid) != len(message["tool_calls"]):
+                report.dropped_unanswered_calls += len(message["tool_calls"]) - len(valid)
                 message = {**message, "tool_calls": valid}
-                report.dropped_unanswered_calls += len(calls) - len(valid)
         out.append(message)
     return out
 
 
 def _turn_span_end(messages: Messages, start: int) -> int:
-    """End of the span that may hold the results of the assistant at
-    ``start``: everything up to the next assistant message."""
+    """Where the span that may hold the results of the assistant at ``start`` ends: at the next assistant."""
     return next((j for j in range(start + 1, len(messages)) if _role(messages[j]) == "assistant"), len(messages))
 
 
@@ -441,16 +416,13 @@ def _answered_in_order(messages: Messages, i: int) -> bool:
 
 def _pairing_broken(view: TranscriptView) -> bool:
     turns = [i for i, m in view.callers if m["role"] == "assistant"]
-    if not all(_answered_in_order(view.messages, i) for i in turns):
-        return True
-    # every run is answered in full; a tool message outside the runs answers nothing
-    return sum(len(view.messages[i]["tool_calls"]) for i in turns) != len(view.tools)
+    in_runs = sum(len(view.messages[i]["tool_calls"]) for i in turns)  # a tool message outside them answers nothing
+    return not all(_answered_in_order(view.messages, i) for i in turns) or in_runs != len(view.tools)
 
 
 def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> Messages:
     """The assistant with its answered calls, their results in call order,
-    then the span's other messages in their order. An assistant left with
-    no call and nothing to show goes."""
+    then the rest of the span, in order (an assistant left with nothing goes)."""
     calls = _tool_calls(assistant)
     first: dict = {}  # id -> its first call: a repeated call goes
     for call in calls:
@@ -488,8 +460,7 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     reuse ids (``exec_0``) every turn. A result displaced behind another
     message moves back to its call; one after a later assistant turn cannot
     be placed and is dropped with its call."""
-    # Turns whose results are exactly their run (the usual case) are copied
-    # as they are: only the broken turns and the stray results are visited.
+    # Only broken turns and stray results are visited: a turn answered in its run is copied as it is.
     broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
     last_assistant = -1
@@ -505,18 +476,15 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
                 broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
             else:
                 strays.append(p)
-    out: Messages = []
-    done = 0
-    for at in sorted(broken.union(strays)):
-        if at < done:
-            continue
+    out, done = [], 0
+    for at in sorted(broken.union(strays)):  # a stray never lies in a broken turn's span
         out.extend(messages[done:at])
-        if at not in broken:
+        if at in broken:
+            done = _turn_span_end(messages, at)
+            out.extend(_pair_one_turn(messages[at], messages[at + 1 : done], report))
+        else:
             report.dropped_orphan_results += 1
             done = at + 1
-            continue
-        done = _turn_span_end(messages, at)
-        out.extend(_pair_one_turn(messages[at], messages[at + 1 : done], report))
     out.extend(messages[done:])
     return out
 
@@ -558,11 +526,10 @@ def _has_reused_tool_call_id(view: TranscriptView) -> bool:
 @_repair_step(_has_reused_tool_call_id)
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A4): no tool-call id is used by two assistant
-    turns of one request (some providers reuse ``exec_0`` every round). An id
-    assigned earlier is renamed, on the call and its results (right after it
-    since pairing), to the smallest free ``_n`` suffix within 40 characters:
-    a turn's ids depend only on the turns before it, so every request of a
-    chat sends the same ids for its older turns (a warm prompt cache)."""
+    turns of one request (some providers reuse ``exec_0`` every round). A
+    reused id is renamed, on the call and its results, to the smallest free
+    ``_n`` suffix within 40 characters: a turn's ids depend only on the turns
+    before it, so a chat's older turns keep their ids (a warm prompt cache)."""
     taken, next_suffix = set(), {}  # ids assigned; where the search for an id's free suffix may start
     out = list(messages)
     for i, message in enumerate(messages):
@@ -593,28 +560,28 @@ def _safe_name(name: Any) -> str:
     return _INVALID_NAME_CHARS.sub("_", str(name or ""))[:64] or "tool"
 
 
-def _name_field_ok(name: Any) -> bool:
-    return name is None or (isinstance(name, str) and bool(_NAME_FIELD_RE.fullmatch(name)))
-
-
-def _valid_function_name(call: dict) -> bool:
-    name = _function_of(call).get("name")
-    return isinstance(name, str) and _function_name_ok(name)
-
-
-@lru_cache(maxsize=1024)
-def _function_name_ok(name: str) -> bool:
-    return bool(_FUNCTION_NAME_RE.fullmatch(name))
-
-
 def _function_of(call: dict) -> dict:
     return call["function"] if isinstance(call.get("function"), dict) else {}
 
 
+@lru_cache(maxsize=1024)
+def _name_ok(name: str) -> bool:  # cached: every request checks the name of every call in the chat
+    return bool(_NAME_RE.fullmatch(name))
+
+
+def _name_field_ok(name: Any) -> bool:
+    return name is None or (isinstance(name, str) and _name_ok(name))
+
+
+def _function_name_ok(call: dict) -> bool:
+    name = _function_of(call).get("name")
+    return isinstance(name, str) and len(name) <= 64 and _name_ok(name)
+
+
 @_repair_step(
     lambda view: (
-        not all(_name_field_ok(m["name"]) for m in view.named)
-        or not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
+        not all(_name_field_ok(m["name"]) for m in view.messages if "name" in m)
+        or not all(_function_name_ok(c) for _, m in view.callers for c in m["tool_calls"])
     )
 )
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
@@ -628,7 +595,7 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
         out.append(message)
     out, renamed = _fix_calls(
         out,
-        _valid_function_name,
+        _function_name_ok,
         lambda c: {**c, "function": {**_function_of(c), "name": _safe_name(_function_of(c).get("name"))}},
     )
     report.renamed_functions += renamed
@@ -684,14 +651,12 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O7): ``content`` is a string, null (left to
     fix_null_content) or a non-empty list of well-formed parts, images only
     in user messages (elsewhere a marked text part). Bare strings become
-    text parts, a lone part a list, other values their text; malformed parts
-    go, and a list left empty counts as no content."""
+    text parts, a lone part a list, other values their text; bad parts go."""
     out = []
     for message in messages:
         if not _content_ok(message):
             content = message.get("content")
-            if isinstance(content, dict):
-                content = [content]
+            content = [content] if isinstance(content, dict) else content
             if isinstance(content, list):
                 parts = []
                 for part in content:
