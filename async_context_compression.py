@@ -741,12 +741,11 @@ def is_summary_message(message: Any) -> bool:
 
 
 def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
-    """Replace the covered non-system messages ``[head_count, covered_count)``
-    with one summary message. Invariant: no role-order violation for any
-    provider. The summary, a system message, follows every system message of
-    the covered prefix (those inside the range move up, none is dropped) and
-    precedes the head: allowed by OpenAI and Mistral, and hoisted into the
-    system text by Anthropic and Gemini converters."""
+    """Replace the non-system messages ``[head_count, covered_count)`` with
+    one summary message, adding no role order a provider rejects: the summary
+    (a system message) follows every system message of the covered prefix
+    (those in the range move up) and precedes the head, as OpenAI and Mistral
+    allow and Anthropic and Gemini converters hoist into the system text."""
     cut = index_after_head(messages, covered_count)
     systems = [m for m in messages[:cut] if _role(m) == "system"]
     head = [m for m in messages[:cut] if _role(m) != "system"][:head_count]
@@ -754,8 +753,7 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
 
 
 def index_after_head(view: Messages, head_count: int) -> int:
-    """Index in ``view`` (system messages included) of the first message
-    after ``head_count`` canonical ones."""
+    """Index in ``view`` (system messages included) of the first message after ``head_count`` canonical ones."""
     if head_count <= 0:
         return 0
     canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
@@ -763,11 +761,10 @@ def index_after_head(view: Messages, head_count: int) -> int:
 
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
-    """Whether a summary of ``canon[head_count:covered_count]`` keeps a role
-    order every provider accepts where the tail begins: the head's last
-    message (with no head, the summary: a system message, which Anthropic and
-    Gemini lift out) must be allowed right before the tail's first. Records
-    of an unusable shape are left to ``choose_summary``."""
+    """Whether a summary of ``canon[head_count:covered_count]`` leaves a role
+    order every provider accepts where the tail begins: after the head's last
+    message (with no head, the summary: a system message). Records of an
+    unusable shape are left to ``choose_summary``."""
     counts = isinstance(head_count, int) and isinstance(covered_count, int)
     if not (counts and 0 <= head_count < covered_count < len(canon)):
         return True
@@ -806,9 +803,7 @@ def _last_user_index(messages: Messages) -> int:
 
 def _joinable(prev: Any, nxt: Any) -> bool:
     """Whether ``prev`` may directly precede ``nxt`` for every provider we
-    target (Mistral's role table and Gemini's call-turn rule are the
-    strictest); used so a trim never creates an order the input did not
-    have."""
+    target (Mistral's role table and Gemini's call-turn rule are strictest)."""
     prev_role, next_role = _role(prev), _role(nxt)
     if prev_role is None or next_role is None:
         return True
@@ -821,8 +816,7 @@ def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, in
     """Spans inside [lo, hi) that can go without splitting a unit: runs of
     non-system units, cut before every unit that starts with a user message
     (a turn) and around system messages (never dropped)."""
-    turns: list[tuple[int, int]] = []
-    start = -1
+    turns, start = [], -1
     for unit_start, unit_end in atomic_spans(messages):
         if unit_end <= lo:
             continue
@@ -852,9 +846,7 @@ def fit_to_budget(
     provider rejects. In an emergency, in this order, until the list fits:
     1. the oldest whole turns after the protected head go (never splitting a
        tool chain, never joining two messages into a rejected order);
-    2. what is left is shortened, the head included, each cut marked: the
-       largest old tool outputs, images, old tool-call arguments (to a JSON
-       object saying so), then other old messages;
+    2. what is left is shortened, the head included, each cut marked;
     3. the protected head yields: its turns go too, oldest first, and the
        turns step 1 skipped for the sake of role order get another chance;
     4. all before the latest user turn goes but the system messages (an
@@ -865,8 +857,7 @@ def fit_to_budget(
     report = FitReport(tokens_before=total, tokens_after=total)
     if cap <= 0 or total <= cap:
         return list(messages), report
-    # the latest user turn starts at the last user message (with no user
-    # message at all: at the start of the last unit)
+    # the latest user turn starts at the last user message (with none: at the start of the last unit)
     last_user = max(0, _last_user_index(messages))
     if last_user < len(messages) and _role(messages[last_user]) != "user":
         last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
@@ -896,13 +887,48 @@ def fit_to_budget(
 
 
 def _shrink_if_over(messages, keep, token_of, total, cap, report):
-    """The kept messages, shortened while over ``cap`` (counted on a copy
-    of ``report``), with their total and that report."""
+    """The kept messages, shortened while over ``cap`` (counted on a copy of
+    ``report``), with their total and that report: largest first, one kind
+    per pass (old tool outputs, images, old tool-call arguments, then other
+    old messages). System messages but the summary and the last user message
+    stay verbatim; so does the last assistant message of the current turn
+    (after the last user message), whose signed reasoning some providers
+    verify. An older one is shortened like any other."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
     report = replace(report)
-    out, total = _shrink_kept_messages(out, token_of, total, cap, report)
+    last_user = _last_user_index(out)
+    last_assistant = max((i for i, m in enumerate(out) if _role(m) == "assistant"), default=-1)
+    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
+    order = [i for i, m in enumerate(out) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
+    order.sort(key=lambda i: _role(out[i]) != "tool")  # stable: tool outputs first among equals
+    passes = (
+        ("tool", [i for i in order if _role(out[i]) == "tool"]),
+        ("image", order),
+        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
+        ("text", order),
+    )
+    for kind, eligible in passes:
+        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
+            if total <= cap:
+                return out, total, report
+            before = token_of(out[i])
+            if kind == "image":
+                shorter = _without_images(out[i])
+            elif kind == "arguments":
+                shorter = _without_long_arguments(out[i])
+            else:  # aim the text alone at the target: names, arguments and overhead are not shortened
+                frame = token_of({**out[i], "content": ""})
+                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
+            after = token_of(shorter)
+            if after < before:
+                out[i] = shorter
+                total -= before - after
+                if kind == "image":
+                    report.dropped_images += 1
+                else:
+                    report.shortened_messages += 1
     return out, total, report
 
 
@@ -938,78 +964,24 @@ def _first_kept(messages, keep, indices):
 
 
 def _opens_with_user(messages, keep, start, end) -> bool:
-    """False when dropping [start, end) would make an assistant message the
-    first non-system one: Anthropic and Gemini lift system messages out of
-    the turns, so past a late system message that assistant would open the
-    conversation (Anthropic rejects it)."""
+    """False when dropping [start, end) would make an assistant the first
+    non-system message: Anthropic and Gemini lift system messages out, so
+    that assistant would open the conversation (Anthropic rejects it)."""
     following = next((i for i in range(end, len(messages)) if keep[i] and _role(messages[i]) != "system"), None)
     if following is None or _role(messages[following]) == "user":
         return True
     return any(keep[i] and _role(messages[i]) != "system" for i in range(start))
 
 
-def _shrinkable_order(messages: Messages) -> list[int]:
-    """Which messages may be shortened, best candidates first: old tool
-    outputs, then images, then other old messages. System messages and the
-    last user message stay verbatim; so does the last assistant message of
-    the current turn (after the last user message), whose signed reasoning
-    some providers verify. An older one is shortened like any other."""
-    last_user = _last_user_index(messages)
-    last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
-    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
-    order = [i for i, m in enumerate(messages) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
-    return sorted(order, key=lambda i: _role(messages[i]) != "tool")  # stable: tool outputs first
-
-
-def _shrink_kept_messages(messages, token_of, total, cap, report):
-    """Shortens the messages that dropping turns kept (protected or not),
-    largest first, one kind of shortening per pass, until ``total`` fits."""
-    out = list(messages)
-    order = _shrinkable_order(out)
-    last_user = _last_user_index(out)
-    passes = (
-        ("tool", [i for i in order if _role(out[i]) == "tool"]),
-        ("image", order),
-        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
-        ("text", order),
-    )
-    for kind, eligible in passes:
-        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
-            if total <= cap:
-                return out, total
-            before = token_of(out[i])
-            if kind == "image":
-                shorter = _without_images(out[i])
-            elif kind == "arguments":
-                shorter = _without_long_arguments(out[i])
-            else:
-                # aim the text alone at the target: names, arguments and
-                # per-message overhead are not shortened
-                frame = token_of({**out[i], "content": ""})
-                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
-            after = token_of(shorter)
-            if after < before:
-                out[i] = shorter
-                total -= before - after
-                if kind == "image":
-                    report.dropped_images += 1
-                else:
-                    report.shortened_messages += 1
-    return out, total
-
-
 def _without_images(message: Message) -> Message:
     content = message.get("content")
     if not isinstance(content, list):
         return message
-    # other non-text parts (audio, files) can be as large and cannot be
-    # shortened either: marked the same way (a refusal is the reply's text)
+    # other non-text parts (audio, files) are as large and cannot be shortened either (a refusal is text)
     parts = [
-        {"type": "text", "text": _IMAGE_MARKER}
-        if isinstance(p, dict) and p.get("type") == "image_url"
-        else {"type": "text", "text": _ATTACHMENT_MARKER}
-        if isinstance(p, dict) and p.get("type") not in ("text", "refusal")
-        else p
+        p
+        if not isinstance(p, dict) or p.get("type") in ("text", "refusal")
+        else {"type": "text", "text": _IMAGE_MARKER if p.get("type") == "image_url" else _ATTACHMENT_MARKER}
         for p in content
     ]
     return message if parts == content else {**message, "content": parts}
@@ -1054,8 +1026,7 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
     keep = max(floor, int(max(target_tokens, 0) * chars_per_token * 0.9) - len(TRIM_MARKER) - 8)
     if keep >= len(text):
         return message
-    if is_summary_message(message):
-        # cut the summary's body only: its preamble and markers must survive
+    if is_summary_message(message):  # cut the body only: its preamble and markers must survive
         body = text[len(SUMMARY_PREAMBLE) + len(SUMMARY_OPEN) + 2 : len(text) - len(SUMMARY_CLOSE) - 1]
         body_keep = max(floor, keep - (len(text) - len(body)))
         if body_keep >= len(body):
