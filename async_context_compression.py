@@ -24,26 +24,21 @@ requirements: tiktoken
 #      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
 #
-# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units
-# (4, the model's ModelTokens.scale (3)) -> repair_request (1) -> store.find +
-# choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line
-# (7); Open WebUI's request hook repeats repair and fit on the final list and
-# notes its count (ModelTokens.note_sent). After the reply, Filter.outlet ->
-# ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
+# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units (4, the model's ModelTokens.scale (3)) ->
+# repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line (7); Open
+# WebUI's request hook repeats repair and fit on the final list and notes its count (ModelTokens.note_sent). After the
+# reply, Filter.outlet -> ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
-# Provider rules cited in docstrings (what a provider answers with HTTP 400;
-# devkit/provider_rules.py checks each one):
-#   O0 malformed list (unknown role, not an object)   O1 tool result with no
-#   call right before it   O2 a call left unanswered   O3 result id not among
-#   the previous calls   O5 two results for one id   O6 empty or malformed
-#   tool_calls, ids over 40 chars, bad function names   O7 null content off a
-#   call turn, parts of the wrong kind   O8 bad ``name``   (OpenAI)
-#   A1 tool_use without its tool_result next   A2 tool_result without its
-#   tool_use   A3 text before tool_result   A4 duplicate tool_use ids
-#   A5 first turn not the user's   (Anthropic, as gateways convert to it)
-#   G1 call turn not after a user or response turn   G2 response turn not
-#   after a call turn   G3 responses and calls differ in number   (Gemini)
+# Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
+#   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
+#     O2 a call left unanswered   O3 result id not among the previous calls   O5 two results for one id
+#     O6 empty or malformed tool_calls, ids over 40 chars, bad function names   O7 null content off a call turn,
+#     parts of the wrong kind   O8 bad ``name``
+#   Anthropic (as gateways convert to it): A1 tool_use without its tool_result next   A2 tool_result without its
+#     tool_use   A3 text before tool_result   A4 duplicate tool_use ids   A5 first turn not the user's
+#   Gemini: G1 call turn not after a user or response turn   G2 response turn not after a call turn
+#     G3 responses and calls differ in number
 
 from __future__ import annotations
 
@@ -170,10 +165,8 @@ def _has_visible_content(message: Message) -> bool:
 
 
 def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
-    """The half-open spans of the units kept or dropped together, lazily (a
-    caller looking for one unit stops early): an ``assistant(tool_calls)``
-    with its results, the chain's further steps and the answer to its last
-    results; any other message (an orphan tool message too) alone."""
+    """The half-open spans of units kept or dropped together: an ``assistant(tool_calls)`` with its results, the chain's
+    further steps and its final answer; any other message (orphans too) alone. Lazy: callers may stop early."""
     chain_start = -1
     prev_role: Optional[str] = None
     for i, message in enumerate(messages):
@@ -206,8 +199,7 @@ def get_atomic_groups(messages: Messages) -> list[list[int]]:
 
 
 def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int, protected_prefix: int) -> int:
-    """Move a cut that falls inside a unit back to the unit's start; when
-    that start lies inside ``protected_prefix``, forward to the unit's end."""
+    """A cut inside a unit moves back to its start, or forward to its end when that start is in ``protected_prefix``."""
     n = len(messages)
     protected_prefix = max(0, min(protected_prefix, n))
     start = max(0, min(max(raw_start_index, protected_prefix), n))
@@ -222,8 +214,7 @@ def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int
 
 
 def protected_head_end(messages: Messages, keep_first: int) -> int:
-    """Index just past the first ``keep_first`` non-system messages and the
-    rest of the last one's unit: the head never splits a tool chain."""
+    """Index past the first ``keep_first`` non-system messages and the rest of the last one's unit (no chain split)."""
     last = index_after_head(messages, keep_first) - 1
     return next((end for start, end in atomic_spans(messages) if start <= last < end), 0)
 
@@ -256,8 +247,7 @@ class RepairReport:
         return any(vars(self).values())
 
     def noticeable(self) -> bool:
-        """Whether a person would notice: id renames (long or reused ids,
-        every request of some providers) change nothing anyone reads."""
+        """Whether a person would notice; id renames (every request with some providers) change nothing anyone reads."""
         return any(count for name, count in vars(self).items() if name not in ("shortened_ids", "renamed_reused_ids"))
 
     def describe(self) -> str:
@@ -269,10 +259,9 @@ class RepairReport:
 
 @dataclass
 class TranscriptView:
-    """A message list with the sub-lists repair checks read, each built on
-    first use and shared by every check of the list (a clean list costs a few
-    fast passes however many steps there are). The list must not change
-    meanwhile (it is not copied) nor hold a malformed message (step one)."""
+    """A message list with the sub-lists repair checks read, each built on first use and shared by every check of the
+    list (a clean list costs a few fast passes however many steps there are). The list must not change meanwhile (it is
+    not copied) nor hold a malformed message (step one)."""
 
     messages: Messages
 
@@ -291,9 +280,8 @@ class TranscriptView:
 
 @dataclass(frozen=True)
 class RepairStep:
-    """One repair invariant: ``broken(view)`` cheaply checks whether a list
-    breaks it, ``fix(messages, report)`` restores it. Called, a step returns
-    the very same list when its check finds nothing to do."""
+    """One repair invariant: ``broken(view)`` cheaply checks whether a list breaks it, ``fix(messages, report)``
+    restores it. Called, a step returns the very same list when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
@@ -302,9 +290,8 @@ class RepairStep:
         return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
 
-# The steps run in the order they are defined below, an order where no later
-# step can undo an earlier one; each step's check may assume the invariants
-# of the steps before it.
+# The steps run in the order they are defined below, an order where no later step can undo an earlier one; each step's
+# check may assume the invariants of the steps before it.
 _REPAIR_STEPS: list[RepairStep] = []
 
 
@@ -319,8 +306,7 @@ def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
 
 
 def _fix_calls(messages: Messages, ok: Callable[[dict], bool], fix: Callable[[dict], dict]) -> tuple[Messages, int]:
-    """``messages`` with ``fix(call)`` in place of every call ``ok`` rejects
-    (messages without one stay the same objects), and how many there were."""
+    """``messages`` with ``fix(call)`` for every call ``ok`` rejects (others stay the same objects), and how many."""
     out, fixed = [], 0
     for message in messages:
         calls = _tool_calls(message)
@@ -340,10 +326,8 @@ def _has_malformed(view: TranscriptView) -> bool:
 
 @_repair_step(_has_malformed)
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: every message is a dict with a role OpenAI accepts (an
-    unknown one, or the legacy ``function``, is rejected with HTTP 400), and
-    a tool message has a string ``tool_call_id`` (no other can answer a
-    call, and an unhashable one would break the pairing steps)."""
+    """Invariant (O0): every message is a dict with a role OpenAI accepts (not the legacy ``function``), and a tool
+    message has a string ``tool_call_id`` (no other answers a call; an unhashable one would break pairing)."""
     out = [
         m
         for m in messages
@@ -363,9 +347,8 @@ def _has_empty_tool_calls(view: TranscriptView) -> bool:
 
 @_repair_step(_has_empty_tool_calls)
 def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with
-    ids. Providers reject ``tool_calls: []``; a call without an id can never
-    be answered, so it is dropped like an unanswered call."""
+    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with ids. Providers reject ``tool_calls: []``; a
+    call without an id can never be answered, so it is dropped like an unanswered call."""
     out = []
     for message in messages:
         if "tool_calls" in message:
@@ -387,10 +370,9 @@ def _turn_span_end(messages: Messages, start: int) -> int:
 
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: no assistant turn that ended in error or abort keeps tool
-    calls. Such a turn goes together with its results; the other messages of
-    its span (a user's message typed meanwhile) stay. Replaying an aborted
-    call is what caused endless 400 loops elsewhere, so nothing is invented."""
+    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Such a turn goes together with its
+    results; the other messages of its span (a user's message typed meanwhile) stay. Replaying an aborted call is what
+    caused endless 400 loops elsewhere, so nothing is invented."""
     out: Messages = []
     ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
     for i, message in enumerate(messages):
@@ -405,8 +387,7 @@ def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Message
 
 
 def _answered_in_order(messages: Messages, i: int) -> bool:
-    """Whether the calls of the assistant at ``i`` have distinct ids and are
-    answered, in call order, by exactly the tool messages right after it."""
+    """Whether the assistant at ``i`` has distinct call ids, answered in order by exactly the tool messages after it."""
     ids = [c["id"] for c in messages[i]["tool_calls"]]
     run = messages[i + 1 : i + 1 + len(ids)]
     return len(set(ids)) == len(ids) == len(run) and all(
@@ -421,8 +402,7 @@ def _pairing_broken(view: TranscriptView) -> bool:
 
 
 def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> Messages:
-    """The assistant with its answered calls, their results in call order,
-    then the rest of the span, in order (an assistant left with nothing goes)."""
+    """The assistant with its answered calls, their results in call order, then the rest (a bare assistant goes)."""
     calls = _tool_calls(assistant)
     first: dict = {}  # id -> its first call: a repeated call goes
     for call in calls:
@@ -453,13 +433,10 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
 
 @_repair_step(_pairing_broken)
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each
-    assistant's calls are answered exactly once, by a contiguous run of tool
-    messages right after it, and every tool message answers a call of the
-    assistant right before it. Paired per turn, not globally: some providers
-    reuse ids (``exec_0``) every turn. A result displaced behind another
-    message moves back to its call; one after a later assistant turn cannot
-    be placed and is dropped with its call."""
+    """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each assistant's calls are answered exactly once, by a
+    contiguous run of tool messages right after it, and every tool message answers a call of the assistant right before
+    it. Paired per turn: some providers reuse ids (``exec_0``) every turn. A result displaced behind another message
+    moves back to its call; one after a later assistant turn cannot be placed and goes with its call."""
     # Only broken turns and stray results are visited: a turn answered in its run is copied as it is.
     broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
@@ -504,9 +481,8 @@ def _short_id_ok(call: dict) -> bool:
     )
 )
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The
-    same deterministic short id is used on both sides of a pair, so pairing
-    and prompt caches survive."""
+    """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The same deterministic short id is used on both
+    sides of a pair, so pairing and prompt caches survive."""
     out = []
     for message in messages:
         if message["role"] == "tool" and len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
@@ -525,11 +501,9 @@ def _has_reused_tool_call_id(view: TranscriptView) -> bool:
 
 @_repair_step(_has_reused_tool_call_id)
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (Anthropic A4): no tool-call id is used by two assistant
-    turns of one request (some providers reuse ``exec_0`` every round). A
-    reused id is renamed, on the call and its results, to the smallest free
-    ``_n`` suffix within 40 characters: a turn's ids depend only on the turns
-    before it, so a chat's older turns keep their ids (a warm prompt cache)."""
+    """Invariant (Anthropic A4): no tool-call id is used by two assistant turns (some providers reuse ``exec_0`` every
+    round). A reused id is renamed, on the call and its results, to the smallest free ``_n`` suffix within 40
+    characters: a turn's ids depend only on the turns before it, so older turns keep their ids (a warm prompt cache)."""
     taken, next_suffix = set(), {}  # ids assigned; where the search for an id's free suffix may start
     out = list(messages)
     for i, message in enumerate(messages):
@@ -585,8 +559,7 @@ def _function_name_ok(call: dict) -> bool:
     )
 )
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``
-    and a message's ``name`` field matches ``^[a-zA-Z0-9_-]+$``."""
+    """Invariant (O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``, ``name`` fields ``^[a-zA-Z0-9_-]+$``."""
     out = []
     for message in messages:
         if not _name_field_ok(message.get("name")):
@@ -619,9 +592,8 @@ def _shaped_call(call: dict) -> dict:
 
 @_repair_step(lambda view: not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"]))
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6): every call has ``type: function`` and string
-    ``arguments``. Arguments given as an object are sent as its JSON text,
-    missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
+    """Invariant (OpenAI O6): every call has ``type: function`` and string ``arguments``. Arguments given as an object
+    are sent as its JSON text, missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
     out, fixed = _fix_calls(messages, _call_shape_ok, _shaped_call)
     report.fixed_call_shapes += fixed
     return out
@@ -648,10 +620,9 @@ def _content_ok(message: Message) -> bool:
 
 @_repair_step(lambda view: not all(_content_ok(m) for m in view.not_text))
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O7): ``content`` is a string, null (left to
-    fix_null_content) or a non-empty list of well-formed parts, images only
-    in user messages (elsewhere a marked text part). Bare strings become
-    text parts, a lone part a list, other values their text; bad parts go."""
+    """Invariant (OpenAI O7): ``content`` is a string, null (left to fix_null_content) or a non-empty list of
+    well-formed parts, images only in user messages (elsewhere a marked text part). Bare strings become text parts, a
+    lone part a list, other values their text; bad parts go."""
     out = []
     for message in messages:
         if not _content_ok(message):
@@ -677,10 +648,9 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
 
 @_repair_step(lambda view: not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None))
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O7): ``content`` is null or missing only on an
-    assistant message that carries tool calls. A user message with no content
-    at all says nothing and would become an empty block Anthropic rejects, so
-    it goes, except the latest one, which is the request itself."""
+    """Invariant (OpenAI O7): ``content`` is null or missing only on an assistant message that carries tool calls. A
+    user message with no content at all says nothing and would become an empty block Anthropic rejects, so it goes,
+    except the latest one, which is the request itself."""
     last_user = _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
@@ -694,9 +664,8 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
 
 
 def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
-    """Apply every repair invariant. Returns a new list; input messages are
-    never mutated (changed messages are shallow copies), and a list no
-    step's check objects to comes back with the very same messages."""
+    """Apply every repair invariant. Returns a new list; input messages are never mutated (changed messages are shallow
+    copies), and a list no step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
     view = TranscriptView(out)
@@ -708,9 +677,8 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
 
 
 async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
-    """``repair_transcript`` for the request path: a list of more than
-    REPAIR_ON_LOOP_MESSAGES messages (a chat of thousands) is repaired in a
-    worker thread, so the event loop serves other requests meanwhile."""
+    """``repair_transcript`` for the request path: a list of more than REPAIR_ON_LOOP_MESSAGES messages (a chat of
+    thousands) is repaired in a worker thread, so the event loop serves other requests meanwhile."""
     if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
         return await asyncio.to_thread(repair_transcript, messages)
     return repair_transcript(messages)
@@ -729,8 +697,7 @@ _SUMMARY_TAG_RE = re.compile(r"<\s*/?\s*conversation_summary[^>]*>", re.IGNORECA
 
 
 def build_summary_message(summary_text: str) -> Message:
-    """The summary as a system message. Its text can never open or close its
-    own markers, so a summarized message cannot smuggle instructions outside."""
+    """The summary as a system message; its text cannot open or close its markers (no instructions smuggled outside)."""
     body = _SUMMARY_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), summary_text.strip())
     return {"role": "system", "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}"}
 
@@ -741,11 +708,9 @@ def is_summary_message(message: Any) -> bool:
 
 
 def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
-    """Replace the non-system messages ``[head_count, covered_count)`` with
-    one summary message, adding no role order a provider rejects: the summary
-    (a system message) follows every system message of the covered prefix
-    (those in the range move up) and precedes the head, as OpenAI and Mistral
-    allow and Anthropic and Gemini converters hoist into the system text."""
+    """Replace the non-system messages ``[head_count, covered_count)`` with the summary, a system message, adding no
+    role order a provider rejects: it follows the covered prefix's system messages (those in the range move up) and
+    precedes the head, as OpenAI and Mistral allow and Anthropic and Gemini converters hoist into the system text."""
     cut = index_after_head(messages, covered_count)
     systems = [m for m in messages[:cut] if _role(m) == "system"]
     head = [m for m in messages[:cut] if _role(m) != "system"][:head_count]
@@ -761,10 +726,8 @@ def index_after_head(view: Messages, head_count: int) -> int:
 
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
-    """Whether a summary of ``canon[head_count:covered_count]`` leaves a role
-    order every provider accepts where the tail begins: after the head's last
-    message (with no head, the summary: a system message). Records of an
-    unusable shape are left to ``choose_summary``."""
+    """Whether summarizing ``canon[head_count:covered_count]`` leaves an order every provider accepts where the tail
+    begins (after the head's last message or the summary). Unusable records are left to ``choose_summary``."""
     counts = isinstance(head_count, int) and isinstance(covered_count, int)
     if not (counts and 0 <= head_count < covered_count < len(canon)):
         return True
@@ -802,8 +765,7 @@ def _last_user_index(messages: Messages) -> int:
 
 
 def _joinable(prev: Any, nxt: Any) -> bool:
-    """Whether ``prev`` may directly precede ``nxt`` for every provider we
-    target (Mistral's role table and Gemini's call-turn rule are strictest)."""
+    """Whether ``prev`` may precede ``nxt`` for every provider (strictest: Mistral's roles, Gemini's call turns)."""
     prev_role, next_role = _role(prev), _role(nxt)
     if prev_role is None or next_role is None:
         return True
@@ -813,9 +775,8 @@ def _joinable(prev: Any, nxt: Any) -> bool:
 
 
 def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Spans inside [lo, hi) that can go without splitting a unit: runs of
-    non-system units, cut before every unit that starts with a user message
-    (a turn) and around system messages (never dropped)."""
+    """Spans inside [lo, hi) that can go without splitting a unit: runs of non-system units, cut before every unit that
+    starts with a user message (a turn) and around system messages (never dropped)."""
     turns, start = [], -1
     for unit_start, unit_end in atomic_spans(messages):
         if unit_end <= lo:
@@ -840,17 +801,13 @@ def fit_to_budget(
     protected_prefix: int = 0,
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
-    """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part does (the system messages and the latest user turn: the
-    last user message and what follows it), and it gets no role order a
-    provider rejects. In an emergency, in this order, until the list fits:
-    1. the oldest whole turns after the protected head go (never splitting a
-       tool chain, never joining two messages into a rejected order);
+    """Invariant: the list costs at most ``cap`` tokens whenever its irreducible part does (the system messages and the
+    latest user turn: the last user message and what follows it), and it gets no role order a provider rejects. In an
+    emergency, in this order, until the list fits:
+    1. the oldest whole turns after the protected head go (no tool chain split, no rejected order made);
     2. what is left is shortened, the head included, each cut marked;
-    3. the protected head yields: its turns go too, oldest first, and the
-       turns step 1 skipped for the sake of role order get another chance;
-    4. all before the latest user turn goes but the system messages (an
-       order every provider accepts).
+    3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
+    4. all before the latest user turn goes but the system messages (an order every provider accepts).
     Still over the cap: the smallest of these lists, ``over_budget`` set."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
@@ -887,13 +844,10 @@ def fit_to_budget(
 
 
 def _shrink_if_over(messages, keep, token_of, total, cap, report):
-    """The kept messages, shortened while over ``cap`` (counted on a copy of
-    ``report``), with their total and that report: largest first, one kind
-    per pass (old tool outputs, images, old tool-call arguments, then other
-    old messages). System messages but the summary and the last user message
-    stay verbatim; so does the last assistant message of the current turn
-    (after the last user message), whose signed reasoning some providers
-    verify. An older one is shortened like any other."""
+    """The kept messages, shortened while over ``cap`` (counted on a copy of ``report``), with their total and that
+    report: largest first, one kind per pass (old tool outputs, images, old tool-call arguments, then other old
+    messages). System messages (but the summary) and the last user message stay verbatim; so does the last assistant
+    message of the current turn (after the last user message), whose signed reasoning some providers verify."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
@@ -933,11 +887,9 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report):
 
 
 def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
-    """Drops ``turns`` in the order given while over ``cap``, skipping a turn
-    whose drop would join two messages into an order some provider rejects
-    or make an assistant open the conversation."""
-    # What is kept before a run of dropped turns does not change while the
-    # run grows: remembered, so dropping many old turns stays linear.
+    """Drops ``turns`` in the order given while over ``cap``, skipping a turn whose drop would join two messages into an
+    order some provider rejects or make an assistant open the conversation."""
+    # What is kept before a run of dropped turns is fixed while the run grows: remembered, so many drops stay linear.
     dropped_end, kept_before_dropped = -1, None
     for start, end in turns:
         if total <= cap:
@@ -964,9 +916,8 @@ def _first_kept(messages, keep, indices):
 
 
 def _opens_with_user(messages, keep, start, end) -> bool:
-    """False when dropping [start, end) would make an assistant the first
-    non-system message: Anthropic and Gemini lift system messages out, so
-    that assistant would open the conversation (Anthropic rejects it)."""
+    """False when dropping [start, end) would make an assistant the first non-system message: Anthropic and Gemini lift
+    system messages out, so that assistant would open the conversation (Anthropic rejects it)."""
     following = next((i for i in range(end, len(messages)) if keep[i] and _role(messages[i]) != "system"), None)
     if following is None or _role(messages[following]) == "user":
         return True
@@ -988,9 +939,8 @@ def _without_images(message: Message) -> Message:
 
 
 def _without_long_arguments(message: Message) -> Message:
-    """``message`` with each long tool-call argument string replaced by a
-    JSON object that says it was shortened and keeps its start, so gateways
-    that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
+    """``message`` with each long tool-call argument string replaced by a JSON object that says it was shortened and
+    keeps its start, so gateways that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
     calls, changed = [], False
     for call in _tool_calls(message):
         function = call.get("function") if isinstance(call, dict) else None
@@ -1015,8 +965,7 @@ def clip_text(text: str, keep_chars: int) -> str:
 
 
 def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
-    """``message`` with its text cut from ``tokens`` to about
-    ``target_tokens`` (never below a small floor), the cut marked."""
+    """``message`` with its text cut from ``tokens`` to about ``target_tokens`` (not below a floor), the cut marked."""
     text = _text_of(message.get("content"))
     if tokens <= _MIN_KEEP_TOKENS or not text:
         return message
