@@ -24,26 +24,21 @@ requirements: tiktoken
 #      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
 #
-# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units
-# (4, the model's ModelTokens.scale (3)) -> repair_request (1) -> store.find +
-# choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line
-# (7); Open WebUI's request hook repeats repair and fit on the final list and
-# notes its count (ModelTokens.note_sent). After the reply, Filter.outlet ->
-# ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
+# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units (4, the model's ModelTokens.scale (3)) ->
+# repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line (7); Open
+# WebUI's request hook repeats repair and fit on the final list and notes its count (ModelTokens.note_sent). After the
+# reply, Filter.outlet -> ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
-# Provider rules cited in docstrings (what a provider answers with HTTP 400;
-# devkit/provider_rules.py checks each one):
-#   O0 malformed list (unknown role, not an object)   O1 tool result with no
-#   call right before it   O2 a call left unanswered   O3 result id not among
-#   the previous calls   O5 two results for one id   O6 empty or malformed
-#   tool_calls, ids over 40 chars, bad function names   O7 null content off a
-#   call turn, parts of the wrong kind   O8 bad ``name``   (OpenAI)
-#   A1 tool_use without its tool_result next   A2 tool_result without its
-#   tool_use   A3 text before tool_result   A4 duplicate tool_use ids
-#   A5 first turn not the user's   (Anthropic, as gateways convert to it)
-#   G1 call turn not after a user or response turn   G2 response turn not
-#   after a call turn   G3 responses and calls differ in number   (Gemini)
+# Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
+#   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
+#     O2 a call left unanswered   O3 result id not among the previous calls   O5 two results for one id
+#     O6 empty or malformed tool_calls, ids over 40 chars, bad function names   O7 null content off a call turn,
+#     parts of the wrong kind   O8 bad ``name``
+#   Anthropic (as gateways convert to it): A1 tool_use without its tool_result next   A2 tool_result without its
+#     tool_use   A3 text before tool_result   A4 duplicate tool_use ids   A5 first turn not the user's
+#   Gemini: G1 call turn not after a user or response turn   G2 response turn not after a call turn
+#     G3 responses and calls differ in number
 
 from __future__ import annotations
 
@@ -89,10 +84,9 @@ class _BoundedDict(OrderedDict):
 
     def recall(self, key, default=None):
         """The value of ``key``, which becomes the most recently used."""
-        try:
-            self.move_to_end(key)
-        except KeyError:
+        if key not in self:
             return default
+        self.move_to_end(key)
         return self[key]
 
 
@@ -100,13 +94,10 @@ class _BoundedDict(OrderedDict):
 # 1. Pure transcript functions
 # ---------------------------------------------------------------------------
 
-_ERROR_STOP_REASONS = frozenset({"error", "aborted"})
 _MAX_TOOL_CALL_ID = 40
-_FUNCTION_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_NAME_FIELD_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")  # a ``name`` (O8); a function name too, with at most 64 chars (O6)
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
-_SILENT_REPAIRS = ("shortened_ids", "renamed_reused_ids")
 _MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
 REPAIR_ON_LOOP_MESSAGES = 1_000  # longer lists are repaired in a worker thread
 
@@ -131,7 +122,7 @@ def _is_tool_call_turn(message: Any) -> bool:
 
 def _is_errored_assistant(message: Message) -> bool:
     reasons = (message.get(key) for key in ("stopReason", "stop_reason", "finish_reason"))
-    return any(isinstance(r, str) and r.lower() in _ERROR_STOP_REASONS for r in reasons) or bool(message.get("error"))
+    return any(isinstance(r, str) and r.lower() in ("error", "aborted") for r in reasons) or bool(message.get("error"))
 
 
 def _text_chars(message: Any) -> int:
@@ -143,9 +134,7 @@ def _text_chars(message: Any) -> int:
 
 
 def _texts(content: Any, kinds: Optional[tuple] = None) -> list:
-    """The texts of a message's ``content``: the string itself, or its bare
-    strings and the ``text`` of its parts (only parts whose ``type`` is in
-    ``kinds``, when given)."""
+    """The texts of ``content``: the string, or bare strings and parts' ``text`` (of a type in ``kinds``, if given)."""
     if isinstance(content, str):
         return [content]
     if not isinstance(content, list):
@@ -176,11 +165,8 @@ def _has_visible_content(message: Message) -> bool:
 
 
 def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
-    """Half-open [start, end) spans of the units kept or dropped together,
-    lazily (a caller looking for one unit stops early). A unit is an
-    ``assistant(tool_calls)`` with its results, further call/result steps of
-    the chain, and the answer that consumes the last results; any other
-    message, an orphan tool message included, is a unit of its own."""
+    """The half-open spans of units kept or dropped together: an ``assistant(tool_calls)`` with its results, the chain's
+    further steps and its final answer; any other message (orphans too) alone. Lazy: callers may stop early."""
     chain_start = -1
     prev_role: Optional[str] = None
     for i, message in enumerate(messages):
@@ -213,8 +199,7 @@ def get_atomic_groups(messages: Messages) -> list[list[int]]:
 
 
 def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int, protected_prefix: int) -> int:
-    """Move a cut that falls inside a unit back to the unit's start; when
-    that start lies inside ``protected_prefix``, forward to the unit's end."""
+    """A cut inside a unit moves back to its start, or forward to its end when that start is in ``protected_prefix``."""
     n = len(messages)
     protected_prefix = max(0, min(protected_prefix, n))
     start = max(0, min(max(raw_start_index, protected_prefix), n))
@@ -229,15 +214,9 @@ def align_tail_start_to_atomic_boundary(messages: Messages, raw_start_index: int
 
 
 def protected_head_end(messages: Messages, keep_first: int) -> int:
-    """Index just past the first ``keep_first`` non-system messages, with the
-    last of them extended to the end of its unit so the head never splits a
-    tool chain."""
-    if keep_first <= 0:
-        return 0
-    heads = [i for i, m in enumerate(messages) if _role(m) != "system"]
-    if len(heads) < keep_first:
-        return len(messages)
-    return next(end for start, end in atomic_spans(messages) if start <= heads[keep_first - 1] < end)
+    """Index past the first ``keep_first`` non-system messages and the rest of the last one's unit (no chain split)."""
+    last = index_after_head(messages, keep_first) - 1
+    return next((end for start, end in atomic_spans(messages) if start <= last < end), 0)
 
 
 # -- Repair -----------------------------------------------------------------
@@ -268,13 +247,11 @@ class RepairReport:
         return any(vars(self).values())
 
     def noticeable(self) -> bool:
-        """Whether a person would notice: id renames (long or reused ids,
-        every request of some providers) change nothing anyone reads."""
-        return any(count for name, count in vars(self).items() if name not in _SILENT_REPAIRS)
+        """Whether a person would notice; id renames (every request with some providers) change nothing anyone reads."""
+        return any(count for name, count in vars(self).items() if name not in ("shortened_ids", "renamed_reused_ids"))
 
     def describe(self) -> str:
-        parts = [f"{name.replace('_', ' ')}={count}" for name, count in vars(self).items() if count]
-        return ", ".join(parts) or "nothing to repair"
+        return ", ".join(f"{k.replace('_', ' ')}={v}" for k, v in vars(self).items() if v) or "nothing to repair"
 
     def __add__(self, other: RepairReport) -> RepairReport:
         return RepairReport(**{name: count + getattr(other, name) for name, count in vars(self).items()})
@@ -282,17 +259,14 @@ class RepairReport:
 
 @dataclass
 class TranscriptView:
-    """A message list with the few sub-lists repair checks read, each built
-    once, on first use, and shared by every check of the same list (so a
-    clean list costs a handful of fast passes however many steps there are).
-    Only for a list that is not changed meanwhile; ``messages`` is not copied.
-    The sub-lists assume the list has no malformed message (step one)."""
+    """A message list with the sub-lists repair checks read, each built on first use and shared by every check of the
+    list (a clean list costs a few fast passes however many steps there are). The list must not change meanwhile (it is
+    not copied) nor hold a malformed message (step one)."""
 
     messages: Messages
 
     @cached_property
     def callers(self) -> list:
-        """(index, message) of every message with a ``tool_calls`` key."""
         return [(i, m) for i, m in enumerate(self.messages) if "tool_calls" in m]
 
     @cached_property
@@ -300,21 +274,14 @@ class TranscriptView:
         return [m for m in self.messages if m["role"] == "tool"]
 
     @cached_property
-    def named(self) -> list:
-        return [m for m in self.messages if "name" in m]
-
-    @cached_property
     def not_text(self) -> list:
-        """Messages whose content is not a string (null included)."""
         return [m for m in self.messages if m.get("content").__class__ is not str]
 
 
 @dataclass(frozen=True)
 class RepairStep:
-    """One repair invariant: ``broken(view)``, a cheap check whether the
-    list of a ``TranscriptView`` breaks it, and ``fix(messages, report)``,
-    which restores it. Called, a step returns its input untouched (the same
-    list) when its check finds nothing to do."""
+    """One repair invariant: ``broken(view)`` cheaply checks whether a list breaks it, ``fix(messages, report)``
+    restores it. Called, a step returns the very same list when its check finds nothing to do."""
 
     broken: Callable[[TranscriptView], bool]
     fix: Callable[[Messages, RepairReport], Messages]
@@ -323,9 +290,8 @@ class RepairStep:
         return self.fix(messages, report) if self.broken(TranscriptView(messages)) else messages
 
 
-# The steps run in the order they are defined below, an order where no later
-# step can undo an earlier one; each step's check may assume the invariants
-# of the steps before it.
+# The steps run in the order they are defined below, an order where no later step can undo an earlier one; each step's
+# check may assume the invariants of the steps before it.
 _REPAIR_STEPS: list[RepairStep] = []
 
 
@@ -340,8 +306,7 @@ def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
 
 
 def _fix_calls(messages: Messages, ok: Callable[[dict], bool], fix: Callable[[dict], dict]) -> tuple[Messages, int]:
-    """``messages`` with ``fix(call)`` in place of every call ``ok`` rejects
-    (messages without one stay the same objects), and how many there were."""
+    """``messages`` with ``fix(call)`` for every call ``ok`` rejects (others stay the same objects), and how many."""
     out, fixed = [], 0
     for message in messages:
         calls = _tool_calls(message)
@@ -352,21 +317,17 @@ def _fix_calls(messages: Messages, ok: Callable[[dict], bool], fix: Callable[[di
 
 
 def _has_malformed(view: TranscriptView) -> bool:
-    try:
-        # a message that is no dict has no role here; an unhashable role raises
-        if not _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages]):
-            return True
+    try:  # a message that is no dict has no role here; an unhashable role raises
+        roles_ok = _ROLES.issuperset([m.get("role") if isinstance(m, dict) else None for m in view.messages])
     except TypeError:
         return True
-    return not all(isinstance(m.get("tool_call_id"), str) for m in view.tools)
+    return not (roles_ok and all(isinstance(m.get("tool_call_id"), str) for m in view.tools))
 
 
 @_repair_step(_has_malformed)
 def drop_malformed_messages(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: every message is a dict with a role OpenAI accepts (an
-    unknown one, or the legacy ``function``, is rejected with HTTP 400), and
-    a tool message has a string ``tool_call_id`` (no other can answer a
-    call, and an unhashable one would break the pairing steps)."""
+    """Invariant (O0): every message is a dict with a role OpenAI accepts (not the legacy ``function``), and a tool
+    message has a string ``tool_call_id`` (no other answers a call; an unhashable one would break pairing)."""
     out = [
         m
         for m in messages
@@ -386,36 +347,32 @@ def _has_empty_tool_calls(view: TranscriptView) -> bool:
 
 @_repair_step(_has_empty_tool_calls)
 def remove_empty_tool_calls(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with
-    ids. Providers reject ``tool_calls: []``; a call without an id can never
-    be answered, so it is dropped like an unanswered call."""
+    """Invariant: ``tool_calls`` is absent or a non-empty list of calls with ids. Providers reject ``tool_calls: []``; a
+    call without an id can never be answered, so it is dropped like an unanswered call."""
     out = []
     for message in messages:
         if "tool_calls" in message:
-            calls = message.get("tool_calls")
-            valid = [c for c in calls if _call_id(c)] if isinstance(calls, list) else []
+            valid = [c for c in _tool_calls(message) if _call_id(c)]
             if not valid:
                 message = {k: v for k, v in message.items() if k != "tool_calls"}
                 report.removed_empty_tool_calls += 1
-            elif len(valid) != len(calls):
+            elif len(valid) != len(message["tool_calls"]):
+                report.dropped_unanswered_calls += len(message["tool_calls"]) - len(valid)
                 message = {**message, "tool_calls": valid}
-                report.dropped_unanswered_calls += len(calls) - len(valid)
         out.append(message)
     return out
 
 
 def _turn_span_end(messages: Messages, start: int) -> int:
-    """End of the span that may hold the results of the assistant at
-    ``start``: everything up to the next assistant message."""
+    """Where the span that may hold the results of the assistant at ``start`` ends: at the next assistant."""
     return next((j for j in range(start + 1, len(messages)) if _role(messages[j]) == "assistant"), len(messages))
 
 
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: no assistant turn that ended in error or abort keeps tool
-    calls. Such a turn goes together with its results; the other messages of
-    its span (a user's message typed meanwhile) stay. Replaying an aborted
-    call is what caused endless 400 loops elsewhere, so nothing is invented."""
+    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Such a turn goes together with its
+    results; the other messages of its span (a user's message typed meanwhile) stay. Replaying an aborted call is what
+    caused endless 400 loops elsewhere, so nothing is invented."""
     out: Messages = []
     ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
     for i, message in enumerate(messages):
@@ -430,8 +387,7 @@ def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Message
 
 
 def _answered_in_order(messages: Messages, i: int) -> bool:
-    """Whether the calls of the assistant at ``i`` have distinct ids and are
-    answered, in call order, by exactly the tool messages right after it."""
+    """Whether the assistant at ``i`` has distinct call ids, answered in order by exactly the tool messages after it."""
     ids = [c["id"] for c in messages[i]["tool_calls"]]
     run = messages[i + 1 : i + 1 + len(ids)]
     return len(set(ids)) == len(ids) == len(run) and all(
@@ -441,16 +397,12 @@ def _answered_in_order(messages: Messages, i: int) -> bool:
 
 def _pairing_broken(view: TranscriptView) -> bool:
     turns = [i for i, m in view.callers if m["role"] == "assistant"]
-    if not all(_answered_in_order(view.messages, i) for i in turns):
-        return True
-    # every run is answered in full; a tool message outside the runs answers nothing
-    return sum(len(view.messages[i]["tool_calls"]) for i in turns) != len(view.tools)
+    in_runs = sum(len(view.messages[i]["tool_calls"]) for i in turns)  # a tool message outside them answers nothing
+    return not all(_answered_in_order(view.messages, i) for i in turns) or in_runs != len(view.tools)
 
 
 def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> Messages:
-    """The assistant with its answered calls, their results in call order,
-    then the span's other messages in their order. An assistant left with
-    no call and nothing to show goes."""
+    """The assistant with its answered calls, their results in call order, then the rest (a bare assistant goes)."""
     calls = _tool_calls(assistant)
     first: dict = {}  # id -> its first call: a repeated call goes
     for call in calls:
@@ -481,15 +433,11 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
 
 @_repair_step(_pairing_broken)
 def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each
-    assistant's calls are answered exactly once, by a contiguous run of tool
-    messages right after it, and every tool message answers a call of the
-    assistant right before it. Paired per turn, not globally: some providers
-    reuse ids (``exec_0``) every turn. A result displaced behind another
-    message moves back to its call; one after a later assistant turn cannot
-    be placed and is dropped with its call."""
-    # Turns whose results are exactly their run (the usual case) are copied
-    # as they are: only the broken turns and the stray results are visited.
+    """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each assistant's calls are answered exactly once, by a
+    contiguous run of tool messages right after it, and every tool message answers a call of the assistant right before
+    it. Paired per turn: some providers reuse ids (``exec_0``) every turn. A result displaced behind another message
+    moves back to its call; one after a later assistant turn cannot be placed and goes with its call."""
+    # Only broken turns and stray results are visited: a turn answered in its run is copied as it is.
     broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
     last_assistant = -1
@@ -505,18 +453,15 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
                 broken.add(last_assistant)  # its result, displaced, duplicated or unasked for
             else:
                 strays.append(p)
-    out: Messages = []
-    done = 0
-    for at in sorted(broken.union(strays)):
-        if at < done:
-            continue
+    out, done = [], 0
+    for at in sorted(broken.union(strays)):  # a stray never lies in a broken turn's span
         out.extend(messages[done:at])
-        if at not in broken:
+        if at in broken:
+            done = _turn_span_end(messages, at)
+            out.extend(_pair_one_turn(messages[at], messages[at + 1 : done], report))
+        else:
             report.dropped_orphan_results += 1
             done = at + 1
-            continue
-        done = _turn_span_end(messages, at)
-        out.extend(_pair_one_turn(messages[at], messages[at + 1 : done], report))
     out.extend(messages[done:])
     return out
 
@@ -536,9 +481,8 @@ def _short_id_ok(call: dict) -> bool:
     )
 )
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The
-    same deterministic short id is used on both sides of a pair, so pairing
-    and prompt caches survive."""
+    """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The same deterministic short id is used on both
+    sides of a pair, so pairing and prompt caches survive."""
     out = []
     for message in messages:
         if message["role"] == "tool" and len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
@@ -557,12 +501,9 @@ def _has_reused_tool_call_id(view: TranscriptView) -> bool:
 
 @_repair_step(_has_reused_tool_call_id)
 def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (Anthropic A4): no tool-call id is used by two assistant
-    turns of one request (some providers reuse ``exec_0`` every round). An id
-    assigned earlier is renamed, on the call and its results (right after it
-    since pairing), to the smallest free ``_n`` suffix within 40 characters:
-    a turn's ids depend only on the turns before it, so every request of a
-    chat sends the same ids for its older turns (a warm prompt cache)."""
+    """Invariant (Anthropic A4): no tool-call id is used by two assistant turns (some providers reuse ``exec_0`` every
+    round). A reused id is renamed, on the call and its results, to the smallest free ``_n`` suffix within 40
+    characters: a turn's ids depend only on the turns before it, so older turns keep their ids (a warm prompt cache)."""
     taken, next_suffix = set(), {}  # ids assigned; where the search for an id's free suffix may start
     out = list(messages)
     for i, message in enumerate(messages):
@@ -593,33 +534,32 @@ def _safe_name(name: Any) -> str:
     return _INVALID_NAME_CHARS.sub("_", str(name or ""))[:64] or "tool"
 
 
-def _name_field_ok(name: Any) -> bool:
-    return name is None or (isinstance(name, str) and bool(_NAME_FIELD_RE.fullmatch(name)))
-
-
-def _valid_function_name(call: dict) -> bool:
-    name = _function_of(call).get("name")
-    return isinstance(name, str) and _function_name_ok(name)
-
-
-@lru_cache(maxsize=1024)
-def _function_name_ok(name: str) -> bool:
-    return bool(_FUNCTION_NAME_RE.fullmatch(name))
-
-
 def _function_of(call: dict) -> dict:
     return call["function"] if isinstance(call.get("function"), dict) else {}
 
 
+@lru_cache(maxsize=1024)
+def _name_ok(name: str) -> bool:  # cached: every request checks the name of every call in the chat
+    return bool(_NAME_RE.fullmatch(name))
+
+
+def _name_field_ok(name: Any) -> bool:
+    return name is None or (isinstance(name, str) and _name_ok(name))
+
+
+def _function_name_ok(call: dict) -> bool:
+    name = _function_of(call).get("name")
+    return isinstance(name, str) and len(name) <= 64 and _name_ok(name)
+
+
 @_repair_step(
     lambda view: (
-        not all(_name_field_ok(m["name"]) for m in view.named)
-        or not all(_valid_function_name(c) for _, m in view.callers for c in m["tool_calls"])
+        not all(_name_field_ok(m["name"]) for m in view.messages if "name" in m)
+        or not all(_function_name_ok(c) for _, m in view.callers for c in m["tool_calls"])
     )
 )
 def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``
-    and a message's ``name`` field matches ``^[a-zA-Z0-9_-]+$``."""
+    """Invariant (O6, O8): function names match ``^[a-zA-Z0-9_-]{1,64}$``, ``name`` fields ``^[a-zA-Z0-9_-]+$``."""
     out = []
     for message in messages:
         if not _name_field_ok(message.get("name")):
@@ -628,7 +568,7 @@ def sanitize_names(messages: Messages, report: RepairReport) -> Messages:
         out.append(message)
     out, renamed = _fix_calls(
         out,
-        _valid_function_name,
+        _function_name_ok,
         lambda c: {**c, "function": {**_function_of(c), "name": _safe_name(_function_of(c).get("name"))}},
     )
     report.renamed_functions += renamed
@@ -652,9 +592,8 @@ def _shaped_call(call: dict) -> dict:
 
 @_repair_step(lambda view: not all(_call_shape_ok(c) for _, m in view.callers for c in m["tool_calls"]))
 def fix_call_shapes(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O6): every call has ``type: function`` and string
-    ``arguments``. Arguments given as an object are sent as its JSON text,
-    missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
+    """Invariant (OpenAI O6): every call has ``type: function`` and string ``arguments``. Arguments given as an object
+    are sent as its JSON text, missing ones as ``{}`` (no arguments), as Open WebUI's converter does."""
     out, fixed = _fix_calls(messages, _call_shape_ok, _shaped_call)
     report.fixed_call_shapes += fixed
     return out
@@ -681,17 +620,14 @@ def _content_ok(message: Message) -> bool:
 
 @_repair_step(lambda view: not all(_content_ok(m) for m in view.not_text))
 def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O7): ``content`` is a string, null (left to
-    fix_null_content) or a non-empty list of well-formed parts, images only
-    in user messages (elsewhere a marked text part). Bare strings become
-    text parts, a lone part a list, other values their text; malformed parts
-    go, and a list left empty counts as no content."""
+    """Invariant (OpenAI O7): ``content`` is a string, null (left to fix_null_content) or a non-empty list of
+    well-formed parts, images only in user messages (elsewhere a marked text part). Bare strings become text parts, a
+    lone part a list, other values their text; bad parts go."""
     out = []
     for message in messages:
         if not _content_ok(message):
             content = message.get("content")
-            if isinstance(content, dict):
-                content = [content]
+            content = [content] if isinstance(content, dict) else content
             if isinstance(content, list):
                 parts = []
                 for part in content:
@@ -712,10 +648,9 @@ def fix_content_shapes(messages: Messages, report: RepairReport) -> Messages:
 
 @_repair_step(lambda view: not all(_is_tool_call_turn(m) for m in view.not_text if m.get("content") is None))
 def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant (OpenAI O7): ``content`` is null or missing only on an
-    assistant message that carries tool calls. A user message with no content
-    at all says nothing and would become an empty block Anthropic rejects, so
-    it goes, except the latest one, which is the request itself."""
+    """Invariant (OpenAI O7): ``content`` is null or missing only on an assistant message that carries tool calls. A
+    user message with no content at all says nothing and would become an empty block Anthropic rejects, so it goes,
+    except the latest one, which is the request itself."""
     last_user = _last_user_index(messages)
     out = []
     for i, message in enumerate(messages):
@@ -729,9 +664,8 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
 
 
 def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
-    """Apply every repair invariant. Returns a new list; input messages are
-    never mutated (changed messages are shallow copies), and a list no
-    step's check objects to comes back with the very same messages."""
+    """Apply every repair invariant. Returns a new list; input messages are never mutated (changed messages are shallow
+    copies), and a list no step's check objects to comes back with the very same messages."""
     report = RepairReport()
     out = list(messages) if isinstance(messages, list) else []
     view = TranscriptView(out)
@@ -743,9 +677,8 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
 
 
 async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
-    """``repair_transcript`` for the request path: a list of more than
-    REPAIR_ON_LOOP_MESSAGES messages (a chat of thousands) is repaired in a
-    worker thread, so the event loop serves other requests meanwhile."""
+    """``repair_transcript`` for the request path: a list of more than REPAIR_ON_LOOP_MESSAGES messages (a chat of
+    thousands) is repaired in a worker thread, so the event loop serves other requests meanwhile."""
     if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
         return await asyncio.to_thread(repair_transcript, messages)
     return repair_transcript(messages)
@@ -764,8 +697,7 @@ _SUMMARY_TAG_RE = re.compile(r"<\s*/?\s*conversation_summary[^>]*>", re.IGNORECA
 
 
 def build_summary_message(summary_text: str) -> Message:
-    """The summary as a system message. Its text can never open or close its
-    own markers, so a summarized message cannot smuggle instructions outside."""
+    """The summary as a system message; its text cannot open or close its markers (no instructions smuggled outside)."""
     body = _SUMMARY_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), summary_text.strip())
     return {"role": "system", "content": f"{SUMMARY_PREAMBLE}\n{SUMMARY_OPEN}\n{body}\n{SUMMARY_CLOSE}"}
 
@@ -776,12 +708,9 @@ def is_summary_message(message: Any) -> bool:
 
 
 def apply_summary(messages: Messages, summary_text: str, head_count: int, covered_count: int) -> Messages:
-    """Replace the covered non-system messages ``[head_count, covered_count)``
-    with one summary message. Invariant: no role-order violation for any
-    provider. The summary, a system message, follows every system message of
-    the covered prefix (those inside the range move up, none is dropped) and
-    precedes the head: allowed by OpenAI and Mistral, and hoisted into the
-    system text by Anthropic and Gemini converters."""
+    """Replace the non-system messages ``[head_count, covered_count)`` with the summary, a system message, adding no
+    role order a provider rejects: it follows the covered prefix's system messages (those in the range move up) and
+    precedes the head, as OpenAI and Mistral allow and Anthropic and Gemini converters hoist into the system text."""
     cut = index_after_head(messages, covered_count)
     systems = [m for m in messages[:cut] if _role(m) == "system"]
     head = [m for m in messages[:cut] if _role(m) != "system"][:head_count]
@@ -789,8 +718,7 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
 
 
 def index_after_head(view: Messages, head_count: int) -> int:
-    """Index in ``view`` (system messages included) of the first message
-    after ``head_count`` canonical ones."""
+    """Index in ``view`` (system messages included) of the first message after ``head_count`` canonical ones."""
     if head_count <= 0:
         return 0
     canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
@@ -798,11 +726,8 @@ def index_after_head(view: Messages, head_count: int) -> int:
 
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
-    """Whether a summary of ``canon[head_count:covered_count]`` keeps a role
-    order every provider accepts where the tail begins: the head's last
-    message (with no head, the summary: a system message, which Anthropic and
-    Gemini lift out) must be allowed right before the tail's first. Records
-    of an unusable shape are left to ``choose_summary``."""
+    """Whether summarizing ``canon[head_count:covered_count]`` leaves an order every provider accepts where the tail
+    begins (after the head's last message or the summary). Unusable records are left to ``choose_summary``."""
     counts = isinstance(head_count, int) and isinstance(covered_count, int)
     if not (counts and 0 <= head_count < covered_count < len(canon)):
         return True
@@ -840,10 +765,7 @@ def _last_user_index(messages: Messages) -> int:
 
 
 def _joinable(prev: Any, nxt: Any) -> bool:
-    """Whether ``prev`` may directly precede ``nxt`` for every provider we
-    target (Mistral's role table and Gemini's call-turn rule are the
-    strictest); used so a trim never creates an order the input did not
-    have."""
+    """Whether ``prev`` may precede ``nxt`` for every provider (strictest: Mistral's roles, Gemini's call turns)."""
     prev_role, next_role = _role(prev), _role(nxt)
     if prev_role is None or next_role is None:
         return True
@@ -853,11 +775,9 @@ def _joinable(prev: Any, nxt: Any) -> bool:
 
 
 def _droppable_turns(messages: Messages, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Spans inside [lo, hi) that can go without splitting a unit: runs of
-    non-system units, cut before every unit that starts with a user message
-    (a turn) and around system messages (never dropped)."""
-    turns: list[tuple[int, int]] = []
-    start = -1
+    """Spans inside [lo, hi) that can go without splitting a unit: runs of non-system units, cut before every unit that
+    starts with a user message (a turn) and around system messages (never dropped)."""
+    turns, start = [], -1
     for unit_start, unit_end in atomic_spans(messages):
         if unit_end <= lo:
             continue
@@ -881,27 +801,20 @@ def fit_to_budget(
     protected_prefix: int = 0,
     fixed_tokens: int = 0,
 ) -> tuple[Messages, FitReport]:
-    """Invariant: the list costs at most ``cap`` tokens whenever its
-    irreducible part does (the system messages and the latest user turn: the
-    last user message and what follows it), and it gets no role order a
-    provider rejects. In an emergency, in this order, until the list fits:
-    1. the oldest whole turns after the protected head go (never splitting a
-       tool chain, never joining two messages into a rejected order);
-    2. what is left is shortened, the head included, each cut marked: the
-       largest old tool outputs, images, old tool-call arguments (to a JSON
-       object saying so), then other old messages;
-    3. the protected head yields: its turns go too, oldest first, and the
-       turns step 1 skipped for the sake of role order get another chance;
-    4. all before the latest user turn goes but the system messages (an
-       order every provider accepts).
+    """Invariant: the list costs at most ``cap`` tokens whenever its irreducible part does (the system messages and the
+    latest user turn: the last user message and what follows it), and it gets no role order a provider rejects. In an
+    emergency, in this order, until the list fits:
+    1. the oldest whole turns after the protected head go (no tool chain split, no rejected order made);
+    2. what is left is shortened, the head included, each cut marked;
+    3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
+    4. all before the latest user turn goes but the system messages (an order every provider accepts).
     Still over the cap: the smallest of these lists, ``over_budget`` set."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
     if cap <= 0 or total <= cap:
         return list(messages), report
-    # the latest user turn starts at the last user message (with no user
-    # message at all: at the start of the last unit)
+    # the latest user turn starts at the last user message (with none: at the start of the last unit)
     last_user = max(0, _last_user_index(messages))
     if last_user < len(messages) and _role(messages[last_user]) != "user":
         last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
@@ -931,22 +844,52 @@ def fit_to_budget(
 
 
 def _shrink_if_over(messages, keep, token_of, total, cap, report):
-    """The kept messages, shortened while over ``cap`` (counted on a copy
-    of ``report``), with their total and that report."""
+    """The kept messages, shortened while over ``cap`` (counted on a copy of ``report``), with their total and that
+    report: largest first, one kind per pass (old tool outputs, images, old tool-call arguments, then other old
+    messages). System messages (but the summary) and the last user message stay verbatim; so does the last assistant
+    message of the current turn (after the last user message), whose signed reasoning some providers verify."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
     report = replace(report)
-    out, total = _shrink_kept_messages(out, token_of, total, cap, report)
+    last_user = _last_user_index(out)
+    last_assistant = max((i for i, m in enumerate(out) if _role(m) == "assistant"), default=-1)
+    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
+    order = [i for i, m in enumerate(out) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
+    order.sort(key=lambda i: _role(out[i]) != "tool")  # stable: tool outputs first among equals
+    passes = (
+        ("tool", [i for i in order if _role(out[i]) == "tool"]),
+        ("image", order),
+        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
+        ("text", order),
+    )
+    for kind, eligible in passes:
+        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
+            if total <= cap:
+                return out, total, report
+            before = token_of(out[i])
+            if kind == "image":
+                shorter = _without_images(out[i])
+            elif kind == "arguments":
+                shorter = _without_long_arguments(out[i])
+            else:  # aim the text alone at the target: names, arguments and overhead are not shortened
+                frame = token_of({**out[i], "content": ""})
+                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
+            after = token_of(shorter)
+            if after < before:
+                out[i] = shorter
+                total -= before - after
+                if kind == "image":
+                    report.dropped_images += 1
+                else:
+                    report.shortened_messages += 1
     return out, total, report
 
 
 def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
-    """Drops ``turns`` in the order given while over ``cap``, skipping a turn
-    whose drop would join two messages into an order some provider rejects
-    or make an assistant open the conversation."""
-    # What is kept before a run of dropped turns does not change while the
-    # run grows: remembered, so dropping many old turns stays linear.
+    """Drops ``turns`` in the order given while over ``cap``, skipping a turn whose drop would join two messages into an
+    order some provider rejects or make an assistant open the conversation."""
+    # What is kept before a run of dropped turns is fixed while the run grows: remembered, so many drops stay linear.
     dropped_end, kept_before_dropped = -1, None
     for start, end in turns:
         if total <= cap:
@@ -973,87 +916,31 @@ def _first_kept(messages, keep, indices):
 
 
 def _opens_with_user(messages, keep, start, end) -> bool:
-    """False when dropping [start, end) would make an assistant message the
-    first non-system one: Anthropic and Gemini lift system messages out of
-    the turns, so past a late system message that assistant would open the
-    conversation (Anthropic rejects it)."""
+    """False when dropping [start, end) would make an assistant the first non-system message: Anthropic and Gemini lift
+    system messages out, so that assistant would open the conversation (Anthropic rejects it)."""
     following = next((i for i in range(end, len(messages)) if keep[i] and _role(messages[i]) != "system"), None)
     if following is None or _role(messages[following]) == "user":
         return True
     return any(keep[i] and _role(messages[i]) != "system" for i in range(start))
 
 
-def _shrinkable_order(messages: Messages) -> list[int]:
-    """Which messages may be shortened, best candidates first: old tool
-    outputs, then images, then other old messages. System messages and the
-    last user message stay verbatim; so does the last assistant message of
-    the current turn (after the last user message), whose signed reasoning
-    some providers verify. An older one is shortened like any other."""
-    last_user = _last_user_index(messages)
-    last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
-    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
-    order = [i for i, m in enumerate(messages) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
-    return sorted(order, key=lambda i: _role(messages[i]) != "tool")  # stable: tool outputs first
-
-
-def _shrink_kept_messages(messages, token_of, total, cap, report):
-    """Shortens the messages that dropping turns kept (protected or not),
-    largest first, one kind of shortening per pass, until ``total`` fits."""
-    out = list(messages)
-    order = _shrinkable_order(out)
-    last_user = _last_user_index(out)
-    passes = (
-        ("tool", [i for i in order if _role(out[i]) == "tool"]),
-        ("image", order),
-        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
-        ("text", order),
-    )
-    for kind, eligible in passes:
-        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
-            if total <= cap:
-                return out, total
-            before = token_of(out[i])
-            if kind == "image":
-                shorter = _without_images(out[i])
-            elif kind == "arguments":
-                shorter = _without_long_arguments(out[i])
-            else:
-                # aim the text alone at the target: names, arguments and
-                # per-message overhead are not shortened
-                frame = token_of({**out[i], "content": ""})
-                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
-            after = token_of(shorter)
-            if after < before:
-                out[i] = shorter
-                total -= before - after
-                if kind == "image":
-                    report.dropped_images += 1
-                else:
-                    report.shortened_messages += 1
-    return out, total
-
-
 def _without_images(message: Message) -> Message:
     content = message.get("content")
     if not isinstance(content, list):
         return message
-    # other non-text parts (audio, files) can be as large and cannot be
-    # shortened either: marked the same way (a refusal is the reply's text)
+    # other non-text parts (audio, files) are as large and cannot be shortened either (a refusal is text)
     parts = [
-        {"type": "text", "text": _IMAGE_MARKER}
-        if isinstance(p, dict) and p.get("type") == "image_url"
-        else {"type": "text", "text": _ATTACHMENT_MARKER}
-        if isinstance(p, dict) and p.get("type") not in ("text", "refusal")
-        else p
+        p
+        if not isinstance(p, dict) or p.get("type") in ("text", "refusal")
+        else {"type": "text", "text": _IMAGE_MARKER if p.get("type") == "image_url" else _ATTACHMENT_MARKER}
         for p in content
     ]
     return message if parts == content else {**message, "content": parts}
 
 
 def _without_long_arguments(message: Message) -> Message:
-    """``message`` with each long tool-call argument string replaced by a
-    JSON object that says it was shortened and keeps its start, so gateways
-    that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
+    """``message`` with each long tool-call argument string replaced by a JSON object that says it was shortened and
+    keeps its start, so gateways that parse arguments (Anthropic ``input``, Gemini ``args``) still can."""
     calls, changed = [], False
     for call in _tool_calls(message):
         function = call.get("function") if isinstance(call, dict) else None
@@ -1078,8 +965,7 @@ def clip_text(text: str, keep_chars: int) -> str:
 
 
 def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
-    """``message`` with its text cut from ``tokens`` to about
-    ``target_tokens`` (never below a small floor), the cut marked."""
+    """``message`` with its text cut from ``tokens`` to about ``target_tokens`` (not below a floor), the cut marked."""
     text = _text_of(message.get("content"))
     if tokens <= _MIN_KEEP_TOKENS or not text:
         return message
@@ -1089,8 +975,7 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
     keep = max(floor, int(max(target_tokens, 0) * chars_per_token * 0.9) - len(TRIM_MARKER) - 8)
     if keep >= len(text):
         return message
-    if is_summary_message(message):
-        # cut the summary's body only: its preamble and markers must survive
+    if is_summary_message(message):  # cut the body only: its preamble and markers must survive
         body = text[len(SUMMARY_PREAMBLE) + len(SUMMARY_OPEN) + 2 : len(text) - len(SUMMARY_CLOSE) - 1]
         body_keep = max(floor, keep - (len(text) - len(body)))
         if body_keep >= len(body):
