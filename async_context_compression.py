@@ -1130,12 +1130,6 @@ SUMMARIZE_COMMAND_PROMPT = (
 )
 
 
-def _output_text(parts: Any) -> str:
-    """A stored output item's text: its parts' texts run together, as the
-    model streamed them."""
-    return "".join(_texts(parts))
-
-
 def expand_output_items(output: list) -> Messages:
     """Fallback for ``open_webui.utils.misc.convert_output_to_messages``: the
     stored Responses-style items of one assistant reply as chat messages.
@@ -1143,6 +1137,7 @@ def expand_output_items(output: list) -> Messages:
     output = [item for item in output if isinstance(item, dict)]
     answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
     messages, text, calls = [], [], []
+    done = ("completed", "failed", "rejected")
 
     def flush() -> None:
         if text or calls:
@@ -1155,22 +1150,17 @@ def expand_output_items(output: list) -> Messages:
 
     for item in output:
         kind = item.get("type")
-        if kind == "message" and _output_text(item.get("content")):
-            text.append(_output_text(item.get("content")))
-        elif (
-            kind == "function_call"
-            and item.get("call_id") in answered
-            and item.get("status", "completed") in ("completed", "failed", "rejected")
-        ):
+        if kind == "message" and (said := "".join(_texts(item.get("content")))):  # parts run together, as streamed
+            text.append(said)
+        elif kind == "function_call" and item.get("call_id") in answered and item.get("status", "completed") in done:
             arguments = item.get("arguments", "{}")
             arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
             function = {"name": item.get("name", ""), "arguments": arguments}
             calls.append({"id": item["call_id"], "type": "function", "function": function})
         elif kind == "function_call_output":
             flush()
-            messages.append(
-                {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": _output_text(item.get("output"))}
-            )
+            output_text = "".join(_texts(item.get("output")))
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": output_text})
     flush()
     return messages
 
@@ -1213,35 +1203,27 @@ def canonical_digest(message: Message) -> str:
     """What identifies a message across inlet and outlet: its role and
     visible text (reasoning blocks and image parts excluded, since the two
     views render them differently), plus the names of the tools it calls."""
+    role, content = message.get("role"), message.get("content")
     names = ",".join(str((c.get("function") or {}).get("name", "")) for c in _tool_calls(message))
-    content = message.get("content")
-    key = _digest_key(message.get("role"), content, names)
+    key = None  # each text as its hash and length; other contents and roles are not cached
+    if isinstance(role, str) and isinstance(content, str):
+        key = (role, hash(content), len(content), names)
+    elif isinstance(role, str) and isinstance(content, list):
+        key = (role, tuple((hash(t), len(t)) for t in _texts(content)), names)
     digest = _DIGESTS.recall(key) if key is not None else None
     if digest is None:
         text = _text_of(content)
         if "<" in text:
             text = _REASONING_BLOCK_RE.sub("", text)
-        payload = f"{message.get('role')}\x1f{text.strip()}\x1f{names}"
+        payload = f"{role}\x1f{text.strip()}\x1f{names}"
         digest = hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
         if key is not None:
             _DIGESTS[key] = digest
     return digest
 
 
-def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
-    if not isinstance(role, str):
-        return None
-    if isinstance(content, str):
-        return (role, hash(content), len(content), names)
-    if isinstance(content, list):
-        texts = (p.get("text") if isinstance(p, dict) else p for p in content)
-        return (role, tuple((hash(t), len(t)) for t in texts if isinstance(t, str)), names)
-    return None
-
-
 def canonical_messages(messages: Messages) -> Messages:
-    """The canonical list of a repaired list: its non-system messages (the
-    coordinates every summary's counts are in)."""
+    """A repaired list's non-system messages: the coordinates of every summary's counts."""
     return [m for m in messages if not isinstance(m, dict) or m.get("role") != "system"]
 
 
