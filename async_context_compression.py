@@ -1114,13 +1114,10 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
 # count of canonical messages plus a fingerprint of exactly that prefix.
 
 _REASONING_BLOCK_RE = re.compile(
-    r"<(think|thinking|reasoning)>.*?</\1>|<details type=\"reasoning\".*?</details>",
-    re.DOTALL | re.IGNORECASE,
+    r"<(think|thinking|reasoning)>.*?</\1>|<details type=\"reasoning\".*?</details>", re.DOTALL | re.IGNORECASE
 )
 _MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
-# Digests of recent message texts, keyed by (role, hashes and lengths of the
-# text parts, tool names), so a chat's every request hashes only new text.
-_DIGESTS = _BoundedDict(50_000)
+_DIGESTS = _BoundedDict(50_000)  # recent messages' digests by their texts' hashes: a chat hashes only new text
 BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
 BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
 SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
@@ -1231,11 +1228,10 @@ def system_messages(messages: Messages) -> Messages:
     return [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
 
 
-def canonical_opening(messages: Messages, count: int = 2) -> Messages:
-    """The first ``count`` canonical messages, without building the whole
-    canonical list (a chat's anchor needs two)."""
+def canonical_opening(messages: Messages) -> Messages:
+    """The first two canonical messages (a chat's anchor), not the whole list."""
     canonical = (m for m in messages if not isinstance(m, dict) or m.get("role") != "system")
-    return [m for _, m in zip(range(count), canonical)]
+    return [m for _, m in zip(range(2), canonical)]
 
 
 def prefix_fingerprint(digests: list, count: int) -> str:
@@ -1243,16 +1239,14 @@ def prefix_fingerprint(digests: list, count: int) -> str:
 
 
 def conversation_anchor(digests: list) -> str:
-    """Identifies a conversation by its opening, so a cloned or imported
-    chat (new chat id, same messages) finds its summaries again."""
+    """Identifies a conversation by its opening, so a cloned or imported chat finds its summaries again."""
     return prefix_fingerprint(digests, 2)[:32]
 
 
 def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int = 0) -> int:
     """Canonical index where the verbatim tail starts: ``keep_last`` messages
-    from the end, moved back to an atomic boundary and, when that does not
-    fall to ``floor`` or below, to the start of its user turn, so the tail
-    opens with the user's message."""
+    from the end, moved back to an atomic boundary, then to the start of its
+    user turn (so the tail opens with it) unless that is at ``floor`` or below."""
     raw = len(canon) - max(0, keep_last)
     start = align_tail_start_to_atomic_boundary(canon, raw, head_count)
     for i in range(min(start, len(canon) - 1), max(head_count, floor), -1):
@@ -1261,17 +1255,11 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
     return start
 
 
-def has_builtin_summary(messages: Messages) -> bool:
-    """Open WebUI's own compaction already summarized this request."""
-    return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
-
-
 def strip_builtin_summary(messages: Messages) -> Messages:
     """The messages without Open WebUI's own summary, which the core appends
-    to the system message (each text part) as ``\n[CONVERSATION SUMMARY]\n``
-    and its text: cut from the mark on, a system message left empty dropped,
-    so where this filter's summary (built from the core's) replaces it the
-    text is not sent twice. Other messages stay the same objects."""
+    to system texts after ``\n[CONVERSATION SUMMARY]\n``: each text cut at
+    the mark, a system message left empty dropped, so this filter's summary
+    (built from the core's) is not sent twice. Others stay the same objects."""
 
     def cut(text: str) -> str:
         at = text.find(BUILTIN_SUMMARY_MARK)
@@ -1300,21 +1288,18 @@ def strip_builtin_summary(messages: Messages) -> Messages:
 
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
     """Where Open WebUI's own compaction cut the branch (``stored``, root
-    first), as ``(message id, summary text)``: the last message with a
-    ``contextSummary`` (``/compact`` saves it on the latest reply, automatic
-    compaction on the first kept user message); inlet receives from there
-    on. A summary made between tool rounds gives ``(id, None)``: its cut
-    inside a reply is not followed. None: the core never compacted."""
+    first; inlet receives from there on): ``(id, summary)`` of the last
+    message with a ``contextSummary`` (``/compact``: the latest reply, else
+    the first kept user message), ``(id, None)`` for a cut between tool
+    rounds (not followed inside a reply), None if the core never compacted."""
     for message in reversed(stored):
         if not isinstance(message, dict):
             continue
         summary = message.get("contextSummary") or message.get("context_summary")
         if isinstance(summary, str) and summary.strip():
             return message.get("id"), summary
-        output = message.get("output")
-        if isinstance(output, list) and any(
-            isinstance(item, dict) and item.get("type") == BUILTIN_TOOL_CHECKPOINT for item in output
-        ):
+        output = message.get("output") if isinstance(message.get("output"), list) else []
+        if any(isinstance(item, dict) and item.get("type") == BUILTIN_TOOL_CHECKPOINT for item in output):
             return message.get("id"), None
     return None
 
@@ -1326,9 +1311,8 @@ def is_summarize_command(content: Any) -> bool:
 
 def explain_summarize_command(messages: Messages) -> Messages:
     """The list with its last message, when it is the user's summarize
-    command, replaced by a short note the model can answer (the command
-    alone would puzzle it). Only what the model receives changes; the chat
-    keeps the command. Invariant: same length, same roles."""
+    command, replaced by a note the model can answer (the command alone would
+    puzzle it); the chat keeps the command. Invariant: same length and roles."""
     if not messages or _role(messages[-1]) != "user" or not is_summarize_command(messages[-1].get("content")):
         return messages
     return [*messages[:-1], {**messages[-1], "content": SUMMARIZE_COMMAND_PROMPT}]
@@ -1336,13 +1320,11 @@ def explain_summarize_command(messages: Messages) -> Messages:
 
 def asked_for_summary(stored: Messages) -> bool:
     """Whether the reply outlet sees answers the user's summarize command."""
-    last_user = next((m for m in reversed(stored) if _role(m) == "user"), None)
-    return last_user is not None and is_summarize_command(last_user.get("content"))
+    return next((is_summarize_command(m.get("content")) for m in reversed(stored) if _role(m) == "user"), False)
 
 
 def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
-    """Stored message ids for the canonical messages (repair returns the
-    same dict objects for messages it did not change)."""
+    """Stored ids of the canonical messages (repair keeps the objects it did not change)."""
     by_object = {id(m): mid for m, mid in zip(expanded, ids)}
     out, last = [], None
     for message in canon:
@@ -4779,7 +4761,7 @@ class Filter:
         messages, repair = await repair_request(body["messages"])
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        builtin = has_builtin_summary(systems)
+        builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
         found = await self._lookup_summary(ctx, messages, len(messages) - len(systems)) if inlet else None
