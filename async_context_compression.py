@@ -1338,49 +1338,40 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # ---------------------------------------------------------------------------
 # Counted the way providers bill chat requests: a fixed overhead per message
 # and per request, the role, name, text, tool-call names and arguments, tool
-# results and images. tiktoken is loaded in a background thread (it may need
-# a download); until it is ready a cheap estimator stands in, with a margin
-# (the token policy below decides which of the two a count uses).
+# results and images. tiktoken loads in a background thread (it may need a
+# download); until then a cheap estimator stands in, with a margin.
 
-TOKENS_PER_MESSAGE = 3
-TOKENS_PER_REQUEST = 3
-TOKENS_PER_NAME = 1
-TOKENS_PER_TOOL_CALL = 8
+TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL = 3, 3, 1, 8  # the framing
 IMAGE_TOKENS_UNKNOWN = 765  # a 1024x1024 image at high detail
 LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
-# Estimates err high: no held-out message of bench/corpus.py needs more than
-# 11.3% over its estimate (docs/en/benchmarks.md); the margin adds room for
-# text unlike the corpus. Strings of random letters or punctuation, and
-# languages with long words the corpus lacks, can still need more.
-ESTIMATE_MARGIN = 0.15
 
 _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
-# Estimator coefficients per encoding, tokens per: ASCII lower-case letter,
-# upper-case letter, digit, space, newline, other ASCII character
-# (punctuation), backslash; 2-byte character other than Cyrillic (accented
-# Latin, Greek, Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation
-# (U+2000-U+2FFF), other 3-byte character (CJK ideographs, Indic, Thai), kana
-# and CJK punctuation, Hangul; 4-byte character (emoji); a constant per text.
-# Fitted by bench/calibrate.py to exact cl100k counts (bench/corpus.py:
-# English, CJK, code, JSON, tool output, 17 other languages) so that no
-# fitted text, counted as a message, needs more than 7% over its estimate;
-# on held-out samples the worst is 11% (docs/en/benchmarks.md). The bound
-# costs English a high median: letters must also cover Dutch or Indonesian,
-# which need ~45% more tokens per letter. o200k's file is not available
-# offline, so it has no row and uses cl100k's (o200k needs about as many
-# tokens for English and code, fewer for CJK and other scripts):
-# conservative until it is fitted where the file is cached.
+# Estimator weights per encoding, tokens per: ASCII lower-case letter,
+# upper-case letter, digit, space, newline, other ASCII (punctuation),
+# backslash; 2-byte character other than Cyrillic (accented Latin, Greek,
+# Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF),
+# other 3-byte (CJK ideographs, Indic, Thai), kana and CJK punctuation,
+# Hangul; 4-byte (emoji); a constant per text. Fitted by bench/calibrate.py
+# to exact cl100k counts of bench/corpus.py (English, CJK, code, JSON, tool
+# output, 17 other languages): estimates err high, no fitted text (counted
+# as a message) needs more than 7% over its estimate, no held-out one more
+# than 11.3% (docs/en/benchmarks.md). English pays with a high median:
+# letters also cover Dutch or Indonesian (~45% more tokens per letter).
+# o200k has no row (its file is not available offline): cl100k's is
+# conservative for it (as many tokens for English and code, fewer for CJK).
 _ESTIMATOR = {
     "cl100k_base": (
         *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
-        *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329),  # non-ASCII, in the order above
-        3.436,  # per text
+        *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329, 3.436),  # non-ASCII, in the order above; per text
     ),
 }
+# The margin adds room for text unlike the corpus; strings of random letters
+# or punctuation, and languages with long words it lacks, can still need more.
+ESTIMATE_MARGIN = 0.15
 
 
 def encoding_for_model(model_id: str, override: str = "") -> str:
@@ -1429,8 +1420,7 @@ def _estimator_features(text: str) -> tuple:
 
 
 def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
-    """A fast token estimate from a few C-speed string operations, meant to
-    err high: see ``_ESTIMATOR`` and ``ESTIMATE_MARGIN``."""
+    """A fast token estimate meant to err high: ``_ESTIMATOR``, ``ESTIMATE_MARGIN``."""
     if not text:
         return 0
     weights = _ESTIMATOR.get(encoding) or _ESTIMATOR["cl100k_base"]
