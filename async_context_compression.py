@@ -1431,8 +1431,7 @@ def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
 
 
 def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
-    """Width and height from a base64 data URL's header (PNG, GIF, JPEG,
-    WebP), decoding only its first bytes."""
+    """Width and height from a data URL's first bytes (PNG, GIF, JPEG, WebP)."""
     start = url.find(",", 0, 200) + 1
     if not url.startswith("data:") or not start:
         return None
@@ -1447,30 +1446,22 @@ def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
         if webp == b"VP8X":
             return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
         if webp == b"VP8 ":
-            w, h = struct.unpack("<HH", head[26:30])
-            return w & 0x3FFF, h & 0x3FFF
+            return tuple(n & 0x3FFF for n in struct.unpack("<HH", head[26:30]))
         if webp == b"VP8L":
             bits = int.from_bytes(head[21:25], "little")
             return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-        if head[:2] == b"\xff\xd8":
-            return _jpeg_dimensions(head)
+        at = 2  # JPEG: the size is in the first start-of-frame segment
+        while head[:2] == b"\xff\xd8" and at + 9 < len(head):
+            marker, length = struct.unpack_from(">BH", head, at + 1)
+            if head[at] != 0xFF:
+                at += 1
+            elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                h, w = struct.unpack_from(">HH", head, at + 5)
+                return w, h
+            else:
+                at += 2 + length
     except (ValueError, struct.error, IndexError):  # not base64, or a truncated header
         return None
-    return None
-
-
-def _jpeg_dimensions(head: bytes) -> Optional[tuple[int, int]]:
-    i = 2
-    while i + 9 < len(head):
-        if head[i] != 0xFF:
-            i += 1
-            continue
-        marker = head[i + 1]
-        length = struct.unpack(">H", head[i + 2 : i + 4])[0]
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            h, w = struct.unpack(">HH", head[i + 5 : i + 9])
-            return w, h
-        i += 2 + length
     return None
 
 
@@ -1482,11 +1473,8 @@ def image_tokens(url: str, detail: str = "auto") -> int:
     size = _image_dimensions(url) if isinstance(url, str) else None
     if not size or min(size) <= 0:
         return IMAGE_TOKENS_UNKNOWN
-    w, h = size
-    scale = min(1.0, 2048 / max(w, h))
-    w, h = w * scale, h * scale
-    scale = min(1.0, 768 / min(w, h))
-    w, h = w * scale, h * scale
+    w, h = [n * min(1.0, 2048 / max(size)) for n in size]  # into 2048x2048
+    w, h = [n * min(1.0, 768 / min(w, h)) for n in (w, h)]  # the short side to 768
     tiles = -(-int(w) // 512) * -(-int(h) // 512)
     return 85 + 170 * tiles
 
