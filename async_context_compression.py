@@ -1490,7 +1490,7 @@ class TokenCounter:
         self._loading: set = set()
         self._lock = threading.Lock()
         self._cache = _BoundedDict(cache_size)
-        self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
+        self._retry_at: dict = {}  # encoding -> time.monotonic() before which a failed load is not retried
         self._tools_counts = _BoundedDict(256)  # (exact?, encoding, schemas digest) -> tokens
 
     # -- encodings, loaded off the request path --
@@ -1498,10 +1498,8 @@ class TokenCounter:
         """Load an encoding in a background thread, once at a time, and after
         a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
         with self._lock:
-            if encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS:
-                return
-            failed = self._failed.get(encoding)
-            if failed is not None and time.monotonic() - failed < LOAD_RETRY_SECONDS:
+            skip = encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS
+            if skip or time.monotonic() < self._retry_at.get(encoding, 0.0):  # or its last load failed lately
                 return
             self._loading.add(encoding)
         threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True).start()
@@ -1517,7 +1515,7 @@ class TokenCounter:
         except Exception as exc:  # offline without a cached file: stay on estimates
             log.info("tiktoken %s unavailable (%s); using the estimator", encoding, exc)
             with self._lock:
-                self._failed[encoding] = time.monotonic()
+                self._retry_at[encoding] = time.monotonic() + LOAD_RETRY_SECONDS
         finally:
             with self._lock:
                 self._loading.discard(encoding)
