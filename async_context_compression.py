@@ -1656,10 +1656,8 @@ def _part_key(part: Any) -> tuple:
     if part.get("type") == "image_url":
         image = part.get("image_url")
         image = image if isinstance(image, dict) else {"url": image}
-        # str(): a malformed url or detail (a list, an object) must not make
-        # the key unhashable; only detail == "low" changes the count
-        url = str(image.get("url", ""))
-        return ("i", hash(url), len(url), str(image.get("detail")))
+        url = str(image.get("url", ""))  # a malformed url (a list, an object) must not make the key unhashable
+        return ("i", hash(url), len(url), image.get("detail") == "low")  # the only detail that changes the count
     text = part.get("text")
     if isinstance(text, str):
         return ("t", hash(text), len(text))
