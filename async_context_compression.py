@@ -1481,9 +1481,8 @@ def image_tokens(url: str, detail: str = "auto") -> int:
 
 class TokenCounter:
     """Exact counts with tiktoken when its encoding is loaded, estimates
-    otherwise. Per-message results are cached by content (bounded), so the
-    repeated requests of a growing chat only count what is new. Shared by
-    every request: holds no request state, only the cache and encodings."""
+    otherwise, cached per message by content (bounded): a growing chat's
+    requests count only what is new. Holds no request state."""
 
     def __init__(self, cache_size: int = 50_000):
         self._encodings: dict = {}
@@ -1523,7 +1522,7 @@ class TokenCounter:
     def is_exact(self, encoding: str) -> bool:
         return encoding in self._encodings
 
-    # -- text --
+    # -- counting --
     def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
             return 0
@@ -1534,10 +1533,8 @@ class TokenCounter:
             return estimate_text_tokens(text, encoding)
         return len(tokenizer.encode(text, disallowed_special=()))
 
-    # -- messages --
     def _entry(self, message: Message, encoding: str) -> list:
-        """The cache entry of a message's content: [estimate, exact count],
-        either None until computed. Least recently used entries go first."""
+        """A message's cache entry: [estimate, exact count], each None until counted."""
         key = _cache_key(message, encoding)
         entry = self._cache.recall(key)
         if entry is None:
@@ -1563,8 +1560,7 @@ class TokenCounter:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 arguments = function.get("arguments", "")
-                if not isinstance(arguments, str):
-                    arguments = json.dumps(arguments, ensure_ascii=False)
+                arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
                 total += TOKENS_PER_TOOL_CALL + self.text_tokens(str(function.get("name", "")), encoding, exact)
                 total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
@@ -1579,8 +1575,7 @@ class TokenCounter:
             text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             return 0
-        # the same schemas come with every request of a chat (Open WebUI's
-        # built-in tools are about 21k characters): tokenized once
+        # tokenized once: every request of a chat sends the same (Open WebUI's built-ins: ~21k characters)
         key = (encoding in self._encodings, encoding, hashlib.blake2b(text.encode(), digest_size=16).digest())
         count = self._tools_counts.get(key)
         if count is None:
@@ -1589,14 +1584,12 @@ class TokenCounter:
 
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
-        """(each message's size under the request policy where the cache
-        knows it, else None; the cache entries of those None, in order).
-        Nothing is counted here."""
+        """(each message's size under the request policy where the cache knows
+        it, else None; the cache entries of those None, in order): counts none."""
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
-        sizes: list = []
-        missing: list = []
+        sizes, missing = [], []
         for message in messages:
             entry = self._entry(message, encoding) if isinstance(message, dict) else [0, 0]
             value = entry[slot]
@@ -1606,15 +1599,13 @@ class TokenCounter:
         return sizes, missing
 
     def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
-        """Counts of ``messages``, leaving the cache alone: safe to run in a
-        worker thread while the event loop uses the cache."""
+        """Counts of ``messages``, leaving the cache alone (safe in a worker thread)."""
         return [self._count_message(m, encoding, exact) for m in messages]
 
     def estimated_size(self, message: Message, encoding: str, cached: bool = True, entry: Optional[list] = None) -> int:
-        """A message's estimate with its margin: the policy's size of a
-        message made while fitting (a shortened copy), so that fitting never
-        tokenizes. ``cached=False`` leaves the cache alone (worker threads);
-        ``entry``: the message's cache entry when the caller has it."""
+        """A message's estimate with its margin: the policy's size of a copy
+        shortened while fitting, so fitting never tokenizes. ``cached=False``
+        leaves the cache alone (worker threads); ``entry``: the caller's."""
         entry = entry or (self._entry(message, encoding) if cached else [None])
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
@@ -1622,9 +1613,8 @@ class TokenCounter:
 
 
 def _cache_key(message: Message, encoding: str) -> tuple:
-    """The count cache's key of a message for an encoding: what its count
-    depends on, each text as its hash and length (never the text itself, so
-    the cache does not keep large strings alive)."""
+    """What a message's count for ``encoding`` depends on, each text as its
+    hash and length (so the cache keeps no large string alive)."""
     content = message.get("content")
     tool_result = bool(message.get("tool_call_id"))
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
@@ -1639,8 +1629,7 @@ def _cache_key(message: Message, encoding: str) -> tuple:
 
 
 def _call_key(call: Any) -> Any:
-    """What a tool call's count depends on: its function's name and
-    arguments (hashed), without serializing the call."""
+    """A tool call's function name and arguments (hashed), not serialized."""
     function = call.get("function") if isinstance(call, dict) else None
     if isinstance(function, dict) and isinstance(function.get("arguments", ""), str):
         arguments = function.get("arguments", "")
@@ -1649,8 +1638,7 @@ def _call_key(call: Any) -> Any:
 
 
 def _part_key(part: Any) -> tuple:
-    """What a content part's count depends on, tested in the order
-    ``_count_message`` counts it."""
+    """A content part's key, tested in the order ``_count_message`` counts it."""
     if not isinstance(part, dict):
         return ("s", hash(part), len(part)) if isinstance(part, str) else ("n",)  # "n" counts nothing
     if part.get("type") == "image_url":
