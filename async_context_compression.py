@@ -1655,18 +1655,12 @@ def _part_key(part: Any) -> tuple:
 # -- The token policy of a request -------------------------------------------
 # One place decides how a request is counted, exact or estimated, and with
 # which margin; everything else asks ``count_request`` or ``fit_request``.
-#
-# * A message's size is its exact count once the encoding is loaded and the
-#   message was counted; otherwise its estimate plus ESTIMATE_MARGIN (which
-#   covers the estimator's worst error on the corpus).
-# * ``fit_request`` counts every message it has not counted before, exactly
-#   when the encoding is loaded: a turn's few new messages on the event loop,
-#   more than ON_LOOP_CHARS characters of them (a long chat seen for the
-#   first time after a restart) in a worker thread, so no request holds the
-#   event loop for other users meanwhile.
-# * ``count_request`` never tokenizes: what the cache knows, estimates with
-#   their margin for the rest. Right after ``fit_request``, it gives the same
-#   number for the list sent as the FitReport's ``tokens_after``.
+# A message's size is its exact count once the encoding is loaded and the
+# message was counted, else its estimate plus ESTIMATE_MARGIN (the
+# estimator's worst error on the corpus). ``fit_request`` counts the messages
+# not counted before: a turn's few new ones on the event loop, more than
+# ON_LOOP_CHARS characters (a long chat first seen after a restart) in a
+# worker thread, so no request holds the loop for other users meanwhile.
 
 ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
 ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
@@ -1682,9 +1676,9 @@ def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> in
 
 
 def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixed: int) -> int:
-    """How many tokens a request of ``messages`` is: ``fixed`` (see
-    ``request_fixed_tokens``) plus each message's size under the policy
-    above. Never tokenizes; estimates messages never seen before."""
+    """``fixed`` (``request_fixed_tokens``) plus each message's size under the
+    policy above, estimated if never counted: it never tokenizes, and right
+    after ``fit_request`` gives its ``tokens_after`` for the list sent."""
     sizes, missing = counter.cached_sizes(messages, encoding)
     entries = iter(missing)  # the entries of the sizes not known, in order: each key computed once
     return fixed + sum(
@@ -1693,9 +1687,8 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 
 
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
-    """What every request of a chat sends besides its conversation: tool
-    schemas and framing (``fixed``) and the system prompts, never this
-    filter's own summary message, which the planner counts by itself."""
+    """What every request of a chat sends besides its conversation: ``fixed``
+    and the system prompts, but not this filter's summary (the planner's)."""
     systems = [m for m in system_messages(messages) if not is_summary_message(m)]
     return count_request(counter, systems, encoding, fixed)
 
@@ -1704,10 +1697,8 @@ async def fit_request(
     counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
-    ``prefix`` messages while it can), counted under the policy above; the
-    report's ``tokens_after`` equals ``count_request`` of the list returned.
-    Holds the event loop only for slices of cache look-ups: counting and
-    fitting a long list happen in a worker thread."""
+    ``prefix`` messages while it can) under the policy above; the event loop
+    holds only slices of cache look-ups, long lists go to a worker thread."""
     exact = counter.is_exact(encoding)
     sizes, missing = [], []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
