@@ -1757,7 +1757,8 @@ RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as
 RATIO_PATHS = ("exact", "estimate", "replayed")
 
 
-def _positive_int(value: Any) -> int:
+def _positive_int(mapping: dict, key: str) -> int:
+    value = mapping.get(key)
     try:
         return max(0, int(value)) if not isinstance(value, bool) else 0
     except (TypeError, ValueError, OverflowError):  # JSON may carry Infinity
@@ -1765,18 +1766,14 @@ def _positive_int(value: Any) -> int:
 
 
 def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
-    """(prompt tokens, cumulative) that a reply's ``usage`` reports, None when
-    it reports none. OpenAI's ``prompt_tokens``, Ollama's
-    ``prompt_eval_count`` and llama.cpp's ``prompt_n`` + ``cache_n`` are the
-    last model call's (Open WebUI keeps the latest of these over a tool
-    loop); ``input_tokens`` (Anthropic-style, with its cache reads and
-    writes) is cumulative: Open WebUI sums it over the calls of one reply."""
+    """(prompt tokens, cumulative) that a reply's ``usage`` reports, or None.
+    OpenAI's ``prompt_tokens``, Ollama's ``prompt_eval_count`` and llama.cpp's
+    ``prompt_n`` + ``cache_n`` are the last model call's (Open WebUI keeps the
+    latest over a tool loop); ``input_tokens`` (Anthropic-style, plus cache
+    reads and writes) is cumulative: Open WebUI sums it over a reply's calls."""
     if not isinstance(usage, dict):
         return None
-
-    def tokens(key: str) -> int:
-        return _positive_int(usage.get(key))
-
+    tokens = partial(_positive_int, usage)
     last = tokens("prompt_tokens") or tokens("prompt_eval_count") or tokens("prompt_n") + tokens("cache_n")
     if last:
         return last, False
@@ -1812,15 +1809,14 @@ def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
 def request_prompt_bound(body: Any, model: Any = None) -> int:
     """The most prompt tokens (the model's own) the request itself allows,
     0 = no bound: Ollama's ``num_ctx`` (in ``options``, top-level, or the
-    model's saved params) less the reply's room (``num_predict`` /
-    ``max_tokens`` / ``max_completion_tokens``), whatever the valves say."""
+    model's saved params) less the reply's room, whatever the valves say."""
     body = body if isinstance(body, dict) else {}
     info = model.get("info") if isinstance(model, dict) else None
     sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
     sources = [source for source in sources if isinstance(source, dict)]
-    window = next((n for s in sources if (n := _positive_int(s.get("num_ctx")))), 0)
+    window = next((n for s in sources if (n := _positive_int(s, "num_ctx"))), 0)
     keys = ("num_predict", "max_tokens", "max_completion_tokens")
-    reply = next((n for s in sources for key in keys if (n := _positive_int(s.get(key)))), 0)
+    reply = next((n for s in sources for key in keys if (n := _positive_int(s, key))), 0)
     return window - reply if reply < window else window
 
 
