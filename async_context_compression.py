@@ -1793,17 +1793,15 @@ def sample_ratio(reported: int, counted: int) -> Optional[float]:
 def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
     """The median of the last RATIO_SAMPLES ratios (each clamped): one
     outlier among three or more moves it at most to its neighbour; 1.0
-    without any. ``upper``: the second highest instead (one outlier still
-    cannot move it), for the estimator, whose error depends on the text:
-    the cap then holds for the chat's most demanding recent mix."""
+    without any. ``upper``: the second highest (as robust), for the estimator,
+    whose error depends on the text: caps for the most demanding recent mix."""
     recent = [min(max(float(r), RATIO_FLOOR), RATIO_CEILING) for r in ratios if isinstance(r, (int, float))]
     recent = sorted(recent[-RATIO_SAMPLES:])
     if not recent:
         return 1.0
     if upper:
-        return recent[-2] if len(recent) >= 2 else recent[-1]
-    mid = len(recent) // 2
-    return recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
+        return recent[-min(2, len(recent))]
+    return (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2
 
 
 def request_prompt_bound(body: Any, model: Any = None) -> int:
