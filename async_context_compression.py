@@ -1735,17 +1735,13 @@ async def fit_request(
 
 # -- The model's own tokens ----------------------------------------------------
 # Counts here are cl100k/o200k tokens (or the estimator's); the model's own
-# tokenizer may need 0.7x-1.5x as many for the same text. Every reply's
-# reported prompt tokens (usage) are related to what this filter counted for
-# exactly the request that produced it (the request hook notes it under the
-# reply's message id, outlet reads the reply's usage). Per model and count
-# path ("exact" tokenizer, "estimate"), the median of the last ratios, each
-# clamped (the estimator's: the second highest, its error depends on the
-# text), is the model's ``scale``: model tokens per counted token. It is
-# applied once, as a change of units (``in_counted_units``): the cap, the
-# threshold and the trigger are divided by it, the status figure multiplied.
-# A model that reports no usage keeps today's counts (no scale). The ratios
-# are stored beside the summaries (layer 5); each minute applies one snapshot.
+# tokenizer may need 0.7x-1.5x as many. Each reply's reported prompt tokens
+# (usage, read by outlet) are related to what the request hook counted for
+# its request. Per model and count path, the recent ratios give the model's
+# ``scale`` (``robust_ratio``), applied once as a change of units
+# (``in_counted_units``): cap, threshold and trigger divided by it, the
+# status figure multiplied; no usage reported, no scale. The ratios are
+# stored beside the summaries (layer 5); each minute applies one snapshot.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
@@ -1818,32 +1814,17 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
     return window - reply if reply < window else window
 
 
-@dataclass
-class _Counted:
-    """What the request hook counted for one reply's request(s)."""
-
-    model: str
-    path: str
-    last: int
-    total: int
-    bound: int
-
-
 class ModelTokens:
-    """Per worker: the ratios applied per model and path, and what was
-    counted for each reply not yet related to its usage. Bounded.
-
-    The ratios applied during wall-clock minute E are the store's samples
-    created before E minus RATIOS_SETTLE (so background writes have landed),
-    read once per worker per minute: every worker and replica applies the
-    same ones. A model with no sample in that snapshot uses this worker's own
-    samples, so a new model calibrates after its first reply (the one window
-    in which replicas may differ, until the next minute's snapshot)."""
+    """Per worker: the ratios applied per model and path, and what was counted
+    for each reply not yet related to its usage (bounded). Minute E applies the
+    store's samples created before E - RATIOS_SETTLE, read once per worker per
+    minute, the same on every worker and replica; a model with none there uses
+    this worker's own, so a new model calibrates after its first reply."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
         self.own = _BoundedDict(models)  # (model, path) -> [(created_at, ratio)] learned on this worker
-        self.counted = _BoundedDict(replies)  # reply message id -> _Counted
+        self.counted = _BoundedDict(replies)  # reply message id -> (model, path, last count, total count, bound)
         self.unsaved: list = []  # (key, model, path, ratio, created_at) not yet in the store
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
@@ -1869,10 +1850,8 @@ class ModelTokens:
             return
         path = "exact" if exact else "estimate"
         before = self.counted.get(message_id)
-        if before is not None and before.model == model and before.path == path:
-            self.counted[message_id] = replace(before, last=tokens, total=before.total + tokens, bound=bound)
-        else:
-            self.counted[message_id] = _Counted(model, path, tokens, tokens, bound)
+        same_call = before is not None and before[:2] == (model, path)  # the same reply's tool loop
+        self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound)
 
     def learn(self, message_id: str, usage: Any) -> Optional[tuple]:
         """Relates the reply's usage to what was counted for it; the new
@@ -1881,14 +1860,15 @@ class ModelTokens:
         reported = reported_prompt_tokens(usage)
         if counted is None or reported is None:
             return None
+        model, path, last, total, bound = counted
         tokens, cumulative = reported
-        if counted.bound and tokens >= counted.bound * RATIO_CUT_SHARE:
+        if bound and tokens >= bound * RATIO_CUT_SHARE:
             return None  # at the request's own bound: may have been cut (Ollama), says nothing
-        ratio = sample_ratio(tokens, counted.total if cumulative else counted.last)
+        ratio = sample_ratio(tokens, total if cumulative else last)
         if ratio is None:
             return None
-        self.add(counted.model, counted.path, ratio)
-        return counted.model, counted.path, ratio
+        self.add(model, path, ratio)
+        return model, path, ratio
 
     def add(self, model: str, path: str, ratio: float) -> None:
         self._serial += 1
@@ -1933,12 +1913,11 @@ class ModelTokens:
 
 
 def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
-    """Ratios from the usage stored on earlier replies of an existing chat
-    (outlet's messages): each reply's reported prompt against the count of
-    the conversation before it, for replies of one model call only. Outlet's
-    messages lack the system prompt and tool schemas, so these err high (caps
-    earlier) until live ones replace them. ``max_counted``: longer
-    conversations (a summary or the cap may have shortened them) are skipped."""
+    """Ratios from the usage stored on an existing chat's earlier replies of
+    one model call each: the reported prompt against the count of the
+    conversation before it (without system prompt and tool schemas, so they
+    err high until live ones replace them). Conversations counted over
+    ``max_counted`` (a summary or the cap may have shortened them) are skipped."""
     expanded, ids = expand_stored_messages(stored)
     first_at = {stored_id: at for at, stored_id in reversed(list(enumerate(ids)))}  # each id's first place
     ratios = []
