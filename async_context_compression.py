@@ -999,13 +999,10 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
 # count of canonical messages plus a fingerprint of exactly that prefix.
 
 _REASONING_BLOCK_RE = re.compile(
-    r"<(think|thinking|reasoning)>.*?</\1>|<details type=\"reasoning\".*?</details>",
-    re.DOTALL | re.IGNORECASE,
+    r"<(think|thinking|reasoning)>.*?</\1>|<details type=\"reasoning\".*?</details>", re.DOTALL | re.IGNORECASE
 )
 _MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
-# Digests of recent message texts, keyed by (role, hashes and lengths of the
-# text parts, tool names), so a chat's every request hashes only new text.
-_DIGESTS = _BoundedDict(50_000)
+_DIGESTS = _BoundedDict(50_000)  # recent messages' digests by their texts' hashes: a chat hashes only new text
 BUILTIN_SUMMARY_MARK = "[CONVERSATION SUMMARY]"  # how Open WebUI's own compaction marks its summary
 BUILTIN_TOOL_CHECKPOINT = "open_webui:context_compaction"  # a core summary made between tool rounds
 SUMMARIZE_COMMANDS = frozenset({"/summarize", "/summarise", "/总结"})
@@ -1015,12 +1012,6 @@ SUMMARIZE_COMMAND_PROMPT = (
 )
 
 
-def _output_text(parts: Any) -> str:
-    """A stored output item's text: its parts' texts run together, as the
-    model streamed them."""
-    return "".join(_texts(parts))
-
-
 def expand_output_items(output: list) -> Messages:
     """Fallback for ``open_webui.utils.misc.convert_output_to_messages``: the
     stored Responses-style items of one assistant reply as chat messages.
@@ -1028,6 +1019,7 @@ def expand_output_items(output: list) -> Messages:
     output = [item for item in output if isinstance(item, dict)]
     answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
     messages, text, calls = [], [], []
+    done = ("completed", "failed", "rejected")
 
     def flush() -> None:
         if text or calls:
@@ -1040,22 +1032,17 @@ def expand_output_items(output: list) -> Messages:
 
     for item in output:
         kind = item.get("type")
-        if kind == "message" and _output_text(item.get("content")):
-            text.append(_output_text(item.get("content")))
-        elif (
-            kind == "function_call"
-            and item.get("call_id") in answered
-            and item.get("status", "completed") in ("completed", "failed", "rejected")
-        ):
+        if kind == "message" and (said := "".join(_texts(item.get("content")))):  # parts run together, as streamed
+            text.append(said)
+        elif kind == "function_call" and item.get("call_id") in answered and item.get("status", "completed") in done:
             arguments = item.get("arguments", "{}")
             arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
             function = {"name": item.get("name", ""), "arguments": arguments}
             calls.append({"id": item["call_id"], "type": "function", "function": function})
         elif kind == "function_call_output":
             flush()
-            messages.append(
-                {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": _output_text(item.get("output"))}
-            )
+            output_text = "".join(_texts(item.get("output")))
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": output_text})
     flush()
     return messages
 
@@ -1098,35 +1085,27 @@ def canonical_digest(message: Message) -> str:
     """What identifies a message across inlet and outlet: its role and
     visible text (reasoning blocks and image parts excluded, since the two
     views render them differently), plus the names of the tools it calls."""
+    role, content = message.get("role"), message.get("content")
     names = ",".join(str((c.get("function") or {}).get("name", "")) for c in _tool_calls(message))
-    content = message.get("content")
-    key = _digest_key(message.get("role"), content, names)
+    key = None  # each text as its hash and length; other contents and roles are not cached
+    if isinstance(role, str) and isinstance(content, str):
+        key = (role, hash(content), len(content), names)
+    elif isinstance(role, str) and isinstance(content, list):
+        key = (role, tuple((hash(t), len(t)) for t in _texts(content)), names)
     digest = _DIGESTS.recall(key) if key is not None else None
     if digest is None:
         text = _text_of(content)
         if "<" in text:
             text = _REASONING_BLOCK_RE.sub("", text)
-        payload = f"{message.get('role')}\x1f{text.strip()}\x1f{names}"
+        payload = f"{role}\x1f{text.strip()}\x1f{names}"
         digest = hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
         if key is not None:
             _DIGESTS[key] = digest
     return digest
 
 
-def _digest_key(role: Any, content: Any, names: str) -> Optional[tuple]:
-    if not isinstance(role, str):
-        return None
-    if isinstance(content, str):
-        return (role, hash(content), len(content), names)
-    if isinstance(content, list):
-        texts = (p.get("text") if isinstance(p, dict) else p for p in content)
-        return (role, tuple((hash(t), len(t)) for t in texts if isinstance(t, str)), names)
-    return None
-
-
 def canonical_messages(messages: Messages) -> Messages:
-    """The canonical list of a repaired list: its non-system messages (the
-    coordinates every summary's counts are in)."""
+    """A repaired list's non-system messages: the coordinates of every summary's counts."""
     return [m for m in messages if not isinstance(m, dict) or m.get("role") != "system"]
 
 
@@ -1134,11 +1113,10 @@ def system_messages(messages: Messages) -> Messages:
     return [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
 
 
-def canonical_opening(messages: Messages, count: int = 2) -> Messages:
-    """The first ``count`` canonical messages, without building the whole
-    canonical list (a chat's anchor needs two)."""
+def canonical_opening(messages: Messages) -> Messages:
+    """The first two canonical messages (a chat's anchor), not the whole list."""
     canonical = (m for m in messages if not isinstance(m, dict) or m.get("role") != "system")
-    return [m for _, m in zip(range(count), canonical)]
+    return [m for _, m in zip(range(2), canonical)]
 
 
 def prefix_fingerprint(digests: list, count: int) -> str:
@@ -1146,16 +1124,14 @@ def prefix_fingerprint(digests: list, count: int) -> str:
 
 
 def conversation_anchor(digests: list) -> str:
-    """Identifies a conversation by its opening, so a cloned or imported
-    chat (new chat id, same messages) finds its summaries again."""
+    """Identifies a conversation by its opening, so a cloned or imported chat finds its summaries again."""
     return prefix_fingerprint(digests, 2)[:32]
 
 
 def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int = 0) -> int:
     """Canonical index where the verbatim tail starts: ``keep_last`` messages
-    from the end, moved back to an atomic boundary and, when that does not
-    fall to ``floor`` or below, to the start of its user turn, so the tail
-    opens with the user's message."""
+    from the end, moved back to an atomic boundary, then to the start of its
+    user turn (so the tail opens with it) unless that is at ``floor`` or below."""
     raw = len(canon) - max(0, keep_last)
     start = align_tail_start_to_atomic_boundary(canon, raw, head_count)
     for i in range(min(start, len(canon) - 1), max(head_count, floor), -1):
@@ -1164,17 +1140,11 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
     return start
 
 
-def has_builtin_summary(messages: Messages) -> bool:
-    """Open WebUI's own compaction already summarized this request."""
-    return any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in system_messages(messages))
-
-
 def strip_builtin_summary(messages: Messages) -> Messages:
     """The messages without Open WebUI's own summary, which the core appends
-    to the system message (each text part) as ``\n[CONVERSATION SUMMARY]\n``
-    and its text: cut from the mark on, a system message left empty dropped,
-    so where this filter's summary (built from the core's) replaces it the
-    text is not sent twice. Other messages stay the same objects."""
+    to system texts after ``\n[CONVERSATION SUMMARY]\n``: each text cut at
+    the mark, a system message left empty dropped, so this filter's summary
+    (built from the core's) is not sent twice. Others stay the same objects."""
 
     def cut(text: str) -> str:
         at = text.find(BUILTIN_SUMMARY_MARK)
@@ -1203,21 +1173,18 @@ def strip_builtin_summary(messages: Messages) -> Messages:
 
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
     """Where Open WebUI's own compaction cut the branch (``stored``, root
-    first), as ``(message id, summary text)``: the last message with a
-    ``contextSummary`` (``/compact`` saves it on the latest reply, automatic
-    compaction on the first kept user message); inlet receives from there
-    on. A summary made between tool rounds gives ``(id, None)``: its cut
-    inside a reply is not followed. None: the core never compacted."""
+    first; inlet receives from there on): ``(id, summary)`` of the last
+    message with a ``contextSummary`` (``/compact``: the latest reply, else
+    the first kept user message), ``(id, None)`` for a cut between tool
+    rounds (not followed inside a reply), None if the core never compacted."""
     for message in reversed(stored):
         if not isinstance(message, dict):
             continue
         summary = message.get("contextSummary") or message.get("context_summary")
         if isinstance(summary, str) and summary.strip():
             return message.get("id"), summary
-        output = message.get("output")
-        if isinstance(output, list) and any(
-            isinstance(item, dict) and item.get("type") == BUILTIN_TOOL_CHECKPOINT for item in output
-        ):
+        output = message.get("output") if isinstance(message.get("output"), list) else []
+        if any(isinstance(item, dict) and item.get("type") == BUILTIN_TOOL_CHECKPOINT for item in output):
             return message.get("id"), None
     return None
 
@@ -1229,9 +1196,8 @@ def is_summarize_command(content: Any) -> bool:
 
 def explain_summarize_command(messages: Messages) -> Messages:
     """The list with its last message, when it is the user's summarize
-    command, replaced by a short note the model can answer (the command
-    alone would puzzle it). Only what the model receives changes; the chat
-    keeps the command. Invariant: same length, same roles."""
+    command, replaced by a note the model can answer (the command alone would
+    puzzle it); the chat keeps the command. Invariant: same length and roles."""
     if not messages or _role(messages[-1]) != "user" or not is_summarize_command(messages[-1].get("content")):
         return messages
     return [*messages[:-1], {**messages[-1], "content": SUMMARIZE_COMMAND_PROMPT}]
@@ -1239,13 +1205,11 @@ def explain_summarize_command(messages: Messages) -> Messages:
 
 def asked_for_summary(stored: Messages) -> bool:
     """Whether the reply outlet sees answers the user's summarize command."""
-    last_user = next((m for m in reversed(stored) if _role(m) == "user"), None)
-    return last_user is not None and is_summarize_command(last_user.get("content"))
+    return next((is_summarize_command(m.get("content")) for m in reversed(stored) if _role(m) == "user"), False)
 
 
 def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
-    """Stored message ids for the canonical messages (repair returns the
-    same dict objects for messages it did not change)."""
+    """Stored ids of the canonical messages (repair keeps the objects it did not change)."""
     by_object = {id(m): mid for m, mid in zip(expanded, ids)}
     out, last = [], None
     for message in canon:
@@ -1259,49 +1223,40 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # ---------------------------------------------------------------------------
 # Counted the way providers bill chat requests: a fixed overhead per message
 # and per request, the role, name, text, tool-call names and arguments, tool
-# results and images. tiktoken is loaded in a background thread (it may need
-# a download); until it is ready a cheap estimator stands in, with a margin
-# (the token policy below decides which of the two a count uses).
+# results and images. tiktoken loads in a background thread (it may need a
+# download); until then a cheap estimator stands in, with a margin.
 
-TOKENS_PER_MESSAGE = 3
-TOKENS_PER_REQUEST = 3
-TOKENS_PER_NAME = 1
-TOKENS_PER_TOOL_CALL = 8
+TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL = 3, 3, 1, 8  # the framing
 IMAGE_TOKENS_UNKNOWN = 765  # a 1024x1024 image at high detail
 LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
-# Estimates err high: no held-out message of bench/corpus.py needs more than
-# 11.3% over its estimate (docs/en/benchmarks.md); the margin adds room for
-# text unlike the corpus. Strings of random letters or punctuation, and
-# languages with long words the corpus lacks, can still need more.
-ESTIMATE_MARGIN = 0.15
 
 _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
-# Estimator coefficients per encoding, tokens per: ASCII lower-case letter,
-# upper-case letter, digit, space, newline, other ASCII character
-# (punctuation), backslash; 2-byte character other than Cyrillic (accented
-# Latin, Greek, Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation
-# (U+2000-U+2FFF), other 3-byte character (CJK ideographs, Indic, Thai), kana
-# and CJK punctuation, Hangul; 4-byte character (emoji); a constant per text.
-# Fitted by bench/calibrate.py to exact cl100k counts (bench/corpus.py:
-# English, CJK, code, JSON, tool output, 17 other languages) so that no
-# fitted text, counted as a message, needs more than 7% over its estimate;
-# on held-out samples the worst is 11% (docs/en/benchmarks.md). The bound
-# costs English a high median: letters must also cover Dutch or Indonesian,
-# which need ~45% more tokens per letter. o200k's file is not available
-# offline, so it has no row and uses cl100k's (o200k needs about as many
-# tokens for English and code, fewer for CJK and other scripts):
-# conservative until it is fitted where the file is cached.
+# Estimator weights per encoding, tokens per: ASCII lower-case letter,
+# upper-case letter, digit, space, newline, other ASCII (punctuation),
+# backslash; 2-byte character other than Cyrillic (accented Latin, Greek,
+# Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF),
+# other 3-byte (CJK ideographs, Indic, Thai), kana and CJK punctuation,
+# Hangul; 4-byte (emoji); a constant per text. Fitted by bench/calibrate.py
+# to exact cl100k counts of bench/corpus.py (English, CJK, code, JSON, tool
+# output, 17 other languages): estimates err high, no fitted text (counted
+# as a message) needs more than 7% over its estimate, no held-out one more
+# than 11.3% (docs/en/benchmarks.md). English pays with a high median:
+# letters also cover Dutch or Indonesian (~45% more tokens per letter).
+# o200k has no row (its file is not available offline): cl100k's is
+# conservative for it (as many tokens for English and code, fewer for CJK).
 _ESTIMATOR = {
     "cl100k_base": (
         *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
-        *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329),  # non-ASCII, in the order above
-        3.436,  # per text
+        *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329, 3.436),  # non-ASCII, in the order above; per text
     ),
 }
+# The margin adds room for text unlike the corpus; strings of random letters
+# or punctuation, and languages with long words it lacks, can still need more.
+ESTIMATE_MARGIN = 0.15
 
 
 def encoding_for_model(model_id: str, override: str = "") -> str:
@@ -1350,8 +1305,7 @@ def _estimator_features(text: str) -> tuple:
 
 
 def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
-    """A fast token estimate from a few C-speed string operations, meant to
-    err high: see ``_ESTIMATOR`` and ``ESTIMATE_MARGIN``."""
+    """A fast token estimate meant to err high: ``_ESTIMATOR``, ``ESTIMATE_MARGIN``."""
     if not text:
         return 0
     weights = _ESTIMATOR.get(encoding) or _ESTIMATOR["cl100k_base"]
@@ -1362,8 +1316,7 @@ def estimate_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
 
 
 def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
-    """Width and height from a base64 data URL's header (PNG, GIF, JPEG,
-    WebP), decoding only its first bytes."""
+    """Width and height from a data URL's first bytes (PNG, GIF, JPEG, WebP)."""
     start = url.find(",", 0, 200) + 1
     if not url.startswith("data:") or not start:
         return None
@@ -1378,30 +1331,22 @@ def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
         if webp == b"VP8X":
             return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
         if webp == b"VP8 ":
-            w, h = struct.unpack("<HH", head[26:30])
-            return w & 0x3FFF, h & 0x3FFF
+            return tuple(n & 0x3FFF for n in struct.unpack("<HH", head[26:30]))
         if webp == b"VP8L":
             bits = int.from_bytes(head[21:25], "little")
             return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-        if head[:2] == b"\xff\xd8":
-            return _jpeg_dimensions(head)
+        at = 2  # JPEG: the size is in the first start-of-frame segment
+        while head[:2] == b"\xff\xd8" and at + 9 < len(head):
+            marker, length = struct.unpack_from(">BH", head, at + 1)
+            if head[at] != 0xFF:
+                at += 1
+            elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                h, w = struct.unpack_from(">HH", head, at + 5)
+                return w, h
+            else:
+                at += 2 + length
     except (ValueError, struct.error, IndexError):  # not base64, or a truncated header
         return None
-    return None
-
-
-def _jpeg_dimensions(head: bytes) -> Optional[tuple[int, int]]:
-    i = 2
-    while i + 9 < len(head):
-        if head[i] != 0xFF:
-            i += 1
-            continue
-        marker = head[i + 1]
-        length = struct.unpack(">H", head[i + 2 : i + 4])[0]
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            h, w = struct.unpack(">HH", head[i + 5 : i + 9])
-            return w, h
-        i += 2 + length
     return None
 
 
@@ -1413,27 +1358,23 @@ def image_tokens(url: str, detail: str = "auto") -> int:
     size = _image_dimensions(url) if isinstance(url, str) else None
     if not size or min(size) <= 0:
         return IMAGE_TOKENS_UNKNOWN
-    w, h = size
-    scale = min(1.0, 2048 / max(w, h))
-    w, h = w * scale, h * scale
-    scale = min(1.0, 768 / min(w, h))
-    w, h = w * scale, h * scale
+    w, h = [n * min(1.0, 2048 / max(size)) for n in size]  # into 2048x2048
+    w, h = [n * min(1.0, 768 / min(w, h)) for n in (w, h)]  # the short side to 768
     tiles = -(-int(w) // 512) * -(-int(h) // 512)
     return 85 + 170 * tiles
 
 
 class TokenCounter:
     """Exact counts with tiktoken when its encoding is loaded, estimates
-    otherwise. Per-message results are cached by content (bounded), so the
-    repeated requests of a growing chat only count what is new. Shared by
-    every request: holds no request state, only the cache and encodings."""
+    otherwise, cached per message by content (bounded): a growing chat's
+    requests count only what is new. Holds no request state."""
 
     def __init__(self, cache_size: int = 50_000):
         self._encodings: dict = {}
         self._loading: set = set()
         self._lock = threading.Lock()
         self._cache = _BoundedDict(cache_size)
-        self._failed: dict = {}  # encoding -> time.monotonic() of its last failed load
+        self._retry_at: dict = {}  # encoding -> time.monotonic() before which a failed load is not retried
         self._tools_counts = _BoundedDict(256)  # (exact?, encoding, schemas digest) -> tokens
 
     # -- encodings, loaded off the request path --
@@ -1441,10 +1382,8 @@ class TokenCounter:
         """Load an encoding in a background thread, once at a time, and after
         a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
         with self._lock:
-            if encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS:
-                return
-            failed = self._failed.get(encoding)
-            if failed is not None and time.monotonic() - failed < LOAD_RETRY_SECONDS:
+            skip = encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS
+            if skip or time.monotonic() < self._retry_at.get(encoding, 0.0):  # or its last load failed lately
                 return
             self._loading.add(encoding)
         threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True).start()
@@ -1460,7 +1399,7 @@ class TokenCounter:
         except Exception as exc:  # offline without a cached file: stay on estimates
             log.info("tiktoken %s unavailable (%s); using the estimator", encoding, exc)
             with self._lock:
-                self._failed[encoding] = time.monotonic()
+                self._retry_at[encoding] = time.monotonic() + LOAD_RETRY_SECONDS
         finally:
             with self._lock:
                 self._loading.discard(encoding)
@@ -1468,7 +1407,7 @@ class TokenCounter:
     def is_exact(self, encoding: str) -> bool:
         return encoding in self._encodings
 
-    # -- text --
+    # -- counting --
     def text_tokens(self, text: str, encoding: str, exact: bool = True) -> int:
         if not text:
             return 0
@@ -1479,10 +1418,8 @@ class TokenCounter:
             return estimate_text_tokens(text, encoding)
         return len(tokenizer.encode(text, disallowed_special=()))
 
-    # -- messages --
     def _entry(self, message: Message, encoding: str) -> list:
-        """The cache entry of a message's content: [estimate, exact count],
-        either None until computed. Least recently used entries go first."""
+        """A message's cache entry: [estimate, exact count], each None until counted."""
         key = _cache_key(message, encoding)
         entry = self._cache.recall(key)
         if entry is None:
@@ -1508,8 +1445,7 @@ class TokenCounter:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 arguments = function.get("arguments", "")
-                if not isinstance(arguments, str):
-                    arguments = json.dumps(arguments, ensure_ascii=False)
+                arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
                 total += TOKENS_PER_TOOL_CALL + self.text_tokens(str(function.get("name", "")), encoding, exact)
                 total += self.text_tokens(arguments, encoding, exact)
         if message.get("tool_call_id"):
@@ -1524,8 +1460,7 @@ class TokenCounter:
             text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             return 0
-        # the same schemas come with every request of a chat (Open WebUI's
-        # built-in tools are about 21k characters): tokenized once
+        # tokenized once: every request of a chat sends the same (Open WebUI's built-ins: ~21k characters)
         key = (encoding in self._encodings, encoding, hashlib.blake2b(text.encode(), digest_size=16).digest())
         count = self._tools_counts.get(key)
         if count is None:
@@ -1534,14 +1469,12 @@ class TokenCounter:
 
     # -- primitives of the request policy (count_request, fit_request) --
     def cached_sizes(self, messages: Messages, encoding: str) -> tuple[list, list]:
-        """(each message's size under the request policy where the cache
-        knows it, else None; the cache entries of those None, in order).
-        Nothing is counted here."""
+        """(each message's size under the request policy where the cache knows
+        it, else None; the cache entries of those None, in order): counts none."""
         slot = 1 if encoding in self._encodings else 0
         if not slot:
             self.start_loading(encoding)  # for later requests
-        sizes: list = []
-        missing: list = []
+        sizes, missing = [], []
         for message in messages:
             entry = self._entry(message, encoding) if isinstance(message, dict) else [0, 0]
             value = entry[slot]
@@ -1551,15 +1484,13 @@ class TokenCounter:
         return sizes, missing
 
     def measure(self, messages: Messages, encoding: str, exact: bool) -> list:
-        """Counts of ``messages``, leaving the cache alone: safe to run in a
-        worker thread while the event loop uses the cache."""
+        """Counts of ``messages``, leaving the cache alone (safe in a worker thread)."""
         return [self._count_message(m, encoding, exact) for m in messages]
 
     def estimated_size(self, message: Message, encoding: str, cached: bool = True, entry: Optional[list] = None) -> int:
-        """A message's estimate with its margin: the policy's size of a
-        message made while fitting (a shortened copy), so that fitting never
-        tokenizes. ``cached=False`` leaves the cache alone (worker threads);
-        ``entry``: the message's cache entry when the caller has it."""
+        """A message's estimate with its margin: the policy's size of a copy
+        shortened while fitting, so fitting never tokenizes. ``cached=False``
+        leaves the cache alone (worker threads); ``entry``: the caller's."""
         entry = entry or (self._entry(message, encoding) if cached else [None])
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
@@ -1567,9 +1498,8 @@ class TokenCounter:
 
 
 def _cache_key(message: Message, encoding: str) -> tuple:
-    """The count cache's key of a message for an encoding: what its count
-    depends on, each text as its hash and length (never the text itself, so
-    the cache does not keep large strings alive)."""
+    """What a message's count for ``encoding`` depends on, each text as its
+    hash and length (so the cache keeps no large string alive)."""
     content = message.get("content")
     tool_result = bool(message.get("tool_call_id"))
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
@@ -1584,8 +1514,7 @@ def _cache_key(message: Message, encoding: str) -> tuple:
 
 
 def _call_key(call: Any) -> Any:
-    """What a tool call's count depends on: its function's name and
-    arguments (hashed), without serializing the call."""
+    """A tool call's function name and arguments (hashed), not serialized."""
     function = call.get("function") if isinstance(call, dict) else None
     if isinstance(function, dict) and isinstance(function.get("arguments", ""), str):
         arguments = function.get("arguments", "")
@@ -1594,17 +1523,14 @@ def _call_key(call: Any) -> Any:
 
 
 def _part_key(part: Any) -> tuple:
-    """What a content part's count depends on, tested in the order
-    ``_count_message`` counts it."""
+    """A content part's key, tested in the order ``_count_message`` counts it."""
     if not isinstance(part, dict):
         return ("s", hash(part), len(part)) if isinstance(part, str) else ("n",)  # "n" counts nothing
     if part.get("type") == "image_url":
         image = part.get("image_url")
         image = image if isinstance(image, dict) else {"url": image}
-        # str(): a malformed url or detail (a list, an object) must not make
-        # the key unhashable; only detail == "low" changes the count
-        url = str(image.get("url", ""))
-        return ("i", hash(url), len(url), str(image.get("detail")))
+        url = str(image.get("url", ""))  # a malformed url (a list, an object) must not make the key unhashable
+        return ("i", hash(url), len(url), image.get("detail") == "low")  # the only detail that changes the count
     text = part.get("text")
     if isinstance(text, str):
         return ("t", hash(text), len(text))
@@ -1614,18 +1540,12 @@ def _part_key(part: Any) -> tuple:
 # -- The token policy of a request -------------------------------------------
 # One place decides how a request is counted, exact or estimated, and with
 # which margin; everything else asks ``count_request`` or ``fit_request``.
-#
-# * A message's size is its exact count once the encoding is loaded and the
-#   message was counted; otherwise its estimate plus ESTIMATE_MARGIN (which
-#   covers the estimator's worst error on the corpus).
-# * ``fit_request`` counts every message it has not counted before, exactly
-#   when the encoding is loaded: a turn's few new messages on the event loop,
-#   more than ON_LOOP_CHARS characters of them (a long chat seen for the
-#   first time after a restart) in a worker thread, so no request holds the
-#   event loop for other users meanwhile.
-# * ``count_request`` never tokenizes: what the cache knows, estimates with
-#   their margin for the rest. Right after ``fit_request``, it gives the same
-#   number for the list sent as the FitReport's ``tokens_after``.
+# A message's size is its exact count once the encoding is loaded and the
+# message was counted, else its estimate plus ESTIMATE_MARGIN (the
+# estimator's worst error on the corpus). ``fit_request`` counts the messages
+# not counted before: a turn's few new ones on the event loop, more than
+# ON_LOOP_CHARS characters (a long chat first seen after a restart) in a
+# worker thread, so no request holds the loop for other users meanwhile.
 
 ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
 ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
@@ -1641,9 +1561,9 @@ def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> in
 
 
 def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixed: int) -> int:
-    """How many tokens a request of ``messages`` is: ``fixed`` (see
-    ``request_fixed_tokens``) plus each message's size under the policy
-    above. Never tokenizes; estimates messages never seen before."""
+    """``fixed`` (``request_fixed_tokens``) plus each message's size under the
+    policy above, estimated if never counted: it never tokenizes, and right
+    after ``fit_request`` gives its ``tokens_after`` for the list sent."""
     sizes, missing = counter.cached_sizes(messages, encoding)
     entries = iter(missing)  # the entries of the sizes not known, in order: each key computed once
     return fixed + sum(
@@ -1652,9 +1572,8 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 
 
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
-    """What every request of a chat sends besides its conversation: tool
-    schemas and framing (``fixed``) and the system prompts, never this
-    filter's own summary message, which the planner counts by itself."""
+    """What every request of a chat sends besides its conversation: ``fixed``
+    and the system prompts, but not this filter's summary (the planner's)."""
     systems = [m for m in system_messages(messages) if not is_summary_message(m)]
     return count_request(counter, systems, encoding, fixed)
 
@@ -1663,10 +1582,8 @@ async def fit_request(
     counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
 ) -> tuple[Messages, FitReport]:
     """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
-    ``prefix`` messages while it can), counted under the policy above; the
-    report's ``tokens_after`` equals ``count_request`` of the list returned.
-    Holds the event loop only for slices of cache look-ups: counting and
-    fitting a long list happen in a worker thread."""
+    ``prefix`` messages while it can) under the policy above; the event loop
+    holds only slices of cache look-ups, long lists go to a worker thread."""
     exact = counter.is_exact(encoding)
     sizes, missing = [], []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
@@ -1703,17 +1620,13 @@ async def fit_request(
 
 # -- The model's own tokens ----------------------------------------------------
 # Counts here are cl100k/o200k tokens (or the estimator's); the model's own
-# tokenizer may need 0.7x-1.5x as many for the same text. Every reply's
-# reported prompt tokens (usage) are related to what this filter counted for
-# exactly the request that produced it (the request hook notes it under the
-# reply's message id, outlet reads the reply's usage). Per model and count
-# path ("exact" tokenizer, "estimate"), the median of the last ratios, each
-# clamped (the estimator's: the second highest, its error depends on the
-# text), is the model's ``scale``: model tokens per counted token. It is
-# applied once, as a change of units (``in_counted_units``): the cap, the
-# threshold and the trigger are divided by it, the status figure multiplied.
-# A model that reports no usage keeps today's counts (no scale). The ratios
-# are stored beside the summaries (layer 5); each minute applies one snapshot.
+# tokenizer may need 0.7x-1.5x as many. Each reply's reported prompt tokens
+# (usage, read by outlet) are related to what the request hook counted for
+# its request. Per model and count path, the recent ratios give the model's
+# ``scale`` (``robust_ratio``), applied once as a change of units
+# (``in_counted_units``): cap, threshold and trigger divided by it, the
+# status figure multiplied; no usage reported, no scale. The ratios are
+# stored beside the summaries (layer 5); each minute applies one snapshot.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
@@ -1725,7 +1638,8 @@ RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as
 RATIO_PATHS = ("exact", "estimate", "replayed")
 
 
-def _positive_int(value: Any) -> int:
+def _positive_int(mapping: dict, key: str) -> int:
+    value = mapping.get(key)
     try:
         return max(0, int(value)) if not isinstance(value, bool) else 0
     except (TypeError, ValueError, OverflowError):  # JSON may carry Infinity
@@ -1733,18 +1647,14 @@ def _positive_int(value: Any) -> int:
 
 
 def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
-    """(prompt tokens, cumulative) that a reply's ``usage`` reports, None when
-    it reports none. OpenAI's ``prompt_tokens``, Ollama's
-    ``prompt_eval_count`` and llama.cpp's ``prompt_n`` + ``cache_n`` are the
-    last model call's (Open WebUI keeps the latest of these over a tool
-    loop); ``input_tokens`` (Anthropic-style, with its cache reads and
-    writes) is cumulative: Open WebUI sums it over the calls of one reply."""
+    """(prompt tokens, cumulative) that a reply's ``usage`` reports, or None.
+    OpenAI's ``prompt_tokens``, Ollama's ``prompt_eval_count`` and llama.cpp's
+    ``prompt_n`` + ``cache_n`` are the last model call's (Open WebUI keeps the
+    latest over a tool loop); ``input_tokens`` (Anthropic-style, plus cache
+    reads and writes) is cumulative: Open WebUI sums it over a reply's calls."""
     if not isinstance(usage, dict):
         return None
-
-    def tokens(key: str) -> int:
-        return _positive_int(usage.get(key))
-
+    tokens = partial(_positive_int, usage)
     last = tokens("prompt_tokens") or tokens("prompt_eval_count") or tokens("prompt_n") + tokens("cache_n")
     if last:
         return last, False
@@ -1764,60 +1674,42 @@ def sample_ratio(reported: int, counted: int) -> Optional[float]:
 def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
     """The median of the last RATIO_SAMPLES ratios (each clamped): one
     outlier among three or more moves it at most to its neighbour; 1.0
-    without any. ``upper``: the second highest instead (one outlier still
-    cannot move it), for the estimator, whose error depends on the text:
-    the cap then holds for the chat's most demanding recent mix."""
+    without any. ``upper``: the second highest (as robust), for the estimator,
+    whose error depends on the text: caps for the most demanding recent mix."""
     recent = [min(max(float(r), RATIO_FLOOR), RATIO_CEILING) for r in ratios if isinstance(r, (int, float))]
     recent = sorted(recent[-RATIO_SAMPLES:])
     if not recent:
         return 1.0
     if upper:
-        return recent[-2] if len(recent) >= 2 else recent[-1]
-    mid = len(recent) // 2
-    return recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
+        return recent[-min(2, len(recent))]
+    return (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2
 
 
 def request_prompt_bound(body: Any, model: Any = None) -> int:
     """The most prompt tokens (the model's own) the request itself allows,
     0 = no bound: Ollama's ``num_ctx`` (in ``options``, top-level, or the
-    model's saved params) less the reply's room (``num_predict`` /
-    ``max_tokens`` / ``max_completion_tokens``), whatever the valves say."""
+    model's saved params) less the reply's room, whatever the valves say."""
     body = body if isinstance(body, dict) else {}
     info = model.get("info") if isinstance(model, dict) else None
     sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
     sources = [source for source in sources if isinstance(source, dict)]
-    window = next((n for s in sources if (n := _positive_int(s.get("num_ctx")))), 0)
+    window = next((n for s in sources if (n := _positive_int(s, "num_ctx"))), 0)
     keys = ("num_predict", "max_tokens", "max_completion_tokens")
-    reply = next((n for s in sources for key in keys if (n := _positive_int(s.get(key)))), 0)
+    reply = next((n for s in sources for key in keys if (n := _positive_int(s, key))), 0)
     return window - reply if reply < window else window
 
 
-@dataclass
-class _Counted:
-    """What the request hook counted for one reply's request(s)."""
-
-    model: str
-    path: str
-    last: int
-    total: int
-    bound: int
-
-
 class ModelTokens:
-    """Per worker: the ratios applied per model and path, and what was
-    counted for each reply not yet related to its usage. Bounded.
-
-    The ratios applied during wall-clock minute E are the store's samples
-    created before E minus RATIOS_SETTLE (so background writes have landed),
-    read once per worker per minute: every worker and replica applies the
-    same ones. A model with no sample in that snapshot uses this worker's own
-    samples, so a new model calibrates after its first reply (the one window
-    in which replicas may differ, until the next minute's snapshot)."""
+    """Per worker: the ratios applied per model and path, and what was counted
+    for each reply not yet related to its usage (bounded). Minute E applies the
+    store's samples created before E - RATIOS_SETTLE, read once per worker per
+    minute, the same on every worker and replica; a model with none there uses
+    this worker's own, so a new model calibrates after its first reply."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
         self.own = _BoundedDict(models)  # (model, path) -> [(created_at, ratio)] learned on this worker
-        self.counted = _BoundedDict(replies)  # reply message id -> _Counted
+        self.counted = _BoundedDict(replies)  # reply message id -> (model, path, last count, total count, bound)
         self.unsaved: list = []  # (key, model, path, ratio, created_at) not yet in the store
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
@@ -1843,10 +1735,8 @@ class ModelTokens:
             return
         path = "exact" if exact else "estimate"
         before = self.counted.get(message_id)
-        if before is not None and before.model == model and before.path == path:
-            self.counted[message_id] = replace(before, last=tokens, total=before.total + tokens, bound=bound)
-        else:
-            self.counted[message_id] = _Counted(model, path, tokens, tokens, bound)
+        same_call = before is not None and before[:2] == (model, path)  # the same reply's tool loop
+        self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound)
 
     def learn(self, message_id: str, usage: Any) -> Optional[tuple]:
         """Relates the reply's usage to what was counted for it; the new
@@ -1855,14 +1745,15 @@ class ModelTokens:
         reported = reported_prompt_tokens(usage)
         if counted is None or reported is None:
             return None
+        model, path, last, total, bound = counted
         tokens, cumulative = reported
-        if counted.bound and tokens >= counted.bound * RATIO_CUT_SHARE:
+        if bound and tokens >= bound * RATIO_CUT_SHARE:
             return None  # at the request's own bound: may have been cut (Ollama), says nothing
-        ratio = sample_ratio(tokens, counted.total if cumulative else counted.last)
+        ratio = sample_ratio(tokens, total if cumulative else last)
         if ratio is None:
             return None
-        self.add(counted.model, counted.path, ratio)
-        return counted.model, counted.path, ratio
+        self.add(model, path, ratio)
+        return model, path, ratio
 
     def add(self, model: str, path: str, ratio: float) -> None:
         self._serial += 1
@@ -1907,12 +1798,11 @@ class ModelTokens:
 
 
 def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
-    """Ratios from the usage stored on earlier replies of an existing chat
-    (outlet's messages): each reply's reported prompt against the count of
-    the conversation before it, for replies of one model call only. Outlet's
-    messages lack the system prompt and tool schemas, so these err high (caps
-    earlier) until live ones replace them. ``max_counted``: longer
-    conversations (a summary or the cap may have shortened them) are skipped."""
+    """Ratios from the usage stored on an existing chat's earlier replies of
+    one model call each: the reported prompt against the count of the
+    conversation before it (without system prompt and tool schemas, so they
+    err high until live ones replace them). Conversations counted over
+    ``max_counted`` (a summary or the cap may have shortened them) are skipped."""
     expanded, ids = expand_stored_messages(stored)
     first_at = {stored_id: at for at, stored_id in reversed(list(enumerate(ids)))}  # each id's first place
     ratios = []
@@ -4453,7 +4343,7 @@ class Filter:
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        builtin = has_builtin_summary(systems)
+        builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
         found = await self._lookup_summary(ctx, messages, len(messages) - len(systems)) if inlet else None
