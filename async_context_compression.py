@@ -1013,9 +1013,8 @@ SUMMARIZE_COMMAND_PROMPT = (
 
 
 def expand_output_items(output: list) -> Messages:
-    """Fallback for ``open_webui.utils.misc.convert_output_to_messages``: the
-    stored Responses-style items of one assistant reply as chat messages.
-    Only calls that completed and have a result become tool calls, as there."""
+    """Fallback for ``open_webui.utils.misc.convert_output_to_messages``: the stored Responses-style items of one
+    assistant reply as chat messages. Only calls that completed and have a result become tool calls, as there."""
     output = [item for item in output if isinstance(item, dict)]
     answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
     messages, text, calls = [], [], []
@@ -1082,9 +1081,8 @@ def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
 
 
 def canonical_digest(message: Message) -> str:
-    """What identifies a message across inlet and outlet: its role and
-    visible text (reasoning blocks and image parts excluded, since the two
-    views render them differently), plus the names of the tools it calls."""
+    """What identifies a message across inlet and outlet: its role and visible text (reasoning blocks and image parts
+    excluded, since the two views render them differently), plus the names of the tools it calls."""
     role, content = message.get("role"), message.get("content")
     names = ",".join(str((c.get("function") or {}).get("name", "")) for c in _tool_calls(message))
     key = None  # each text as its hash and length; other contents and roles are not cached
@@ -1129,9 +1127,8 @@ def conversation_anchor(digests: list) -> str:
 
 
 def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int = 0) -> int:
-    """Canonical index where the verbatim tail starts: ``keep_last`` messages
-    from the end, moved back to an atomic boundary, then to the start of its
-    user turn (so the tail opens with it) unless that is at ``floor`` or below."""
+    """Canonical index where the verbatim tail starts: ``keep_last`` messages from the end, moved back to an atomic
+    boundary, then to the start of its user turn (so the tail opens with it) unless that is at ``floor`` or below."""
     raw = len(canon) - max(0, keep_last)
     start = align_tail_start_to_atomic_boundary(canon, raw, head_count)
     for i in range(min(start, len(canon) - 1), max(head_count, floor), -1):
@@ -1141,10 +1138,9 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
 
 
 def strip_builtin_summary(messages: Messages) -> Messages:
-    """The messages without Open WebUI's own summary, which the core appends
-    to system texts after ``\n[CONVERSATION SUMMARY]\n``: each text cut at
-    the mark, a system message left empty dropped, so this filter's summary
-    (built from the core's) is not sent twice. Others stay the same objects."""
+    """The messages without Open WebUI's own summary, which the core appends to system texts after
+    ``\n[CONVERSATION SUMMARY]\n``: each text cut at the mark, a system message left empty dropped, so this filter's
+    summary (built from the core's) is not sent twice. Others stay the same objects."""
 
     def cut(text: str) -> str:
         at = text.find(BUILTIN_SUMMARY_MARK)
@@ -1172,11 +1168,10 @@ def strip_builtin_summary(messages: Messages) -> Messages:
 
 
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
-    """Where Open WebUI's own compaction cut the branch (``stored``, root
-    first; inlet receives from there on): ``(id, summary)`` of the last
-    message with a ``contextSummary`` (``/compact``: the latest reply, else
-    the first kept user message), ``(id, None)`` for a cut between tool
-    rounds (not followed inside a reply), None if the core never compacted."""
+    """Where Open WebUI's own compaction cut the branch (``stored``, root first; inlet receives from there on): ``(id,
+    summary)`` of the last message with a ``contextSummary`` (``/compact``: the latest reply, else the first kept
+    user message), ``(id, None)`` for a cut between tool rounds (not followed inside a reply), None if the core never
+    compacted."""
     for message in reversed(stored):
         if not isinstance(message, dict):
             continue
@@ -1195,9 +1190,8 @@ def is_summarize_command(content: Any) -> bool:
 
 
 def explain_summarize_command(messages: Messages) -> Messages:
-    """The list with its last message, when it is the user's summarize
-    command, replaced by a note the model can answer (the command alone would
-    puzzle it); the chat keeps the command. Invariant: same length and roles."""
+    """The list with its last message, when it is the user's summarize command, replaced by a note the model can answer
+    (the command alone would puzzle it); the chat keeps the command. Invariant: same length and roles."""
     if not messages or _role(messages[-1]) != "user" or not is_summarize_command(messages[-1].get("content")):
         return messages
     return [*messages[:-1], {**messages[-1], "content": SUMMARIZE_COMMAND_PROMPT}]
@@ -1365,9 +1359,8 @@ def image_tokens(url: str, detail: str = "auto") -> int:
 
 
 class TokenCounter:
-    """Exact counts with tiktoken when its encoding is loaded, estimates
-    otherwise, cached per message by content (bounded): a growing chat's
-    requests count only what is new. Holds no request state."""
+    """Exact counts with tiktoken when its encoding is loaded, estimates otherwise, cached per message by content
+    (bounded): a growing chat's requests count only what is new. Holds no request state."""
 
     def __init__(self, cache_size: int = 50_000):
         self._encodings: dict = {}
@@ -1488,9 +1481,8 @@ class TokenCounter:
         return [self._count_message(m, encoding, exact) for m in messages]
 
     def estimated_size(self, message: Message, encoding: str, cached: bool = True, entry: Optional[list] = None) -> int:
-        """A message's estimate with its margin: the policy's size of a copy
-        shortened while fitting, so fitting never tokenizes. ``cached=False``
-        leaves the cache alone (worker threads); ``entry``: the caller's."""
+        """A message's estimate with its margin: the policy's size of a copy shortened while fitting, so fitting never
+        tokenizes. ``cached=False`` leaves the cache alone (worker threads); ``entry``: the caller's."""
         entry = entry or (self._entry(message, encoding) if cached else [None])
         if entry[0] is None:
             entry[0] = self._count_message(message, encoding, False)
@@ -1561,9 +1553,8 @@ def request_fixed_tokens(counter: TokenCounter, tools: Any, encoding: str) -> in
 
 
 def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixed: int) -> int:
-    """``fixed`` (``request_fixed_tokens``) plus each message's size under the
-    policy above, estimated if never counted: it never tokenizes, and right
-    after ``fit_request`` gives its ``tokens_after`` for the list sent."""
+    """``fixed`` (``request_fixed_tokens``) plus each message's size under the policy above, estimated if never counted:
+    it never tokenizes, and right after ``fit_request`` gives its ``tokens_after`` for the list sent."""
     sizes, missing = counter.cached_sizes(messages, encoding)
     entries = iter(missing)  # the entries of the sizes not known, in order: each key computed once
     return fixed + sum(
@@ -1581,9 +1572,8 @@ def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: in
 async def fit_request(
     counter: TokenCounter, messages: Messages, cap: int, prefix: int, fixed: int, encoding: str
 ) -> tuple[Messages, FitReport]:
-    """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting
-    ``prefix`` messages while it can) under the policy above; the event loop
-    holds only slices of cache look-ups, long lists go to a worker thread."""
+    """``messages`` fitted under ``cap`` (``fit_to_budget``, protecting ``prefix`` messages while it can) under the
+    policy above; the event loop holds only slices of cache look-ups, long lists go to a worker thread."""
     exact = counter.is_exact(encoding)
     sizes, missing = [], []
     for at in range(0, len(messages), ON_LOOP_MESSAGES):
@@ -1647,11 +1637,10 @@ def _positive_int(mapping: dict, key: str) -> int:
 
 
 def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
-    """(prompt tokens, cumulative) that a reply's ``usage`` reports, or None.
-    OpenAI's ``prompt_tokens``, Ollama's ``prompt_eval_count`` and llama.cpp's
-    ``prompt_n`` + ``cache_n`` are the last model call's (Open WebUI keeps the
-    latest over a tool loop); ``input_tokens`` (Anthropic-style, plus cache
-    reads and writes) is cumulative: Open WebUI sums it over a reply's calls."""
+    """(prompt tokens, cumulative) that a reply's ``usage`` reports, or None. OpenAI's ``prompt_tokens``, Ollama's
+    ``prompt_eval_count`` and llama.cpp's ``prompt_n`` + ``cache_n`` are the last model call's (Open WebUI keeps the
+    latest over a tool loop); ``input_tokens`` (Anthropic-style, plus cache reads and writes) is cumulative: Open
+    WebUI sums it over a reply's calls."""
     if not isinstance(usage, dict):
         return None
     tokens = partial(_positive_int, usage)
@@ -1672,10 +1661,9 @@ def sample_ratio(reported: int, counted: int) -> Optional[float]:
 
 
 def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
-    """The median of the last RATIO_SAMPLES ratios (each clamped): one
-    outlier among three or more moves it at most to its neighbour; 1.0
-    without any. ``upper``: the second highest (as robust), for the estimator,
-    whose error depends on the text: caps for the most demanding recent mix."""
+    """The median of the last RATIO_SAMPLES ratios (each clamped): one outlier among three or more moves it at most to
+    its neighbour; 1.0 without any. ``upper``: the second highest (as robust), for the estimator, whose error depends
+    on the text: caps for the most demanding recent mix."""
     recent = [min(max(float(r), RATIO_FLOOR), RATIO_CEILING) for r in ratios if isinstance(r, (int, float))]
     recent = sorted(recent[-RATIO_SAMPLES:])
     if not recent:
@@ -1686,9 +1674,8 @@ def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
 
 
 def request_prompt_bound(body: Any, model: Any = None) -> int:
-    """The most prompt tokens (the model's own) the request itself allows,
-    0 = no bound: Ollama's ``num_ctx`` (in ``options``, top-level, or the
-    model's saved params) less the reply's room, whatever the valves say."""
+    """The most prompt tokens (the model's own) the request itself allows, 0 = no bound: Ollama's ``num_ctx`` (in
+    ``options``, top-level, or the model's saved params) less the reply's room, whatever the valves say."""
     body = body if isinstance(body, dict) else {}
     info = model.get("info") if isinstance(model, dict) else None
     sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
@@ -1700,11 +1687,10 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
 
 
 class ModelTokens:
-    """Per worker: the ratios applied per model and path, and what was counted
-    for each reply not yet related to its usage (bounded). Minute E applies the
-    store's samples created before E - RATIOS_SETTLE, read once per worker per
-    minute, the same on every worker and replica; a model with none there uses
-    this worker's own, so a new model calibrates after its first reply."""
+    """Per worker: the ratios applied per model and path, and what was counted for each reply not yet related to its
+    usage (bounded). Minute E applies the store's samples created before E - RATIOS_SETTLE, read once per worker per
+    minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
+    calibrates after its first reply."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
@@ -1718,9 +1704,8 @@ class ModelTokens:
         self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
 
     def scale(self, model: str, exact: bool = True) -> Optional[float]:
-        """Model tokens per counted token: the path's own ratios, else (the
-        estimator errs high) the exact path's, else those replayed from
-        earlier replies of an existing chat, else None (nothing learned)."""
+        """Model tokens per counted token: the path's own ratios, else (the estimator errs high) the exact path's, else
+        those replayed from earlier replies of an existing chat, else None (nothing learned)."""
         table = self.shared if any((model, path) in self.shared for path in RATIO_PATHS) else self.own
         for path in ("exact", "replayed") if exact else ("estimate", "exact", "replayed"):
             found = table.get((model, path))
@@ -1763,9 +1748,8 @@ class ModelTokens:
         del self.unsaved[:-64]  # a store that never answers costs bounded memory
 
     def snapshot(self, rows: Iterable, minute: int) -> None:
-        """The store's rows (key, model, path, ratio, created_at) as applied
-        during ``minute``: those created before it less RATIOS_SETTLE, the
-        newest RATIO_SAMPLES per model and path."""
+        """The store's rows (key, model, path, ratio, created_at) as applied during ``minute``: those created before it
+        less RATIOS_SETTLE, the newest RATIO_SAMPLES per model and path."""
         if self.minute is not None and minute < self.minute:
             return  # a read that outlived its minute
         cutoff, found = minute * 60 - RATIOS_SETTLE, {}
@@ -1776,9 +1760,8 @@ class ModelTokens:
         self.minute = minute
 
     async def refresh(self, read: Optional[Callable], now: Optional[float] = None) -> None:
-        """The current minute's snapshot, read once per worker: the first
-        requests of a minute await that one read (at most STORE_TIMEOUT);
-        a store that cannot be read leaves the last snapshot in place."""
+        """The current minute's snapshot, read once per worker: the first requests of a minute await that one read (at
+        most STORE_TIMEOUT); a store that cannot be read leaves the last snapshot in place."""
         minute = int((time.time() if now is None else now) // 60)
         if read is None or self.minute is not None and self.minute >= minute:
             return
@@ -1798,11 +1781,10 @@ class ModelTokens:
 
 
 def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
-    """Ratios from the usage stored on an existing chat's earlier replies of
-    one model call each: the reported prompt against the count of the
-    conversation before it (without system prompt and tool schemas, so they
-    err high until live ones replace them). Conversations counted over
-    ``max_counted`` (a summary or the cap may have shortened them) are skipped."""
+    """Ratios from the usage stored on an existing chat's earlier replies of one model call each: the reported prompt
+    against the count of the conversation before it (without system prompt and tool schemas, so they err high until
+    live ones replace them). Conversations counted over ``max_counted`` (a summary or the cap may have shortened
+    them) are skipped."""
     expanded, ids = expand_stored_messages(stored)
     first_at = {stored_id: at for at, stored_id in reversed(list(enumerate(ids)))}  # each id's first place
     ratios = []
@@ -3699,8 +3681,8 @@ async def _emit(emitter: Optional[Callable], event: Any, done: bool = True) -> N
 
 
 def _pending_here(task: Optional[asyncio.Task]) -> bool:
-    """Whether ``task`` is still running on this event loop (a worker has one;
-    a Filter used from several loops, as tests do, must not wait across them)."""
+    """Whether ``task`` still runs on this event loop (a Filter used from several, as tests do, must not wait
+    across them)."""
     return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
 
 
@@ -3846,10 +3828,9 @@ class BackgroundSummarizer:
         return replace(sent, notes=ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ())
 
     def say_soon(self, ctx: RequestContext, line: str) -> None:
-        """Writes a request's status line while the model answers: Open WebUI
-        stores each status in the chat's row under a row lock, which another
-        worker may hold (through a pause of its own) and which must not hold
-        up the reply. A chat's lines keep their order; outlet waits for them."""
+        """Writes a request's status line while the model answers: Open WebUI stores each status in the chat's row under
+        a row lock, which another worker may hold (through a pause of its own) and which must not hold up the reply.
+        A chat's lines keep their order; outlet waits for them."""
         state = self.chat(ctx)
         state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
         self.lines.add(task)
