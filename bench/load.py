@@ -46,6 +46,12 @@ Flags:
                          collection of its ~1.1M objects takes 0.6 s on a 2-core machine and comes
                          every ~30-40 s under this load) then fall on both arms alike; run one after
                          the other, a short phase's p99 mostly says whether one fell in it
+    --gc-log FILE        every Open WebUI process logs its full garbage collections to FILE
+                         (bench/gc_probe on PYTHONPATH); the report says how many fell in each
+                         phase and the longest pause
+    --rounds N           with --paired: N rounds of new chats on the same servers, figures pooled
+                         (default 1); a p95 over 80 requests is the 4th slowest, and one pause
+                         that catches four requests of one arm moves it by half
 """
 
 from __future__ import annotations
@@ -145,6 +151,7 @@ class Phase:
         self.create_failed = 0
         self.chat_ids: list = []
         self.summaries: dict = {}
+        self.windows: list = []  # (start, end) wall-clock times of its live turns
 
     def record(self, elapsed=None, error=None):
         with self.lock:
@@ -209,10 +216,12 @@ def run_phase(client, provider: FakeProvider, name: str, args, arms: Optional[li
             except Exception as exc:
                 phase.record(error=exc)
 
+    began = time.time()
     with ThreadPoolExecutor(max(1, len(chats))) as pool:
         list(pool.map(live, chats))
     for phase, _ in arms:
-        phase.chat_ids = [c[0] for c in chats if c[3] is phase]
+        phase.chat_ids += [c[0] for c in chats if c[3] is phase]
+        phase.windows.append((began, time.time()))
     # background summaries: wait until the provider is quiet
     quiet_since, seen = time.monotonic(), -1
     deadline = time.monotonic() + 300
@@ -232,7 +241,7 @@ def run_phase(client, provider: FakeProvider, name: str, args, arms: Optional[li
 
 def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str, args) -> list:
     pg = Postgres() if db == "postgres" else None
-    env = {"DATABASE_URL": pg.dsn} if pg else {}
+    env = {**({"DATABASE_URL": pg.dsn} if pg else {}), **gc_env(args)}
     server = OpenWebUIServer(
         python=python,
         provider_url=provider.base_url,
@@ -251,7 +260,8 @@ def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str
         if args.paired:
             add_filtered_model([client])
             arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
-            run_phase(client, provider, "paired", args, arms=arms)
+            for n in range(args.rounds):  # new chats each round, figures pooled
+                run_phase(client, provider, f"paired {n}", args, arms=arms)
             phases = [phase for phase, _ in arms]
         else:
             phases = []
@@ -270,6 +280,21 @@ def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str
         server.cleanup()
         if pg:
             pg.stop()
+
+
+def gc_env(args) -> dict:
+    """--gc-log: every Open WebUI process logs its full garbage collections (bench/gc_probe)."""
+    if not args.gc_log:
+        return {}
+    open(args.gc_log, "w").close()
+    return {"PYTHONPATH": os.path.join(_HERE, "gc_probe"), "ACC_GC_LOG": os.path.abspath(args.gc_log)}
+
+
+def full_collections(path: str, windows: list) -> list:
+    """Pauses (s) of the full collections logged while a phase's live turns ran."""
+    with open(path, encoding="utf-8") as log:
+        rows = [line.split() for line in log if line.strip()]
+    return [float(r[3]) for r in rows if r[2] == "2" and any(a <= float(r[0]) <= b for a, b in windows)]
 
 
 def add_filtered_model(clients: list) -> None:
@@ -299,7 +324,7 @@ def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) 
             args.replicas,
             provider.base_url,
             python=python,
-            env_extra=replica_env(url, redis.url, "owui"),
+            env_extra={**replica_env(url, redis.url, "owui"), **gc_env(args)},
             workers=args.workers,
             tiktoken_cache_dir=ensure_offline_tiktoken(python),
             timeout=900,
@@ -319,7 +344,8 @@ def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) 
         if args.paired:
             add_filtered_model(clients)
             arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
-            run_phase(clients, provider, "paired", args, arms=arms)
+            for n in range(args.rounds):  # new chats each round, figures pooled
+                run_phase(clients, provider, f"paired {n}", args, arms=arms)
             phases = [phase for phase, _ in arms]
         else:
             phases = []
@@ -356,6 +382,7 @@ def report(results: dict, args) -> int:
         + (f" x {args.replicas} replicas (turns alternate)" if args.replicas > 1 else "")
         + f"; model {args.chat_delay}s, summarizer {args.summary_delay}s"
         + ("; paired: both arms at once, chat i with the filter when i is odd" if args.paired else "")
+        + (f"; {args.rounds} rounds pooled" if args.paired and args.rounds > 1 else "")
     )
     header = (
         f"{'db':12} {'phase':10} {'chats':>5} {'not made':>8} {'requests':>8} {'failed':>6} {'400s':>4} "
@@ -379,6 +406,11 @@ def report(results: dict, args) -> int:
             f"p99 {filt.quantile(0.99) / base.quantile(0.99):.2f}x, "
             f"slowest {filt.quantile(1.0) / base.quantile(1.0):.2f}x"
         )
+        if args.gc_log:
+            for p in phases:
+                pauses = full_collections(args.gc_log, p.windows)
+                longest = f", longest {max(pauses):.2f} s" if pauses else ""
+                print(f"{db:12} {p.name}: {len(pauses)} full garbage collections in Open WebUI's processes{longest}")
         for p in phases:
             for exc in p.failed[:3]:
                 print(f"{db:12} {p.name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -400,6 +432,8 @@ def main(argv=None) -> int:
     parser.add_argument("--words", type=int, default=170)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--paired", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--gc-log", default="")
     args = parser.parse_args(argv)
     python = find_openwebui_python(install=True)
     with open(os.path.join(_ROOT, "async_context_compression.py"), encoding="utf-8") as f:
