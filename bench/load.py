@@ -239,6 +239,24 @@ def run_phase(client, provider: FakeProvider, name: str, args, arms: Optional[li
     return arms[0][0]
 
 
+def run_both_arms(clients: list, provider: FakeProvider, filter_source: str, args, label: str) -> list:
+    """Installs the filter, then runs the chats without it and with it: one phase after the other, or both at once
+    (``--paired``, ``--rounds`` of them pooled). Returns [without, with]."""
+    clients[0].install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=not args.paired)
+    if args.paired:
+        add_filtered_model(clients)
+        arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
+        for n in range(args.rounds):  # new chats each round, figures pooled
+            run_phase(clients, provider, f"paired {n}", args, arms=arms)
+        return [phase for phase, _ in arms]
+    phases = []
+    for name, active in (("no filter", False), ("filter", True)):
+        clients[0].set_function_state(FILTER_ID, active=active, is_global=True)
+        phases.append(run_phase(clients, provider, name, args))
+        print(f"[{label}] {name}: done", flush=True)
+    return phases
+
+
 def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str, args) -> list:
     pg = Postgres() if db == "postgres" else None
     env = {**({"DATABASE_URL": pg.dsn} if pg else {}), **gc_env(args)}
@@ -256,19 +274,7 @@ def run_backend(db: str, python: str, provider: FakeProvider, filter_source: str
         client = OpenWebUIClient(server.base_url, timeout=300)
         client.signup("load@example.com", "Load-Passw0rd!", "Load Admin")
         client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120)
-        client.install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=not args.paired)
-        if args.paired:
-            add_filtered_model([client])
-            arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
-            for n in range(args.rounds):  # new chats each round, figures pooled
-                run_phase(client, provider, f"paired {n}", args, arms=arms)
-            phases = [phase for phase, _ in arms]
-        else:
-            phases = []
-            for name, active in (("no filter", False), ("filter", True)):
-                client.set_function_state(FILTER_ID, active=active, is_global=True)
-                phases.append(run_phase(client, provider, name, args))
-                print(f"[{db}] {name}: done", flush=True)
+        phases = run_both_arms([client], provider, filter_source, args, db)
         for phase in phases:
             if pg:
                 phase.summaries = pg.rows_per_chat(phase.chat_ids)
@@ -340,19 +346,7 @@ def run_replicas(python: str, provider: FakeProvider, filter_source: str, args) 
             client.signin("load@example.com", "Load-Passw0rd!")
         for client in clients:
             client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120)
-        clients[0].install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=not args.paired)
-        if args.paired:
-            add_filtered_model(clients)
-            arms = [(Phase("no filter"), CHAT_MODEL), (Phase("filter"), FILTERED_MODEL)]
-            for n in range(args.rounds):  # new chats each round, figures pooled
-                run_phase(clients, provider, f"paired {n}", args, arms=arms)
-            phases = [phase for phase, _ in arms]
-        else:
-            phases = []
-            for name, active in (("no filter", False), ("filter", True)):
-                clients[0].set_function_state(FILTER_ID, active=active, is_global=True)
-                phases.append(run_phase(clients, provider, name, args))
-                print(f"[replicas] {name}: done", flush=True)
+        phases = run_both_arms(clients, provider, filter_source, args, "replicas")
         counts = {}
         try:
             (rows,) = pg.sql("SELECT chat_id, count(*) FROM owui.acc_chat_summary GROUP BY chat_id", database="owui")
