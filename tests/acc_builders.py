@@ -145,13 +145,15 @@ MARK = re.compile(r"MK-\d{4}")
 class FakeSummarizer:
     """A stand-in for ``Filter.summaries.complete``. Records every call; answers with
     every marker (``MK-0000``) it was shown, unless a scripted behaviour (an
-    exception, a string, or ("sleep", seconds)) is queued for the call."""
+    exception, a string, or ("sleep", seconds)) is queued for the call. With a ``gate``
+    (an asyncio.Event), no call answers before the gate is set."""
 
-    def __init__(self, delay: float = 0.0, padding: str = ""):
+    def __init__(self, delay: float = 0.0, padding: str = "", gate: Optional[asyncio.Event] = None):
         self.calls: list = []
         self.script: list = []
         self.delay = delay
         self.padding = padding
+        self.gate = gate
 
     async def __call__(self, request, user, model, messages, max_tokens, temperature, **extra):
         self.calls.append(
@@ -167,6 +169,8 @@ class FakeSummarizer:
         step = self.script.pop(0) if self.script else None
         if self.delay:
             await asyncio.sleep(self.delay)
+        if self.gate is not None:
+            await self.gate.wait()
         if isinstance(step, BaseException):
             raise step
         if isinstance(step, tuple) and step[0] == "sleep":

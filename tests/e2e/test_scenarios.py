@@ -443,7 +443,10 @@ def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider
         if s["duration"] and s["time"] < t.ended < s["time"] + s["duration"]
     ]
     assert overlapping, "no reply came back while a summary was running: summaries did not run in the background"
-    assert max(f_extra) <= 1.0, f"the filter added {max(f_extra):.2f}s to a reply (turns {fmt(filt)} vs {fmt(base)})"
+    # waiting for the summary would cost its whole delay; a worker's full garbage collection (~1 s) may fall in any turn
+    assert max(f_extra) <= delay / 2, (
+        f"the filter added {max(f_extra):.2f}s to a reply (turns {fmt(filt)} vs {fmt(base)})"
+    )
     assert has_summary(conv_f.turns[-1].requests[0]), "the summary made in the background was not used"
     assert [r for r in builtin_reqs if r["kind"] == "summary"], "the built-in compaction never ran"
     assert max(b_extra) >= delay - 0.5, f"built-in compaction added only {max(b_extra):.2f}s"

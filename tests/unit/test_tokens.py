@@ -354,7 +354,7 @@ def test_request_path_never_waits_for_the_encoding(monkeypatch, tiktoken_cl100k)
     started = time.perf_counter()
     tokens = message_tokens(c, {"role": "user", "content": text}, ENC)
     elapsed = time.perf_counter() - started
-    assert elapsed < 0.05, f"message_tokens waited {elapsed:.3f}s for tiktoken"
+    assert elapsed < 0.5, f"message_tokens waited {elapsed:.3f}s for tiktoken (its load takes 2 s)"
     assert tokens == 4 + acc.estimate_text_tokens(text, ENC)  # the estimate
     assert not c.is_exact(ENC)
     assert any(t.name == f"acc-tiktoken-{ENC}" and t.is_alive() for t in set(threading.enumerate()) - earlier)
@@ -368,7 +368,9 @@ def test_inlet_does_not_wait_for_the_encoding_either(monkeypatch, tiktoken_cl100
 
     real = tiktoken.get_encoding
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (time.sleep(2), real(name))[1])
-    acc._owui_async_engine()  # outside a server, the failed Open WebUI import is slow: once per process
+    # outside a server, the failed Open WebUI imports are slow (once per process): not what this test times
+    acc._owui_async_engine()
+    asyncio.run(acc.builtin_compaction_on())
     f = acc.Filter()  # starts loading both encodings, in the background
     f.valves.max_context_tokens = 300  # forces the fitting path, on estimates
     body = {
