@@ -411,11 +411,13 @@ def extractive_summary(messages: list, max_tokens: int = 0) -> str:
     for text, at in ((m.group(1), int(m.group(2))) for m in _KEPT_LINE_RE.finditer(previous)):
         if any(k in text.lower() for k in keywords):
             kept.setdefault(text, at)
-    for n, (_role, _tool, text) in enumerate(blocks, len(carried) + 1):
+    texts = [re.sub(r"^[^:]*: | \[[^\]]*\]$", "", line) for line in carried] + [text for _, _, text in blocks]
+    for n, text in enumerate(texts, 1):  # what earlier rounds folded too: instructions given later apply to it
         for sentence in _sentences(text):
             said = any(k[:40] in sentence or sentence[:40] in k for k in kept)  # a reply quoting it, say
             if not said and any(k in sentence.lower() for k in keywords):
                 kept.setdefault(sentence, n)
+    kept = dict(sorted(kept.items(), key=lambda item: item[1]))
     markers = find_markers(messages)
     for clip in (160, 100, 60, 30):
         named: set = set()

@@ -599,3 +599,13 @@ def test_extractive_summary_shortens_lines_never_drops_them_or_a_marker():
     assert text.startswith("Summary of 30 messages.") and len(summary_lines(text)) == 30
     assert all(f"MK-long{i}" in text for i in range(30))
     assert len(text) < len(fp.extractive_summary(msgs))
+
+
+def test_extractive_summary_applies_later_instructions_to_what_it_folded_before():
+    with FakeProvider(mode="friendly") as p:
+        _, body = chat(p, filter_prompt("", 0, 4), model="fake-summary")
+        _, body = chat(
+            p, filter_prompt(body["choices"][0]["message"]["content"], 4, 7, "keep the budget"), model="fake-summary"
+        )
+        kept = [line for line in body["choices"][0]["message"]["content"].splitlines() if line.startswith("- ")]
+        assert kept == ["- The budget is 18,000 euros in total. (message 3)"]
