@@ -337,7 +337,7 @@ def _facts(text: str) -> list:
     for sentence in _sentences(text):
         for m in _FACT_RE.finditer(sentence):
             word = m.group(0).rstrip(".,:;")
-            before = sentence[: m.start()].rstrip()
+            before = MARKER_RE.sub("", sentence[: m.start()]).rstrip()  # a marker before a word opens nothing
             opens = (not before or before[-1] in ".!?:;\"“'‘(") and not re.search(r"\d|[A-Z].*[A-Z]", word)
             if word and not opens and word not in _NOT_NAMES:
                 found.setdefault(word, None)
