@@ -426,10 +426,10 @@ def extractive_summary(messages: list, max_tokens: int = 0) -> str:
         lines = [f"Summary of {len(carried) + len(blocks)} message{'' if len(carried) + len(blocks) == 1 else 's'}."]
         if earlier:
             lines.append(f"Earlier summary: {_first_sentence(earlier, clip)}")
-        if kept:
-            lines.append(f'Kept as asked ("{_first_sentence(instructions, 120)}"):')
+        if kept:  # each part a paragraph of its own, so Markdown renders two lists, not one
+            lines += ["", f'Kept as asked ("{_first_sentence(instructions, 120)}"):']
             lines += [f"- {_first_sentence(text, max(clip, 120))} (message {at})" for text, at in kept.items()]
-        lines.append("Messages:")
+        lines += ["", "Messages:"]
         lines += [
             f"{n}. {line if len(line) <= clip + 60 else line[: clip + 59] + '…'}" for n, line in enumerate(carried, 1)
         ]

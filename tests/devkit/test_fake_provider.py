@@ -316,7 +316,7 @@ def test_summary_friendly_gist():
         ]
         _, body = chat(p, msgs, model="fake-summary")
         assert body["choices"][0]["message"]["content"] == (
-            "Summary of 3 messages.\nMessages:\n1. user: Plan a trip to Rome.\n2. assistant: ok\n"
+            "Summary of 3 messages.\n\nMessages:\n1. user: Plan a trip to Rome.\n2. assistant: ok\n"
             "3. user: Add MK-z9 museums!"
         )
         p.configure(summary_format="markers")  # the older gist, on request
