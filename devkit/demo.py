@@ -233,10 +233,13 @@ class Demo:
                 "  3. After ~10 turns (fewer with longer messages) a reply's line ends in 'Summary",
                 "     updated: covers N messages': it was written in the background, nobody waited.",
                 "     The next lines say 'summary covers N messages', and the fake model's answer",
-                "     says it sees 'a conversation summary'.",
-                "  4. Edit an early message, regenerate a reply or switch branches: the summary follows",
+                "     says it sees 'a conversation summary'. Open the '1 Source' chip under the",
+                "     'Summary updated' reply: the summary has a line for each message it covers.",
+                "  4. Send '/summarize keep the budget and the dates' (after messages that mention them):",
+                "     a summary is written now, and it and every later one keep what you named.",
+                "  5. Edit an early message, regenerate a reply or switch branches: the summary follows",
                 "     the branch you are on.",
-                "  5. Your own switches (hide the status line, turn the filter off for your chats):",
+                "  6. Your own switches (hide the status line, turn the filter off for your chats):",
                 "     Chat Controls (top right) -> Valves -> Functions -> Async Context Compression.",
             ]
         else:
