@@ -1010,9 +1010,14 @@ SUMMARIZE_COMMAND_PROMPT = (
     "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
     "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
 )
-# ``/summarize <instructions>``: a Latin spelling ends at whitespace (``/summarizer`` is not one), ``/总结`` may run on
-# into its instructions (Chinese puts no space there); a colon after the command is not part of them
-_SUMMARIZE_COMMAND_RE = re.compile(r"\s*(?:/summari[sz]e(?=\s|:|：|$)|/总结)[\s:：]*(.*)", re.DOTALL | re.IGNORECASE)
+# ``/summarize <instructions>``: a Latin spelling ends at whitespace or a colon (``/summarizer`` is not one), ``/总结``
+# may run on into its instructions (Chinese puts no space there); a colon after the command is not part of them
+_SUMMARIZE_COMMAND_RE = re.compile(
+    r"\s*(?:"
+    + "|".join(re.escape(c) + (r"(?=\s|:|：|$)" if c.isascii() else "") for c in sorted(SUMMARIZE_COMMANDS))
+    + r")[\s:：]*(.*)",
+    re.DOTALL | re.IGNORECASE,
+)
 MAX_SUMMARIZE_INSTRUCTIONS = 2000  # characters: they ride along in every summarizer call of the chat
 SUMMARIZE_COMMAND_PAST = "[The user typed /summarize here; the conversation was summarized in the background.]"
 
