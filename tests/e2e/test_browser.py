@@ -11,7 +11,10 @@ reads what the page shows under each reply:
   how many messages the summary covers;
 * the user's own switch (UserValves ``show_status`` off) hides every line,
   the background ones included;
-* with the UI in Chinese the line is in Chinese.
+* with the UI in Chinese the line is in Chinese;
+* ``/summarize keep the budget and the dates`` yields a summary, under its
+  reply, that shows every message its title counts and keeps what was named
+  (the demo's extractive fake summarizer), unseen by the chat model.
 
 Chromium comes from Debian's ``chromium`` package (scripts/test.sh installs it
 where it can); Playwright's own browser download is never used. Where Chromium
