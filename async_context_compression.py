@@ -1010,6 +1010,16 @@ SUMMARIZE_COMMAND_PROMPT = (
     "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
     "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
 )
+# ``/summarize <instructions>``: a Latin spelling ends at whitespace or a colon (``/summarizer`` is not one), ``/总结``
+# may run on into its instructions (Chinese puts no space there); a colon after the command is not part of them
+_SUMMARIZE_COMMAND_RE = re.compile(
+    r"\s*(?:"
+    + "|".join(re.escape(c) + (r"(?=\s|:|：|$)" if c.isascii() else "") for c in sorted(SUMMARIZE_COMMANDS))
+    + r")[\s:：]*(.*)",
+    re.DOTALL | re.IGNORECASE,
+)
+MAX_SUMMARIZE_INSTRUCTIONS = 2000  # characters: they ride along in every summarizer call of the chat
+SUMMARIZE_COMMAND_PAST = "[The user typed /summarize here; the conversation was summarized in the background.]"
 
 
 def expand_output_items(output: list) -> Messages:
@@ -1184,9 +1194,27 @@ def latest_checkpoint(stored: Messages) -> Optional[tuple]:
     return None
 
 
+def summarize_command_instructions(content: Any) -> Optional[str]:
+    """What the user asked of the summary in a summarize command (``/summarize keep the budget`` -> "keep the
+    budget"; "" for the command alone), None when ``content`` is no summarize command."""
+    match = _SUMMARIZE_COMMAND_RE.fullmatch(_text_of(content))
+    return match.group(1).strip()[:MAX_SUMMARIZE_INSTRUCTIONS] if match else None
+
+
 def is_summarize_command(content: Any) -> bool:
-    """A user message that asks this filter for a summary now."""
-    return _text_of(content).strip().lower() in SUMMARIZE_COMMANDS
+    """A user message that asks this filter for a summary now (with or without instructions)."""
+    return summarize_command_instructions(content) is not None
+
+
+def standing_summary_instructions(stored: Messages) -> str:
+    """The instructions every rewrite of this branch's summary follows: those of the latest summarize command that
+    gave any (a bare command keeps them), "" when none did. Read from the branch itself, so a branch, a clone or
+    another replica finds the same ones and the store needs no column for them."""
+    for message in reversed(stored):
+        said = summarize_command_instructions(message.get("content")) if _role(message) == "user" else None
+        if said:
+            return said
+    return ""
 
 
 def explain_summarize_command(messages: Messages) -> Messages:
@@ -1195,6 +1223,19 @@ def explain_summarize_command(messages: Messages) -> Messages:
     if not messages or _role(messages[-1]) != "user" or not is_summarize_command(messages[-1].get("content")):
         return messages
     return [*messages[:-1], {**messages[-1], "content": SUMMARIZE_COMMAND_PROMPT}]
+
+
+def hide_summarize_commands(messages: Messages) -> Messages:
+    """The list with every user message that is a summarize command replaced by a note that one was given: the
+    command and its instructions are for the summarizer, never a user turn of the chat model. Applied to what is sent
+    (after the summary lookup, whose fingerprints see the chat as stored). Invariant: same length and roles; the
+    list itself when it holds no command."""
+    if not any(_role(m) == "user" and is_summarize_command(m.get("content")) for m in messages):
+        return messages
+    return [
+        {**m, "content": SUMMARIZE_COMMAND_PAST} if _role(m) == "user" and is_summarize_command(m.get("content")) else m
+        for m in messages
+    ]
 
 
 def asked_for_summary(stored: Messages) -> bool:
@@ -2887,32 +2928,60 @@ def plan_rounds(
 # -- the request ---------------------------------------------------------------
 
 
-def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str = "") -> str:
+_USER_INSTRUCTIONS_FRAME = """
+
+The user asked for this summary: follow their instructions below wherever they do not conflict with the above (what they name is kept in full; nothing the assistant needs to continue is dropped for them).
+<user_instructions>
+{text}
+</user_instructions>"""
+_USER_INSTRUCTIONS_TAG_RE = re.compile(r"<\s*/?\s*user_instructions[^>]*>", re.IGNORECASE)
+
+
+def summary_instructions(
+    max_tokens: int, style: str = "balanced", prompt: str = "", user_instructions: str = ""
+) -> str:
     """The summarizer's system prompt: the admin's own ``prompt`` when not empty ("{max_tokens}" in it filled in),
-    else the frame with the ``style``'s instructions (balanced for an unknown style)."""
+    else the frame with the ``style``'s instructions (balanced for an unknown style); then the user's own
+    instructions (``/summarize <instructions>``, layer 2) when there are any, in markers their text cannot close."""
     if isinstance(prompt, str) and prompt.strip():
-        return prompt.strip().replace("{max_tokens}", str(max_tokens))
-    instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
-    return _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
+        text = prompt.strip().replace("{max_tokens}", str(max_tokens))
+    else:
+        instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
+        text = _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
+    own = _USER_INSTRUCTIONS_TAG_RE.sub(
+        lambda m: m.group(0).replace("<", "‹").replace(">", "›"), user_instructions or ""
+    )
+    return text + _USER_INSTRUCTIONS_FRAME.replace("{text}", own.strip()) if own.strip() else text
 
 
 def build_summarizer_messages(
-    previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = ""
+    previous: str,
+    blocks: list,
+    max_tokens: int,
+    style: str = "balanced",
+    prompt: str = "",
+    user_instructions: str = "",
 ) -> Messages:
-    """Instructions as the system message, then the previous summary and the new blocks (or a round's texts)."""
+    """Instructions as the system message (the user's own among them, see ``summary_instructions``), then the previous
+    summary and the new blocks (or a round's texts)."""
     prior = (previous or "").strip() or "(none yet)"
     request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
     return [
-        {"role": "system", "content": summary_instructions(max_tokens, style, prompt)},
+        {"role": "system", "content": summary_instructions(max_tokens, style, prompt, user_instructions)},
         {"role": "user", "content": request},
     ]
 
 
 def summary_round_budget(
-    window: int, max_summary_tokens: int, count: Callable[[str], int], style: str = "balanced", prompt: str = ""
+    window: int,
+    max_summary_tokens: int,
+    count: Callable[[str], int],
+    style: str = "balanced",
+    prompt: str = "",
+    user_instructions: str = "",
 ) -> int:
     """New-message tokens one round may carry: ``window`` less the answer, the instructions and 200 for overheads."""
-    frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt)
+    frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt, user_instructions)
     fixed = sum(count(m["content"]) for m in frame)
     return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
 
@@ -3735,6 +3804,7 @@ class RequestContext:
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
     force_summary: bool = False  # the user asked for a summary now (/summarize)
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
+    user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
 
     def chat_key(self) -> str:
         """Key of this conversation in leases, locks and per-chat state: the chat id, or for API calls the
@@ -3786,6 +3856,7 @@ class FoldPlan:
     head: int
     start: int
     target: int
+    user_instructions: str = ""  # the user's own instructions for this summary (/summarize <instructions>)
 
 
 def fold_deadline(s: Settings) -> int:
@@ -3966,7 +4037,7 @@ class BackgroundSummarizer:
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
         urgent = ctx.force_summary or (s.max_context and used > s.max_context)
-        if not urgent and fresh < self._worth_folding(s, previous, used):
+        if not urgent and fresh < self._worth_folding(s, previous, used, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -3977,18 +4048,18 @@ class BackgroundSummarizer:
                 start,
                 target,
             )
-        return FoldPlan(previous, head, start, target)
+        return FoldPlan(previous, head, start, target, ctx.user_instructions)
 
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
-    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
+    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
         rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
         ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
-        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
+        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
@@ -4002,12 +4073,12 @@ class BackgroundSummarizer:
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
-        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
+        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s, plan.user_instructions)
         record, at_coverage = None, True
         for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
                 break  # the rest waits for a later turn (never mid-message: that would start it over)
-            summary = await self._ask(ctx, summary, summary_round.texts())
+            summary = await self._ask(ctx, summary, summary_round.texts(), plan.user_instructions)
             at_coverage = summary_round.covered is not None
             if not at_coverage:
                 continue  # part of a message: coverage waits for its last piece
@@ -4031,10 +4102,12 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
 
-    async def _ask(self, ctx: RequestContext, summary: str, texts: list) -> str:
-        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in."""
+    async def _ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
+        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
         s = ctx.settings
-        messages = build_summarizer_messages(summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt)
+        messages = build_summarizer_messages(
+            summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions
+        )
         args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
         extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
@@ -4047,13 +4120,15 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
         return clean_summary_answer(answer)
 
-    def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
+    def _rounds(self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "") -> list:
         """canon[start:target] rendered and cut into rounds that fit the summary model's window with room for the
         longest summary; coverage stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
-        budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
+        budget = summary_round_budget(
+            s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
+        )
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
@@ -4338,6 +4413,7 @@ class Filter:
             prefix = index_after_head(view, record.head_count)
         else:
             view, prefix = messages, protected_head_end(messages, s.keep_first)
+        view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
@@ -4428,6 +4504,7 @@ class Filter:
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
             self._learn_tokens(ctx, body)
             ctx.force_summary = asked_for_summary(body["messages"])
+            ctx.user_instructions = standing_summary_instructions(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
             canon = canonical_messages(messages)  # digests only once worth it
