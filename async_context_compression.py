@@ -752,8 +752,9 @@ def drop_empty_messages(messages: Messages, report: RepairReport) -> Messages:
     does every user message but the first and the latest. A reply stopped before its first token leaves ``""`` in Open
     WebUI's history; an errored turn or one whose calls all went may have shown nothing. Such messages go, an empty
     final assistant too (a prefill of nothing asks for nothing), except where going would put a tool result right
-    before a user or system message, which Mistral rejects (``tool -> user``) where there was none: there the reply
-    stays, saying INTERRUPTED_REPLY, what the user saw happen."""
+    before a user message, which Mistral rejects (``tool -> user``) where there was none: there the reply stays,
+    saying INTERRUPTED_REPLY, what the user saw happen. (Before a late system message it goes: Mistral rejects one
+    after an assistant as after a tool result, so a marked reply would not help.)"""
     out: Messages = []
     skipped: Messages = []  # empty replies left out since the last message kept
     for message, empty in zip(messages, _empty_messages(messages)):
@@ -762,7 +763,7 @@ def drop_empty_messages(messages: Messages, report: RepairReport) -> Messages:
         elif empty:
             skipped.append(message)
         else:
-            if skipped and out and out[-1]["role"] == "tool" and message["role"] not in ("assistant", "tool"):
+            if skipped and out and out[-1]["role"] == "tool" and message["role"] == "user":
                 out.append({**skipped.pop(), "content": INTERRUPTED_REPLY})
                 report.marked_interrupted_replies += 1
             report.dropped_empty_assistants += len(skipped)
