@@ -37,6 +37,9 @@ requirements: tiktoken
 #     parts of the wrong kind   O8 bad ``name``
 #   Anthropic (as gateways convert to it): A1 tool_use without its tool_result next   A2 tool_result without its
 #     tool_use   A3 text before tool_result   A4 duplicate tool_use ids   A5 first turn not the user's
+#     A6 a tool_use id outside [a-zA-Z0-9_-]   A7 a message with no content (but an empty final assistant); the
+#     devkit names these two A9 and A10
+#   Mistral: tool -> user (a user message right after a tool result)   Moonshot (K1), DeepSeek: an empty assistant
 #   Gemini: G1 call turn not after a user or response turn   G2 response turn not after a call turn
 #     G3 responses and calls differ in number
 
