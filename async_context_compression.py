@@ -225,7 +225,17 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 # -- Repair -----------------------------------------------------------------
 
 
-_UNSEEN_REPAIRS = ("shortened_ids", "renamed_foreign_ids", "renamed_reused_ids")  # id renames: nobody reads ids
+# Repairs nobody would notice, which the status line does not call a tool-call repair: id renames (nobody reads ids),
+# and messages that said nothing left out (a reply stopped before its first token stays in the history: every later
+# turn would say so again).
+_UNSEEN_REPAIRS = (
+    "shortened_ids",
+    "renamed_foreign_ids",
+    "renamed_reused_ids",
+    "dropped_empty_users",
+    "dropped_empty_assistants",
+    "marked_interrupted_replies",
+)
 
 
 @dataclass
@@ -256,7 +266,7 @@ class RepairReport:
         return any(vars(self).values())
 
     def noticeable(self) -> bool:
-        """Whether a person would notice; id renames (every request with some providers) change nothing anyone reads."""
+        """Whether a person would notice (see _UNSEEN_REPAIRS): what the status line calls a tool-call repair."""
         return any(count for name, count in vars(self).items() if name not in _UNSEEN_REPAIRS)
 
     def describe(self) -> str:

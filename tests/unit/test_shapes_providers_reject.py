@@ -224,6 +224,20 @@ def test_a_tool_turn_whose_calls_all_went_and_said_nothing_makes_no_tool_to_user
     assert rejected_by(out) == {}
 
 
+def test_leaving_out_a_reply_that_said_nothing_is_not_called_a_tool_call_repair():
+    # the stopped reply stays in the chat's history: every later turn would say "tool-call history repaired" again
+    for messages in (
+        [U("q"), AS(""), U("again")],
+        [U("q"), A("a"), T("a"), AS(""), U("again")],
+        [U("q"), U(" "), U("")],
+    ):
+        _, report = repair(messages)
+        assert report.changed() and not report.noticeable(), report.describe()
+    # an errored tool turn is a tool-call repair
+    _, report = repair([U("q"), errored("b", content="Checking."), T("b"), U("again")])
+    assert report.noticeable()
+
+
 def test_a_user_message_that_says_nothing_goes_unless_it_is_the_first_or_the_latest():
     messages = [S(), U(""), AS("hi"), U("  "), U([TXT("")]), AS("ok"), U([IMG()]), AS("a cat"), U("")]
     out, report = repair(messages)
