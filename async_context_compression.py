@@ -157,13 +157,6 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
-def _has_visible_content(message: Message) -> bool:
-    content = message.get("content")
-    if isinstance(content, list):
-        return any(not (isinstance(p, dict) and p.get("type") == "text" and not p.get("text")) for p in content)
-    return bool(_text_of(content).strip())
-
-
 # -- Atomic groups ----------------------------------------------------------
 
 
