@@ -729,7 +729,7 @@ def _says_something(message: Message) -> bool:
     (an image, a refusal). Anthropic rejects whitespace-only text blocks too."""
     content = message.get("content")
     if isinstance(content, str):
-        return bool(content.strip())
+        return content != "" and not content.isspace()  # isspace stops at the first letter: no copy of a long text
     if isinstance(content, list):
         return any(not isinstance(p, dict) or p.get("type") != "text" or str(p.get("text")).strip() for p in content)
     return content is not None
@@ -742,7 +742,7 @@ def _empty_messages(messages: Messages) -> list:
     first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), -1)
     last_user = _last_user_index(messages)
     return [
-        not (m.get("content").__class__ is str and m["content"].strip())  # the fast answer for plain text
+        not (m.get("content").__class__ is str and m["content"] != "" and not m["content"].isspace())  # fast: text
         and (
             (m["role"] == "assistant" and not _is_tool_call_turn(m))
             or (m["role"] == "user" and i != last_user and i != first)
