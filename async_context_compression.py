@@ -37,6 +37,9 @@ requirements: tiktoken
 #     parts of the wrong kind   O8 bad ``name``
 #   Anthropic (as gateways convert to it): A1 tool_use without its tool_result next   A2 tool_result without its
 #     tool_use   A3 text before tool_result   A4 duplicate tool_use ids   A5 first turn not the user's
+#     A6 a tool_use id outside [a-zA-Z0-9_-]   A7 a message with no content (but an empty final assistant); the
+#     devkit names these two A9 and A10
+#   Mistral: tool -> user (a user message right after a tool result)   Moonshot (K1), DeepSeek: an empty assistant
 #   Gemini: G1 call turn not after a user or response turn   G2 response turn not after a call turn
 #     G3 responses and calls differ in number
 
@@ -154,13 +157,6 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
-def _has_visible_content(message: Message) -> bool:
-    content = message.get("content")
-    if isinstance(content, list):
-        return any(not (isinstance(p, dict) and p.get("type") == "text" and not p.get("text")) for p in content)
-    return bool(_text_of(content).strip())
-
-
 # -- Atomic groups ----------------------------------------------------------
 
 
@@ -222,6 +218,19 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 # -- Repair -----------------------------------------------------------------
 
 
+# Repairs nobody would notice, which the status line does not call a tool-call repair: id renames (nobody reads ids),
+# and messages that said nothing left out (a reply stopped before its first token stays in the history: every later
+# turn would say so again).
+_UNSEEN_REPAIRS = (
+    "shortened_ids",
+    "renamed_foreign_ids",
+    "renamed_reused_ids",
+    "dropped_empty_users",
+    "dropped_empty_assistants",
+    "marked_interrupted_replies",
+)
+
+
 @dataclass
 class RepairReport:
     """What repair changed, for the log and the status line."""
@@ -237,18 +246,21 @@ class RepairReport:
     dropped_empty_assistants: int = 0
     moved_results: int = 0
     shortened_ids: int = 0
+    renamed_foreign_ids: int = 0
     renamed_reused_ids: int = 0
     renamed_functions: int = 0
     fixed_null_content: int = 0
     fixed_call_shapes: int = 0
     fixed_content_shapes: int = 0
+    dropped_empty_users: int = 0
+    marked_interrupted_replies: int = 0
 
     def changed(self) -> bool:
         return any(vars(self).values())
 
     def noticeable(self) -> bool:
-        """Whether a person would notice; id renames (every request with some providers) change nothing anyone reads."""
-        return any(count for name, count in vars(self).items() if name not in ("shortened_ids", "renamed_reused_ids"))
+        """Whether a person would notice (see _UNSEEN_REPAIRS): what the status line calls a tool-call repair."""
+        return any(count for name, count in vars(self).items() if name not in _UNSEEN_REPAIRS)
 
     def describe(self) -> str:
         return ", ".join(f"{k.replace('_', ' ')}={v}" for k, v in vars(self).items() if v) or "nothing to repair"
@@ -368,17 +380,26 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     return next((j for j in range(start + 1, len(messages)) if _role(messages[j]) == "assistant"), len(messages))
 
 
+def _without_calls(assistant: Message) -> Message:
+    """``assistant`` as a plain reply: its calls gone, its text kept (an empty string for none: O7)."""
+    reply = {k: v for k, v in assistant.items() if k != "tool_calls"}
+    return reply if reply.get("content") is not None else {**reply, "content": ""}
+
+
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Such a turn goes together with its
-    results; the other messages of its span (a user's message typed meanwhile) stay. Replaying an aborted call is what
-    caused endless 400 loops elsewhere, so nothing is invented."""
+    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Its calls (which never finished)
+    go together with their results, partial ones too; the text it showed stays as a plain reply, since the user saw it
+    (drop_empty_messages decides about a turn that showed none). The other messages of its span (a user's message
+    typed meanwhile) stay. Replaying an aborted call is what caused endless 400 loops elsewhere, so nothing is
+    invented."""
     out: Messages = []
     ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
     for i, message in enumerate(messages):
         if _is_tool_call_turn(message) and _is_errored_assistant(message):
             ids, end = {_call_id(c) for c in _tool_calls(message)}, _turn_span_end(messages, i)
             report.dropped_errored_turns += 1
+            out.append(_without_calls(message))
         elif i < end and _role(message) == "tool" and message.get("tool_call_id") in ids:
             report.dropped_errored_results += 1
         else:
@@ -425,10 +446,7 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     if answered:
         assistant = assistant if len(answered) == len(calls) else {**assistant, "tool_calls": answered}
         return [assistant, *(results[c["id"]] for c in answered), *rest]
-    if _has_visible_content(assistant):
-        return [{k: v for k, v in assistant.items() if k != "tool_calls"}, *rest]
-    report.dropped_empty_assistants += 1
-    return rest
+    return [_without_calls(assistant), *rest]  # with no text it is drop_empty_messages' to remove
 
 
 @_repair_step(_pairing_broken)
@@ -436,7 +454,8 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each assistant's calls are answered exactly once, by a
     contiguous run of tool messages right after it, and every tool message answers a call of the assistant right before
     it. Paired per turn: some providers reuse ids (``exec_0``) every turn. A result displaced behind another message
-    moves back to its call; one after a later assistant turn cannot be placed and goes with its call."""
+    moves back to its call; one after a later assistant turn cannot be placed and goes with its call. A turn left with
+    no answered call stays as a plain reply (its text, if any)."""
     # Only broken turns and stray results are visited: a turn answered in its run is copied as it is.
     broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
@@ -494,6 +513,43 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
     return out
 
 
+_FOREIGN_ID_DIGEST = 10  # hex characters of the original id's hash in its replacement: 40 bits tell ids apart
+
+
+def _id_alphabet_ok(call_id: str) -> bool:
+    return _NAME_RE.fullmatch(call_id) is not None
+
+
+def _native_call_id(call_id: str) -> str:
+    """``call_id`` in the alphabet every provider accepts: its other characters as ``_`` (still readable), then a hash
+    of the whole original, so ``a.b`` and ``a:b`` stay two ids; at most 40 characters, the same every turn."""
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:_FOREIGN_ID_DIGEST]
+    readable = _INVALID_NAME_CHARS.sub("_", call_id)[: _MAX_TOOL_CALL_ID - _FOREIGN_ID_DIGEST - 1]
+    return f"{readable}_{digest}"
+
+
+@_repair_step(
+    lambda view: (
+        not all(_id_alphabet_ok(m["tool_call_id"]) for m in view.tools)
+        or not all(_id_alphabet_ok(c["id"]) for _, m in view.callers for c in m["tool_calls"])
+    )
+)
+def replace_foreign_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (Anthropic A6): tool-call ids match ``^[a-zA-Z0-9_-]+$``. Other models and gateways write ids such as
+    ``functions.bash:0``; a chat switched to Claude through a gateway is rejected for them. Each is replaced on both
+    sides of its pair by the same deterministic id (``functions_bash_0_`` and a hash), so pairing survives and every
+    turn sends the ids it sent before (a warm prompt cache); ids already valid are left alone."""
+    out = []
+    for message in messages:
+        if message["role"] == "tool" and not _id_alphabet_ok(message["tool_call_id"]):
+            message = {**message, "tool_call_id": _native_call_id(message["tool_call_id"])}
+            report.renamed_foreign_ids += 1
+        out.append(message)
+    out, renamed = _fix_calls(out, lambda c: _id_alphabet_ok(c["id"]), lambda c: {**c, "id": _native_call_id(c["id"])})
+    report.renamed_foreign_ids += renamed
+    return out
+
+
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
     return len(set(ids)) != len(ids)
@@ -531,7 +587,9 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
 
 
 def _safe_name(name: Any) -> str:
-    return _INVALID_NAME_CHARS.sub("_", str(name or ""))[:64] or "tool"
+    """A valid name as close to ``name`` as can be: the whitespace around it goes first (``" read "`` is the tool
+    ``read``, not ``_read_``, a name the model has no tool for), then every other character providers reject."""
+    return _INVALID_NAME_CHARS.sub("_", str(name or "").strip())[:64] or "tool"
 
 
 def _function_of(call: dict) -> dict:
@@ -660,6 +718,64 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
                 continue
             message = {**message, "content": ""}
         out.append(message)
+    return out
+
+
+INTERRUPTED_REPLY = "[reply interrupted before any text]"
+
+
+def _says_something(message: Message) -> bool:
+    """Whether ``message`` has content a provider counts as non-empty: text beyond whitespace, or a part of another kind
+    (an image, a refusal). Anthropic rejects whitespace-only text blocks too."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content != "" and not content.isspace()  # isspace stops at the first letter: no copy of a long text
+    if isinstance(content, list):
+        return any(not isinstance(p, dict) or p.get("type") != "text" or str(p.get("text")).strip() for p in content)
+    return content is not None
+
+
+def _empty_messages(messages: Messages) -> list:
+    """For each message whether drop_empty_messages removes it: an assistant reply with no calls and nothing said; a
+    user message that says nothing, unless it is the latest (the request itself) or the first of the conversation
+    (without it an assistant would open the chat: Anthropic A5, Gemini G1)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), -1)
+    last_user = _last_user_index(messages)
+    return [
+        not (m.get("content").__class__ is str and m["content"] != "" and not m["content"].isspace())  # fast: text
+        and (
+            (m["role"] == "assistant" and not _is_tool_call_turn(m))
+            or (m["role"] == "user" and i != last_user and i != first)
+        )
+        and not _says_something(m)
+        for i, m in enumerate(messages)
+    ]
+
+
+@_repair_step(lambda view: any(_empty_messages(view.messages)))
+def drop_empty_messages(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (Anthropic A7, Moonshot, DeepSeek): every assistant message without tool calls says something, and so
+    does every user message but the first and the latest. A reply stopped before its first token leaves ``""`` in Open
+    WebUI's history; an errored turn or one whose calls all went may have shown nothing. Such messages go, an empty
+    final assistant too (a prefill of nothing asks for nothing), except where going would put a tool result right
+    before a user message, which Mistral rejects (``tool -> user``) where there was none: there the reply stays,
+    saying INTERRUPTED_REPLY, what the user saw happen. (Before a late system message it goes: Mistral rejects one
+    after an assistant as after a tool result, so a marked reply would not help.)"""
+    out: Messages = []
+    skipped: Messages = []  # empty replies left out since the last message kept
+    for message, empty in zip(messages, _empty_messages(messages)):
+        if empty and message["role"] == "user":
+            report.dropped_empty_users += 1
+        elif empty:
+            skipped.append(message)
+        else:
+            if skipped and out and out[-1]["role"] == "tool" and message["role"] == "user":
+                out.append({**skipped.pop(), "content": INTERRUPTED_REPLY})
+                report.marked_interrupted_replies += 1
+            report.dropped_empty_assistants += len(skipped)
+            skipped = []
+            out.append(message)
+    report.dropped_empty_assistants += len(skipped)
     return out
 
 

@@ -19,6 +19,13 @@ Every chat-completion request is validated with
 ``context_window`` a prompt that is too long is answered 400
 ``context_length_exceeded``.
 
+Models that enforce other providers' rules too (``model_rules``: model ->
+names of :data:`devkit.provider_rules.CHECKERS`, e.g. ``("anthropic",
+"moonshot")`` for a model reached through a gateway to Claude, or Kimi):
+their requests are also checked with those rules and a violation answered
+400 with that provider's text (tool-call ids outside ``[a-zA-Z0-9_-]``,
+messages that say nothing, ``tool -> user`` for ``"mistral"``, ...).
+
 Models with their own tokenizer and window (``model_specs``, see
 :class:`ModelSpec`): their prompt is counted in the model's own tokens
 (``ratio`` x the cl100k count of messages and tool schemas), reported back
@@ -63,10 +70,10 @@ from typing import Any, Optional
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from devkit.provider_rules import check_openai, content_text  # type: ignore
+    from devkit.provider_rules import CHECKERS, check_openai, content_text  # type: ignore
     from devkit.tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k  # type: ignore
 else:
-    from .provider_rules import check_openai, content_text
+    from .provider_rules import CHECKERS, check_openai, content_text
     from .tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k
 
 __all__ = [
@@ -570,9 +577,14 @@ class FakeProvider:
         chat_models: tuple = ("fake-chat",),
         summary_models: tuple = ("fake-summary",),
         model_specs: Optional[dict] = None,
+        model_rules: Optional[dict] = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
+        self.model_rules: dict = {name: tuple(rules) for name, rules in (model_rules or {}).items()}
+        unknown = {r for rules in self.model_rules.values() for r in rules} - set(CHECKERS)
+        if unknown:
+            raise ValueError(f"unknown provider rules {sorted(unknown)}; known: {sorted(CHECKERS)}")
         self.host = host
         self.port = port
         self.mode = mode
@@ -580,7 +592,7 @@ class FakeProvider:
             name: spec if isinstance(spec, ModelSpec) else ModelSpec(**spec)
             for name, spec in (model_specs or {}).items()
         }
-        self.chat_models = tuple(dict.fromkeys(tuple(chat_models) + tuple(self.model_specs)))
+        self.chat_models = tuple(dict.fromkeys(tuple(chat_models) + tuple(self.model_specs) + tuple(self.model_rules)))
         self.summary_models = tuple(summary_models)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -818,6 +830,8 @@ class FakeProvider:
             )
             return
         violations = check_openai(messages)
+        for rules in self.model_rules.get(model, ()):
+            violations += CHECKERS[rules](messages)
         if violations:
             with self._lock:
                 entry["rules"] = [v.rule for v in violations]
@@ -1042,7 +1056,18 @@ def main(argv: Optional[list] = None) -> int:
         dest="summary_models",
         help="summary model id (repeatable; default fake-summary)",
     )
+    ap.add_argument(
+        "--model-rules",
+        action="append",
+        default=[],
+        metavar="MODEL=PROVIDER[,PROVIDER]",
+        help="a chat model that also enforces these providers' rules, e.g. fake-claude=anthropic (repeatable)",
+    )
     args = ap.parse_args(argv)
+    model_rules = {}
+    for entry in args.model_rules:
+        name, _, rules = entry.partition("=")
+        model_rules[name.strip()] = tuple(r.strip() for r in rules.split(",") if r.strip())
     provider = FakeProvider(
         host=args.host,
         port=args.port,
@@ -1050,6 +1075,7 @@ def main(argv: Optional[list] = None) -> int:
         context_window=args.context_window,
         chat_models=tuple(args.chat_models or ("fake-chat",)),
         summary_models=tuple(args.summary_models or ("fake-summary",)),
+        model_rules=model_rules,
     ).start()
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -609,3 +609,49 @@ def test_extractive_summary_applies_later_instructions_to_what_it_folded_before(
         )
         kept = [line for line in body["choices"][0]["message"]["content"].splitlines() if line.startswith("- ")]
         assert kept == ["- The budget is 18,000 euros in total. (message 3)"]
+
+
+# --- models that enforce other providers' rules (issue 29) ---------------------
+
+
+def test_a_model_with_other_providers_rules_rejects_what_they_reject():
+    rules = {"fake-claude": ("anthropic",), "fake-kimi": ("moonshot",), "fake-mistral": ("mistral",)}
+    with FakeProvider(model_rules=rules) as p:
+        assert {"fake-claude", "fake-kimi", "fake-mistral"} <= set(p.chat_models)
+        foreign = [U("q"), AC("functions.bash:0"), T("functions.bash:0"), {"role": "assistant", "content": "ok"}]
+        stopped = [U("q"), {"role": "assistant", "content": ""}, U("again")]
+        tool_user = [U("q"), AC("a"), T("a"), U("next")]
+        for model, messages, text, rule in [
+            ("fake-claude", foreign, "String should match pattern '^[a-zA-Z0-9_-]+$'", "A9"),
+            ("fake-claude", stopped, "all messages must have non-empty content", "A10"),
+            ("fake-kimi", stopped, "the message at position 1 with role 'assistant' must not be empty", "K1"),
+            ("fake-mistral", tool_user, "Unexpected role 'user' after role 'tool'", "M1"),
+        ]:
+            status, body = chat(p, messages, model=model)
+            assert status == 400, (model, body)
+            assert text in body["error"]["message"]
+            assert rule in p.requests[-1]["rules"]
+            assert chat(p, messages)[0] == 200  # the plain OpenAI model takes each of them
+    with pytest.raises(ValueError):
+        FakeProvider(model_rules={"x": ("nonsense",)})
+
+
+def test_model_rules_from_the_command_line():
+    args = ["--port", "0", "--model-rules", "fake-claude=anthropic,moonshot"]
+    parsed = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_init(self, **kwargs):
+        parsed.update(kwargs)
+        raise Stop
+
+    original = FakeProvider.__init__
+    FakeProvider.__init__ = fake_init
+    try:
+        with pytest.raises(Stop):
+            fp.main(args)
+    finally:
+        FakeProvider.__init__ = original
+    assert parsed["model_rules"] == {"fake-claude": ("anthropic", "moonshot")}
