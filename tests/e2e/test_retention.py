@@ -20,7 +20,7 @@ import uuid
 import pytest
 from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, SUMMARY_MODEL, Conversation, settle, user_text, wait_for
 
-from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken
+from devkit.openwebui import OpenWebUIClient, OpenWebUIError, OpenWebUIServer, ensure_offline_tiktoken
 from devkit.services import ThrowawayPostgres
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +51,19 @@ class Backend:
         return [r for r in self.rows() if any(n in r for n in needles)]
 
 
+def retrying(call, deadline: float = 120):
+    """A worker may still be starting (or be restarted by uvicorn on a busy machine): connection errors and 5xx are
+    tried again for ``deadline`` seconds (as tests/e2e/test_replicas.py does)."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return call()
+        except (OSError, OpenWebUIError) as exc:
+            if isinstance(exc, OpenWebUIError) and exc.status < 500 or time.monotonic() > end:
+                raise
+            time.sleep(2)
+
+
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def backend(request, owui_python, provider, filter_source):
     pg, env = None, {"ACC_RETENTION_SWEEP_SECONDS": str(SWEEP_EVERY), "BYPASS_MODEL_ACCESS_CONTROL": "true"}
@@ -67,9 +80,9 @@ def backend(request, owui_python, provider, filter_source):
     try:
         server.start(timeout=300)
         client = OpenWebUIClient(server.base_url, timeout=180)
-        client.signup("retention@example.com", PASSWORD, "Retention Admin")
-        client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=90)
-        client.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True)
+        retrying(lambda: client.ensure_admin("retention@example.com", PASSWORD, "Retention Admin"))
+        retrying(lambda: client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=90))
+        retrying(lambda: client.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True))
         yield Backend(request.param, server, client, pg)
     except AssertionError:
         print("\n[e2e] server log (last 60 lines):\n" + server.log_tail(60))
