@@ -218,3 +218,31 @@ async def test_erase_all_empties_every_table_of_the_filter_and_its_memory(db):
     for table in acc._tables(None)["metadata"].sorted_tables:
         assert await all_rows(engine, table.name) == [], table.name
     assert await store.find("alice", "temporary:t1", "a") == []
+
+
+async def test_a_locked_database_is_store_busy_loses_nothing_and_the_next_sweep_succeeds(tmp_path):
+    import sqlite3
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    path = tmp_path / "webui.db"
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 0.1})
+    try:
+        owui = await owui_tables(engine, users=["alice"], chats=["kept", "deleted"])
+        store = acc.SummaryStore(lambda: engine)
+        await store.save(record("alice", "kept"))
+        await store.save(record("alice", "deleted"))
+        await delete_rows(engine, owui["chat"], ["deleted"])
+        locker = sqlite3.connect(str(path), isolation_level=None, timeout=5)
+        locker.execute("BEGIN IMMEDIATE")  # a busy Open WebUI worker holding the write lock
+        with pytest.raises(acc.StoreUnavailable) as failed:
+            await store.sweep_orphans(time.time(), pause=0)
+        assert failed.value.fault is acc.Fault.STORE_BUSY and store.fault is acc.Fault.STORE_BUSY
+        locker.rollback()
+        locker.close()
+        assert {r["chat_id"] for r in await all_rows(engine, acc.SUMMARY_TABLE)} == {"kept", "deleted"}
+        assert await store.sweep_orphans(time.time(), pause=0) == 1
+        assert {r["chat_id"] for r in await all_rows(engine, acc.SUMMARY_TABLE)} == {"kept"}
+        assert store.fault is None
+    finally:
+        await engine.dispose()
