@@ -2240,9 +2240,7 @@ NON_SAVED_CHAT_ID_PREFIXES = ("temporary:", "local:", "channel:")  # Open WebUI'
 EPHEMERAL_CHATS = 256  # unsaved chats whose summaries one worker remembers
 EPHEMERAL_KEPT_PER_CHAT = 2
 API_RETENTION_DAYS = 30  # default of the valve api_summary_retention_days
-RETENTION_SWEEP_EVERY = (
-    300.0  # seconds between sweeps (all workers and replicas together); env ACC_RETENTION_SWEEP_SECONDS
-)
+RETENTION_SWEEP_EVERY = 300.0  # seconds between sweeps of a deployment (ACC_RETENTION_SWEEP_SECONDS overrides it)
 RETENTION_SCOPE = "acc-retention-sweep"  # its lease (no ':': never taken for a chat's)
 SWEEP_BATCH = 500  # summary or lease rows examined per transaction
 SWEEP_PAUSE = 0.05  # seconds between batches: requests get the database in between
