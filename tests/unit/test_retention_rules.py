@@ -86,3 +86,48 @@ async def test_the_erase_valve_erases_in_the_background_then_switches_itself_off
     # a failed erase leaves the valve on: the next request tries again
     assert switched == ([] if fail else [("acc_filter", "erase_stored_data")])
     f.retention.task.cancel()
+
+
+class CountingStore:
+    """A store whose every lease is granted, counting the sweeps."""
+
+    def __init__(self):
+        self.sweeps, self.api_before = 0, []
+
+    def hold(self, scope, holder, ttl=acc.LEASE_TTL, renew_every=acc.LEASE_RENEW):
+        return acc.LeaseHold(self, scope, holder, ttl, renew_every)
+
+    async def try_claim(self, scope, holder, ttl=acc.LEASE_TTL):
+        return True
+
+    async def renew(self, scope, holder, ttl=acc.LEASE_TTL):
+        return True
+
+    async def release(self, scope, holder):
+        pass
+
+    async def rest(self, scope, holder, seconds):
+        pass
+
+    async def sweep_orphans(self, api_before):
+        self.sweeps += 1
+        self.api_before.append(api_before)
+        return 0
+
+
+async def test_each_worker_runs_one_sweep_loop_which_ends_with_its_filter():
+    import gc
+    import time
+
+    store = CountingStore()
+    sweeper = acc.RetentionSweeper(store, every=1.0)
+    sweeper.keep_running(7)
+    loop_task = sweeper.task
+    sweeper.keep_running(7)  # every request calls it: still one loop
+    assert sweeper.task is loop_task
+    await asyncio.sleep(2.8)
+    assert 2 <= store.sweeps <= 4, store.sweeps
+    assert all(abs(time.time() - before - 7 * 86_400) < 10 for before in store.api_before)
+    del sweeper
+    gc.collect()
+    await asyncio.wait_for(loop_task, 3)  # the filter was replaced: its loop ends at its next wake-up
