@@ -168,3 +168,24 @@ def test_a_deleted_user_leaves_no_row_within_the_sweep_period(backend, provider)
         interval=0.5,
         what="the user's rows swept",
     )
+
+
+def test_the_erase_valve_erases_every_row_and_switches_itself_off(backend, provider):
+    conv = summarized_chat(backend.client, provider, seed=285)
+    wait_for(lambda: backend.rows_with(conv.chat_id), 60, interval=0.5, what="a summary stored")
+    backend.client.set_valves(FILTER_ID, {"erase_stored_data": True}, merge=True)
+    try:
+        backend.client.chat_completion("hello", model=CHAT_MODEL)  # any request: its inlet starts the erase
+        # the chat still exists (the sweep keeps its rows); the ratio of this reply and the sweep's own lease may be
+        # written again at once: they hold no user, chat or text
+        mine = (conv.chat_id, backend.client.user["id"], SUMMARY_MODEL)
+        wait_for(lambda: not backend.rows_with(*mine), 30, interval=0.5, what="every summary and lease erased")
+        wait_for(
+            lambda: backend.client.get_valves(FILTER_ID).get("erase_stored_data") is False,
+            30,
+            interval=0.5,
+            what="the valve switched off",
+        )
+        assert backend.client.get_valves(FILTER_ID)["compression_threshold_tokens"] == 1500  # the others kept
+    finally:
+        backend.client.set_valves(FILTER_ID, dict(E2E_VALVES))
