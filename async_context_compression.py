@@ -2018,6 +2018,7 @@ _VALVE_BOUNDS: dict = {
     "summary_temperature": (0.0, 2.0),
     "summary_timeout_seconds": (5, 86_400),
     "status_usage_threshold": (0.0, 1.0),
+    "api_summary_retention_days": (0, 36_500),
 }
 
 
@@ -2389,6 +2390,31 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
+# Retention: nothing stored outlives what the user asked Open WebUI to forget (docs/en/data.md). Chats Open WebUI
+# never saves are kept in this worker's memory only (EphemeralSummaries); a sweep (RetentionSweeper) removes the rows
+# of deleted chats and users, and API conversations' summaries after API_RETENTION_DAYS.
+NON_SAVED_CHAT_ID_PREFIXES = ("temporary:", "local:", "channel:")  # Open WebUI's utils/chat_id.py, 0.9-0.12
+EPHEMERAL_CHATS = 256  # unsaved chats whose summaries one worker remembers
+EPHEMERAL_KEPT_PER_CHAT = 2
+API_RETENTION_DAYS = 30  # default of the valve api_summary_retention_days
+RETENTION_SWEEP_EVERY = 300.0  # seconds between sweeps of a deployment (ACC_RETENTION_SWEEP_SECONDS overrides it)
+RETENTION_SCOPE = "acc-retention-sweep"  # its lease (no ':': never taken for a chat's)
+SWEEP_BATCH = 500  # summary or lease rows examined per transaction
+SWEEP_PAUSE = 0.05  # seconds between batches: requests get the database in between
+STALE_LEASE = 3600.0  # seconds after its expiry an API conversation's lease goes (longer than the longest back-off)
+
+
+def is_saved_chat_id(chat_id: Any) -> bool:
+    """Whether Open WebUI keeps the chat ``chat_id`` in its database: not a temporary chat (``temporary:``, older
+    ``local:``) nor a channel (``channel:``). "" (an API call without a chat) counts as saved: its summaries are kept,
+    for API_RETENTION_DAYS."""
+    return not (isinstance(chat_id, str) and chat_id.startswith(NON_SAVED_CHAT_ID_PREFIXES))
+
+
+def _scope_is_saved(scope: str) -> bool:
+    """Whether a lease scope (``RequestContext.chat_key``: ``user:chat`` or ``user:api:anchor``) is a saved chat's."""
+    return is_saved_chat_id(scope.partition(":")[2])
+
 
 class Fault(Enum):
     """Why summaries failed, in one vocabulary for the store, the summarizer, the status line and the log: each
@@ -2601,6 +2627,114 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
         await conn.execute(sa.delete(table).where(*same, table.c.id < min(kept)))
 
 
+class EphemeralSummaries:
+    """Summaries and leases of the chats Open WebUI never saves (``is_saved_chat_id`` false), in this worker's memory
+    only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten first), never written anywhere, gone with
+    the worker. Another worker serving the same temporary chat has none of them: it summarizes again, or caps."""
+
+    def __init__(self, chats: int = EPHEMERAL_CHATS):
+        self.records = _BoundedDict(chats)  # (user_id, chat_id) -> [SummaryRecord], oldest first
+        self.leases = _BoundedDict(chats)  # scope -> [holder, expires_at, failures]
+        self._serial = 0
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.leases.clear()
+
+    def find(self, user_id: str, chat_id: str, limit: int) -> list:
+        kept = self.records.recall((user_id, chat_id), [])
+        return sorted(kept, key=lambda r: (-r.covered_count, -(r.id or 0)))[:limit]
+
+    def save(self, record: SummaryRecord) -> None:
+        self._serial += 1
+        key = (record.user_id, record.chat_id)
+        saved = replace(record, id=self._serial, created_at=record.created_at or time.time())
+        self.records[key] = [*self.records.recall(key, []), saved][-EPHEMERAL_KEPT_PER_CHAT:]
+
+    def try_claim(self, scope: str, holder: str, ttl: float) -> bool:
+        now, held = time.time(), self.leases.recall(scope)
+        if held is not None and held[1] >= now:
+            return False
+        self.leases[scope] = [holder, now + ttl, held[2] if held else 0]
+        return True
+
+    def renew(self, scope: str, holder: str, ttl: float) -> bool:
+        held = self.leases.get(scope)
+        if held is None or held[0] != holder:
+            return False
+        held[1] = time.time() + ttl
+        return True
+
+    def release(self, scope: str, holder: str) -> None:
+        if (self.leases.get(scope) or [None])[0] == holder:
+            del self.leases[scope]
+
+    def back_off(self, scope: str, holder: str, base: float, ceiling: float) -> float:
+        held = self.leases.get(scope)
+        failures = (held[2] if held else 0) + 1
+        delay = min(ceiling, base * (2 ** (failures - 1)))
+        if held is not None and held[0] == holder:
+            self.leases[scope] = ["back-off", time.time() + delay, failures]
+        return delay
+
+
+@lru_cache(maxsize=8)
+def _owui_tables(schema: Optional[str]) -> dict:
+    """Open WebUI's own chat and user tables (only their ids), in the schema of ours: what the sweep checks against."""
+    import sqlalchemy as sa
+
+    return dict(
+        chat=sa.table("chat", sa.column("id"), schema=schema), user=sa.table("user", sa.column("id"), schema=schema)
+    )
+
+
+async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
+    """Which of ``ids`` ``table`` (Open WebUI's chat or user table) still holds."""
+    if not ids:
+        return set()
+    return set((await conn.execute(sa.select(table.c.id).where(table.c.id.in_(sorted(ids))))).scalars())
+
+
+async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: int, batch: int, api_before: float):
+    """Deletes the orphans among the ``batch`` summary rows after id ``after``; (last id or None at the end, count)."""
+    query = sa.select(t.c.id, t.c.user_id, t.c.chat_id, t.c.created_at).where(t.c.id > after)
+    rows = (await conn.execute(query.order_by(t.c.id).limit(batch))).all()
+    chats = await _live_ids(conn, sa, owui["chat"], {r.chat_id for r in rows if r.chat_id})
+    users = await _live_ids(conn, sa, owui["user"], {r.user_id for r in rows})
+    dead = [
+        r.id
+        for r in rows
+        if r.user_id not in users or (r.chat_id not in chats if r.chat_id else r.created_at < api_before)
+    ]
+    if dead:
+        await conn.execute(sa.delete(t).where(t.c.id.in_(dead)))
+    return (rows[-1].id if len(rows) == batch else None), len(dead)
+
+
+async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
+    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (and API conversations'
+    STALE_LEASE after their expiry); the sweep's own lease (no ':') stays. (last scope or None at the end, count)."""
+    rows = (
+        await conn.execute(
+            sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after).order_by(t.c.scope).limit(batch)
+        )
+    ).all()
+    chats_of = {r.scope: r.scope.partition(":")[2] for r in rows if ":" in r.scope}
+    chats = await _live_ids(conn, sa, owui["chat"], {c for c in chats_of.values() if not c.startswith("api:")})
+    users = await _live_ids(conn, sa, owui["user"], {scope.partition(":")[0] for scope in chats_of})
+
+    def gone(scope: str, expires_at: float) -> bool:
+        chat = chats_of[scope]
+        if scope.partition(":")[0] not in users:
+            return True
+        return expires_at < now - STALE_LEASE if chat.startswith("api:") else chat not in chats
+
+    dead = [r.scope for r in rows if r.scope in chats_of and gone(r.scope, r.expires_at)]
+    if dead:
+        await conn.execute(sa.delete(t).where(t.c.scope.in_(dead)))
+    return (rows[-1].scope if len(rows) == batch else None), len(dead)
+
+
 class SummaryStore:
     """Summaries, leases and ratios in the host's database through an async SQLAlchemy engine (Open WebUI's own by
     default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per operation. Database errors come out as
@@ -2616,6 +2750,7 @@ class SummaryStore:
         self._denied_until = 0.0  # a denied CREATE stays denied: tried again after DENIED_RETRY
         self._t: dict = {}
         self.fault: Optional[Fault] = None
+        self.ephemeral = EphemeralSummaries()  # chats Open WebUI never saves: never written to the database
 
     def schema_for(self, engine: Any) -> Optional[str]:
         """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (from its loaded settings,
@@ -2715,6 +2850,8 @@ class SummaryStore:
 
     # -- summaries -------------------------------------------------------------
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
+        if not is_saved_chat_id(chat_id):
+            return self.ephemeral.find(user_id, chat_id, limit)
         sa, t = await self._table("summary")
         # API calls have no chat id (''): only the anchor tells their conversations apart.
         match = sa.or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
@@ -2729,6 +2866,8 @@ class SummaryStore:
 
     async def save(self, record: SummaryRecord) -> None:
         """One transaction: the new row and the pruning of the oldest; a reader sees all of it or nothing."""
+        if not is_saved_chat_id(record.chat_id):
+            return self.ephemeral.save(record)
         sa, t = await self._table("summary")
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
@@ -2774,6 +2913,8 @@ class SummaryStore:
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Atomically take the chat's lease, or fail when a live one (or a failure back-off) is held: one upsert
         (one transaction) on SQLite and PostgreSQL; the primary key makes it safe across workers and replicas."""
+        if not _scope_is_saved(scope):
+            return self.ephemeral.try_claim(scope, holder, ttl)
         sa, t = await self._table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
@@ -2805,17 +2946,23 @@ class SummaryStore:
 
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Push our lease's expiry ``ttl`` seconds ahead; False when it is no longer ours."""
+        if not _scope_is_saved(scope):
+            return self.ephemeral.renew(scope, holder, ttl)
         sa, t = await self._table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
         result = await self._run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
         return result.rowcount == 1
 
     async def release(self, scope: str, holder: str) -> None:
+        if not _scope_is_saved(scope):
+            return self.ephemeral.release(scope, holder)
         sa, t = await self._table("lease")
         await self._run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         """Turn our lease into a back-off hold that grows with each failure; returns its length in seconds."""
+        if not _scope_is_saved(scope):
+            return self.ephemeral.back_off(scope, holder, base, ceiling)
         sa, t = await self._table("lease")
 
         async def op(conn):
@@ -2830,6 +2977,128 @@ class SummaryStore:
             return delay
 
         return await self._run(op)
+
+    async def rest(self, scope: str, holder: str, seconds: float) -> None:
+        """Keep our lease held by no one for ``seconds`` more: no worker claims it before then."""
+        sa, t = await self._table("lease")
+        ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
+        await self._run(lambda conn: conn.execute(ours.values(holder="resting", expires_at=time.time() + seconds)))
+
+    # -- retention -------------------------------------------------------------
+    async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
+        """Deletes the summaries and leases of chats and users gone from Open WebUI's own tables (same database and
+        schema; chats it never saves are never there) and API conversations' summaries created before ``api_before``;
+        returns how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart:
+        a large instance is never locked for long, and a failure (StoreUnavailable) loses only orphans. Deletes
+        nothing when Open WebUI's user table is empty: that is the wrong database, not an instance."""
+        sa, t = await self._table("summary")
+        lease, owui = self._t["lease"], _owui_tables(self._t["metadata"].schema)
+        has_users = sa.select(owui["user"].c.id).limit(1)
+        if (await self._run(lambda conn: conn.execute(has_users))).first() is None:
+            log.warning("async_context_compression: no users in Open WebUI's user table; retention sweep skipped")
+            return 0
+        removed, after, now = 0, 0, time.time()
+        while after is not None:
+            after, gone = await self._run(
+                partial(_sweep_summary_batch, sa=sa, t=t, owui=owui, after=after, batch=batch, api_before=api_before)
+            )
+            removed += gone
+            await asyncio.sleep(pause)
+        after = ""
+        while after is not None:
+            after, gone = await self._run(
+                partial(_sweep_lease_batch, sa=sa, t=lease, owui=owui, after=after, batch=batch, now=now)
+            )
+            removed += gone
+            await asyncio.sleep(pause)
+        return removed
+
+    async def erase_all(self) -> None:
+        """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
+        forgets this worker's unsaved chats; the tables stay, empty."""
+        self.ephemeral.clear()
+        sa, _ = await self._table("summary")
+        for table in reversed(self._t["metadata"].sorted_tables):
+            await self._run(lambda conn, table=table: conn.execute(sa.delete(table)))
+
+
+def retention_sweep_every() -> float:
+    """Seconds between sweeps: RETENTION_SWEEP_EVERY, or ACC_RETENTION_SWEEP_SECONDS from the environment (tests)."""
+    import os
+
+    try:
+        return max(1.0, float(os.environ.get("ACC_RETENTION_SWEEP_SECONDS") or RETENTION_SWEEP_EVERY))
+    except ValueError:
+        return RETENTION_SWEEP_EVERY
+
+
+class RetentionSweeper:
+    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep (``SummaryStore.sweep_orphans``)
+    about every ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one
+    worker of one replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted
+    chat's or user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
+
+    def __init__(self, store: Any, every: Optional[float] = None):
+        self.store = store
+        self.every = every if every is not None else retention_sweep_every()
+        self.api_days = float(API_RETENTION_DAYS)
+        self.task: Optional[asyncio.Task] = None
+        self.erasing: Optional[asyncio.Task] = None
+        self.holder = f"sweep:{uuid.uuid4().hex[:12]}"
+
+    def keep_running(self, api_days: float) -> None:
+        """Called by every hook (a running event loop): notes the valve's retention, starts this worker's loop once."""
+        self.api_days = float(api_days)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(_sweep_loop(weakref.ref(self), self.every))
+
+    async def sweep_once(self) -> Optional[int]:
+        """One sweep, unless another worker's is running or ran within half a period (None then); rows removed."""
+        if not hasattr(self.store, "sweep_orphans"):
+            return None  # a store without a database of its own (tests' stand-ins)
+        async with self.store.hold(RETENTION_SCOPE, self.holder) as lease:
+            if not lease:
+                return None
+            removed = await self.store.sweep_orphans(time.time() - self.api_days * 86_400)
+            await self.store.rest(RETENTION_SCOPE, self.holder, self.every / 2)
+        if removed:
+            log.info("async_context_compression: retention sweep removed %d rows", removed)
+        return removed
+
+    def erase(self, done: Callable[[], Awaitable[Any]]) -> None:
+        """Erases everything the filter stores in the background, then awaits ``done`` (resets the valve); one erase
+        at a time per worker. A failure is logged as a store fault and leaves ``done`` undone: the next request tries
+        again."""
+        if self.erasing is None or self.erasing.done():
+            self.erasing = asyncio.ensure_future(self._erase(done))
+
+    async def _erase(self, done: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await self.store.erase_all()
+        except StoreUnavailable:
+            return  # logged by the store, with its fault
+        except Exception:
+            log.exception("async_context_compression: erasing the stored data failed")
+            return
+        log.warning("async_context_compression: every summary, lease and ratio the filter stored was erased")
+        await done()
+
+
+async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], every: float) -> None:
+    """A worker's sweeps, a jittered ``every`` apart (the first soon after start); ends when the sweeper is gone (the
+    filter was replaced or removed). Holds only a weak reference between sweeps."""
+    import random
+
+    await asyncio.sleep(random.uniform(0.2, 0.5) * min(every, 30.0))
+    while (sweeper := sweeper_ref()) is not None:
+        try:
+            await sweeper.sweep_once()
+        except StoreUnavailable:
+            pass  # logged by the store, with its fault; tried again next period
+        except Exception:
+            log.exception("async_context_compression: retention sweep failed")
+        del sweeper
+        await asyncio.sleep(every * random.uniform(0.8, 1.0))
 
 
 def choose_summary(records: Iterable, digests: list, allow_full: bool = False) -> Optional[SummaryRecord]:
@@ -4318,6 +4587,28 @@ async def builtin_compaction_on(refresh: bool = True) -> bool:
     return _BUILTIN_ON[0]
 
 
+async def switch_valve_off(function_id: Optional[str], name: str) -> None:
+    """Turns the filter's valve ``name`` off in Open WebUI's stored valves: a one-shot action the admin switched on
+    (``erase_stored_data``) does not run again on the next request."""
+    import inspect
+
+    try:
+        from open_webui.models.functions import Functions  # type: ignore
+    except (Exception, SystemExit):
+        return
+    if not function_id:
+        log.warning(
+            "async_context_compression: valve %s could not be switched off (no function id); do it by hand", name
+        )
+        return
+
+    async def call(result: Any) -> Any:
+        return await result if inspect.isawaitable(result) else result  # sync before Open WebUI 0.7
+
+    valves = await call(Functions.get_function_valves_by_id(function_id))
+    await call(Functions.update_function_valves_by_id(function_id, {**(valves or {}), name: False}))
+
+
 async def _stored_branch(chat_id: str, ids: list) -> Messages:
     """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
     compaction saves, which outlet's body lacks)."""
@@ -4415,6 +4706,14 @@ class Filter:
         debug: bool = Field(
             default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
         )
+        api_summary_retention_days: int = Field(
+            default=API_RETENTION_DAYS,
+            description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
+        )
+        erase_stored_data: bool = Field(
+            default=False,
+            description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
+        )
 
     class UserValves(_TolerantValves):
         enabled: bool = Field(default=True, description="Compress the context of my chats.")
@@ -4424,6 +4723,7 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
+        self.retention = RetentionSweeper(self.summaries.store)  # layer 5: what outlives a deletion, in the background
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -4445,8 +4745,20 @@ class Filter:
         __model__: Optional[dict] = None,
         __request__: Any = None,
         __chat_id__: Optional[str] = None,
+        __id__: Optional[str] = None,
     ) -> dict:
+        self._keep_retention(__id__)
         return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
+
+    def _keep_retention(self, function_id: Optional[str]) -> None:
+        """Starts this worker's retention sweeps (layer 5) in the background once, and an erase the admin asked for."""
+        try:
+            self.retention.store = self.store
+            self.retention.keep_running(_bounded_valve(self.valves, "api_summary_retention_days", []))
+            if getattr(self.valves, "erase_stored_data", False) is True:
+                self.retention.erase(partial(switch_valve_off, function_id, "erase_stored_data"))
+        except Exception:
+            log.exception("async_context_compression: retention not started")
 
     async def request(
         self,
@@ -4608,8 +4920,10 @@ class Filter:
         __event_emitter__: Optional[Callable] = None,
         __model__: Optional[dict] = None,
         __request__: Any = None,
+        __id__: Optional[str] = None,
     ) -> dict:
         """Starts folding older turns into the summary in the background when due; returns at once."""
+        self._keep_retention(__id__)
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
