@@ -808,12 +808,19 @@ def fit_to_budget(
     2. what is left is shortened, the head included, each cut marked;
     3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
     4. all before the latest user turn goes but the system messages (an order every provider accepts).
-    Still over the cap: the smallest of these lists, ``over_budget`` set."""
+    Still over the cap: the smallest of these lists, ``over_budget`` set.
+    Before step 1, a tool loop's older results (the latest user turn's, before its latest round) give way to their
+    first size (``give_way_order``): an agent's early rounds cost less than the conversation before it."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
     if cap <= 0 or total <= cap:
         return list(messages), report
+    messages, sizes, originals = _loop_results_give_way(messages, sizes, token_of, total, cap, report)
+    total = fixed_tokens + sum(sizes)
+    if total <= cap:
+        report.tokens_after = total
+        return messages, report
     # the latest user turn starts at the last user message (with none: at the start of the last unit)
     last_user = max(0, _last_user_index(messages))
     if last_user < len(messages) and _role(messages[last_user]) != "user":
@@ -822,12 +829,14 @@ def fit_to_budget(
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
     total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
-    best = _shrink_if_over(messages, keep, token_of, total, cap, report)  # (list, total, report)
+    best = _shrink_if_over(messages, keep, token_of, total, cap, report, originals)  # (list, total, report)
     if best[1] > cap and head_end > 0:
         report3 = replace(report)
         turns = _droppable_turns(messages, 0, head_end) + tail_turns
         total3 = _drop_turns(messages, sizes, keep, turns, total, cap, report3)
-        best = min(best, _shrink_if_over(messages, keep, token_of, total3, cap, report3), key=lambda fit: fit[1])
+        best = min(
+            best, _shrink_if_over(messages, keep, token_of, total3, cap, report3, originals), key=lambda fit: fit[1]
+        )
     if best[1] > cap:
         keep = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
         report4 = FitReport(
@@ -836,54 +845,81 @@ def fit_to_budget(
             dropped_turns=len(_droppable_turns(messages, 0, last_user)),
         )
         total4 = fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
-        best = min(best, _shrink_if_over(messages, keep, token_of, total4, cap, report4), key=lambda fit: fit[1])
+        best = min(
+            best, _shrink_if_over(messages, keep, token_of, total4, cap, report4, originals), key=lambda fit: fit[1]
+        )
     out, total, report = best
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
 
 
-def _shrink_if_over(messages, keep, token_of, total, cap, report):
+def _shrink_if_over(messages, keep, token_of, total, cap, report, originals=None):
     """The kept messages, shortened while over ``cap`` (counted on a copy of ``report``), with their total and that
-    report: largest first, one kind per pass (old tool outputs, images, old tool-call arguments, then other old
-    messages). System messages (but the summary) and the last user message stay verbatim; so does the last assistant
-    message of the current turn (after the last user message), whose signed reasoning some providers verify."""
+    report, in the order of ``give_way_order`` (which names what stays verbatim). ``originals``: id of a message
+    already shortened -> (it, the message it was cut from): every cut starts from the original text, so no text is
+    cut from its cut form and every marker counts all that was removed."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
     report = replace(report)
-    last_user = _last_user_index(out)
-    last_assistant = max((i for i, m in enumerate(out) if _role(m) == "assistant"), default=-1)
-    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
-    order = [i for i, m in enumerate(out) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
-    order.sort(key=lambda i: _role(out[i]) != "tool")  # stable: tool outputs first among equals
-    passes = (
-        ("tool", [i for i in order if _role(out[i]) == "tool"]),
-        ("image", order),
-        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
-        ("text", order),
-    )
-    for kind, eligible in passes:
-        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
+    originals = dict(originals or {})
+    levels = tool_result_levels(cap)
+    for kind, eligible in give_way_order(out):
+        for i in eligible:
             if total <= cap:
                 return out, total, report
             before = token_of(out[i])
+            original = _original_of(originals, out[i])
             if kind == "image":
                 shorter = _without_images(out[i])
             elif kind == "arguments":
                 shorter = _without_long_arguments(out[i])
+            elif kind in ("old results", "old results, again"):  # a size fixed per cap: the same cut every round
+                shorter = shorten_to_tokens(original, levels[kind != "old results"], token_of)
+            elif kind == "latest results":
+                shorter = shorten_to_tokens(original, before - (total - cap), token_of)
             else:  # aim the text alone at the target: names, arguments and overhead are not shortened
-                frame = token_of({**out[i], "content": ""})
-                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
+                frame = token_of({**original, "content": ""})
+                shorter = _shortened(original, token_of(original) - frame, before - frame - (total - cap))
             after = token_of(shorter)
             if after < before:
-                out[i] = shorter
-                total -= before - after
                 if kind == "image":
                     report.dropped_images += 1
-                else:
+                elif original is out[i]:  # counted once per message, however often it gives way
                     report.shortened_messages += 1
+                if shorter is not original:
+                    originals[id(shorter)] = (shorter, original)
+                out[i] = shorter
+                total -= before - after
     return out, total, report
+
+
+def _original_of(originals: dict, message: Message) -> Message:
+    """The message ``message`` was cut from (itself when it was not cut)."""
+    entry = originals.get(id(message))
+    return entry[1] if entry is not None and entry[0] is message else message
+
+
+def _loop_results_give_way(messages, sizes, token_of, total, cap, report) -> tuple:
+    """(messages, sizes, originals): the latest user turn's tool results before its latest round cut, oldest first,
+    to their first size while over ``cap`` (``report`` counts them); ``originals`` as ``_shrink_if_over`` takes it."""
+    messages, sizes, originals = list(messages), list(sizes), {}
+    last_user, latest = _last_user_index(messages), latest_round_start(messages)
+    level = tool_result_levels(cap)[0]
+    for i in range(last_user + 1, latest):
+        if total <= cap:
+            break
+        if _role(messages[i]) != "tool":
+            continue
+        shorter = shorten_to_tokens(messages[i], level, token_of)
+        after = token_of(shorter)
+        if after < sizes[i]:
+            originals[id(shorter)] = (shorter, messages[i])
+            total -= sizes[i] - after
+            messages[i], sizes[i] = shorter, after
+            report.shortened_messages += 1
+    return messages, sizes, originals
 
 
 def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
@@ -987,6 +1023,97 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
         others = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
         return {**message, "content": [{"type": "text", "text": clipped}, *others]}
     return {**message, "content": clipped}
+
+
+# -- What gives way, in which order (the shortening policy) ---------------------
+# A native tool loop grows one turn by a large tool result per round, so its older results give way first, always to
+# the same size for the same cap: a result cut in round k is byte-identical in round k+1 (the provider's prompt cache
+# keeps the prefix) and is cut from its original text (a marker counts all that went).
+
+OLD_RESULT_SHARE = 32  # an older tool result first gives way down to this share of the cap ...
+OLD_RESULT_FLOOR_TOKENS = 96  # ... then, if still over, down to this many tokens
+
+
+def tool_result_levels(cap: int) -> tuple[int, int]:
+    """Invariant: the sizes (whole message, tokens) an older tool result is cut to, in turn, depend on ``cap`` alone."""
+    floor = OLD_RESULT_FLOOR_TOKENS
+    return max(floor, cap // OLD_RESULT_SHARE if cap > 0 else floor), floor
+
+
+def latest_round_start(messages: Messages) -> int:
+    """Index of the current turn's latest ``assistant(tool_calls)`` (its results are the latest round), or the list's
+    length when the current turn (after the last user message) has none."""
+    last_user = _last_user_index(messages)
+    for i in range(len(messages) - 1, last_user, -1):
+        if _is_tool_call_turn(messages[i]):
+            return i
+    return len(messages)
+
+
+def give_way_order(messages: Messages) -> list[tuple[str, list]]:
+    """Invariant: what gives way to the cap, in order, as (kind, indices) passes; every index is a message that may be
+    shortened, oldest first within a pass. Never listed: system messages but the summary, the last user message (the
+    user's request), the current turn's last assistant message.
+      1. "old results": tool results before the latest round, oldest first, each to ``tool_result_levels()[0]``;
+      2. "image": images and attachments of any message (a marker stays);
+      3. "arguments": long tool-call arguments before the last user message;
+      4. "old results, again": the same tool results, oldest first, down to the floor;
+      5. "text": other messages' text (the summary included), largest first, by what is still over;
+      6. "latest results": the latest round's results, oldest first, by what is still over (last: the model asked for
+         them just now)."""
+    last_user = _last_user_index(messages)
+    last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
+    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
+    order = [i for i, m in enumerate(messages) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
+    latest = latest_round_start(messages)
+    results = [i for i in order if _role(messages[i]) == "tool"]
+    old = [i for i in results if i < latest]
+    others = sorted((i for i in order if _role(messages[i]) != "tool"), key=lambda i: -_text_chars(messages[i]))
+    return [
+        ("old results", old),
+        ("image", order),
+        ("arguments", [i for i in order if i < last_user and _tool_calls(messages[i])]),
+        ("old results, again", old),
+        ("text", others),
+        ("latest results", [i for i in results if i >= latest]),
+    ]
+
+
+def shorten_to_tokens(message: Message, target_tokens: int, token_of: Callable[[Message], int]) -> Message:
+    """Invariant: ``message`` whole when it costs at most ``target_tokens``, else its text's start and end (two thirds
+    and one third of the room kept) around a marker naming exactly how many characters went, costing at most
+    ``target_tokens`` when its framing and a minimal text fit. Deterministic: the same message and target give the
+    same text (what a prompt cache needs). Names, arguments and non-text parts are not cut."""
+    tokens = token_of(message)
+    text = _text_of(message.get("content"))
+    if tokens <= target_tokens or not text:
+        return message
+    frame = token_of({**message, "content": ""})
+    room = max(target_tokens - frame, _MIN_KEEP_TOKENS)
+    chars_per_token = len(text) / max(1, tokens - frame)
+    marker = len(TRIM_MARKER) + 8
+    keep = max(16, int(room * chars_per_token) - marker)
+    shorter = message
+    for _ in range(6):  # tokens per character differ along a text: a few corrections at most
+        if keep >= len(text):
+            return message
+        shorter = _with_text(message, clip_text(text, keep))
+        over = token_of(shorter) - max(target_tokens, frame + _MIN_KEEP_TOKENS)
+        if over <= 0 or keep <= 16:
+            break
+        keep = max(16, keep - int(over * chars_per_token) - 8)
+    return shorter
+
+
+def _with_text(message: Message, text: str) -> Message:
+    """``message`` with its text replaced by ``text`` (a summary's markers kept; non-text parts kept)."""
+    if is_summary_message(message):
+        return message if text == message.get("content") else {**message, "content": text}
+    content = message.get("content")
+    if isinstance(content, list):
+        others = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
+        return {**message, "content": [{"type": "text", "text": text}, *others]}
+    return {**message, "content": text}
 
 
 # ---------------------------------------------------------------------------
@@ -1597,15 +1724,22 @@ async def fit_request(
     if cap <= 0 or total <= cap:
         return list(messages), FitReport(tokens_before=total, tokens_after=total)
     known = {id(m): size for m, size in zip(messages, sizes)}
-    on_loop = len(messages) <= ON_LOOP_MESSAGES
+    on_loop = len(messages) <= ON_LOOP_MESSAGES and not exact
 
     def token_of(message: Message) -> int:
+        """A message's size the way the rest were counted: a copy cut while fitting is tokenized too when the others
+        were (an estimate with its margin beside exact counts made every cut look larger than what it replaced, so
+        cuts were refused and the list stayed over the cap)."""
         size = known.get(id(message))
-        return size if size is not None else counter.estimated_size(message, encoding, cached=on_loop)
+        if size is not None:
+            return size
+        if exact:
+            return counter.measure([message], encoding, True)[0]
+        return counter.estimated_size(message, encoding, cached=on_loop)
 
     if on_loop:
         return fit_to_budget(messages, token_of, cap, prefix, fixed)
-    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)
+    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # tokenizes: off the loop
 
 
 # -- The model's own tokens ----------------------------------------------------
