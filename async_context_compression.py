@@ -717,6 +717,30 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
     return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]
 
 
+LOOP_SUMMARY_INTRO = "Tool rounds earlier in this reply (calls and results), summarized while the loop ran:"
+
+
+def current_turn_rounds(messages: Messages) -> tuple[int, int]:
+    """(start, end): the current turn's whole tool rounds before its latest one, ``messages[start:end]`` (start: after
+    the last user message; end: the latest round's call). Empty when the turn has fewer than two rounds."""
+    start = _last_user_index(messages) + 1
+    end = latest_round_start(messages)
+    return (start, end) if end < len(messages) and start < end else (start, start)
+
+
+def apply_loop_summary(messages: Messages, covered: int, summary_text: str) -> Messages:
+    """Invariant: the current turn's first ``covered`` messages after the last user message (whole tool rounds, so the
+    next one is a call turn right after the user's request) are replaced by ``summary_text`` as a summary message
+    placed after the leading system messages (an order every provider accepts); the list is unchanged when they are
+    not whole rounds before the latest one."""
+    start, end = current_turn_rounds(messages)
+    if covered <= 0 or start + covered > end or not _is_tool_call_turn(messages[start + covered]):
+        return messages
+    lead = next((i for i, m in enumerate(messages) if _role(m) != "system"), len(messages))
+    folded = build_summary_message(f"{LOOP_SUMMARY_INTRO}\n{summary_text}")
+    return [*messages[:lead], folded, *messages[lead:start], *messages[start + covered :]]
+
+
 def index_after_head(view: Messages, head_count: int) -> int:
     """Index in ``view`` (system messages included) of the first message after ``head_count`` canonical ones."""
     if head_count <= 0:
@@ -3293,6 +3317,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "carried over from the older filter: {names}",
         "n_ignored": "not used by this filter, ignored: {names}",
         "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
+        "loop_summarizing": "Tool loop: summarizing {messages} of earlier rounds in the background…",
+        "loop_summary_done": "Tool loop: earlier rounds summarized ({messages}); later calls send the summary",
+        "loop_summary_failed": "Tool loop: earlier rounds not summarized ({reason}); older results are shortened instead",
     },
     "zh": {
         "sent": "已发送 {used} tokens",
@@ -3329,6 +3356,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "已沿用旧版过滤器的设置：{names}",
         "n_ignored": "本过滤器不使用，已忽略：{names}",
         "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
+        "loop_summarizing": "工具循环：正在后台摘要之前轮次的 {messages}…",
+        "loop_summary_done": "工具循环：之前的轮次已摘要（{messages}）；后续调用发送摘要",
+        "loop_summary_failed": "工具循环：之前的轮次未能摘要（{reason}）；改为缩短较早的结果",
     },
     "ja": {
         "sent": "{used} トークン送信",
@@ -3365,6 +3395,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "旧フィルターから引き継ぎました：{names}",
         "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
         "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
+        "loop_summarizing": "ツールループ：以前のラウンドの {messages}をバックグラウンドで要約中…",
+        "loop_summary_done": "ツールループ：以前のラウンドを要約しました（{messages}）；以降の呼び出しは要約を送ります",
+        "loop_summary_failed": "ツールループ：以前のラウンドを要約できませんでした（{reason}）；古い結果を短縮します",
     },
     "ko": {
         "sent": "{used} 토큰 전송",
@@ -3401,6 +3434,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "이전 필터에서 가져온 설정: {names}",
         "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
         "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
+        "loop_summarizing": "도구 루프: 이전 라운드의 {messages} 백그라운드에서 요약 중…",
+        "loop_summary_done": "도구 루프: 이전 라운드 요약됨 ({messages}); 이후 호출은 요약을 보냅니다",
+        "loop_summary_failed": "도구 루프: 이전 라운드를 요약하지 못함 ({reason}); 대신 오래된 결과를 줄입니다",
     },
     "fr": {
         "sent": "{used} tokens envoyés",
@@ -3437,6 +3473,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "repris de l'ancien filtre : {names}",
         "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
         "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
+        "loop_summarizing": "Boucle d'outils : résumé de {messages} des tours précédents en arrière-plan…",
+        "loop_summary_done": "Boucle d'outils : tours précédents résumés ({messages}) ; les appels suivants envoient le résumé",
+        "loop_summary_failed": "Boucle d'outils : tours précédents non résumés ({reason}) ; les anciens résultats sont raccourcis",
     },
     "de": {
         "sent": "{used} Tokens gesendet",
@@ -3473,6 +3512,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "vom älteren Filter übernommen: {names}",
         "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
         "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
+        "loop_summarizing": "Tool-Schleife: fasse {messages} früherer Runden im Hintergrund zusammen…",
+        "loop_summary_done": "Tool-Schleife: frühere Runden zusammengefasst ({messages}); spätere Aufrufe senden die Zusammenfassung",
+        "loop_summary_failed": "Tool-Schleife: frühere Runden nicht zusammengefasst ({reason}); ältere Ergebnisse werden stattdessen gekürzt",
     },
     "es": {
         "sent": "{used} tokens enviados",
@@ -3509,6 +3551,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "tomado del filtro anterior: {names}",
         "n_ignored": "este filtro no lo usa, se ignora: {names}",
         "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
+        "loop_summarizing": "Bucle de herramientas: resumiendo {messages} de rondas anteriores en segundo plano…",
+        "loop_summary_done": "Bucle de herramientas: rondas anteriores resumidas ({messages}); las llamadas siguientes envían el resumen",
+        "loop_summary_failed": "Bucle de herramientas: rondas anteriores sin resumir ({reason}); se acortan los resultados antiguos",
     },
     "pt": {
         "sent": "{used} tokens enviados",
@@ -3545,6 +3590,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "trazido do filtro antigo: {names}",
         "n_ignored": "não usado por este filtro, ignorado: {names}",
         "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
+        "loop_summarizing": "Ciclo de ferramentas: resumindo {messages} de rodadas anteriores em segundo plano…",
+        "loop_summary_done": "Ciclo de ferramentas: rodadas anteriores resumidas ({messages}); as chamadas seguintes enviam o resumo",
+        "loop_summary_failed": "Ciclo de ferramentas: rodadas anteriores não resumidas ({reason}); os resultados antigos são encurtados",
     },
     "ru": {
         "sent": "отправлено {used} токенов",
@@ -3581,6 +3629,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "перенесено из старого фильтра: {names}",
         "n_ignored": "не используется этим фильтром, пропущено: {names}",
         "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
+        "loop_summarizing": "Цикл инструментов: в фоне составляется сводка ранних раундов: {messages}…",
+        "loop_summary_done": "Цикл инструментов: ранние раунды сведены ({messages}); следующие вызовы отправляют сводку",
+        "loop_summary_failed": "Цикл инструментов: сводка ранних раундов не удалась ({reason}); старые результаты сокращаются",
     },
     "it": {
         "sent": "{used} token inviati",
@@ -3617,6 +3668,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "ripreso dal filtro precedente: {names}",
         "n_ignored": "non usato da questo filtro, ignorato: {names}",
         "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
+        "loop_summarizing": "Ciclo di strumenti: riepilogo di {messages} dei turni precedenti in background…",
+        "loop_summary_done": "Ciclo di strumenti: turni precedenti riassunti ({messages}); le chiamate successive inviano il riepilogo",
+        "loop_summary_failed": "Ciclo di strumenti: turni precedenti non riassunti ({reason}); i risultati più vecchi vengono accorciati",
     },
     "pl": {
         "sent": "wysłano {used} tokenów",
@@ -3653,6 +3707,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "przeniesiono ze starszego filtra: {names}",
         "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
         "n_builtin_on": "Wbudowana automatyczna kompresja Open WebUI też jest włączona: może opóźniać odpowiedzi podczas podsumowywania; ten filtr kontynuuje od jej podsumowań",
+        "loop_summarizing": "Pętla narzędzi: podsumowywanie w tle wcześniejszych rund: {messages}…",
+        "loop_summary_done": "Pętla narzędzi: wcześniejsze rundy podsumowane ({messages}); kolejne wywołania wysyłają podsumowanie",
+        "loop_summary_failed": "Pętla narzędzi: wcześniejszych rund nie podsumowano ({reason}); starsze wyniki są skracane",
     },
 }
 
@@ -3942,6 +3999,7 @@ class BackgroundSummarizer:
         self.tasks: set = set()
         self.lines: set = set()  # status lines being written (at most one per request in flight)
         self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
+        self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
@@ -4192,6 +4250,112 @@ class BackgroundSummarizer:
         # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
         return plan_rounds(blocks, budget, count, stops)
+
+
+# -- Summaries inside one reply's tool loop --------------------------------------
+# Open WebUI calls the request hook before every model call of a native tool loop; the rounds it adds are not in the
+# chat yet (no stored ids), so a loop summary is keyed by the reply (chat key + reply id) in this worker's memory, counts
+# the reply's own messages after the user's request (whole rounds) and carries the fingerprint of exactly those. A
+# later round applies it when the fingerprint still matches; it is never stored: after the reply, outlet's ordinary
+# fold reads the same results from the stored reply (its ``output``) and covers them by stored ids.
+
+LOOP_MEMORY = 256  # replies whose loop summaries one worker remembers
+
+
+@dataclass(frozen=True)
+class LoopSummary:
+    covered: int  # messages after the user's request, whole rounds
+    fingerprint: str  # prefix_fingerprint of their canonical digests
+    summary: str
+
+
+@dataclass
+class LoopState:
+    """One reply's loop summary, the fold running for it (at most one), and whether folding failed (not retried in
+    this reply: older results are shortened instead)."""
+
+    summary: Optional[LoopSummary] = None
+    running: bool = False
+    failed: bool = False
+
+
+def loop_key(ctx: RequestContext) -> str:
+    return f"{ctx.chat_key()}:{ctx.message_id}"
+
+
+def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
+    return prefix_fingerprint([canonical_digest(m) for m in messages[start : start + covered]], covered)
+
+
+class LoopSummaries:
+    """Plans and runs folds of a tool loop's older rounds in the background (through ``BackgroundSummarizer``'s
+    summarizer call) and applies the newest one a later round can use; no round ever waits for one."""
+
+    def __init__(self, summaries: "BackgroundSummarizer"):
+        self.summaries = summaries
+        self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
+
+    def applied(self, ctx: RequestContext, messages: Messages) -> tuple[Messages, int]:
+        """``messages`` with this reply's loop summary in place of the rounds it covers, and how many messages it
+        covers (0: none applies)."""
+        state = self.states.recall(loop_key(ctx)) if ctx.message_id else None
+        done = state.summary if state is not None else None
+        if done is None:
+            return messages, 0
+        start, end = current_turn_rounds(messages)
+        if start + done.covered > end or loop_fingerprint(messages, start, done.covered) != done.fingerprint:
+            return messages, 0
+        return apply_loop_summary(messages, done.covered, done.summary), done.covered
+
+    def plan(self, ctx: RequestContext, messages: Messages, tokens: int) -> None:
+        """Starts folding the rounds not yet covered (all but the latest) when the request, its loop summary applied,
+        counts ``tokens`` over the trigger and they are worth a summary call; returns at once."""
+        s = ctx.settings
+        if not ctx.message_id or tokens <= s.trigger_tokens:
+            return
+        state = self.states.setdefault(loop_key(ctx), LoopState())
+        if state.running or state.failed:
+            return
+        start, end = current_turn_rounds(messages)
+        covered = state.summary.covered if state.summary else 0
+        fresh = messages[start + covered : end]
+        if not fresh or count_request(self.summaries.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
+            return
+        state.running = True
+        self.summaries.spawn(self._fold(ctx, state, messages[start:end], covered))
+
+    @staticmethod
+    def worth(s: Settings, tokens: int) -> int:
+        """Fewest new tokens worth a fold: the stretch from the low water mark to the trigger, as between turns; past
+        ``fold_deadline`` any whole round (the cap is near: shortening would take it otherwise)."""
+        return 1 if tokens > fold_deadline(s) else int(s.trigger_tokens * (1 - s.low_water))
+
+    async def _fold(self, ctx: RequestContext, state: LoopState, rounds: Messages, covered: int) -> None:
+        summaries, s = self.summaries, ctx.settings
+        try:
+            await summaries._say(ctx, "loop_summarizing", done=False, messages=len(rounds) - covered)
+            blocks = await asyncio.to_thread(render_for_summary, rounds[covered:], [None] * (len(rounds) - covered))
+            count = partial(summaries.counter.text_tokens, encoding=s.summary_encoding)
+            budget = summary_round_budget(
+                s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt
+            )
+            plan = await asyncio.to_thread(plan_rounds, blocks, max(200, budget - s.max_summary_tokens), count)
+            text = state.summary.summary if state.summary else ""
+            for summary_round in plan[:_MAX_ROUNDS]:
+                text = await summaries._ask(ctx, text, summary_round.texts())
+            if len(plan) > _MAX_ROUNDS:
+                raise SummaryError(Fault.INTERNAL, "too many rounds")
+            state.summary = LoopSummary(len(rounds), loop_fingerprint(rounds, 0, len(rounds)), text)
+            await summaries._say(ctx, "loop_summary_done", done=True, messages=len(rounds))
+        except SummaryError as exc:
+            state.failed = True
+            log.warning("async_context_compression chat=%s: loop summary failed (%s)", ctx.chat_id or "api", exc)
+            await summaries._say(ctx, "loop_summary_failed", done=True, reason=exc.fault)
+        except Exception:
+            state.failed = True
+            log.exception("async_context_compression: loop summary failed")
+        finally:
+            state.running = False
 
 
 # -- What the running Open WebUI offers (read once per process) ----------------
@@ -4461,7 +4625,7 @@ class Filter:
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems)) if inlet else None
+        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems))  # every call of a loop too
         record, fault = found or (None, None)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
@@ -4474,7 +4638,13 @@ class Filter:
             view, prefix = messages, protected_head_end(messages, s.keep_first)
         overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
+        unfolded = view
+        if not inlet:  # a call of a tool loop: its older rounds as this reply's loop summary, when one is ready
+            view, in_loop = self.summaries.loops.applied(ctx, view)
+            prefix += 1 if in_loop and prefix > 0 else 0  # the summary goes before the head
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
+        if not inlet:  # fold what is not folded yet in the background, for a later round (this one does not wait)
+            self.summaries.loops.plan(ctx, unfolded, fit.tokens_before)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
             # its output needs no repair), but a 400 from the provider would cost the user's turn
