@@ -1758,12 +1758,20 @@ async def fit_request(
         if size is not None:
             return size
         if exact:
-            return counter.measure([message], encoding, True)[0]
+            size = counter.measure([message], encoding, True)[0]
+            counted[id(message)] = (message, size)
+            return size
         return counter.estimated_size(message, encoding, cached=on_loop)
 
+    counted: dict = {}  # id -> (cut copy, its exact count)
     if on_loop:
         return fit_to_budget(messages, token_of, cap, prefix, fixed)
-    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # tokenizes: off the loop
+    out, report = await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # off the loop
+    for message in out:  # merged on the loop, so count_request says tokens_after of the list sent
+        entry = counted.get(id(message))
+        if entry is not None and entry[0] is message:
+            counter._entry(message, encoding)[1] = entry[1]
+    return out, report
 
 
 # -- The model's own tokens ----------------------------------------------------
