@@ -3995,6 +3995,16 @@ def fold_deadline(s: Settings) -> int:
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
 
 
+def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: int) -> int:
+    """Where a fold ends: ``target``, or the branch's end when the verbatim tail from ``target`` holds tool results and
+    alone counts (``tail_tokens``) over the trigger. A reply's tool loop is one atomic unit with its answer, so the tail
+    cannot start inside it: kept verbatim, the next turn could not carry it and would drop it whole, facts and all;
+    folded whole now, the next turn sends it as the summary (its tail opens with the next user message)."""
+    if tail_tokens <= trigger or not any(_role(m) == "tool" for m in canon[target:]):
+        return target
+    return len(canon)
+
+
 class BackgroundSummarizer:
     """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
 
@@ -4161,6 +4171,8 @@ class BackgroundSummarizer:
         if used <= s.trigger_tokens and not ctx.force_summary:
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
+        tail_tokens = self.next_request_tokens(ctx, canon[target:])
+        target = agent_run_target(canon, target, tail_tokens, s.trigger_tokens)
         if target <= start:
             return None
         # what the summarizer would read, counted exactly, off the event loop

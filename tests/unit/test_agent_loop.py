@@ -203,3 +203,76 @@ def test_with_the_summarizer_down_shortening_alone_keeps_every_round_under_the_c
     counts, summarizer = asyncio.run(scenario())
     assert len(summarizer.calls) == 1  # failed once: not retried in this reply
     assert max(counts) <= 9000
+
+
+# -- after the reply: the stored tool results are folded like any other message --------------
+
+
+class SavingStore:
+    """In memory, with the summary store's API (summaries and leases)."""
+
+    def __init__(self):
+        self.records, self.leases = [], {}
+
+    async def find(self, user_id, chat_id, anchor, limit=16):
+        return [r for r in self.records if r.chat_id == chat_id][-limit:]
+
+    async def save(self, record):
+        self.records.append(record)
+
+    async def try_claim(self, scope, holder, ttl=None):
+        if self.leases.get(scope, holder) != holder:
+            return False
+        self.leases[scope] = holder
+        return True
+
+    async def renew(self, scope, holder, ttl=None):
+        return self.leases.get(scope) == holder
+
+    async def release(self, scope, holder):
+        self.leases.pop(scope, None)
+
+    async def back_off(self, scope, holder, reason, base, ceiling):
+        return base
+
+    def hold(self, scope, holder, ttl=acc.LEASE_TTL, renew_every=acc.LEASE_RENEW):
+        return acc.LeaseHold(self, scope, holder, ttl, renew_every)
+
+
+def stored_agent_reply(rounds: int) -> list:
+    """A chat as outlet receives it: an earlier exchange, the request, and the reply whose tool loop is in ``output``."""
+    output = []
+    for k in range(1, rounds + 1):
+        output += [
+            {"type": "function_call", "call_id": f"c{k}", "name": "fetch", "arguments": "{}", "status": "completed"},
+            {"type": "function_call_output", "call_id": f"c{k}", "output": [{"type": "input_text", "text": page(k)}]},
+        ]
+    output.append({"type": "message", "content": [{"type": "output_text", "text": "All pages read."}]})
+    return [
+        {"id": "m1", "role": "user", "content": "earlier MK-0900"},
+        {"id": "m2", "role": "assistant", "content": "earlier answer"},
+        {"id": "m3", "role": "user", "content": "read every page"},
+        {"id": "m4", "role": "assistant", "content": "All pages read.", "output": output},
+    ]
+
+
+def test_after_the_reply_its_stored_tool_results_are_folded_and_the_next_turn_sends_them_as_the_summary():
+    async def scenario():
+        summarizer, store = FakeSummarizer(), SavingStore()
+        f = make_filter(
+            cap=9000, counter="estimate", store=store, complete=summarizer, compression_threshold_tokens=4000
+        )
+        body = {"model": "m", "chat_id": "c-after", "id": "m4", "messages": stored_agent_reply(6)}
+        await f.outlet(body, __user__={"id": "u"}, __metadata__={"chat_id": "c-after", "message_id": "m4"})
+        await f.wait_for_background(5)
+        expanded, _ = acc.expand_stored_messages(stored_agent_reply(6))
+        nxt = [{k: v for k, v in m.items() if k != "id"} for m in expanded] + [U("and now?")]
+        sent = await f.inlet({"model": "m", "messages": nxt}, __user__={"id": "u"}, __metadata__={"chat_id": "c-after"})
+        return summarizer, store, sent["messages"]
+
+    summarizer, store, sent = asyncio.run(scenario())
+    assert store.records, "no summary was made after the reply"
+    seen = " ".join(call["messages"][-1]["content"] for call in summarizer.calls)
+    assert all(f"MK-{k:04d}" in seen for k in range(1, 7))  # the summarizer read every stored result
+    assert all(f"MK-{k:04d}" in str(sent) for k in range(1, 7))  # and the next turn carries them, as the summary
+    assert sent[-1] == U("and now?") and check_openai(sent) == []
