@@ -4583,12 +4583,14 @@ class Filter:
         __event_emitter__: Optional[Callable] = None,
         __model__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
+        __request__: Any = None,
     ) -> dict:
         # Before every model call of a native tool loop, where inlet does not run again: the loop's growing list
-        # is repaired and capped too.
-        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
+        # is repaired and capped too, and its older rounds folded in the background (the summarizer needs the request).
+        args = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__)
+        return await self._guarded(*args, inlet=False, http_request=__request__)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool, http_request=None) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
         the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -4596,6 +4598,8 @@ class Filter:
         ctx = None
         try:
             ctx = await self._context(body, user, metadata, emitter, model, chat_id)
+            if ctx is not None:
+                ctx.request = http_request
             return body if ctx is None else await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")

@@ -10,6 +10,7 @@ over the cap (only shortening protects)."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
 import pytest
@@ -28,6 +29,7 @@ from e2e_support import (
 from devkit.fake_provider import tools_tokens
 
 ROUNDS, CAP, THRESHOLD, WINDOW = 12, 30_000, 16_000, 32_768
+TRIMMED = re.compile(r"\[… (\d+) characters trimmed")
 
 PAGES_SOURCE = '''"""
 title: E2E Report Pages
@@ -117,4 +119,10 @@ def summarizer_down(provider):
 def test_with_the_summarizer_down_shortening_alone_keeps_every_call_under_the_cap(acc, provider, summarizer_down):
     conv, turn, salt = run_agent(acc, provider, seed=31)
     check_loop(turn)
-    assert markers_in(str(turn.requests[-1]["messages"][-1]["content"])) & page_facts(salt)  # the latest page whole
+    final = turn.requests[-1]["messages"]
+    assert markers_in(str(final[-1]["content"])) & page_facts(salt)  # the latest page whole
+    earlier = turn.expected - {turn.marker}
+    assert earlier <= request_markers(turn.requests[-1]), "the earlier conversation was dropped to make room"
+    # each older page is cut once, from its original: its marker counts the ~20,000 characters that went
+    removed = [int(n) for m in final if m.get("role") == "tool" for n in TRIMMED.findall(str(m.get("content")))]
+    assert removed and min(removed) > 10_000, removed
