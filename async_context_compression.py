@@ -4075,15 +4075,16 @@ class BackgroundSummarizer:
         return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
-    def spawn(self, work: Awaitable) -> None:
-        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped and waits for a later turn."""
+    def spawn(self, work: Awaitable) -> bool:
+        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped (False) and waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
             work.close()
             log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
-            return
+            return False
         task = asyncio.ensure_future(work)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
+        return True
 
     def _task_done(self, task: "asyncio.Task") -> None:
         self.tasks.discard(task)
@@ -4341,8 +4342,7 @@ class LoopSummaries:
         fresh = messages[start + covered : end]
         if not fresh or count_request(self.summaries.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
             return
-        state.running = True
-        self.summaries.spawn(self._fold(ctx, state, messages[start:end], covered))
+        state.running = self.summaries.spawn(self._fold(ctx, state, messages[start:end], covered))
 
     @staticmethod
     def worth(s: Settings, tokens: int) -> int:
