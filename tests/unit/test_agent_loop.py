@@ -41,6 +41,17 @@ def test_give_way_order_puts_older_results_first_the_latest_round_last_and_never
     assert 0 not in listed  # the system prompt
 
 
+def test_result_sizes_depend_on_the_cap_alone_and_the_latest_round_is_found_in_the_current_turn_only():
+    assert acc.tool_result_levels(30_000) == (937, acc.OLD_RESULT_FLOOR_TOKENS)
+    assert acc.tool_result_levels(1_000) == acc.tool_result_levels(0) == (96, 96)  # never below the floor
+    messages = loop(3)
+    assert acc.latest_round_start(messages) == 8 and acc.current_turn_rounds(messages) == (4, 8)
+    answered = [*messages, AS("done"), U("thanks")]  # a new turn: the loop is history now
+    assert acc.latest_round_start(answered) == len(answered)
+    assert acc.current_turn_rounds(answered) == (len(answered), len(answered))
+    assert acc.current_turn_rounds(loop(1)) == (4, 4)  # one round: nothing older to fold
+
+
 def test_older_results_give_way_oldest_first_and_the_newest_stays_whole():
     messages = loop(6)
     cap = total(messages) - 3000
