@@ -895,10 +895,10 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report, originals=None
                 return out, total, report
             before = token_of(out[i])
             original = _original_of(originals, out[i])
-            if kind == "image":
-                shorter = _without_images(out[i])
-            elif kind == "arguments":
-                shorter = _without_long_arguments(out[i])
+            if kind in ("image", "arguments"):  # the original loses them too: a later text cut must not bring them back
+                drop = _without_images if kind == "image" else _without_long_arguments
+                shorter = drop(out[i])
+                original = shorter if original is out[i] else drop(original)
             elif kind in ("old results", "old results, again"):  # a size fixed per cap: the same cut every round
                 shorter = shorten_to_tokens(original, levels[kind != "old results"], token_of)
             elif kind == "latest results":
@@ -910,7 +910,7 @@ def _shrink_if_over(messages, keep, token_of, total, cap, report, originals=None
             if after < before:
                 if kind == "image":
                     report.dropped_images += 1
-                elif original is out[i]:  # counted once per message, however often it gives way
+                elif _original_of(originals, out[i]) is out[i]:  # counted once per message, however often cut
                     report.shortened_messages += 1
                 if shorter is not original:
                     originals[id(shorter)] = (shorter, original)
