@@ -1757,9 +1757,12 @@ async def fit_request(
         size = known.get(id(message))
         if size is not None:
             return size
-        if exact:
-            size = counter.measure([message], encoding, True)[0]
-            counted[id(message)] = (message, size)
+        if exact:  # a copy cut the same in an earlier round of a loop is known (a read: the thread never writes)
+            entry = counter._cache.get(_cache_key(message, encoding))
+            size = entry[1] if entry is not None and entry[1] is not None else None
+            if size is None:
+                size = counter.measure([message], encoding, True)[0]
+                counted[id(message)] = (message, size)
             return size
         return counter.estimated_size(message, encoding, cached=on_loop)
 
@@ -1767,10 +1770,8 @@ async def fit_request(
     if on_loop:
         return fit_to_budget(messages, token_of, cap, prefix, fixed)
     out, report = await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # off the loop
-    for message in out:  # merged on the loop, so count_request says tokens_after of the list sent
-        entry = counted.get(id(message))
-        if entry is not None and entry[0] is message:
-            counter._entry(message, encoding)[1] = entry[1]
+    for message, size in counted.values():  # merged on the loop: count_request says tokens_after of the list sent,
+        counter._entry(message, encoding)[1] = size  # and the next round of a loop counts the same cuts no more
     return out, report
 
 
