@@ -26,7 +26,9 @@ requirements: tiktoken
 #
 # A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units (4, the model's ModelTokens.scale (3)) ->
 # repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line (7); Open
-# WebUI's request hook repeats repair and fit on the final list and notes its count (ModelTokens.note_sent). After the
+# WebUI's request hook repeats all of it on the final list before every model call of a tool loop, applies the reply's
+# loop summary (LoopSummaries.applied (8) -> apply_loop_summary (1)), starts the next one in the background
+# (LoopSummaries.plan (8)) and notes its count (ModelTokens.note_sent). After the
 # reply, Filter.outlet -> ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
