@@ -39,6 +39,9 @@ requirements: tiktoken
 #     parts of the wrong kind   O8 bad ``name``
 #   Anthropic (as gateways convert to it): A1 tool_use without its tool_result next   A2 tool_result without its
 #     tool_use   A3 text before tool_result   A4 duplicate tool_use ids   A5 first turn not the user's
+#     A6 a tool_use id outside [a-zA-Z0-9_-]   A7 a message with no content (but an empty final assistant); the
+#     devkit names these two A9 and A10
+#   Mistral: tool -> user (a user message right after a tool result)   Moonshot (K1), DeepSeek: an empty assistant
 #   Gemini: G1 call turn not after a user or response turn   G2 response turn not after a call turn
 #     G3 responses and calls differ in number
 
@@ -156,13 +159,6 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
-def _has_visible_content(message: Message) -> bool:
-    content = message.get("content")
-    if isinstance(content, list):
-        return any(not (isinstance(p, dict) and p.get("type") == "text" and not p.get("text")) for p in content)
-    return bool(_text_of(content).strip())
-
-
 # -- Atomic groups ----------------------------------------------------------
 
 
@@ -224,6 +220,19 @@ def protected_head_end(messages: Messages, keep_first: int) -> int:
 # -- Repair -----------------------------------------------------------------
 
 
+# Repairs nobody would notice, which the status line does not call a tool-call repair: id renames (nobody reads ids),
+# and messages that said nothing left out (a reply stopped before its first token stays in the history: every later
+# turn would say so again).
+_UNSEEN_REPAIRS = (
+    "shortened_ids",
+    "renamed_foreign_ids",
+    "renamed_reused_ids",
+    "dropped_empty_users",
+    "dropped_empty_assistants",
+    "marked_interrupted_replies",
+)
+
+
 @dataclass
 class RepairReport:
     """What repair changed, for the log and the status line."""
@@ -239,18 +248,21 @@ class RepairReport:
     dropped_empty_assistants: int = 0
     moved_results: int = 0
     shortened_ids: int = 0
+    renamed_foreign_ids: int = 0
     renamed_reused_ids: int = 0
     renamed_functions: int = 0
     fixed_null_content: int = 0
     fixed_call_shapes: int = 0
     fixed_content_shapes: int = 0
+    dropped_empty_users: int = 0
+    marked_interrupted_replies: int = 0
 
     def changed(self) -> bool:
         return any(vars(self).values())
 
     def noticeable(self) -> bool:
-        """Whether a person would notice; id renames (every request with some providers) change nothing anyone reads."""
-        return any(count for name, count in vars(self).items() if name not in ("shortened_ids", "renamed_reused_ids"))
+        """Whether a person would notice (see _UNSEEN_REPAIRS): what the status line calls a tool-call repair."""
+        return any(count for name, count in vars(self).items() if name not in _UNSEEN_REPAIRS)
 
     def describe(self) -> str:
         return ", ".join(f"{k.replace('_', ' ')}={v}" for k, v in vars(self).items() if v) or "nothing to repair"
@@ -370,17 +382,26 @@ def _turn_span_end(messages: Messages, start: int) -> int:
     return next((j for j in range(start + 1, len(messages)) if _role(messages[j]) == "assistant"), len(messages))
 
 
+def _without_calls(assistant: Message) -> Message:
+    """``assistant`` as a plain reply: its calls gone, its text kept (an empty string for none: O7)."""
+    reply = {k: v for k, v in assistant.items() if k != "tool_calls"}
+    return reply if reply.get("content") is not None else {**reply, "content": ""}
+
+
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Such a turn goes together with its
-    results; the other messages of its span (a user's message typed meanwhile) stay. Replaying an aborted call is what
-    caused endless 400 loops elsewhere, so nothing is invented."""
+    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Its calls (which never finished)
+    go together with their results, partial ones too; the text it showed stays as a plain reply, since the user saw it
+    (drop_empty_messages decides about a turn that showed none). The other messages of its span (a user's message
+    typed meanwhile) stay. Replaying an aborted call is what caused endless 400 loops elsewhere, so nothing is
+    invented."""
     out: Messages = []
     ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
     for i, message in enumerate(messages):
         if _is_tool_call_turn(message) and _is_errored_assistant(message):
             ids, end = {_call_id(c) for c in _tool_calls(message)}, _turn_span_end(messages, i)
             report.dropped_errored_turns += 1
+            out.append(_without_calls(message))
         elif i < end and _role(message) == "tool" and message.get("tool_call_id") in ids:
             report.dropped_errored_results += 1
         else:
@@ -427,10 +448,7 @@ def _pair_one_turn(assistant: Message, span: Messages, report: RepairReport) -> 
     if answered:
         assistant = assistant if len(answered) == len(calls) else {**assistant, "tool_calls": answered}
         return [assistant, *(results[c["id"]] for c in answered), *rest]
-    if _has_visible_content(assistant):
-        return [{k: v for k, v in assistant.items() if k != "tool_calls"}, *rest]
-    report.dropped_empty_assistants += 1
-    return rest
+    return [_without_calls(assistant), *rest]  # with no text it is drop_empty_messages' to remove
 
 
 @_repair_step(_pairing_broken)
@@ -438,7 +456,8 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O1-O5, Anthropic A1-A4, Gemini G2-G3): each assistant's calls are answered exactly once, by a
     contiguous run of tool messages right after it, and every tool message answers a call of the assistant right before
     it. Paired per turn: some providers reuse ids (``exec_0``) every turn. A result displaced behind another message
-    moves back to its call; one after a later assistant turn cannot be placed and goes with its call."""
+    moves back to its call; one after a later assistant turn cannot be placed and goes with its call. A turn left with
+    no answered call stays as a plain reply (its text, if any)."""
     # Only broken turns and stray results are visited: a turn answered in its run is copied as it is.
     broken, covered = set(), set()
     strays = []  # results outside every turn's span: orphans
@@ -496,6 +515,43 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
     return out
 
 
+_FOREIGN_ID_DIGEST = 10  # hex characters of the original id's hash in its replacement: 40 bits tell ids apart
+
+
+def _id_alphabet_ok(call_id: str) -> bool:
+    return _NAME_RE.fullmatch(call_id) is not None
+
+
+def _native_call_id(call_id: str) -> str:
+    """``call_id`` in the alphabet every provider accepts: its other characters as ``_`` (still readable), then a hash
+    of the whole original, so ``a.b`` and ``a:b`` stay two ids; at most 40 characters, the same every turn."""
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:_FOREIGN_ID_DIGEST]
+    readable = _INVALID_NAME_CHARS.sub("_", call_id)[: _MAX_TOOL_CALL_ID - _FOREIGN_ID_DIGEST - 1]
+    return f"{readable}_{digest}"
+
+
+@_repair_step(
+    lambda view: (
+        not all(_id_alphabet_ok(m["tool_call_id"]) for m in view.tools)
+        or not all(_id_alphabet_ok(c["id"]) for _, m in view.callers for c in m["tool_calls"])
+    )
+)
+def replace_foreign_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (Anthropic A6): tool-call ids match ``^[a-zA-Z0-9_-]+$``. Other models and gateways write ids such as
+    ``functions.bash:0``; a chat switched to Claude through a gateway is rejected for them. Each is replaced on both
+    sides of its pair by the same deterministic id (``functions_bash_0_`` and a hash), so pairing survives and every
+    turn sends the ids it sent before (a warm prompt cache); ids already valid are left alone."""
+    out = []
+    for message in messages:
+        if message["role"] == "tool" and not _id_alphabet_ok(message["tool_call_id"]):
+            message = {**message, "tool_call_id": _native_call_id(message["tool_call_id"])}
+            report.renamed_foreign_ids += 1
+        out.append(message)
+    out, renamed = _fix_calls(out, lambda c: _id_alphabet_ok(c["id"]), lambda c: {**c, "id": _native_call_id(c["id"])})
+    report.renamed_foreign_ids += renamed
+    return out
+
+
 def _has_reused_tool_call_id(view: TranscriptView) -> bool:
     ids = [c["id"] for _, m in view.callers if m["role"] == "assistant" for c in m["tool_calls"]]
     return len(set(ids)) != len(ids)
@@ -533,7 +589,9 @@ def make_tool_call_ids_unique(messages: Messages, report: RepairReport) -> Messa
 
 
 def _safe_name(name: Any) -> str:
-    return _INVALID_NAME_CHARS.sub("_", str(name or ""))[:64] or "tool"
+    """A valid name as close to ``name`` as can be: the whitespace around it goes first (``" read "`` is the tool
+    ``read``, not ``_read_``, a name the model has no tool for), then every other character providers reject."""
+    return _INVALID_NAME_CHARS.sub("_", str(name or "").strip())[:64] or "tool"
 
 
 def _function_of(call: dict) -> dict:
@@ -662,6 +720,64 @@ def fix_null_content(messages: Messages, report: RepairReport) -> Messages:
                 continue
             message = {**message, "content": ""}
         out.append(message)
+    return out
+
+
+INTERRUPTED_REPLY = "[reply interrupted before any text]"
+
+
+def _says_something(message: Message) -> bool:
+    """Whether ``message`` has content a provider counts as non-empty: text beyond whitespace, or a part of another kind
+    (an image, a refusal). Anthropic rejects whitespace-only text blocks too."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content != "" and not content.isspace()  # isspace stops at the first letter: no copy of a long text
+    if isinstance(content, list):
+        return any(not isinstance(p, dict) or p.get("type") != "text" or str(p.get("text")).strip() for p in content)
+    return content is not None
+
+
+def _empty_messages(messages: Messages) -> list:
+    """For each message whether drop_empty_messages removes it: an assistant reply with no calls and nothing said; a
+    user message that says nothing, unless it is the latest (the request itself) or the first of the conversation
+    (without it an assistant would open the chat: Anthropic A5, Gemini G1)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), -1)
+    last_user = _last_user_index(messages)
+    return [
+        not (m.get("content").__class__ is str and m["content"] != "" and not m["content"].isspace())  # fast: text
+        and (
+            (m["role"] == "assistant" and not _is_tool_call_turn(m))
+            or (m["role"] == "user" and i != last_user and i != first)
+        )
+        and not _says_something(m)
+        for i, m in enumerate(messages)
+    ]
+
+
+@_repair_step(lambda view: any(_empty_messages(view.messages)))
+def drop_empty_messages(messages: Messages, report: RepairReport) -> Messages:
+    """Invariant (Anthropic A7, Moonshot, DeepSeek): every assistant message without tool calls says something, and so
+    does every user message but the first and the latest. A reply stopped before its first token leaves ``""`` in Open
+    WebUI's history; an errored turn or one whose calls all went may have shown nothing. Such messages go, an empty
+    final assistant too (a prefill of nothing asks for nothing), except where going would put a tool result right
+    before a user message, which Mistral rejects (``tool -> user``) where there was none: there the reply stays,
+    saying INTERRUPTED_REPLY, what the user saw happen. (Before a late system message it goes: Mistral rejects one
+    after an assistant as after a tool result, so a marked reply would not help.)"""
+    out: Messages = []
+    skipped: Messages = []  # empty replies left out since the last message kept
+    for message, empty in zip(messages, _empty_messages(messages)):
+        if empty and message["role"] == "user":
+            report.dropped_empty_users += 1
+        elif empty:
+            skipped.append(message)
+        else:
+            if skipped and out and out[-1]["role"] == "tool" and message["role"] == "user":
+                out.append({**skipped.pop(), "content": INTERRUPTED_REPLY})
+                report.marked_interrupted_replies += 1
+            report.dropped_empty_assistants += len(skipped)
+            skipped = []
+            out.append(message)
+    report.dropped_empty_assistants += len(skipped)
     return out
 
 
@@ -1163,6 +1279,16 @@ SUMMARIZE_COMMAND_PROMPT = (
     "[The user typed /summarize: the conversation so far is being summarized now, in the background, and the "
     "summary will be shown under this reply. Confirm that in one short sentence; ask nothing.]"
 )
+# ``/summarize <instructions>``: a Latin spelling ends at whitespace or a colon (``/summarizer`` is not one), ``/总结``
+# may run on into its instructions (Chinese puts no space there); a colon after the command is not part of them
+_SUMMARIZE_COMMAND_RE = re.compile(
+    r"\s*(?:"
+    + "|".join(re.escape(c) + (r"(?=\s|:|：|$)" if c.isascii() else "") for c in sorted(SUMMARIZE_COMMANDS))
+    + r")[\s:：]*(.*)",
+    re.DOTALL | re.IGNORECASE,
+)
+MAX_SUMMARIZE_INSTRUCTIONS = 2000  # characters: they ride along in every summarizer call of the chat
+SUMMARIZE_COMMAND_PAST = "[The user typed /summarize here; the conversation was summarized in the background.]"
 
 
 def expand_output_items(output: list) -> Messages:
@@ -1337,9 +1463,27 @@ def latest_checkpoint(stored: Messages) -> Optional[tuple]:
     return None
 
 
+def summarize_command_instructions(content: Any) -> Optional[str]:
+    """What the user asked of the summary in a summarize command (``/summarize keep the budget`` -> "keep the
+    budget"; "" for the command alone), None when ``content`` is no summarize command."""
+    match = _SUMMARIZE_COMMAND_RE.fullmatch(_text_of(content))
+    return match.group(1).strip()[:MAX_SUMMARIZE_INSTRUCTIONS] if match else None
+
+
 def is_summarize_command(content: Any) -> bool:
-    """A user message that asks this filter for a summary now."""
-    return _text_of(content).strip().lower() in SUMMARIZE_COMMANDS
+    """A user message that asks this filter for a summary now (with or without instructions)."""
+    return summarize_command_instructions(content) is not None
+
+
+def standing_summary_instructions(stored: Messages) -> str:
+    """The instructions every rewrite of this branch's summary follows: those of the latest summarize command that
+    gave any (a bare command keeps them), "" when none did. Read from the branch itself, so a branch, a clone or
+    another replica finds the same ones and the store needs no column for them."""
+    for message in reversed(stored):
+        said = summarize_command_instructions(message.get("content")) if _role(message) == "user" else None
+        if said:
+            return said
+    return ""
 
 
 def explain_summarize_command(messages: Messages) -> Messages:
@@ -1348,6 +1492,19 @@ def explain_summarize_command(messages: Messages) -> Messages:
     if not messages or _role(messages[-1]) != "user" or not is_summarize_command(messages[-1].get("content")):
         return messages
     return [*messages[:-1], {**messages[-1], "content": SUMMARIZE_COMMAND_PROMPT}]
+
+
+def hide_summarize_commands(messages: Messages) -> Messages:
+    """The list with every user message that is a summarize command replaced by a note that one was given: the
+    command and its instructions are for the summarizer, never a user turn of the chat model. Applied to what is sent
+    (after the summary lookup, whose fingerprints see the chat as stored). Invariant: same length and roles; the
+    list itself when it holds no command."""
+    if not any(_role(m) == "user" and is_summarize_command(m.get("content")) for m in messages):
+        return messages
+    return [
+        {**m, "content": SUMMARIZE_COMMAND_PAST} if _role(m) == "user" and is_summarize_command(m.get("content")) else m
+        for m in messages
+    ]
 
 
 def asked_for_summary(stored: Messages) -> bool:
@@ -3056,32 +3213,60 @@ def plan_rounds(
 # -- the request ---------------------------------------------------------------
 
 
-def summary_instructions(max_tokens: int, style: str = "balanced", prompt: str = "") -> str:
+_USER_INSTRUCTIONS_FRAME = """
+
+The user asked for this summary: follow their instructions below wherever they do not conflict with the above (what they name is kept in full; nothing the assistant needs to continue is dropped for them).
+<user_instructions>
+{text}
+</user_instructions>"""
+_USER_INSTRUCTIONS_TAG_RE = re.compile(r"<\s*/?\s*user_instructions[^>]*>", re.IGNORECASE)
+
+
+def summary_instructions(
+    max_tokens: int, style: str = "balanced", prompt: str = "", user_instructions: str = ""
+) -> str:
     """The summarizer's system prompt: the admin's own ``prompt`` when not empty ("{max_tokens}" in it filled in),
-    else the frame with the ``style``'s instructions (balanced for an unknown style)."""
+    else the frame with the ``style``'s instructions (balanced for an unknown style); then the user's own
+    instructions (``/summarize <instructions>``, layer 2) when there are any, in markers their text cannot close."""
     if isinstance(prompt, str) and prompt.strip():
-        return prompt.strip().replace("{max_tokens}", str(max_tokens))
-    instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
-    return _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
+        text = prompt.strip().replace("{max_tokens}", str(max_tokens))
+    else:
+        instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
+        text = _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
+    own = _USER_INSTRUCTIONS_TAG_RE.sub(
+        lambda m: m.group(0).replace("<", "‹").replace(">", "›"), user_instructions or ""
+    )
+    return text + _USER_INSTRUCTIONS_FRAME.replace("{text}", own.strip()) if own.strip() else text
 
 
 def build_summarizer_messages(
-    previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = ""
+    previous: str,
+    blocks: list,
+    max_tokens: int,
+    style: str = "balanced",
+    prompt: str = "",
+    user_instructions: str = "",
 ) -> Messages:
-    """Instructions as the system message, then the previous summary and the new blocks (or a round's texts)."""
+    """Instructions as the system message (the user's own among them, see ``summary_instructions``), then the previous
+    summary and the new blocks (or a round's texts)."""
     prior = (previous or "").strip() or "(none yet)"
     request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
     return [
-        {"role": "system", "content": summary_instructions(max_tokens, style, prompt)},
+        {"role": "system", "content": summary_instructions(max_tokens, style, prompt, user_instructions)},
         {"role": "user", "content": request},
     ]
 
 
 def summary_round_budget(
-    window: int, max_summary_tokens: int, count: Callable[[str], int], style: str = "balanced", prompt: str = ""
+    window: int,
+    max_summary_tokens: int,
+    count: Callable[[str], int],
+    style: str = "balanced",
+    prompt: str = "",
+    user_instructions: str = "",
 ) -> int:
     """New-message tokens one round may carry: ``window`` less the answer, the instructions and 200 for overheads."""
-    frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt)
+    frame = build_summarizer_messages("", [], max_summary_tokens, style, prompt, user_instructions)
     fixed = sum(count(m["content"]) for m in frame)
     return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
 
@@ -3937,6 +4122,7 @@ class RequestContext:
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
     force_summary: bool = False  # the user asked for a summary now (/summarize)
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
+    user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
 
     def chat_key(self) -> str:
         """Key of this conversation in leases, locks and per-chat state: the chat id, or for API calls the
@@ -3988,6 +4174,7 @@ class FoldPlan:
     head: int
     start: int
     target: int
+    user_instructions: str = ""  # the user's own instructions for this summary (/summarize <instructions>)
 
 
 def fold_deadline(s: Settings) -> int:
@@ -4182,7 +4369,7 @@ class BackgroundSummarizer:
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
         urgent = ctx.force_summary or (s.max_context and used > s.max_context)
-        if not urgent and fresh < self._worth_folding(s, previous, used):
+        if not urgent and fresh < self._worth_folding(s, previous, used, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -4193,18 +4380,18 @@ class BackgroundSummarizer:
                 start,
                 target,
             )
-        return FoldPlan(previous, head, start, target)
+        return FoldPlan(previous, head, start, target, ctx.user_instructions)
 
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
-    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int) -> int:
+    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
         rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
         ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
-        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt)
+        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
         resent = self.counter.text_tokens(instructions, s.summary_encoding)
         if previous is not None:
             resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
@@ -4218,12 +4405,12 @@ class BackgroundSummarizer:
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
-        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s)
+        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s, plan.user_instructions)
         record, at_coverage = None, True
         for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
                 break  # the rest waits for a later turn (never mid-message: that would start it over)
-            summary = await self._ask(ctx, summary, summary_round.texts())
+            summary = await self._ask(ctx, summary, summary_round.texts(), plan.user_instructions)
             at_coverage = summary_round.covered is not None
             if not at_coverage:
                 continue  # part of a message: coverage waits for its last piece
@@ -4247,10 +4434,12 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
 
-    async def _ask(self, ctx: RequestContext, summary: str, texts: list) -> str:
-        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in."""
+    async def _ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
+        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
         s = ctx.settings
-        messages = build_summarizer_messages(summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt)
+        messages = build_summarizer_messages(
+            summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions
+        )
         args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
         extra = {"params": s.summary_model_params} if s.summary_model_params else {}
         try:
@@ -4263,13 +4452,15 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
         return clean_summary_answer(answer)
 
-    def _rounds(self, branch: Branch, start: int, target: int, s: Settings) -> list:
+    def _rounds(self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "") -> list:
         """canon[start:target] rendered and cut into rounds that fit the summary model's window with room for the
         longest summary; coverage stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
-        budget = summary_round_budget(s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt)
+        budget = summary_round_budget(
+            s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
+        )
         budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
@@ -4663,6 +4854,7 @@ class Filter:
             prefix = index_after_head(view, record.head_count)
         else:
             view, prefix = messages, protected_head_end(messages, s.keep_first)
+        view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
         unfolded = view
@@ -4759,6 +4951,7 @@ class Filter:
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
             self._learn_tokens(ctx, body)
             ctx.force_summary = asked_for_summary(body["messages"])
+            ctx.user_instructions = standing_summary_instructions(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
             canon = canonical_messages(messages)  # digests only once worth it

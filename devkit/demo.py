@@ -13,7 +13,10 @@ module does the rest with the Open WebUI venv's python:
 
 ``--check`` does the same set-up, drives a scripted long chat through the API,
 verifies that a summary was made in the background and used by later
-requests (zero provider 400s, every request under the cap) and exits 0 or 1.
+requests (zero provider 400s, every request under the cap), that every summary
+shown under a reply holds a line for each of the messages its title counts,
+and that ``/summarize keep the budget and the dates`` reaches the summarizer
+(never the chat model) and yields a summary that keeps them; exits 0 or 1.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -73,6 +77,10 @@ CHECK_VALVES = {
     "max_context_tokens": DEMO_VALVES["max_context_tokens"] - BROWSER_TOOLS_TOKENS,
 }
 SUMMARY_TAG = "<conversation_summary"
+# After the script, the user steers the summary (issue 31): the summary it makes keeps what the instructions name.
+ASK_SUMMARY = "/summarize keep the budget and the dates"
+KEPT_AS_ASKED = ("Budget is 18,000 euros", "The dates are 12 to 14 May")
+SUMMARY_NAME_RE = re.compile(r"\((\d+) messages?\)")
 
 # A scripted conversation for --check: each turn has a marker the fake
 # summarizer repeats, so the check can see which turns a summary covers.
@@ -80,7 +88,7 @@ SCRIPT = [
     "We are planning the Lisbon offsite for the platform team, 14 people, three days in May.",
     "Budget is 18,000 euros in total including travel; the finance contact is Marta.",
     "Two people are vegetarian and one is allergic to nuts; please keep that in mind for every meal.",
-    "Day one is travel and a welcome dinner; day two is workshops; day three is a city walk and return.",
+    "The dates are 12 to 14 May: day one is travel and a welcome dinner, day two workshops, day three a city walk.",
     "For the workshops we need a room for 14 with a projector and two breakout rooms.",
     "Shortlist three venues near Cais do Sodré and compare them on price and transport links.",
     "Draft the agenda for day two: architecture review in the morning, incident retro after lunch.",
@@ -225,10 +233,13 @@ class Demo:
                 "  3. After ~10 turns (fewer with longer messages) a reply's line ends in 'Summary",
                 "     updated: covers N messages': it was written in the background, nobody waited.",
                 "     The next lines say 'summary covers N messages', and the fake model's answer",
-                "     says it sees 'a conversation summary'.",
-                "  4. Edit an early message, regenerate a reply or switch branches: the summary follows",
+                "     says it sees 'a conversation summary'. Open the '1 Source' chip under the",
+                "     'Summary updated' reply: the summary has a line for each message it covers.",
+                "  4. Send '/summarize keep the budget and the dates' (after messages that mention them):",
+                "     a summary is written now, and it and every later one keep what you named.",
+                "  5. Edit an early message, regenerate a reply or switch branches: the summary follows",
                 "     the branch you are on.",
-                "  5. Your own switches (hide the status line, turn the filter off for your chats):",
+                "  6. Your own switches (hide the status line, turn the filter off for your chats):",
                 "     Chat Controls (top right) -> Valves -> Functions -> Async Context Compression.",
             ]
         else:
@@ -311,6 +322,8 @@ class Demo:
             for r in all_reqs
             if r["kind"] == "chat" and made and r["time"] > made[0]["time"] + (made[0]["duration"] or 0)
         ]
+        problems += self.check_asked_summary(chat_id, parent, system)
+        all_reqs = provider.requests[start:]
         bad = [r for r in all_reqs if r["status"] == 400]
         print("\nturn  tokens  messages  summary-in-request  summaries-made  reply-seconds")
         for i, tokens, n, used, s, elapsed in rows:
@@ -322,8 +335,9 @@ class Demo:
         if bad:
             problems.append(f"{len(bad)} request(s) answered 400")
         stored = client.get_chat(chat_id)["chat"]["history"]["messages"]
-        if len([m for m in stored.values() if m.get("role") == "assistant" and m.get("done")]) != len(SCRIPT):
+        if len([m for m in stored.values() if m.get("role") == "assistant" and m.get("done")]) != len(SCRIPT) + 1:
             problems.append("not every reply was stored in the chat")
+        problems += honest_summaries(stored)
         print()
         if problems:
             print("CHECK FAILED")
@@ -335,9 +349,57 @@ class Demo:
         print(
             f"CHECK PASSED: {len(made)} summary(ies) made in the background, used by {len(used_after)} later "
             f"request(s); {len(all_reqs)} provider requests, none rejected; every request under "
-            f"{CHECK_VALVES['max_context_tokens']} tokens; every marker kept or summarized."
+            f"{CHECK_VALVES['max_context_tokens']} tokens; every marker kept or summarized; every summary shows "
+            f"the messages its title counts; {ASK_SUMMARY!r} kept what it named, unseen by the chat model."
         )
         return True
+
+    def check_asked_summary(self, chat_id: str, parent: str, system: str) -> list:
+        """``/summarize keep the budget and the dates``: the summarizer is asked with the instructions, the chat model
+        never sees them, and the summary shown under the reply keeps what they name."""
+        client, provider = self.client, self.provider
+        before = len(provider.requests)
+        result = client.chat_completion(ASK_SUMMARY, model=CHAT_MODEL, chat_id=chat_id, parent_id=parent, system=system)
+        _settle(provider, before)
+        reqs = provider.requests[before:]
+        problems = []
+        instructions = ASK_SUMMARY.split(" ", 1)[1]
+        if any(instructions in json.dumps(r["messages"]) for r in reqs if r["kind"] == "chat"):
+            problems.append(f"{ASK_SUMMARY!r}: the chat model received the instructions")
+        asked = [r for r in reqs if r["kind"] == "summary" and instructions in json.dumps(r["messages"][:1])]
+        if not asked:
+            problems.append(f"{ASK_SUMMARY!r}: no summary request carried the instructions")
+        end = time.monotonic() + 30
+        shown = []
+        while not shown and time.monotonic() < end:
+            reply = client.get_chat(chat_id)["chat"]["history"]["messages"].get(result["assistant_id"]) or {}
+            shown = [s for s in reply.get("sources") or [] if SUMMARY_NAME_RE.search(str(s.get("source", {})))]
+            time.sleep(0.5)
+        if not shown:
+            return problems + [f"{ASK_SUMMARY!r}: no summary was shown under its reply"]
+        text = (shown[-1].get("document") or [""])[0]
+        print(f"\nThe summary asked for, as shown under the reply ({shown[-1]['source'].get('name')}):\n{text}")
+        missing = [fact for fact in KEPT_AS_ASKED if fact not in text.split("Messages:")[0]]
+        if missing:
+            problems.append(f"{ASK_SUMMARY!r}: the summary does not keep {missing} as asked")
+        return problems
+
+
+def honest_summaries(stored: dict) -> list:
+    """Every summary shown under a reply, "Conversation summary (N messages)", shows N messages: the demo's
+    summarizer writes a numbered line per message it covers."""
+    problems, seen = [], 0
+    for message in stored.values():
+        for source in message.get("sources") or []:
+            name = SUMMARY_NAME_RE.search(str((source.get("source") or {}).get("name")))
+            if not name:
+                continue
+            seen += 1
+            text, n = (source.get("document") or [""])[0], int(name.group(1))
+            lines = re.findall(r"^\d+\. ", text, re.MULTILINE)
+            if not text.startswith(f"Summary of {n} message") or len(lines) != n:
+                problems.append(f"a summary titled {n} messages shows {len(lines)}: {text[:200]!r}")
+    return problems + ([] if seen else ["no summary was shown under any reply"])
 
 
 def _texts(req: dict) -> list:

@@ -7,7 +7,8 @@ Stdlib only.  ``FakeProvider().start()`` serves, on a background thread,
 * ``GET  /health``               ``{"status": "ok"}``
 * ``GET  /control``              the current configuration
 * ``POST /control``              JSON with any of summary_delay, summary_fail,
-                                 chat_delay, context_window, reply_text
+                                 chat_delay, context_window, reply_text,
+                                 summary_format
                                  (a key given as null resets that setting)
 * ``GET  /control/requests``     the request log (see :attr:`FakeProvider.requests`)
 * ``POST /control/clear``        empty the request log
@@ -17,6 +18,13 @@ Every chat-completion request is validated with
 400 and OpenAI's error body carrying the provider's own text.  With a
 ``context_window`` a prompt that is too long is answered 400
 ``context_length_exceeded``.
+
+Models that enforce other providers' rules too (``model_rules``: model ->
+names of :data:`devkit.provider_rules.CHECKERS`, e.g. ``("anthropic",
+"moonshot")`` for a model reached through a gateway to Claude, or Kimi):
+their requests are also checked with those rules and a violation answered
+400 with that provider's text (tool-call ids outside ``[a-zA-Z0-9_-]``,
+messages that say nothing, ``tool -> user`` for ``"mistral"``, ...).
 
 Models with their own tokenizer and window (``model_specs``, see
 :class:`ModelSpec`): their prompt is counted in the model's own tokens
@@ -30,8 +38,12 @@ request's log entry says ``model_tokens``, ``window``, ``over_window`` and
 ``cut``.
 
 Summary requests (model in ``summary_models``, or a system message containing
-"running summary") get a deterministic summary that repeats every
-``MK-<alnum>`` marker of the input, first seen first.  Chat requests get a
+"running summary") get a deterministic summary: in strict mode one that
+repeats every ``MK-<alnum>`` marker of the input, first seen first; in
+friendly mode (the demo's) an extractive one, a numbered line per message it
+covers with that message's first sentence, names and numbers, carried forward
+from round to round, plus the sentences the user's ``/summarize`` instructions
+name (``summary_format`` switches either way).  Chat requests get a
 deterministic echo of the message count and of the markers found in system
 messages holding ``<conversation_summary``; ``CALL_TOOL:<name>`` in the last
 user message of a request with ``tools`` yields a tool call; ``CALL_TOOL_ROUNDS:<name>:<n>`` there makes an agent that
@@ -60,10 +72,10 @@ from typing import Any, Optional
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from devkit.provider_rules import check_openai, content_text  # type: ignore
+    from devkit.provider_rules import CHECKERS, check_openai, content_text  # type: ignore
     from devkit.tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k  # type: ignore
 else:
-    from .provider_rules import check_openai, content_text
+    from .provider_rules import CHECKERS, check_openai, content_text
     from .tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k
 
 __all__ = [
@@ -73,6 +85,7 @@ __all__ = [
     "model_tokens",
     "token_counter_name",
     "find_markers",
+    "extractive_summary",
     "MARKER_RE",
 ]
 
@@ -296,6 +309,151 @@ def _summary_text(messages: list, mode: str) -> str:
     return "\n".join(lines)
 
 
+# -- the extractive summary (the demo's): what a reader can check line by line ------------------
+
+SUMMARY_FORMATS = ("markers", "extractive")
+# the filter's summarizer prompt (async_context_compression.build_summarizer_messages): previous summary, new blocks
+_PREVIOUS = "Previous summary:\n"
+_NEW = "\n\nNew messages to fold in:\n"
+_INSTRUCTIONS_RE = re.compile(r"<user_instructions>\s*(.*?)\s*</user_instructions>", re.DOTALL)
+# one rendered message: "[#id] role (name):", "[#id] tool result of f:", "(part k of n) [#id] user continued:"
+_BLOCK_HEAD = (
+    r"(?:\(part (\d+) of \d+\) )?(?:\[#[^\]\n]*\] )?(user|assistant|tool|system|developer)"
+    r"(?: \([^)\n]*\))?(?: result of ([^\n:]*))?(?: continued)?:"
+)
+_BLOCK_HEAD_RE = re.compile(_BLOCK_HEAD + r"[ \t]*\n?")
+_BLOCK_START_RE = re.compile(r"(?:\A|\n\n)(?=" + _BLOCK_HEAD + r")")
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?。！？])\s+")
+# a name: a capitalized word inside a sentence, or any word with two capitals (MK-ab12, API); a number: digits
+_FACT_RE = re.compile(r"(?<![\w-])(?:[A-Z][\w'’-]*[A-Z0-9][\w'’-]*|[A-Z][a-z][\w'’-]*|[\w-]*\d[\w,./:-]*\w|\d)")
+_NOT_NAMES = frozenset({"I", "I'm", "I’m", "I'll", "I've", "OK"})
+_STOP_WORDS = frozenset(
+    "keep only also focus please summary summarize summarise mention include about what which with from that this "
+    "those these them they their then than into onto over under every each more most less least just make sure".split()
+)
+_SUMMARY_HEAD_RE = re.compile(r"^Summary of (\d+) messages?\.", re.MULTILINE)
+_MESSAGE_LINE_RE = re.compile(r"^(\d+)\. (.+)$", re.MULTILINE)
+_KEPT_LINE_RE = re.compile(r"^- (.+) \(message (\d+)\)$", re.MULTILINE)
+
+
+def _sentences(text: str) -> list:
+    return [s for s in _SENTENCE_END_RE.split(" ".join(text.split())) if s]
+
+
+def _facts(text: str) -> list:
+    """Every name and number of ``text``, first seen first: capitalized words that do not open a sentence, words
+    with two capitals or a digit, numbers."""
+    found: dict = {}
+    for sentence in _sentences(text):
+        for m in _FACT_RE.finditer(sentence):
+            word = m.group(0).rstrip(".,:;")
+            before = MARKER_RE.sub("", sentence[: m.start()]).rstrip()  # a marker before a word opens nothing
+            opens = (not before or before[-1] in ".!?:;\"“'‘(") and not re.search(r"\d|[A-Z].*[A-Z]", word)
+            if word and not opens and word not in _NOT_NAMES:
+                found.setdefault(word, None)
+    return list(found)
+
+
+def _keywords(instructions: str) -> list:
+    """The words an instruction names ("keep the budget and the dates" -> budget, date), as stems."""
+    words = re.findall(r"[^\W\d_]{4,}", instructions.lower()) + re.findall(r"[\u4e00-\u9fff]{2,}", instructions)
+    stems = [w[:-1] if w.endswith("s") and len(w) > 4 else w for w in words if w not in _STOP_WORDS]
+    return list(dict.fromkeys(stems))
+
+
+def _parse_blocks(text: str) -> list:
+    """The filter's rendered messages -> [(role, tool, text)]; a continued piece of a long message joins its first."""
+    out: list = []
+    text = text.strip()
+    starts = [m.end() for m in _BLOCK_START_RE.finditer(text)]
+    for chunk in (text[a:b].rstrip("\n") for a, b in zip(starts, starts[1:] + [len(text)])):
+        m = _BLOCK_HEAD_RE.match(chunk)
+        if m is None:
+            continue
+        part, role, tool, body = m.group(1), m.group(2), m.group(3), chunk[m.end() :]
+        if part and part != "1" and out:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + " " + body)
+        else:
+            out.append((role, tool, body))
+    return out
+
+
+def _summary_request(messages: list) -> tuple:
+    """(previous summary, [(role, tool, text)] of the messages to fold in, the user's instructions) of a request:
+    the filter's own prompt read apart, any other request taken message by message."""
+    systems = "\n".join(
+        content_text(m.get("content"))
+        for m in messages
+        if isinstance(m, dict) and m.get("role") in ("system", "developer")
+    )
+    found = _INSTRUCTIONS_RE.search(systems)
+    instructions = found.group(1) if found else ""
+    last = content_text(messages[-1].get("content")) if messages and isinstance(messages[-1], dict) else ""
+    if last.startswith(_PREVIOUS) and _NEW in last:
+        previous, new = last[len(_PREVIOUS) :].split(_NEW, 1)
+        return ("" if previous.strip() == "(none yet)" else previous.strip()), _parse_blocks(new), instructions
+    plain = [m for m in messages if isinstance(m, dict) and m.get("role") not in ("system", "developer")]
+    return "", [(m.get("role"), None, " ".join(_all_texts(m))) for m in plain], instructions
+
+
+def _message_line(role: str, tool: Optional[str], text: str, named: set, clip: int) -> str:
+    """One folded message: who, its first sentence, then its names and numbers not said before in the summary."""
+    text = re.sub(r"^-> calls ", "calls ", text.strip(), flags=re.MULTILINE)
+    first = _first_sentence(text, clip) if text.strip() else "(no text)"
+    new = [f for f in _facts(text) if f not in named and f not in first]
+    named.update(_facts(text))
+    who = f"{role} ({tool.strip()})" if tool else role
+    facts = ", ".join(new)
+    facts = facts if len(facts) <= 2 * clip else facts[: 2 * clip - 1] + "…"  # shortened with the lines
+    return f"{who}: {first}" + (f" [{facts}]" if facts else "")
+
+
+def extractive_summary(messages: list, max_tokens: int = 0) -> str:
+    """An honest summary a fake can write: every message it covers as one numbered line (its first sentence, then
+    every name and number it adds), the lines of the previous summary carried forward, so "Summary of N messages"
+    shows N lines; with the user's instructions, the sentences that name what they ask for, kept whole. Lines are
+    shortened, never dropped, to stay near ``max_tokens``; every MK- marker shown stays."""
+    previous, blocks, instructions = _summary_request(messages)
+    carried = [m.group(2) for m in _MESSAGE_LINE_RE.finditer(previous)] if _SUMMARY_HEAD_RE.search(previous) else []
+    earlier = previous if previous and not carried else ""  # a summary not written here (Open WebUI's own)
+    keywords = _keywords(instructions)
+    kept: dict = {}
+    for text, at in ((m.group(1), int(m.group(2))) for m in _KEPT_LINE_RE.finditer(previous)):
+        if any(k in text.lower() for k in keywords):
+            kept.setdefault(text, at)
+    texts = [re.sub(r"^[^:]*: | \[[^\]]*\]$", "", line) for line in carried] + [text for _, _, text in blocks]
+    for n, text in enumerate(texts, 1):  # what earlier rounds folded too: instructions given later apply to it
+        for sentence in _sentences(text):
+            said = any(k[:40] in sentence or sentence[:40] in k for k in kept)  # a reply quoting it, say
+            if not said and any(k in sentence.lower() for k in keywords):
+                kept.setdefault(sentence, n)
+    kept = dict(sorted(kept.items(), key=lambda item: item[1]))
+    markers = find_markers(messages)
+    for clip in (160, 100, 60, 30):
+        named: set = set()
+        for line in carried:
+            named.update(_facts(line))
+        lines = [f"Summary of {len(carried) + len(blocks)} message{'' if len(carried) + len(blocks) == 1 else 's'}."]
+        if earlier:
+            lines.append(f"Earlier summary: {_first_sentence(earlier, clip)}")
+        if kept:  # each part a paragraph of its own, so Markdown renders two lists, not one
+            lines += ["", f'Kept as asked ("{_first_sentence(instructions, 120)}"):']
+            lines += [f"- {_first_sentence(text, max(clip, 120))} (message {at})" for text, at in kept.items()]
+        lines += ["", "Messages:"]
+        lines += [
+            f"{n}. {line if len(line) <= clip + 60 else line[: clip + 59] + '…'}" for n, line in enumerate(carried, 1)
+        ]
+        lines += [
+            f"{n}. {_message_line(role, tool, text, named, clip)}"
+            for n, (role, tool, text) in enumerate(blocks, len(carried) + 1)
+        ]
+        text = "\n".join(lines)
+        if not max_tokens or len(text) // 4 <= max_tokens:
+            break
+    unseen = [m for m in markers if m not in text]
+    return text + ("\nMarkers: " + " ".join(unseen) if unseen else "")
+
+
 def _chat_text(messages: list, mode: str) -> str:
     markers = find_markers(messages, _is_summary_holder)
     has_summary = any(isinstance(m, dict) and _is_summary_holder(m) for m in messages)
@@ -442,9 +600,14 @@ class FakeProvider:
         chat_models: tuple = ("fake-chat",),
         summary_models: tuple = ("fake-summary",),
         model_specs: Optional[dict] = None,
+        model_rules: Optional[dict] = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
+        self.model_rules: dict = {name: tuple(rules) for name, rules in (model_rules or {}).items()}
+        unknown = {r for rules in self.model_rules.values() for r in rules} - set(CHECKERS)
+        if unknown:
+            raise ValueError(f"unknown provider rules {sorted(unknown)}; known: {sorted(CHECKERS)}")
         self.host = host
         self.port = port
         self.mode = mode
@@ -452,7 +615,7 @@ class FakeProvider:
             name: spec if isinstance(spec, ModelSpec) else ModelSpec(**spec)
             for name, spec in (model_specs or {}).items()
         }
-        self.chat_models = tuple(dict.fromkeys(tuple(chat_models) + tuple(self.model_specs)))
+        self.chat_models = tuple(dict.fromkeys(tuple(chat_models) + tuple(self.model_specs) + tuple(self.model_rules)))
         self.summary_models = tuple(summary_models)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -464,6 +627,7 @@ class FakeProvider:
             "chat_delay": None,
             "context_window": None,
             "reply_text": None,
+            "summary_format": None,
         }
         self.configure(context_window=context_window)
         self._server: Optional[ThreadingHTTPServer] = None
@@ -507,6 +671,11 @@ class FakeProvider:
         self.stop()
 
     @property
+    def default_summary_format(self) -> str:
+        """The demo's (friendly) summaries are extractive; strict mode's repeat markers, as the tests read them."""
+        return "extractive" if self.mode == "friendly" else "markers"
+
+    @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
@@ -519,6 +688,7 @@ class FakeProvider:
         chat_delay: Any = _UNSET,
         context_window: Any = _UNSET,
         reply_text: Any = _UNSET,
+        summary_format: Any = _UNSET,
     ) -> None:
         """Change behaviour; an argument left out is unchanged, ``None`` resets it.
 
@@ -526,6 +696,8 @@ class FakeProvider:
         summary_fail: None, "500", "timeout", "empty" or "reasoning".
         context_window: max prompt tokens, None for unlimited.
         reply_text: fixed content for chat replies, None for the default echo.
+        summary_format: "markers" (every marker seen; strict mode's default) or "extractive" (a line per message
+        folded, see ``extractive_summary``; friendly mode's default); None for the mode's default.
         """
         updates = {
             "summary_delay": summary_delay,
@@ -533,6 +705,7 @@ class FakeProvider:
             "chat_delay": chat_delay,
             "context_window": context_window,
             "reply_text": reply_text,
+            "summary_format": summary_format,
         }
         updates = {k: v for k, v in updates.items() if v is not _UNSET}
         for key in ("summary_delay", "chat_delay"):
@@ -549,6 +722,8 @@ class FakeProvider:
             if fail not in SUMMARY_FAILS:
                 raise ValueError(f"summary_fail must be one of {SUMMARY_FAILS}")
             updates["summary_fail"] = fail
+        if updates.get("summary_format") not in (None, *SUMMARY_FORMATS):
+            raise ValueError(f"summary_format must be one of {SUMMARY_FORMATS}")
         if "reply_text" in updates and updates["reply_text"] is not None:
             updates["reply_text"] = str(updates["reply_text"])
         with self._lock:
@@ -678,6 +853,8 @@ class FakeProvider:
             )
             return
         violations = check_openai(messages)
+        for rules in self.model_rules.get(model, ()):
+            violations += CHECKERS[rules](messages)
         if violations:
             with self._lock:
                 entry["rules"] = [v.rule for v in violations]
@@ -751,6 +928,8 @@ class FakeProvider:
                 content = ""
             elif failure == "reasoning":
                 content = "<think>I should summarize the conversation so far.</think>"
+            elif (cfg["summary_format"] or self.default_summary_format) == "extractive":
+                content = extractive_summary(messages, body.get("max_tokens") or 0)
             else:
                 content = _summary_text(messages, self.mode)
         else:
@@ -904,7 +1083,18 @@ def main(argv: Optional[list] = None) -> int:
         dest="summary_models",
         help="summary model id (repeatable; default fake-summary)",
     )
+    ap.add_argument(
+        "--model-rules",
+        action="append",
+        default=[],
+        metavar="MODEL=PROVIDER[,PROVIDER]",
+        help="a chat model that also enforces these providers' rules, e.g. fake-claude=anthropic (repeatable)",
+    )
     args = ap.parse_args(argv)
+    model_rules = {}
+    for entry in args.model_rules:
+        name, _, rules = entry.partition("=")
+        model_rules[name.strip()] = tuple(r.strip() for r in rules.split(",") if r.strip())
     provider = FakeProvider(
         host=args.host,
         port=args.port,
@@ -912,6 +1102,7 @@ def main(argv: Optional[list] = None) -> int:
         context_window=args.context_window,
         chat_models=tuple(args.chat_models or ("fake-chat",)),
         summary_models=tuple(args.summary_models or ("fake-summary",)),
+        model_rules=model_rules,
     ).start()
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -47,6 +47,17 @@ Anthropic (``check_anthropic``, on the turns of :func:`to_anthropic`)
     A7  an empty text block
     A8  tool call ``arguments`` that are not a JSON object (a gateway must
         parse them into ``input`` and fails)
+    A9  a ``tool_use`` id (or a ``tool_result``'s ``tool_use_id``) not
+        matching ``^[a-zA-Z0-9_-]+$`` (ids such as ``functions.bash:0``
+        written by other models; A6 in shared/spec/provider-rules.md)
+    A10 a user or assistant message that says nothing (no text beyond
+        whitespace, no image, no tool call), except an empty final assistant
+        message (A7 in shared/spec/provider-rules.md); checked on the
+        messages, since a real gateway sends them as they are, where
+        :func:`to_anthropic` leaves an empty assistant out
+
+Moonshot / Kimi (``check_moonshot``; DeepSeek rejects the same)
+    K1  an assistant message with empty content and no tool calls
 
 Gemini (``check_gemini``)
     G1  a function-call turn not right after a user or function-response turn
@@ -75,6 +86,7 @@ __all__ = [
     "check_mistral",
     "check_anthropic",
     "check_gemini",
+    "check_moonshot",
     "to_anthropic",
     "violations_added",
     "CHECKERS",
@@ -93,6 +105,7 @@ OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
 _FUNC_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 _MAX_ID_LEN = 40
+_TOOL_USE_ID_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
 # --------------------------------------------------------------------------
@@ -558,10 +571,71 @@ def to_anthropic(messages: Any) -> tuple[str, list[dict]]:
     return system, turns
 
 
-def check_anthropic(messages: Any) -> list[Violation]:
-    """Rules A1-A8 on the turns :func:`to_anthropic` produces."""
-    _system, turns, srcs = _anthropic_convert(messages)
+def says_nothing(msg: Any) -> bool:
+    """Whether a message has no content a strict provider counts: no text
+    beyond whitespace, no part of another kind (image, refusal), no call."""
+    if not isinstance(msg, dict) or _calls(msg):
+        return False
+    content = msg.get("content")
+    if isinstance(content, list):
+        return not any(
+            not isinstance(p, dict) or p.get("type") != "text" or (isinstance(p.get("text"), str) and p["text"].strip())
+            for p in content
+        )
+    return content is None or (isinstance(content, str) and not content.strip())
+
+
+def _anthropic_empty_messages(messages: Any) -> list[Violation]:
+    """A10: every user and assistant message has content, but the final assistant message."""
     out: list[Violation] = []
+    if not isinstance(messages, list):
+        return out
+    for i, msg in enumerate(messages):
+        if _role(msg) not in ("user", "assistant") or not says_nothing(msg):
+            continue
+        content = msg.get("content")
+        blank = content_text(content) != "" or (isinstance(content, list) and content != [])
+        if _role(msg) == "assistant" and i == len(messages) - 1:
+            if blank:  # a final assistant message is a prefill: it may be empty, not whitespace
+                out.append(
+                    Violation(
+                        "anthropic", "A10", i, "messages: final assistant content cannot end with trailing whitespace"
+                    )
+                )
+            continue
+        text = (
+            "messages: text content blocks must contain non-whitespace text"
+            if blank
+            else "messages: all messages must have non-empty content except for the optional final assistant message"
+        )
+        out.append(Violation("anthropic", "A10", i, text))
+    return out
+
+
+def _anthropic_ids(messages: Any) -> list[Violation]:
+    """A9: tool_use ids (and the ids results answer) match ``^[a-zA-Z0-9_-]+$``."""
+    out: list[Violation] = []
+    if not isinstance(messages, list):
+        return out
+    for i, msg in enumerate(messages):
+        ids = [_call_id(c) for c in _calls(msg)]
+        if _role(msg) == "tool":
+            ids = [msg.get("tool_call_id")]
+        for cid in ids:
+            if isinstance(cid, str) and not _TOOL_USE_ID_RE.fullmatch(cid):
+                field = "tool_result.tool_use_id" if _role(msg) == "tool" else "tool_use.id"
+                out.append(
+                    Violation(
+                        "anthropic", "A9", i, f"messages.{i}: {field}: String should match pattern '^[a-zA-Z0-9_-]+$'"
+                    )
+                )
+    return out
+
+
+def check_anthropic(messages: Any) -> list[Violation]:
+    """Rules A1-A10 on the turns :func:`to_anthropic` produces (A9, A10 on the messages)."""
+    _system, turns, srcs = _anthropic_convert(messages)
+    out: list[Violation] = _anthropic_ids(messages) + _anthropic_empty_messages(messages)
     first_src = srcs[0][0] if srcs else None
     if not turns:
         out.append(Violation("anthropic", "A5", None, "messages: at least one message is required"))
@@ -666,6 +740,28 @@ def check_anthropic(messages: Any) -> list[Violation]:
                     )
                 got.add(rid)
     return out
+
+
+# --------------------------------------------------------------------------
+# Moonshot (Kimi); DeepSeek alike
+# --------------------------------------------------------------------------
+
+
+def check_moonshot(messages: Any) -> list[Violation]:
+    """Rule K1: an assistant message without tool calls must say something
+    (what a reply stopped before its first token leaves in a chat's history)."""
+    if not isinstance(messages, list):
+        return []
+    return [
+        Violation(
+            "moonshot",
+            "K1",
+            i,
+            f"Invalid request: the message at position {i} with role 'assistant' must not be empty",
+        )
+        for i, msg in enumerate(messages)
+        if _role(msg) == "assistant" and says_nothing(msg)
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -799,6 +895,7 @@ CHECKERS = {
     "mistral": check_mistral,
     "anthropic": check_anthropic,
     "gemini": check_gemini,
+    "moonshot": check_moonshot,
 }
 
 

@@ -316,6 +316,12 @@ def test_summary_friendly_gist():
         ]
         _, body = chat(p, msgs, model="fake-summary")
         assert body["choices"][0]["message"]["content"] == (
+            "Summary of 3 messages.\n\nMessages:\n1. user: Plan a trip to Rome.\n2. assistant: ok\n"
+            "3. user: Add MK-z9 museums!"
+        )
+        p.configure(summary_format="markers")  # the older gist, on request
+        _, body = chat(p, msgs, model="fake-summary")
+        assert body["choices"][0]["message"]["content"] == (
             "Summary of 3 messages.\n- Plan a trip to Rome.\n- Add MK-z9 museums!\nMarkers: MK-z9"
         )
         _, body = chat(p, [U("Hello there. More text.")])
@@ -537,3 +543,133 @@ def test_offline_cl100k_without_network(tmp_path):
         else:
             os.environ["TIKTOKEN_CACHE_DIR"] = old
     assert os.path.getmtime(cache / blob) == mtime
+
+
+# --- the demo's extractive summary of the filter's own summarizer prompt (issue 31) ------------
+
+OFFSITE = [
+    "We are planning the Lisbon offsite for 14 people. The bookings are with Marta.",
+    "Happy to help with that.",
+    "The budget is 18,000 euros in total. Travel is included.",
+    "Noted.",
+    "The dates are 12 to 14 May, arriving on Tuesday.",
+    "Good.",
+    "Book the venue near Cais do Sodre for MK-v3nue.",
+]
+
+
+def filter_prompt(previous, first, last, instructions=""):
+    import async_context_compression as acc
+
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(OFFSITE)]
+    blocks = acc.render_for_summary(messages[first:last], [f"msg{i:02d}-abcdefgh" for i in range(first, last)])
+    return acc.build_summarizer_messages(previous, blocks, 600, user_instructions=instructions)
+
+
+def summary_lines(text):
+    return [line for line in text.splitlines() if re.match(r"\d+\. ", line)]
+
+
+def test_extractive_summary_shows_every_message_it_covers_across_rounds():
+    with FakeProvider(mode="friendly") as p:
+        _, body = chat(p, filter_prompt("", 0, 4), model="fake-summary", max_tokens=600)
+        first = body["choices"][0]["message"]["content"]
+        assert first.startswith("Summary of 4 messages.")
+        assert summary_lines(first) == [
+            "1. user: We are planning the Lisbon offsite for 14 people. [Marta]",
+            "2. assistant: Happy to help with that.",
+            "3. user: The budget is 18,000 euros in total.",
+            "4. assistant: Noted.",
+        ]
+        assert "Previous summary" not in first and "[#msg" not in first  # none of the prompt's plumbing
+        # the next round carries the previous summary's lines forward and adds the new messages'
+        _, body = chat(p, filter_prompt(first, 4, 7), model="fake-summary", max_tokens=600)
+        second = body["choices"][0]["message"]["content"]
+        assert second.startswith("Summary of 7 messages.")
+        lines = summary_lines(second)
+        assert lines[:4] == summary_lines(first) and len(lines) == 7
+        assert lines[4] == "5. user: The dates are 12 to 14 May, arriving on Tuesday."
+        assert "MK-v3nue" in lines[6] and "Cais" in lines[6]
+
+
+def test_extractive_summary_keeps_what_the_instructions_name():
+    with FakeProvider(mode="friendly") as p:
+        asked = "keep the budget and the dates"
+        _, body = chat(p, filter_prompt("", 0, 4, asked), model="fake-summary")
+        first = body["choices"][0]["message"]["content"]
+        assert '\nKept as asked ("keep the budget and the dates"):\n' in first
+        assert "- The budget is 18,000 euros in total. (message 3)" in first
+        _, body = chat(p, filter_prompt(first, 4, 7, asked), model="fake-summary")
+        second = body["choices"][0]["message"]["content"]
+        kept = [line for line in second.splitlines() if line.startswith("- ")]
+        assert kept == [
+            "- The budget is 18,000 euros in total. (message 3)",
+            "- The dates are 12 to 14 May, arriving on Tuesday. (message 5)",
+        ]
+        _, body = chat(p, filter_prompt("", 0, 4), model="fake-summary")
+        assert "Kept as asked" not in body["choices"][0]["message"]["content"]  # no instructions, no such part
+
+
+def test_extractive_summary_shortens_lines_never_drops_them_or_a_marker():
+    words = " ".join(f"Word{i} costs {i} euros." for i in range(40))
+    msgs = [U(f"MK-long{i} {words}") for i in range(30)]
+    text = fp.extractive_summary(msgs, max_tokens=300)
+    assert text.startswith("Summary of 30 messages.") and len(summary_lines(text)) == 30
+    assert all(f"MK-long{i}" in text for i in range(30))
+    assert len(text) < len(fp.extractive_summary(msgs))
+
+
+def test_extractive_summary_applies_later_instructions_to_what_it_folded_before():
+    with FakeProvider(mode="friendly") as p:
+        _, body = chat(p, filter_prompt("", 0, 4), model="fake-summary")
+        _, body = chat(
+            p, filter_prompt(body["choices"][0]["message"]["content"], 4, 7, "keep the budget"), model="fake-summary"
+        )
+        kept = [line for line in body["choices"][0]["message"]["content"].splitlines() if line.startswith("- ")]
+        assert kept == ["- The budget is 18,000 euros in total. (message 3)"]
+
+
+# --- models that enforce other providers' rules (issue 29) ---------------------
+
+
+def test_a_model_with_other_providers_rules_rejects_what_they_reject():
+    rules = {"fake-claude": ("anthropic",), "fake-kimi": ("moonshot",), "fake-mistral": ("mistral",)}
+    with FakeProvider(model_rules=rules) as p:
+        assert {"fake-claude", "fake-kimi", "fake-mistral"} <= set(p.chat_models)
+        foreign = [U("q"), AC("functions.bash:0"), T("functions.bash:0"), {"role": "assistant", "content": "ok"}]
+        stopped = [U("q"), {"role": "assistant", "content": ""}, U("again")]
+        tool_user = [U("q"), AC("a"), T("a"), U("next")]
+        for model, messages, text, rule in [
+            ("fake-claude", foreign, "String should match pattern '^[a-zA-Z0-9_-]+$'", "A9"),
+            ("fake-claude", stopped, "all messages must have non-empty content", "A10"),
+            ("fake-kimi", stopped, "the message at position 1 with role 'assistant' must not be empty", "K1"),
+            ("fake-mistral", tool_user, "Unexpected role 'user' after role 'tool'", "M1"),
+        ]:
+            status, body = chat(p, messages, model=model)
+            assert status == 400, (model, body)
+            assert text in body["error"]["message"]
+            assert rule in p.requests[-1]["rules"]
+            assert chat(p, messages)[0] == 200  # the plain OpenAI model takes each of them
+    with pytest.raises(ValueError):
+        FakeProvider(model_rules={"x": ("nonsense",)})
+
+
+def test_model_rules_from_the_command_line():
+    args = ["--port", "0", "--model-rules", "fake-claude=anthropic,moonshot"]
+    parsed = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_init(self, **kwargs):
+        parsed.update(kwargs)
+        raise Stop
+
+    original = FakeProvider.__init__
+    FakeProvider.__init__ = fake_init
+    try:
+        with pytest.raises(Stop):
+            fp.main(args)
+    finally:
+        FakeProvider.__init__ = original
+    assert parsed["model_rules"] == {"fake-claude": ("anthropic", "moonshot")}

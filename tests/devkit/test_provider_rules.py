@@ -13,6 +13,7 @@ from devkit.provider_rules import (
     check_anthropic,
     check_gemini,
     check_mistral,
+    check_moonshot,
     check_openai,
     to_anthropic,
     violations_added,
@@ -105,7 +106,8 @@ TRANSCRIPTS = {
             {"role": "assistant", "content": "", "error": {"content": "aborted"}},
             U("continue"),
         ],
-        {"openai": set(), "mistral": set(), "anthropic": set(), "gemini": set()},
+        # the empty errored reply: Anthropic wants content in every message but a final assistant (A10)
+        {"openai": set(), "mistral": set(), "anthropic": {"A10"}, "gemini": set()},
     ),
     "10_summary_between_call_and_result": (
         [U(), AC("a"), S("<conversation_summary>MK-1</conversation_summary>"), T("a"), A("x")],
@@ -121,11 +123,11 @@ TRANSCRIPTS = {
     ),
     "11b_null_content_without_calls": (
         [U(), {"role": "assistant", "content": None}, U("next")],
-        {"openai": {"O7"}, "mistral": set(), "anthropic": set(), "gemini": set()},
+        {"openai": {"O7"}, "mistral": set(), "anthropic": {"A10"}, "gemini": set()},
     ),
     "11c_missing_content_key": (
         [{"role": "user"}, A("x"), U("next")],
-        {"openai": {"O7"}, "mistral": set(), "anthropic": {"A5"}, "gemini": set()},
+        {"openai": {"O7"}, "mistral": set(), "anthropic": {"A5", "A10"}, "gemini": set()},
     ),
     "12_truncated_json_arguments": (
         [U(), AC("a", arguments='{"query": "weath'), T("a"), A("x"), U("next")],
@@ -318,7 +320,8 @@ def test_anthropic_conversion_shape():
     assert turns[1]["content"][1]["id"] == "a"
     assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "tool_result", "text", "text"]
     assert [b.get("tool_use_id") for b in turns[2]["content"][:2]] == ["a", "b"]
-    assert check_anthropic(msgs) == []
+    # the converter leaves the empty reply out; a real gateway sends it, and Anthropic rejects it
+    assert [(v.rule, v.index) for v in check_anthropic(msgs)] == [("A10", 6)]
 
 
 def test_anthropic_text_before_results_and_empty_text():
@@ -328,7 +331,61 @@ def test_anthropic_text_before_results_and_empty_text():
     assert [(v.rule, v.index) for v in got] == [("A3", 1)]
     assert "tool_use` ids were found without `tool_result` blocks immediately after: a" in got[0].message
     got = check_anthropic([U(""), A("x")])
-    assert [v.rule for v in got] == ["A7"]
+    assert sorted(v.rule for v in got) == ["A10", "A7"]
+
+
+# --- issue 29: ids in a foreign alphabet, messages that say nothing ----------
+
+
+@pytest.mark.parametrize("cid", ["functions.bash:0", "call!1", "a.b", "x:y", "tool use", "ünï"])
+def test_anthropic_rejects_tool_use_ids_outside_its_alphabet(cid):
+    got = check_anthropic([U(), AC(cid), T(cid), A("done")])
+    assert [(v.rule, v.index) for v in got] == [("A9", 1), ("A9", 2)]
+    assert "String should match pattern '^[a-zA-Z0-9_-]+$'" in got[0].message
+    assert check_openai([U(), AC(cid), T(cid), A("done")]) == []  # OpenAI takes them
+
+
+@pytest.mark.parametrize("cid", ["call_0", "toolu_01AbC-d", "exec_0_2", "x" * 40])
+def test_anthropic_takes_ids_inside_its_alphabet(cid):
+    assert check_anthropic([U(), AC(cid), T(cid), A("done")]) == []
+
+
+@pytest.mark.parametrize(
+    "content", ["", None, [], "   ", "\n\t", [{"type": "text", "text": ""}], [{"type": "text", "text": " "}]]
+)
+def test_a_message_that_says_nothing_is_rejected_by_anthropic_and_moonshot_but_not_openai(content):
+    messages = [U("q"), {"role": "assistant", "content": content}, U("next")]
+    assert [(v.rule, v.index) for v in check_anthropic(messages)] == [("A10", 1)]
+    assert "non-empty content" in check_anthropic(messages)[0].message or "non-whitespace" in (
+        check_anthropic(messages)[0].message
+    )
+    got = check_moonshot(messages)
+    assert [(v.rule, v.index) for v in got] == [("K1", 1)]
+    assert got[0].message == "Invalid request: the message at position 1 with role 'assistant' must not be empty"
+    if content is not None and content != []:
+        assert check_openai(messages) == []
+
+
+def test_an_empty_final_assistant_is_a_prefill_anthropic_allows_but_not_whitespace():
+    assert check_anthropic([U("q"), A("")]) == []
+    assert check_anthropic([U("q"), A(None)]) == []
+    got = check_anthropic([U("q"), A("  ")])
+    assert [v.rule for v in got] == ["A10"] and "trailing whitespace" in got[0].message
+    assert [v.rule for v in check_moonshot([U("q"), A("")])] == ["K1"]
+
+
+def test_messages_that_say_something_pass():
+    messages = [
+        U([{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]),
+        A(" ok "),
+        U("q"),
+        AC("a", content=""),
+        T("a", ""),
+        A([{"type": "refusal", "refusal": "no"}]),
+        U("next"),
+    ]
+    assert check_anthropic(messages) == []
+    assert check_moonshot(messages) == []
 
 
 def test_anthropic_first_turn_must_be_user():

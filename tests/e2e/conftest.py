@@ -19,7 +19,7 @@ import shutil
 import time
 
 import pytest
-from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, MODEL_SPECS, SUMMARY_MODEL
+from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, MODEL_RULES, MODEL_SPECS, SUMMARY_MODEL
 
 from devkit.fake_provider import FakeProvider
 from devkit.openwebui import (
@@ -57,7 +57,7 @@ def owui_python():
 
 @pytest.fixture(scope="session")
 def provider():
-    fake = FakeProvider(mode="strict", model_specs=MODEL_SPECS).start()
+    fake = FakeProvider(mode="strict", model_specs=MODEL_SPECS, model_rules=MODEL_RULES).start()
     yield fake
     fake.stop()
 

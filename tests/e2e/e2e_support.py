@@ -33,6 +33,10 @@ MODEL_SPECS = {
     VLLM_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="reject", per_message=2),
     OLLAMA_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="cut", usage="ollama", per_message=2),
 }
+# A model reached through a gateway to Claude, or Kimi, or Mistral (issue 29): it also enforces those providers' rules
+# (tool-call ids in [a-zA-Z0-9_-], no message that says nothing, no tool -> user).
+STRICT_MODEL = "fake-claude-kimi-mistral"
+MODEL_RULES = {STRICT_MODEL: ("anthropic", "moonshot", "mistral")}
 FILTER_ID = "async_context_compression"
 
 # Low thresholds so a few turns of ~250 tokens cross them.

@@ -11,7 +11,10 @@ reads what the page shows under each reply:
   how many messages the summary covers;
 * the user's own switch (UserValves ``show_status`` off) hides every line,
   the background ones included;
-* with the UI in Chinese the line is in Chinese.
+* with the UI in Chinese the line is in Chinese;
+* ``/summarize keep the budget and the dates`` yields a summary, under its
+  reply, that shows every message its title counts and keeps what was named
+  (the demo's extractive fake summarizer), unseen by the chat model.
 
 Chromium comes from Debian's ``chromium`` package (scripts/test.sh installs it
 where it can); Playwright's own browser download is never used. Where Chromium
@@ -169,10 +172,11 @@ class ChatPage:
     def close(self) -> None:
         self.context.close()
 
-    def send(self, words: int = TURN_WORDS) -> dict:
-        """Type one message, wait for the reply; returns the chat request the provider received for it."""
+    def send(self, words: int = TURN_WORDS, text: str = "") -> dict:
+        """Type one message (``text`` after a marker, else ``words`` of filler), wait for the reply; returns the chat
+        request the provider received for it."""
         marker = new_marker()
-        self.type_and_enter(user_text(marker, self.rng, words))
+        self.type_and_enter(f"{marker} {text}" if text else user_text(marker, self.rng, words))
         req = wait_until(lambda: self._request_for(marker), 120, f"the chat request for {marker}")
         expected = f"[fake-chat] {len(req['messages'])} messages"
         wait_until(lambda: expected in self.last_reply_text(), 60, f"the reply '{expected}' on the page")
@@ -474,4 +478,49 @@ def test_browser_summarize_command_in_chinese(chromium, demo, provider, owui_ser
         missing = folded_markers(made[-1]) - set(re.findall(r"\bMK-[A-Za-z0-9]+\b", text))
         assert not missing, sorted(missing)[:5]
     finally:
+        chat.close()
+
+
+# ---------------------------------------------------------------------------
+# The user steers the summary: /summarize <instructions> (issue 31)
+# ---------------------------------------------------------------------------
+OFFSITE = (
+    "We are planning the Lisbon offsite for 14 people.",
+    "The budget is 18,000 euros in total, travel included.",
+    "The dates are 12 to 14 May; we arrive on Tuesday.",
+    "Marta from finance approves every booking over 500 euros.",
+)
+ASKED = "keep the budget and the dates"
+
+
+def test_browser_summarize_with_instructions_shows_a_summary_that_keeps_them(
+    chromium, demo, provider, owui_server, web_user
+):
+    """The demo's fake summarizer writes a line per message it folds: the summary under the reply shows every message
+    its title counts, and the sentences the instructions name; the chat model never sees the instructions."""
+    provider.configure(summary_format="extractive")  # the demo's summarizer (the suite's provider is strict)
+    chat = ChatPage(chromium, owui_server.base_url, web_user, provider)
+    try:
+        for text in OFFSITE:
+            chat.send(text=text)
+        start = len(provider.requests)
+        chat.type_and_enter(f"/summarize {ASKED}")
+        made = wait_until(lambda: summaries_done(provider, start), 90, "the summary asked for")
+        assert f"<user_instructions>\n{ASKED}\n</user_instructions>" in text_of(made[-1]["messages"][0]["content"])
+        reply = reply_with_sources(chat, 90)
+        text = open_summary(chat, reply)
+        dialog = chat.page.locator(".modal").last
+        shot(chat, "summary-instructions.png")
+        covers = int(SUMMARY_ENTRY["en"].search(text).group(1))
+        # what the title counts is what the text shows: a numbered line per message (a list once rendered)
+        assert f"Summary of {covers} messages." in text, text[:400]
+        shown = max(dialog.locator("ol > li").count(), len(re.findall(r"(?m)^\d+\. ", text)))
+        assert shown == covers, f"the summary of {covers} messages shows {shown}: {text[:600]}"
+        assert "Kept as asked" in text and OFFSITE[1] in text and OFFSITE[2] in text, text[:800]
+        # Open WebUI's own title and tag tasks (no filter runs on them) quote the chat as typed: not a chat turn
+        chats = [r for r in provider.requests[start:] if r["kind"] == "chat" and "<chat_history>" not in str(r)]
+        assert chats and not any(ASKED in json.dumps(r["messages"]) for r in chats), "the chat model saw them"
+        assert text_of(chats[0]["messages"][-1]["content"]).startswith("[The user typed /summarize")
+    finally:
+        provider.configure(summary_format=None)
         chat.close()

@@ -37,8 +37,8 @@ def unchanged(messages, out, report) -> bool:
     return not report.changed() and len(out) == len(messages) and all(a is b for a, b in zip(out, messages))
 
 
-ids = st.sampled_from(["c0", "c1", "c2", "x" * 41, "", None, 7])
-names = st.sampled_from(["search", "bad name", "", None, "x" * 65])
+ids = st.sampled_from(["c0", "c1", "c2", "x" * 41, "", None, 7, "functions.f:0", "c.1"])
+names = st.sampled_from(["search", "bad name", "", None, "x" * 65, " search "])
 calls = st.one_of(
     st.fixed_dictionaries(
         {
@@ -67,6 +67,8 @@ any_message = st.one_of(
                     [{"type": "text"}],
                     ["bare"],
                     [{"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}],
+                    "  ",
+                    [{"type": "text", "text": " "}],
                 ]
             ),
             "tool_calls": st.one_of(st.lists(calls, max_size=3), st.none(), st.just([])),
@@ -122,8 +124,8 @@ def near_valid_chats(draw):
         else:
             changed = dict(out[i])
             key, value = {
-                3: ("tool_call_id", draw(st.sampled_from(["c0", "c1", "zz", None]))),
-                4: ("content", None),
+                3: ("tool_call_id", draw(st.sampled_from(["c0", "c1", "zz", None, "c:0"]))),
+                4: ("content", draw(st.sampled_from([None, "", " "]))),
                 5: ("stopReason", "error"),
                 6: ("name", draw(st.sampled_from(["bad name", "ok"]))),
             }[kind]

@@ -2,8 +2,10 @@
 
 The chats have system messages anywhere (late ones too), unicode text and
 image parts, tool chains with parallel calls and several steps, orphans,
-duplicate and displaced results, errored and aborted turns, ``tool_calls: []``,
-``content: None``, ids over 40 characters and function names providers reject.
+duplicate and displaced results, errored and aborted turns (between calls and
+users too, with and without text), ``tool_calls: []``, ``content: None``, empty
+replies anywhere, ids over 40 characters or outside ``[a-zA-Z0-9_-]`` and
+function names providers reject (surrounding whitespace too).
 
 For ``repair_transcript``, for ``fit_to_budget`` after it, and for the whole
 ``Filter.inlet`` / ``Filter.request`` path: the output passes the OpenAI
@@ -12,7 +14,10 @@ and the last user message verbatim, and fits the cap whenever the irreducible
 part does: the system messages and the latest user turn (``irreducible``;
 a protected head yields in an emergency, issue 10). Garbage bodies never
 make the filter raise. ``clean_chats`` are valid for every provider, so any
-violation in their outputs was added by the filter.
+violation in their outputs was added by the filter; ``chats_with_issue_29_shapes``
+are clean chats with the four shapes of issue 29 mixed in (errored turns
+between calls and users, ids in foreign alphabets, replies that say nothing,
+names with whitespace around them): every provider accepts their outputs.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from hypothesis import strategies as st
 
 import async_context_compression as acc
 from devkit.probes import message_tokens, messages_tokens, needs_repair, wait_ready
-from devkit.provider_rules import check_openai, violations_added
+from devkit.provider_rules import CHECKERS, check_openai, violations_added
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 FAST = settings(max_examples=100, **SETTINGS)
@@ -78,8 +83,11 @@ texts = st.builds(
     st.sampled_from([1, 1, 1, 1, 3, 10, 60]),
 )
 
-IDS = ["a", "b", "c", "exec_0", "exec_1", "call_" + "x" * 50 + "1", "call_" + "x" * 50 + "2"]
-NAMES = ["search", "get_weather", "run-code", "bad name!", "", "x" * 70, "函数", "a.b"]
+FOREIGN_IDS = ["functions.bash:0", "functions.bash:1", "call!1", "a.b", "a:b", "ü", "toolu.01:" + "x" * 40]
+IDS = ["a", "b", "c", "exec_0", "exec_1", "call_" + "x" * 50 + "1", "call_" + "x" * 50 + "2", *FOREIGN_IDS]
+NAMES = ["search", "get_weather", "run-code", "bad name!", "", "x" * 70, "函数", "a.b", " search ", "read\n"]
+# what a reply stopped before its first token (or an errored one) leaves: nothing said
+EMPTY_CONTENTS = ["", None, [], "   ", "\n", [TXT("")], [TXT(" "), TXT("")]]
 ARGUMENTS = ['{"q": "x"}', "{}", '{"path": "/tmp/a", "n": 3}', '{"q": "trunc']
 ERROR_MARKERS = [
     {"stopReason": "error"},
@@ -107,7 +115,7 @@ def user_messages(draw) -> dict:
 
 @st.composite
 def assistant_text(draw) -> dict:
-    content = draw(st.one_of(texts, st.just(None), st.just("")))
+    content = draw(st.one_of(texts, st.sampled_from(EMPTY_CONTENTS)))
     message = {"role": "assistant", "content": content}
     if draw(st.booleans()) and draw(st.booleans()):
         message.update(draw(st.sampled_from(ERROR_MARKERS)))  # errored turn without calls: kept
@@ -150,13 +158,43 @@ def tool_chains(draw) -> list:
             results.insert(at, intruder)
         out.extend(results)
     if draw(st.booleans()):
-        out.append({"role": "assistant", "content": draw(texts)})
+        out.append({"role": "assistant", "content": draw(st.one_of(texts, texts, st.sampled_from(EMPTY_CONTENTS)))})
     return out
 
 
 @st.composite
+def errored_steps(draw) -> list:
+    """A healthy step, then one that ended in error or abort (text or none, all, some or no results): what the
+    next message (often a user's) follows."""
+    first, second = draw(
+        st.lists(st.sampled_from(IDS), min_size=2, max_size=4, unique=True).map(lambda i: (i[:1], i[1:]))
+    )
+    step = [
+        {"role": "assistant", "content": None, "tool_calls": [_call(draw, cid) for cid in first]},
+        *({"role": "tool", "tool_call_id": cid, "content": draw(texts)} for cid in first),
+    ]
+    errored = {
+        "role": "assistant",
+        "content": draw(st.one_of(st.just("Let me also check…"), texts, st.sampled_from(EMPTY_CONTENTS))),
+        "tool_calls": [_call(draw, cid) for cid in second],
+        **draw(st.sampled_from(ERROR_MARKERS)),
+    }
+    answered = draw(st.lists(st.sampled_from(second), unique=True))
+    return step + [errored] + [{"role": "tool", "tool_call_id": cid, "content": draw(texts)} for cid in answered]
+
+
+def _call(draw, cid: str) -> dict:
+    name = draw(st.sampled_from(NAMES))
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": draw(st.sampled_from(ARGUMENTS))}}
+
+
+@st.composite
 def blocks(draw) -> list:
-    kind = draw(st.sampled_from(["user", "user", "assistant", "chain", "chain", "system", "orphan", "empty_calls"]))
+    kind = draw(
+        st.sampled_from(["user", "user", "assistant", "chain", "chain", "system", "orphan", "empty_calls", "errored"])
+    )
+    if kind == "errored":
+        return draw(errored_steps())
     if kind == "user":
         return [draw(user_messages())]
     if kind == "assistant":
@@ -183,51 +221,103 @@ def chats(draw) -> list:
     if draw(st.integers(0, 4)) == 0:
         step = draw(tool_chains())
         messages.extend(m for m in step if m["role"] != "user")
+    if draw(st.integers(0, 5)) == 0:  # the reply being made, stopped before its first token
+        messages.append({"role": "assistant", "content": draw(st.sampled_from(EMPTY_CONTENTS))})
     return messages
 
 
 GOOD_NAMES = ["search", "get_weather", "run-code"]
+said = texts.filter(lambda t: t.strip())  # text a strict provider counts as content (Anthropic: not whitespace)
 
 
 @st.composite
-def clean_chats(draw) -> list:
+def said_user_messages(draw) -> dict:
+    message = draw(user_messages())
+    if isinstance(message["content"], str) and not message["content"].strip():
+        message["content"] = draw(said)
+    return message
+
+
+@st.composite
+def clean_chats(draw, issue_29_shapes: bool = False) -> list:
     """Chats every provider accepts as they are: unique ids, valid arguments,
     every call answered, a follow-up after each chain, late system messages
     only right after a user message. Any violation in an output of these was
-    added by the filter."""
-    ids = iter(f"call_{n}" for n in range(10_000))
+    added by the filter.
 
-    def chain_step() -> list:
-        calls = [
+    With ``issue_29_shapes``, the four shapes of issue 29 are mixed in, each
+    where a real chat has it: ids in a foreign alphabet (a chat switched from a
+    model that writes ``functions.bash:0``), tool names with whitespace around
+    them, an errored turn (with or without text, all, some or none of its
+    results) between a chain's results and the next user message, and replies
+    that say nothing (stopped before their first token) between any two turns,
+    after a chain's results and at the end."""
+    ids = iter(f"call_{n}" for n in range(10_000))
+    id_style = draw(st.sampled_from(["{}", "functions.bash:{}", "call!{}", "a.{}", "toolu:{}.x"]))
+    if not issue_29_shapes:
+        id_style = "{}"
+    names = GOOD_NAMES + ([" search ", "search\n", "\tget_weather"] if issue_29_shapes else [])
+
+    def shape(odds: int) -> bool:
+        return issue_29_shapes and draw(st.integers(0, odds)) == 0
+
+    def empty_reply() -> list:
+        return [{"role": "assistant", "content": draw(st.sampled_from(EMPTY_CONTENTS))}] if shape(4) else []
+
+    def calls() -> list:
+        return [
             {
-                "id": next(ids),
+                "id": id_style.format(next(ids)),
                 "type": "function",
-                "function": {"name": draw(st.sampled_from(GOOD_NAMES)), "arguments": '{"q": "x"}'},
+                "function": {"name": draw(st.sampled_from(names)), "arguments": '{"q": "x"}'},
             }
             for _ in range(draw(st.integers(1, 3)))
         ]
-        assistant = {"role": "assistant", "content": draw(st.one_of(st.none(), texts)), "tool_calls": calls}
-        results = [{"role": "tool", "tool_call_id": c["id"], "content": draw(texts)} for c in calls]
+
+    def chain_step() -> list:
+        step_calls = calls()
+        assistant = {"role": "assistant", "content": draw(st.one_of(st.none(), texts)), "tool_calls": step_calls}
+        results = [{"role": "tool", "tool_call_id": c["id"], "content": draw(texts)} for c in step_calls]
         return [assistant] + list(draw(st.permutations(results)))
+
+    def errored_step() -> list:
+        step_calls = calls()
+        content = draw(st.one_of(st.just("Let me also check…"), said, st.sampled_from(EMPTY_CONTENTS)))
+        errored = {"role": "assistant", "content": content, "tool_calls": step_calls}
+        errored.update(draw(st.sampled_from(ERROR_MARKERS)))
+        answered = draw(st.lists(st.sampled_from([c["id"] for c in step_calls]), unique=True))
+        return [errored] + [{"role": "tool", "tool_call_id": cid, "content": draw(texts)} for cid in answered]
 
     messages = []
     if draw(st.booleans()):
         messages.append({"role": "system", "content": draw(texts)})
     for _turn in range(draw(st.integers(0, 7))):
-        messages.append(draw(user_messages()))
+        messages.append(draw(said_user_messages()))
         if draw(st.integers(0, 3)) == 0:
             messages.append({"role": "system", "content": draw(texts)})
+        messages.extend(empty_reply())
         if draw(st.booleans()):
             for _step in range(draw(st.integers(1, 2))):
                 messages.extend(chain_step())
-        messages.append({"role": "assistant", "content": draw(texts)})
-    messages.append(draw(user_messages()))
+                messages.extend(empty_reply())
+            if shape(2):  # it ended in error: the next user message follows it
+                messages.extend(errored_step())
+                messages.extend(empty_reply())
+                continue
+        messages.append({"role": "assistant", "content": draw(said)})
+        messages.extend(empty_reply())
+        if shape(5):  # a user message that said nothing, neither the first nor the latest
+            messages.append({"role": "user", "content": draw(st.sampled_from(EMPTY_CONTENTS[:-3] + [[TXT(" ")]]))})
+    messages.append(draw(said_user_messages()))
+    messages.extend(empty_reply())
     if draw(st.integers(0, 4)) == 0:
         messages.extend(chain_step())
+        messages.extend(empty_reply())
     return messages
 
 
-any_chats = st.one_of(chats(), clean_chats())
+shaped_chats = clean_chats(issue_29_shapes=True)
+any_chats = st.one_of(chats(), clean_chats(), shaped_chats)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -331,6 +421,50 @@ def in_call_order(messages: list) -> list:
             out.extend(sorted(messages[i:j], key=lambda m: order.index(m["tool_call_id"])))
             i = j
     return out
+
+
+# -- issue 29: with its four shapes mixed into clean chats, every provider accepts the output ------------------
+
+
+def assert_every_provider_accepts(messages: list) -> None:
+    for provider, check in CHECKERS.items():
+        assert check(messages) == [], provider
+    # a tool name with whitespace around it is the tool of that name, not "_search_"
+    assert {c["function"]["name"] for m in messages for c in m.get("tool_calls") or []} <= set(GOOD_NAMES)
+
+
+@FAST
+@given(shaped_chats)
+def test_repair_of_issue_29_shapes_is_accepted_by_every_provider(chat):
+    out, _ = acc.repair_transcript(chat)
+    assert_every_provider_accepts(out)
+    assert_kept_verbatim(chat, out)
+    # every reply that said something is still there, an errored one too (the user saw it)
+    assert [r for r in said_replies(out) if r != acc.INTERRUPTED_REPLY] == said_replies(chat)
+
+
+def said_replies(messages: list) -> list:
+    return [m["content"] for m in messages if m["role"] == "assistant" and acc._says_something(m)]
+
+
+@FAST
+@given(shaped_chats, st.integers(1, 400), st.integers(0, 3))
+def test_fitting_issue_29_shapes_keeps_every_provider_accepting_and_needs_no_repair(chat, cap, keep_first):
+    repaired, _ = acc.repair_transcript(chat)
+    out, _ = acc.fit_to_budget(repaired, tok, cap, acc.protected_head_end(repaired, keep_first))
+    assert_every_provider_accepts(out)
+    assert not needs_repair(out)
+
+
+@FAST
+@given(shaped_chats, said)
+def test_repaired_ids_are_the_same_from_turn_to_turn(chat, reply):
+    """The next turn sends the same ids for the same calls (the provider's prompt cache stays warm)."""
+    now, _ = acc.repair_transcript(chat)
+    later, _ = acc.repair_transcript(
+        chat + [{"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]
+    )
+    assert later[: len(now)] == now
 
 
 @FAST
@@ -576,6 +710,16 @@ garbage_bodies = st.one_of(
     st.dictionaries(st.text(max_size=8), json_values, max_size=4),
     st.fixed_dictionaries({"messages": json_values}),
 )
+
+
+@SLOW
+@given(chat=shaped_chats, hook=st.sampled_from(["inlet", "request"]), cap=st.integers(200, 60000))
+def test_inlet_sends_issue_29_shapes_in_a_list_every_provider_accepts(chat, hook, cap):
+    f = filter_for("estimate")
+    f.valves.max_context_tokens = cap
+    f.valves.keep_first = 1
+    out = run_hook(f, hook, {"model": MODELS["estimate"], "messages": copy.deepcopy(chat)})
+    assert_every_provider_accepts(out["messages"])
 
 
 @SLOW

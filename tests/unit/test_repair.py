@@ -100,11 +100,12 @@ def test_empty_and_unusable_tool_calls_are_removed_and_their_turn_kept():
         {"error": "boom"},
     ],
 )
-def test_every_error_marker_drops_its_tool_turn_and_its_results(marker):
+def test_every_error_marker_drops_its_tool_calls_and_their_results(marker):
     report = acc.RepairReport()
     messages = [U("q"), A("e1", "e2", **marker), T("e1"), U("typed meanwhile"), T("e2"), AS("later"), U("next")]
     out = acc.drop_errored_tool_turns(messages, report)
-    assert out == [U("q"), U("typed meanwhile"), AS("later"), U("next")]
+    # the text-less turn stays as an empty reply: drop_empty_messages decides where it may go
+    assert out == [U("q"), {"role": "assistant", "content": "", **marker}, U("typed meanwhile"), AS("later"), U("next")]
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2}
 
 
@@ -131,7 +132,7 @@ def test_drop_errored_keeps_results_of_other_ids_in_its_span():
     # pairing deals with it (here: an orphan)
     report = acc.RepairReport()
     messages = [U(), A("e", stopReason="error"), T("e"), T("other"), AS()]
-    assert acc.drop_errored_tool_turns(messages, report) == [U(), T("other"), AS()]
+    assert acc.drop_errored_tool_turns(messages, report) == [U(), {**AS(""), "stopReason": "error"}, T("other"), AS()]
     assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1}
 
 
@@ -179,9 +180,12 @@ def test_pair_unanswered_calls_keep_the_assistant_text():
     assert counts(report) == {"dropped_unanswered_calls": 1}
 
 
-def test_pair_unanswered_calls_without_text_drop_the_assistant():
+def test_pair_unanswered_calls_without_text_leave_an_empty_reply_for_drop_empty_messages():
     report = acc.RepairReport()
-    out = acc.pair_tool_results([U(), A("a", content=""), A("b", content=[TXT("")]), U("?")], report)
+    out = acc.pair_tool_results([U(), A("a", content=None), A("b", content=[TXT("")]), U("?")], report)
+    assert out == [U(), AS(""), AS([TXT("")]), U("?")]
+    assert counts(report) == {"dropped_unanswered_calls": 2}
+    out, report = repair([U(), A("a", content=None), A("b", content=[TXT("")]), U("?")])
     assert out == [U(), U("?")]
     assert counts(report) == {"dropped_unanswered_calls": 2, "dropped_empty_assistants": 2}
 
@@ -189,8 +193,8 @@ def test_pair_unanswered_calls_without_text_drop_the_assistant():
 def test_pair_result_behind_a_later_assistant_turn_is_dropped_with_its_call():
     report = acc.RepairReport()
     out = acc.pair_tool_results([U(), A("a"), U("hm"), AS("meanwhile"), T("a"), U()], report)
-    assert out == [U(), U("hm"), AS("meanwhile"), U()]
-    assert counts(report) == {"dropped_unanswered_calls": 1, "dropped_empty_assistants": 1, "dropped_orphan_results": 1}
+    assert out == [U(), AS(""), U("hm"), AS("meanwhile"), U()]
+    assert counts(report) == {"dropped_unanswered_calls": 1, "dropped_orphan_results": 1}
 
 
 def test_pair_dedupes_per_turn_not_globally():
@@ -291,8 +295,8 @@ def test_a_name_ending_in_a_newline_is_not_valid():
         {"role": "tool", "tool_call_id": "a", "content": "found"},
     ]
     out = acc.sanitize_names(messages, report)
-    assert out[0]["name"] == "ann_"
-    assert out[1]["tool_calls"][0]["function"]["name"] == "search_"
+    assert out[0]["name"] == "ann"  # trimmed (issue 29), not "ann_"
+    assert out[1]["tool_calls"][0]["function"]["name"] == "search"
     assert not check_openai(out)
 
 
@@ -379,7 +383,7 @@ def test_repair_report_counts_everything_it_did():
         U("q4"),
         {"role": "assistant", "content": None, "tool_calls": [call(short, "bad_name")]},
         T(short),
-        AS(""),
+        AS(acc.INTERRUPTED_REPLY),  # the empty reply stays between the result and the user (Mistral: no tool -> user)
         U("q5"),
     ]
     assert counts(report) == {
@@ -393,6 +397,8 @@ def test_repair_report_counts_everything_it_did():
         "shortened_ids": 2,
         "renamed_functions": 1,
         "fixed_null_content": 1,
+        "marked_interrupted_replies": 1,
+        "dropped_empty_assistants": 1,  # the errored turn, which said nothing
     }
     assert_valid(messages, out)
 
@@ -477,7 +483,7 @@ ADVERSARIAL = {
     "9-errored-turn": (
         [U("q"), A("a", stopReason="error"), T("a"), U("retry please"), A("b"), T("b"), AS("ok")],
         [U("q"), U("retry please"), A("b"), T("b"), AS("ok")],
-        {"dropped_errored_turns": 1, "dropped_errored_results": 1},
+        {"dropped_errored_turns": 1, "dropped_errored_results": 1, "dropped_empty_assistants": 1},
     ),
     # 10. a summary inserted between a call and its result
     "10-summary-between-call-and-result": (
@@ -488,8 +494,8 @@ ADVERSARIAL = {
     # 11. tool_calls: [] and content: null without calls
     "11-empty-calls-and-null-content": (
         [S(), U("q"), {"role": "assistant", "content": None, "tool_calls": []}, U("q2"), AS(None), U("q3")],
-        [S(), U("q"), AS(""), U("q2"), AS(""), U("q3")],
-        {"removed_empty_tool_calls": 1, "fixed_null_content": 2},
+        [S(), U("q"), U("q2"), U("q3")],
+        {"removed_empty_tool_calls": 1, "fixed_null_content": 2, "dropped_empty_assistants": 2},
     ),
     "11-null-content-of-system-and-tool": (
         [{"role": "system", "content": None}, U("q"), A("a"), T("a", None), AS("r")],
@@ -577,7 +583,7 @@ def test_an_errored_tool_turn_is_dropped_and_a_user_message_inside_its_span_kept
         AS("Done X."),
         U("thanks"),
     ]
-    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2}
+    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2, "dropped_empty_assistants": 1}
     assert check_openai(out) == []
     assert check_anthropic(out) == []
     assert check_gemini(out) == []
@@ -596,7 +602,7 @@ def test_a_second_result_of_a_dropped_errored_call_in_its_span_is_dropped_too():
     messages = [U("q"), A("x", stop_reason="error"), T("x", "r"), U("meanwhile"), T("x", "r again"), AS("ok"), U("q2")]
     out, report = repair(messages)
     assert out == [U("q"), U("meanwhile"), AS("ok"), U("q2")]
-    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2}
+    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 2, "dropped_empty_assistants": 1}
     assert_valid(messages, out)
 
 
@@ -604,7 +610,12 @@ def test_a_result_of_a_dropped_errored_call_after_a_later_turn_is_dropped_too():
     messages = [U("q"), A("x", stopReason="error"), T("x", "r"), U("q2"), AS("a2"), T("x", "r again"), U("q3")]
     out, report = repair(messages)
     assert out == [U("q"), U("q2"), AS("a2"), U("q3")]
-    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1, "dropped_orphan_results": 1}
+    assert counts(report) == {
+        "dropped_errored_turns": 1,
+        "dropped_errored_results": 1,
+        "dropped_orphan_results": 1,
+        "dropped_empty_assistants": 1,
+    }
     assert check_openai(out) == []
 
 
@@ -622,7 +633,12 @@ def test_a_result_of_a_dropped_errored_call_inside_a_healthy_turn_is_dropped_too
     ]
     out, report = repair(messages)
     assert out == [U("q"), U("q2"), A("y"), T("y", "ry"), AS("a2"), U("q3")]
-    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1, "dropped_orphan_results": 1}
+    assert counts(report) == {
+        "dropped_errored_turns": 1,
+        "dropped_errored_results": 1,
+        "dropped_orphan_results": 1,
+        "dropped_empty_assistants": 1,
+    }
     assert_valid(messages, out)
 
 
@@ -639,14 +655,14 @@ def test_a_healthy_turn_reusing_an_errored_turns_id_keeps_its_own_result():
     ]
     out, report = repair(messages)
     assert out == [U("q"), U("q2"), A("exec_0"), T("exec_0", "good"), AS("a2")]
-    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1}
+    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1, "dropped_empty_assistants": 1}
 
 
 def test_an_errored_middle_step_of_a_chain_goes_and_the_steps_around_it_stay():
     messages = [U("q"), A("a"), T("a"), A("b", stopReason="error"), T("b"), A("c"), T("c"), AS("done")]
     out, report = repair(messages)
     assert out == [U("q"), A("a"), T("a"), A("c"), T("c"), AS("done")]
-    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1}
+    assert counts(report) == {"dropped_errored_turns": 1, "dropped_errored_results": 1, "dropped_empty_assistants": 1}
     assert_valid(messages, out)
 
 
