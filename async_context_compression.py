@@ -951,8 +951,9 @@ def fit_to_budget(
     3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
     4. all before the latest user turn goes but the system messages (an order every provider accepts).
     Still over the cap: the smallest of these lists, ``over_budget`` set.
-    Before step 1, a tool loop's older results (the latest user turn's, before its latest round) give way to their
-    first size (``give_way_order``): an agent's early rounds cost less than the conversation before it."""
+    Before step 1, a tool loop's older results (the latest user turn's, before its latest round) give way, oldest
+    first, to their first size and then to the floor (``tool_result_levels``): an agent's early rounds cost less than
+    the conversation before it (whose facts a summary may not hold yet)."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
@@ -1045,22 +1046,24 @@ def _original_of(originals: dict, message: Message) -> Message:
 
 def _loop_results_give_way(messages, sizes, token_of, total, cap, report) -> tuple:
     """(messages, sizes, originals): the latest user turn's tool results before its latest round cut, oldest first,
-    to their first size while over ``cap`` (``report`` counts them); ``originals`` as ``_shrink_if_over`` takes it."""
+    to their first size, then again to the floor, while over ``cap`` (``report`` counts each message once; every cut
+    from the original); ``originals`` as ``_shrink_if_over`` takes it."""
     messages, sizes, originals = list(messages), list(sizes), {}
     last_user, latest = _last_user_index(messages), latest_round_start(messages)
-    level = tool_result_levels(cap)[0]
-    for i in range(last_user + 1, latest):
-        if total <= cap:
-            break
-        if _role(messages[i]) != "tool":
-            continue
-        shorter = shorten_to_tokens(messages[i], level, token_of)
-        after = token_of(shorter)
-        if after < sizes[i]:
-            originals[id(shorter)] = (shorter, messages[i])
-            total -= sizes[i] - after
-            messages[i], sizes[i] = shorter, after
-            report.shortened_messages += 1
+    results = [i for i in range(last_user + 1, latest) if _role(messages[i]) == "tool"]
+    for level in tool_result_levels(cap):
+        for i in results:
+            if total <= cap:
+                return messages, sizes, originals
+            original = _original_of(originals, messages[i])
+            shorter = shorten_to_tokens(original, level, token_of)
+            after = token_of(shorter)
+            if after < sizes[i]:
+                if original is messages[i]:  # counted once per message
+                    report.shortened_messages += 1
+                originals[id(shorter)] = (shorter, original)
+                total -= sizes[i] - after
+                messages[i], sizes[i] = shorter, after
     return messages, sizes, originals
 
 

@@ -63,6 +63,14 @@ def test_older_results_give_way_oldest_first_and_the_newest_stays_whole():
     assert out[1:4] == messages[1:4]  # the earlier conversation is not dropped while results can give way
 
 
+def test_a_long_loop_cuts_its_older_results_to_the_floor_before_the_earlier_conversation_goes():
+    messages = loop(24)
+    cap = 5200  # 23 older results at their first size (162 tokens) alone would leave no room for the earlier turns
+    out, report = acc.fit_to_budget(messages, tok, cap)
+    assert not report.over_budget and report.dropped_messages == 0
+    assert out[1:4] == messages[1:4] and out[-2:] == messages[-2:]  # earlier turns, the latest round: whole
+
+
 def test_a_cut_keeps_start_and_end_and_its_marker_counts_every_character_removed():
     messages = loop(5)
     out, _ = acc.fit_to_budget(messages, tok, total(messages) - 2500)
