@@ -26,7 +26,9 @@ requirements: tiktoken
 #
 # A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units (4, the model's ModelTokens.scale (3)) ->
 # repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line (7); Open
-# WebUI's request hook repeats repair and fit on the final list and notes its count (ModelTokens.note_sent). After the
+# WebUI's request hook repeats all of it on the final list before every model call of a tool loop, applies the reply's
+# loop summary (LoopSummaries.applied (8) -> apply_loop_summary (1)), starts the next one in the background
+# (LoopSummaries.plan (8)) and notes its count (ModelTokens.note_sent). After the
 # reply, Filter.outlet -> ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
@@ -833,6 +835,30 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
     return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]
 
 
+LOOP_SUMMARY_INTRO = "Tool rounds earlier in this reply (calls and results), summarized while the loop ran:"
+
+
+def current_turn_rounds(messages: Messages) -> tuple[int, int]:
+    """(start, end): the current turn's whole tool rounds before its latest one, ``messages[start:end]`` (start: after
+    the last user message; end: the latest round's call). Empty when the turn has fewer than two rounds."""
+    start = _last_user_index(messages) + 1
+    end = latest_round_start(messages)
+    return (start, end) if end < len(messages) and start < end else (start, start)
+
+
+def apply_loop_summary(messages: Messages, covered: int, summary_text: str) -> Messages:
+    """Invariant: the current turn's first ``covered`` messages after the last user message (whole tool rounds, so the
+    next one is a call turn right after the user's request) are replaced by ``summary_text`` as a summary message
+    placed after the leading system messages (an order every provider accepts); the list is unchanged when they are
+    not whole rounds before the latest one."""
+    start, end = current_turn_rounds(messages)
+    if covered <= 0 or start + covered > end or not _is_tool_call_turn(messages[start + covered]):
+        return messages
+    lead = next((i for i, m in enumerate(messages) if _role(m) != "system"), len(messages))
+    folded = build_summary_message(f"{LOOP_SUMMARY_INTRO}\n{summary_text}")
+    return [*messages[:lead], folded, *messages[lead:start], *messages[start + covered :]]
+
+
 def index_after_head(view: Messages, head_count: int) -> int:
     """Index in ``view`` (system messages included) of the first message after ``head_count`` canonical ones."""
     if head_count <= 0:
@@ -924,12 +950,20 @@ def fit_to_budget(
     2. what is left is shortened, the head included, each cut marked;
     3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
     4. all before the latest user turn goes but the system messages (an order every provider accepts).
-    Still over the cap: the smallest of these lists, ``over_budget`` set."""
+    Still over the cap: the smallest of these lists, ``over_budget`` set.
+    Before step 1, a tool loop's older results (the latest user turn's, before its latest round) give way, oldest
+    first, to their first size and then to the floor (``tool_result_levels``): an agent's early rounds cost less than
+    the conversation before it (whose facts a summary may not hold yet)."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
     if cap <= 0 or total <= cap:
         return list(messages), report
+    messages, sizes, originals = _loop_results_give_way(messages, sizes, token_of, total, cap, report)
+    total = fixed_tokens + sum(sizes)
+    if total <= cap:
+        report.tokens_after = total
+        return messages, report
     # the latest user turn starts at the last user message (with none: at the start of the last unit)
     last_user = max(0, _last_user_index(messages))
     if last_user < len(messages) and _role(messages[last_user]) != "user":
@@ -938,12 +972,14 @@ def fit_to_budget(
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
     total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
-    best = _shrink_if_over(messages, keep, token_of, total, cap, report)  # (list, total, report)
+    best = _shrink_if_over(messages, keep, token_of, total, cap, report, originals)  # (list, total, report)
     if best[1] > cap and head_end > 0:
         report3 = replace(report)
         turns = _droppable_turns(messages, 0, head_end) + tail_turns
         total3 = _drop_turns(messages, sizes, keep, turns, total, cap, report3)
-        best = min(best, _shrink_if_over(messages, keep, token_of, total3, cap, report3), key=lambda fit: fit[1])
+        best = min(
+            best, _shrink_if_over(messages, keep, token_of, total3, cap, report3, originals), key=lambda fit: fit[1]
+        )
     if best[1] > cap:
         keep = [i >= last_user or _role(m) == "system" for i, m in enumerate(messages)]
         report4 = FitReport(
@@ -952,54 +988,83 @@ def fit_to_budget(
             dropped_turns=len(_droppable_turns(messages, 0, last_user)),
         )
         total4 = fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
-        best = min(best, _shrink_if_over(messages, keep, token_of, total4, cap, report4), key=lambda fit: fit[1])
+        best = min(
+            best, _shrink_if_over(messages, keep, token_of, total4, cap, report4, originals), key=lambda fit: fit[1]
+        )
     out, total, report = best
     report.tokens_after = total
     report.over_budget = total > cap
     return out, report
 
 
-def _shrink_if_over(messages, keep, token_of, total, cap, report):
+def _shrink_if_over(messages, keep, token_of, total, cap, report, originals=None):
     """The kept messages, shortened while over ``cap`` (counted on a copy of ``report``), with their total and that
-    report: largest first, one kind per pass (old tool outputs, images, old tool-call arguments, then other old
-    messages). System messages (but the summary) and the last user message stay verbatim; so does the last assistant
-    message of the current turn (after the last user message), whose signed reasoning some providers verify."""
+    report, in the order of ``give_way_order`` (which names what stays verbatim). ``originals``: id of a message
+    already shortened -> (it, the message it was cut from): every cut starts from the original text, so no text is
+    cut from its cut form and every marker counts all that was removed."""
     out = [m for m, k in zip(messages, keep) if k]
     if total <= cap:
         return out, total, report
     report = replace(report)
-    last_user = _last_user_index(out)
-    last_assistant = max((i for i, m in enumerate(out) if _role(m) == "assistant"), default=-1)
-    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
-    order = [i for i, m in enumerate(out) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
-    order.sort(key=lambda i: _role(out[i]) != "tool")  # stable: tool outputs first among equals
-    passes = (
-        ("tool", [i for i in order if _role(out[i]) == "tool"]),
-        ("image", order),
-        ("arguments", [i for i in order if i < last_user and _tool_calls(out[i])]),
-        ("text", order),
-    )
-    for kind, eligible in passes:
-        for i in sorted(eligible, key=lambda i: -token_of(out[i])):
+    originals = dict(originals or {})
+    levels = tool_result_levels(cap)
+    for kind, eligible in give_way_order(out):
+        for i in eligible:
             if total <= cap:
                 return out, total, report
             before = token_of(out[i])
-            if kind == "image":
-                shorter = _without_images(out[i])
-            elif kind == "arguments":
-                shorter = _without_long_arguments(out[i])
+            original = _original_of(originals, out[i])
+            if kind in ("image", "arguments"):  # the original loses them too: a later text cut must not bring them back
+                drop = _without_images if kind == "image" else _without_long_arguments
+                shorter = drop(out[i])
+                original = shorter if original is out[i] else drop(original)
+            elif kind in ("old results", "old results, again"):  # a size fixed per cap: the same cut every round
+                shorter = shorten_to_tokens(original, levels[kind != "old results"], token_of)
+            elif kind == "latest results":
+                shorter = shorten_to_tokens(original, before - (total - cap), token_of)
             else:  # aim the text alone at the target: names, arguments and overhead are not shortened
-                frame = token_of({**out[i], "content": ""})
-                shorter = _shortened(out[i], before - frame, before - frame - (total - cap))
+                frame = token_of({**original, "content": ""})
+                shorter = _shortened(original, token_of(original) - frame, before - frame - (total - cap))
             after = token_of(shorter)
             if after < before:
-                out[i] = shorter
-                total -= before - after
                 if kind == "image":
                     report.dropped_images += 1
-                else:
+                elif _original_of(originals, out[i]) is out[i]:  # counted once per message, however often cut
                     report.shortened_messages += 1
+                if shorter is not original:
+                    originals[id(shorter)] = (shorter, original)
+                out[i] = shorter
+                total -= before - after
     return out, total, report
+
+
+def _original_of(originals: dict, message: Message) -> Message:
+    """The message ``message`` was cut from (itself when it was not cut)."""
+    entry = originals.get(id(message))
+    return entry[1] if entry is not None and entry[0] is message else message
+
+
+def _loop_results_give_way(messages, sizes, token_of, total, cap, report) -> tuple:
+    """(messages, sizes, originals): the latest user turn's tool results before its latest round cut, oldest first,
+    to their first size, then again to the floor, while over ``cap`` (``report`` counts each message once; every cut
+    from the original); ``originals`` as ``_shrink_if_over`` takes it."""
+    messages, sizes, originals = list(messages), list(sizes), {}
+    last_user, latest = _last_user_index(messages), latest_round_start(messages)
+    results = [i for i in range(last_user + 1, latest) if _role(messages[i]) == "tool"]
+    for level in tool_result_levels(cap):
+        for i in results:
+            if total <= cap:
+                return messages, sizes, originals
+            original = _original_of(originals, messages[i])
+            shorter = shorten_to_tokens(original, level, token_of)
+            after = token_of(shorter)
+            if after < sizes[i]:
+                if original is messages[i]:  # counted once per message
+                    report.shortened_messages += 1
+                originals[id(shorter)] = (shorter, original)
+                total -= sizes[i] - after
+                messages[i], sizes[i] = shorter, after
+    return messages, sizes, originals
 
 
 def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
@@ -1103,6 +1168,97 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
         others = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
         return {**message, "content": [{"type": "text", "text": clipped}, *others]}
     return {**message, "content": clipped}
+
+
+# -- What gives way, in which order (the shortening policy) ---------------------
+# A native tool loop grows one turn by a large tool result per round, so its older results give way first, always to
+# the same size for the same cap: a result cut in round k is byte-identical in round k+1 (the provider's prompt cache
+# keeps the prefix) and is cut from its original text (a marker counts all that went).
+
+OLD_RESULT_SHARE = 32  # an older tool result first gives way down to this share of the cap ...
+OLD_RESULT_FLOOR_TOKENS = 96  # ... then, if still over, down to this many tokens
+
+
+def tool_result_levels(cap: int) -> tuple[int, int]:
+    """Invariant: the sizes (whole message, tokens) an older tool result is cut to, in turn, depend on ``cap`` alone."""
+    floor = OLD_RESULT_FLOOR_TOKENS
+    return max(floor, cap // OLD_RESULT_SHARE if cap > 0 else floor), floor
+
+
+def latest_round_start(messages: Messages) -> int:
+    """Index of the current turn's latest ``assistant(tool_calls)`` (its results are the latest round), or the list's
+    length when the current turn (after the last user message) has none."""
+    last_user = _last_user_index(messages)
+    for i in range(len(messages) - 1, last_user, -1):
+        if _is_tool_call_turn(messages[i]):
+            return i
+    return len(messages)
+
+
+def give_way_order(messages: Messages) -> list[tuple[str, list]]:
+    """Invariant: what gives way to the cap, in order, as (kind, indices) passes; every index is a message that may be
+    shortened, oldest first within a pass. Never listed: system messages but the summary, the last user message (the
+    user's request), the current turn's last assistant message.
+      1. "old results": tool results before the latest round, oldest first, each to ``tool_result_levels()[0]``;
+      2. "image": images and attachments of any message (a marker stays);
+      3. "arguments": long tool-call arguments before the last user message;
+      4. "old results, again": the same tool results, oldest first, down to the floor;
+      5. "text": other messages' text (the summary included), largest first, by what is still over;
+      6. "latest results": the latest round's results, oldest first, by what is still over (last: the model asked for
+         them just now)."""
+    last_user = _last_user_index(messages)
+    last_assistant = max((i for i, m in enumerate(messages) if _role(m) == "assistant"), default=-1)
+    verbatim = {last_user, last_assistant if last_assistant > last_user else -1}
+    order = [i for i, m in enumerate(messages) if i not in verbatim and (_role(m) != "system" or is_summary_message(m))]
+    latest = latest_round_start(messages)
+    results = [i for i in order if _role(messages[i]) == "tool"]
+    old = [i for i in results if i < latest]
+    others = sorted((i for i in order if _role(messages[i]) != "tool"), key=lambda i: -_text_chars(messages[i]))
+    return [
+        ("old results", old),
+        ("image", order),
+        ("arguments", [i for i in order if i < last_user and _tool_calls(messages[i])]),
+        ("old results, again", old),
+        ("text", others),
+        ("latest results", [i for i in results if i >= latest]),
+    ]
+
+
+def shorten_to_tokens(message: Message, target_tokens: int, token_of: Callable[[Message], int]) -> Message:
+    """Invariant: ``message`` whole when it costs at most ``target_tokens``, else its text's start and end (two thirds
+    and one third of the room kept) around a marker naming exactly how many characters went, costing at most
+    ``target_tokens`` when its framing and a minimal text fit. Deterministic: the same message and target give the
+    same text (what a prompt cache needs). Names, arguments and non-text parts are not cut."""
+    tokens = token_of(message)
+    text = _text_of(message.get("content"))
+    if tokens <= target_tokens or not text:
+        return message
+    frame = token_of({**message, "content": ""})
+    room = max(target_tokens - frame, _MIN_KEEP_TOKENS)
+    chars_per_token = len(text) / max(1, tokens - frame)
+    marker = len(TRIM_MARKER) + 8
+    keep = max(16, int(room * chars_per_token) - marker)
+    shorter = message
+    for _ in range(6):  # tokens per character differ along a text: a few corrections at most
+        if keep >= len(text):
+            return message
+        shorter = _with_text(message, clip_text(text, keep))
+        over = token_of(shorter) - max(target_tokens, frame + _MIN_KEEP_TOKENS)
+        if over <= 0 or keep <= 16:
+            break
+        keep = max(16, keep - int(over * chars_per_token) - 8)
+    return shorter
+
+
+def _with_text(message: Message, text: str) -> Message:
+    """``message`` with its text replaced by ``text`` (a summary's markers kept; non-text parts kept)."""
+    if is_summary_message(message):
+        return message if text == message.get("content") else {**message, "content": text}
+    content = message.get("content")
+    if isinstance(content, list):
+        others = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
+        return {**message, "content": [{"type": "text", "text": text}, *others]}
+    return {**message, "content": text}
 
 
 # ---------------------------------------------------------------------------
@@ -1754,15 +1910,31 @@ async def fit_request(
     if cap <= 0 or total <= cap:
         return list(messages), FitReport(tokens_before=total, tokens_after=total)
     known = {id(m): size for m, size in zip(messages, sizes)}
-    on_loop = len(messages) <= ON_LOOP_MESSAGES
+    on_loop = len(messages) <= ON_LOOP_MESSAGES and not exact
 
     def token_of(message: Message) -> int:
+        """A message's size the way the rest were counted: a copy cut while fitting is tokenized too when the others
+        were (an estimate with its margin beside exact counts made every cut look larger than what it replaced, so
+        cuts were refused and the list stayed over the cap)."""
         size = known.get(id(message))
-        return size if size is not None else counter.estimated_size(message, encoding, cached=on_loop)
+        if size is not None:
+            return size
+        if exact:  # a copy cut the same in an earlier round of a loop is known (a read: the thread never writes)
+            entry = counter._cache.get(_cache_key(message, encoding))
+            size = entry[1] if entry is not None and entry[1] is not None else None
+            if size is None:
+                size = counter.measure([message], encoding, True)[0]
+                counted[id(message)] = (message, size)
+            return size
+        return counter.estimated_size(message, encoding, cached=on_loop)
 
+    counted: dict = {}  # id -> (cut copy, its exact count)
     if on_loop:
         return fit_to_budget(messages, token_of, cap, prefix, fixed)
-    return await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)
+    out, report = await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # off the loop
+    for message, size in counted.values():  # merged on the loop: count_request says tokens_after of the list sent,
+        counter._entry(message, encoding)[1] = size  # and the next round of a loop counts the same cuts no more
+    return out, report
 
 
 # -- The model's own tokens ----------------------------------------------------
@@ -3613,6 +3785,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "carried over from the older filter: {names}",
         "n_ignored": "not used by this filter, ignored: {names}",
         "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
+        "loop_summarizing": "Tool loop: summarizing {messages} of earlier rounds in the background…",
+        "loop_summary_done": "Tool loop: earlier rounds summarized ({messages}); later calls send the summary",
+        "loop_summary_failed": "Tool loop: earlier rounds not summarized ({reason}); older results are shortened instead",
     },
     "zh": {
         "sent": "已发送 {used} tokens",
@@ -3649,6 +3824,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "已沿用旧版过滤器的设置：{names}",
         "n_ignored": "本过滤器不使用，已忽略：{names}",
         "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
+        "loop_summarizing": "工具循环：正在后台摘要之前轮次的 {messages}…",
+        "loop_summary_done": "工具循环：之前的轮次已摘要（{messages}）；后续调用发送摘要",
+        "loop_summary_failed": "工具循环：之前的轮次未能摘要（{reason}）；改为缩短较早的结果",
     },
     "ja": {
         "sent": "{used} トークン送信",
@@ -3685,6 +3863,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "旧フィルターから引き継ぎました：{names}",
         "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
         "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
+        "loop_summarizing": "ツールループ：以前のラウンドの {messages}をバックグラウンドで要約中…",
+        "loop_summary_done": "ツールループ：以前のラウンドを要約しました（{messages}）；以降の呼び出しは要約を送ります",
+        "loop_summary_failed": "ツールループ：以前のラウンドを要約できませんでした（{reason}）；古い結果を短縮します",
     },
     "ko": {
         "sent": "{used} 토큰 전송",
@@ -3721,6 +3902,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "이전 필터에서 가져온 설정: {names}",
         "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
         "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
+        "loop_summarizing": "도구 루프: 이전 라운드의 {messages} 백그라운드에서 요약 중…",
+        "loop_summary_done": "도구 루프: 이전 라운드 요약됨 ({messages}); 이후 호출은 요약을 보냅니다",
+        "loop_summary_failed": "도구 루프: 이전 라운드를 요약하지 못함 ({reason}); 대신 오래된 결과를 줄입니다",
     },
     "fr": {
         "sent": "{used} tokens envoyés",
@@ -3757,6 +3941,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "repris de l'ancien filtre : {names}",
         "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
         "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
+        "loop_summarizing": "Boucle d'outils : résumé de {messages} des tours précédents en arrière-plan…",
+        "loop_summary_done": "Boucle d'outils : tours précédents résumés ({messages}) ; les appels suivants envoient le résumé",
+        "loop_summary_failed": "Boucle d'outils : tours précédents non résumés ({reason}) ; les anciens résultats sont raccourcis",
     },
     "de": {
         "sent": "{used} Tokens gesendet",
@@ -3793,6 +3980,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "vom älteren Filter übernommen: {names}",
         "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
         "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
+        "loop_summarizing": "Tool-Schleife: fasse {messages} früherer Runden im Hintergrund zusammen…",
+        "loop_summary_done": "Tool-Schleife: frühere Runden zusammengefasst ({messages}); spätere Aufrufe senden die Zusammenfassung",
+        "loop_summary_failed": "Tool-Schleife: frühere Runden nicht zusammengefasst ({reason}); ältere Ergebnisse werden stattdessen gekürzt",
     },
     "es": {
         "sent": "{used} tokens enviados",
@@ -3829,6 +4019,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "tomado del filtro anterior: {names}",
         "n_ignored": "este filtro no lo usa, se ignora: {names}",
         "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
+        "loop_summarizing": "Bucle de herramientas: resumiendo {messages} de rondas anteriores en segundo plano…",
+        "loop_summary_done": "Bucle de herramientas: rondas anteriores resumidas ({messages}); las llamadas siguientes envían el resumen",
+        "loop_summary_failed": "Bucle de herramientas: rondas anteriores sin resumir ({reason}); se acortan los resultados antiguos",
     },
     "pt": {
         "sent": "{used} tokens enviados",
@@ -3865,6 +4058,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "trazido do filtro antigo: {names}",
         "n_ignored": "não usado por este filtro, ignorado: {names}",
         "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
+        "loop_summarizing": "Ciclo de ferramentas: resumindo {messages} de rodadas anteriores em segundo plano…",
+        "loop_summary_done": "Ciclo de ferramentas: rodadas anteriores resumidas ({messages}); as chamadas seguintes enviam o resumo",
+        "loop_summary_failed": "Ciclo de ferramentas: rodadas anteriores não resumidas ({reason}); os resultados antigos são encurtados",
     },
     "ru": {
         "sent": "отправлено {used} токенов",
@@ -3901,6 +4097,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "перенесено из старого фильтра: {names}",
         "n_ignored": "не используется этим фильтром, пропущено: {names}",
         "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
+        "loop_summarizing": "Цикл инструментов: в фоне составляется сводка ранних раундов: {messages}…",
+        "loop_summary_done": "Цикл инструментов: ранние раунды сведены ({messages}); следующие вызовы отправляют сводку",
+        "loop_summary_failed": "Цикл инструментов: сводка ранних раундов не удалась ({reason}); старые результаты сокращаются",
     },
     "it": {
         "sent": "{used} token inviati",
@@ -3937,6 +4136,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "ripreso dal filtro precedente: {names}",
         "n_ignored": "non usato da questo filtro, ignorato: {names}",
         "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
+        "loop_summarizing": "Ciclo di strumenti: riepilogo di {messages} dei turni precedenti in background…",
+        "loop_summary_done": "Ciclo di strumenti: turni precedenti riassunti ({messages}); le chiamate successive inviano il riepilogo",
+        "loop_summary_failed": "Ciclo di strumenti: turni precedenti non riassunti ({reason}); i risultati più vecchi vengono accorciati",
     },
     "pl": {
         "sent": "wysłano {used} tokenów",
@@ -3973,6 +4175,9 @@ STATUS_TEXTS: dict = {
         "n_carried": "przeniesiono ze starszego filtra: {names}",
         "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
         "n_builtin_on": "Wbudowana automatyczna kompresja Open WebUI też jest włączona: może opóźniać odpowiedzi podczas podsumowywania; ten filtr kontynuuje od jej podsumowań",
+        "loop_summarizing": "Pętla narzędzi: podsumowywanie w tle wcześniejszych rund: {messages}…",
+        "loop_summary_done": "Pętla narzędzi: wcześniejsze rundy podsumowane ({messages}); kolejne wywołania wysyłają podsumowanie",
+        "loop_summary_failed": "Pętla narzędzi: wcześniejszych rund nie podsumowano ({reason}); starsze wyniki są skracane",
     },
 }
 
@@ -4252,6 +4457,16 @@ def fold_deadline(s: Settings) -> int:
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
 
 
+def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: int) -> int:
+    """Where a fold ends: ``target``, or the branch's end when the verbatim tail from ``target`` holds tool results and
+    alone counts (``tail_tokens``) over the trigger. A reply's tool loop is one atomic unit with its answer, so the tail
+    cannot start inside it: kept verbatim, the next turn could not carry it and would drop it whole, facts and all;
+    folded whole now, the next turn sends it as the summary (its tail opens with the next user message)."""
+    if tail_tokens <= trigger or not any(_role(m) == "tool" for m in canon[target:]):
+        return target
+    return len(canon)
+
+
 class BackgroundSummarizer:
     """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
 
@@ -4264,6 +4479,7 @@ class BackgroundSummarizer:
         self.tasks: set = set()
         self.lines: set = set()  # status lines being written (at most one per request in flight)
         self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
+        self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
@@ -4321,15 +4537,16 @@ class BackgroundSummarizer:
         return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
 
     # -- tasks ------------------------------------------------------------
-    def spawn(self, work: Awaitable) -> None:
-        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped and waits for a later turn."""
+    def spawn(self, work: Awaitable) -> bool:
+        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped (False) and waits for a later turn."""
         if len(self.tasks) >= MAX_BACKGROUND_TASKS:
             work.close()
             log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
-            return
+            return False
         task = asyncio.ensure_future(work)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
+        return True
 
     def _task_done(self, task: "asyncio.Task") -> None:
         self.tasks.discard(task)
@@ -4417,6 +4634,8 @@ class BackgroundSummarizer:
         if used <= s.trigger_tokens and not ctx.force_summary:
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
+        tail_tokens = self.next_request_tokens(ctx, canon[target:])
+        target = agent_run_target(canon, target, tail_tokens, s.trigger_tokens)
         if target <= start:
             return None
         # what the summarizer would read, counted exactly, off the event loop
@@ -4518,6 +4737,111 @@ class BackgroundSummarizer:
         # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
         return plan_rounds(blocks, budget, count, stops)
+
+
+# -- Summaries inside one reply's tool loop --------------------------------------
+# Open WebUI calls the request hook before every model call of a native tool loop; the rounds it adds are not in the
+# chat yet (no stored ids), so a loop summary is keyed by the reply (chat key + reply id) in this worker's memory, counts
+# the reply's own messages after the user's request (whole rounds) and carries the fingerprint of exactly those. A
+# later round applies it when the fingerprint still matches; it is never stored: after the reply, outlet's ordinary
+# fold reads the same results from the stored reply (its ``output``) and covers them by stored ids.
+
+LOOP_MEMORY = 256  # replies whose loop summaries one worker remembers
+
+
+@dataclass(frozen=True)
+class LoopSummary:
+    covered: int  # messages after the user's request, whole rounds
+    fingerprint: str  # prefix_fingerprint of their canonical digests
+    summary: str
+
+
+@dataclass
+class LoopState:
+    """One reply's loop summary, the fold running for it (at most one), and whether folding failed (not retried in
+    this reply: older results are shortened instead)."""
+
+    summary: Optional[LoopSummary] = None
+    running: bool = False
+    failed: bool = False
+
+
+def loop_key(ctx: RequestContext) -> str:
+    return f"{ctx.chat_key()}:{ctx.message_id}"
+
+
+def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
+    return prefix_fingerprint([canonical_digest(m) for m in messages[start : start + covered]], covered)
+
+
+class LoopSummaries:
+    """Plans and runs folds of a tool loop's older rounds in the background (through ``BackgroundSummarizer``'s
+    summarizer call) and applies the newest one a later round can use; no round ever waits for one."""
+
+    def __init__(self, summaries: "BackgroundSummarizer"):
+        self.summaries = summaries
+        self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
+
+    def applied(self, ctx: RequestContext, messages: Messages) -> tuple[Messages, int]:
+        """``messages`` with this reply's loop summary in place of the rounds it covers, and how many messages it
+        covers (0: none applies)."""
+        state = self.states.recall(loop_key(ctx)) if ctx.message_id else None
+        done = state.summary if state is not None else None
+        if done is None:
+            return messages, 0
+        start, end = current_turn_rounds(messages)
+        if start + done.covered > end or loop_fingerprint(messages, start, done.covered) != done.fingerprint:
+            return messages, 0
+        return apply_loop_summary(messages, done.covered, done.summary), done.covered
+
+    def plan(self, ctx: RequestContext, messages: Messages, tokens: int) -> None:
+        """Starts folding the rounds not yet covered (all but the latest) when the request, its loop summary applied,
+        counts ``tokens`` over the trigger and they are worth a summary call; returns at once."""
+        s = ctx.settings
+        if not ctx.message_id or tokens <= s.trigger_tokens:
+            return
+        state = self.states.setdefault(loop_key(ctx), LoopState())
+        if state.running or state.failed:
+            return
+        start, end = current_turn_rounds(messages)
+        covered = state.summary.covered if state.summary else 0
+        fresh = messages[start + covered : end]
+        if not fresh or count_request(self.summaries.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
+            return
+        state.running = self.summaries.spawn(self._fold(ctx, state, messages[start:end], covered))
+
+    @staticmethod
+    def worth(s: Settings, tokens: int) -> int:
+        """Fewest new tokens worth a fold: the stretch from the low water mark to the trigger, as between turns; past
+        ``fold_deadline`` any whole round (the cap is near: shortening would take it otherwise)."""
+        return 1 if tokens > fold_deadline(s) else int(s.trigger_tokens * (1 - s.low_water))
+
+    async def _fold(self, ctx: RequestContext, state: LoopState, rounds: Messages, covered: int) -> None:
+        summaries, s = self.summaries, ctx.settings
+        try:
+            await summaries._say(ctx, "loop_summarizing", done=False, messages=len(rounds) - covered)
+            blocks = await asyncio.to_thread(render_for_summary, rounds[covered:], [None] * (len(rounds) - covered))
+            count = partial(summaries.counter.text_tokens, encoding=s.summary_encoding)
+            budget = summary_round_budget(
+                s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt
+            )
+            plan = await asyncio.to_thread(plan_rounds, blocks, max(200, budget - s.max_summary_tokens), count)
+            text = state.summary.summary if state.summary else ""
+            for summary_round in plan[:_MAX_ROUNDS]:
+                text = await summaries._ask(ctx, text, summary_round.texts())
+            if len(plan) > _MAX_ROUNDS:
+                raise SummaryError(Fault.INTERNAL, "too many rounds")
+            state.summary = LoopSummary(len(rounds), loop_fingerprint(rounds, 0, len(rounds)), text)
+            await summaries._say(ctx, "loop_summary_done", done=True, messages=len(rounds))
+        except SummaryError as exc:
+            state.failed = True
+            log.warning("async_context_compression chat=%s: loop summary failed (%s)", ctx.chat_id or "api", exc)
+            await summaries._say(ctx, "loop_summary_failed", done=True, reason=exc.fault)
+        except Exception:
+            state.failed = True
+            log.exception("async_context_compression: loop summary failed")
+        finally:
+            state.running = False
 
 
 # -- What the running Open WebUI offers (read once per process) ----------------
@@ -4768,12 +5092,14 @@ class Filter:
         __event_emitter__: Optional[Callable] = None,
         __model__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
+        __request__: Any = None,
     ) -> dict:
         # Before every model call of a native tool loop, where inlet does not run again: the loop's growing list
-        # is repaired and capped too.
-        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
+        # is repaired and capped too, and its older rounds folded in the background (the summarizer needs the request).
+        args = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__)
+        return await self._guarded(*args, inlet=False, http_request=__request__)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool, http_request=None) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
         the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -4781,6 +5107,8 @@ class Filter:
         ctx = None
         try:
             ctx = await self._context(body, user, metadata, emitter, model, chat_id)
+            if ctx is not None:
+                ctx.request = http_request
             return body if ctx is None else await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
@@ -4830,7 +5158,7 @@ class Filter:
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems)) if inlet else None
+        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems))  # every call of a loop too
         record, fault = found or (None, None)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
@@ -4844,7 +5172,13 @@ class Filter:
         view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
+        unfolded = view
+        if not inlet:  # a call of a tool loop: its older rounds as this reply's loop summary, when one is ready
+            view, in_loop = self.summaries.loops.applied(ctx, view)
+            prefix += 1 if in_loop and prefix > 0 else 0  # the summary goes before the head
         view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
+        if not inlet:  # fold what is not folded yet in the background, for a later round (this one does not wait)
+            self.summaries.loops.plan(ctx, unfolded, fit.tokens_before)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
             # its output needs no repair), but a 400 from the provider would cost the user's turn

@@ -46,7 +46,9 @@ from round to round, plus the sentences the user's ``/summarize`` instructions
 name (``summary_format`` switches either way).  Chat requests get a
 deterministic echo of the message count and of the markers found in system
 messages holding ``<conversation_summary``; ``CALL_TOOL:<name>`` in the last
-user message of a request with ``tools`` yields a tool call.
+user message of a request with ``tools`` yields a tool call; ``CALL_TOOL_ROUNDS:<name>:<n>`` there makes an agent that
+calls the tool in ``n`` rounds, one at a time (arguments ``{"round": k}``, k one more than the highest round among the
+calls after that message), then answers.
 
 Run standalone: ``python -m devkit.fake_provider --port 8099 --mode friendly``.
 """
@@ -92,6 +94,7 @@ SUMMARY_PHRASE = "running summary"
 SUMMARY_FAILS = (None, "500", "timeout", "empty", "reasoning")
 MODES = ("strict", "friendly")
 _CALL_TOOL_RE = re.compile(r"CALL_TOOL:([A-Za-z0-9_-]{1,64})")
+_CALL_TOOL_ROUNDS_RE = re.compile(r"CALL_TOOL_ROUNDS:([A-Za-z0-9_-]{1,64}):(\d{1,3})")
 _UNSET: Any = object()
 _IMAGE_TOKENS = 85  # what OpenAI charges for a low-detail image
 
@@ -485,6 +488,26 @@ def _tool_call_request(body: dict, messages: list) -> Optional[str]:
         return None  # after a tool result the model answers text
     m = _CALL_TOOL_RE.search(content_text(last.get("content")))
     return m.group(1) if m else None
+
+
+def _agent_round(body: dict, messages: list) -> Optional[tuple[str, int]]:
+    """(tool name, round) of an agent asked for ``CALL_TOOL_ROUNDS:<name>:<n>`` whose rounds are not done yet."""
+    if not body.get("tools"):
+        return None
+    last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=-1)
+    if last_user < 0:
+        return None
+    m = _CALL_TOOL_ROUNDS_RE.search(content_text(messages[last_user].get("content")))
+    if not m:
+        return None
+    done = 0
+    for msg in messages[last_user + 1 :]:
+        for call in (msg.get("tool_calls") or []) if isinstance(msg, dict) else []:
+            try:
+                done = max(done, int(json.loads(call["function"]["arguments"]).get("round", 0)))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+    return (m.group(1), done + 1) if done < int(m.group(2)) else None
 
 
 def _error_body(message: str, etype: str, param: Any = None, code: Any = None) -> dict:
@@ -885,6 +908,7 @@ class FakeProvider:
             return
 
         tool_name: Optional[str] = None
+        arguments = "{}"
         if kind == "summary":
             if self._sleep(cfg["summary_delay"]):
                 return finish(503, "server stopped")
@@ -912,6 +936,9 @@ class FakeProvider:
             if self._sleep(cfg["chat_delay"]):
                 return finish(503, "server stopped")
             tool_name = _tool_call_request(body, messages)
+            agent = _agent_round(body, messages)
+            if agent:
+                tool_name, arguments = agent[0], json.dumps({"round": agent[1]})
             if tool_name:
                 content = ""
             elif cfg["reply_text"] is not None:
@@ -927,7 +954,7 @@ class FakeProvider:
                 {
                     "id": f"call{n:05d}"[-9:],
                     "type": "function",
-                    "function": {"name": tool_name, "arguments": "{}"},
+                    "function": {"name": tool_name, "arguments": arguments},
                 }
             ]
         completion_tokens = max(1, len(content) // 4) if content else (1 if tool_calls else 0)

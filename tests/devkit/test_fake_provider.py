@@ -416,6 +416,24 @@ def test_tool_loop(provider):
     assert body["choices"][0]["finish_reason"] == "stop"
 
 
+def test_agent_calls_the_tool_round_after_round_then_answers(provider):
+    msgs = [U("Read the report. CALL_TOOL_ROUNDS:get_time:3")]
+    rounds = []
+    for _ in range(4):
+        status, body = chat(provider, msgs, tools=TOOLS)
+        choice = body["choices"][0]
+        if choice["finish_reason"] != "tool_calls":
+            break
+        (call,) = choice["message"]["tool_calls"]
+        rounds.append(json.loads(call["function"]["arguments"])["round"])
+        msgs += [choice["message"], T(call["id"], f"page {rounds[-1]}")]
+    assert status == 200 and rounds == [1, 2, 3]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"]
+    # the rounds are read from the calls kept: with the first two folded away, the agent still goes on from round 3
+    status, body = chat(provider, [msgs[0], *msgs[5:]], tools=TOOLS)
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
 def test_tool_call_streamed(provider):
     status, raw = chat(provider, [U("CALL_TOOL:get_time")], tools=TOOLS, stream=True)
     chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
