@@ -1808,6 +1808,272 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
     return ratios[::-1]
 
 
+# -- The model's window (ModelWindow) ---------------------------------------------------------------------------------
+# One concept: how many tokens a model's context holds, found without configuration. Sources, most trusted first:
+# the request and Open WebUI's own model settings (``num_ctx``), the provider's ``/models`` entry that Open WebUI
+# keeps in ``__model__`` (published), and what this filter learned from the provider itself (the window a rejection
+# names, the ceiling of a silent cut), shared by every worker and replica through the store (layer 5).
+
+# Where providers publish a window in their ``/models`` entry (docs/en/design.md has the table): vLLM
+# ``max_model_len``; OpenRouter, Together, DeepInfra ``context_length`` (OpenRouter also under ``top_provider``,
+# DeepInfra under ``metadata``); LM Studio ``loaded_context_length`` (what is loaded) before ``max_context_length``
+# (also Mistral's); Groq ``context_window``; LiteLLM ``max_input_tokens``; llama.cpp ``meta.n_ctx_train`` (the
+# trained length: the server may run with less, and then says so when it rejects).
+PUBLISHED_WINDOW_FIELDS = (
+    ("loaded_context_length",),
+    ("max_model_len",),
+    ("context_length",),
+    ("max_context_length",),
+    ("context_window",),
+    ("max_input_tokens",),
+    ("top_provider", "context_length"),
+    ("metadata", "context_length"),
+    ("model_info", "max_input_tokens"),
+    ("meta", "n_ctx"),
+    ("meta", "n_ctx_train"),
+)
+WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
+WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
+WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares
+REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
+REPLY_ROOM_MAX = 8192  # ... at most this many tokens
+WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
+CUT_RATIO_DROP = 0.98  # a reply reporting under this share of the expected prompt, at a round ceiling, was cut
+
+# The texts providers reject an over-long request with, each naming the window (collected from their documentation
+# and issue trackers; tests/unit/test_model_window.py quotes each).
+_WINDOW_ERROR_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE | re.DOTALL)
+    for p in (
+        r"maximum context length is (\d[\d,]*) tokens",  # OpenAI, vLLM, DeepSeek, Groq, LiteLLM passing them on
+        r"prompt is too long: \d[\d,]* tokens > (\d[\d,]*) maximum",  # Anthropic
+        r"exceeds the maximum number of tokens allowed \(?(\d[\d,]*)\)?",  # Gemini
+        r"too large for model with (\d[\d,]*) maximum context length",  # Mistral
+        r"context length of only (\d[\d,]*) tokens",  # LM Studio
+        r"tokens \+ `max_new_tokens` must be <= (\d[\d,]*)",  # Text Generation Inference (Together, Hugging Face)
+        r"available context size \((\d[\d,]*) tokens\)",  # llama.cpp, its message with the size
+        r"context window of (\d[\d,]*) tokens",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A model's window in its own tokens (0 = unknown) and where it was found: "settings" (``num_ctx`` of the request
+    or of the model's settings in Open WebUI), "published" (the provider's model list), "error" (a rejection named
+    it), "cut" (a reply's prompt was cut at it); ``published`` is what the model list said when it was learned."""
+
+    tokens: int = 0
+    source: str = ""
+    published: int = 0
+    learned_at: float = 0.0
+
+
+NO_WINDOW = Window()
+
+
+def _window_number(value: Any) -> int:
+    try:
+        number = int(str(value).replace(",", "")) if not isinstance(value, bool) else 0
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return number if WINDOW_MIN <= number <= WINDOW_MAX else 0
+
+
+def published_window(entry: Any) -> int:
+    """The window a provider's ``/models`` entry publishes (PUBLISHED_WINDOW_FIELDS, first found), 0 = none."""
+    if not isinstance(entry, dict):
+        return 0
+    for path in PUBLISHED_WINDOW_FIELDS:
+        value: Any = entry
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if tokens := _window_number(value):
+            return tokens
+    return 0
+
+
+def settings_window(body: Any, model: Any = None) -> int:
+    """``num_ctx`` of the request (``options`` or top level) or of the model's settings in Open WebUI, 0 = none."""
+    body = body if isinstance(body, dict) else {}
+    info = model.get("info") if isinstance(model, dict) else None
+    params = info.get("params") if isinstance(info, dict) else None
+    for source in (body.get("options"), body, params):
+        if isinstance(source, dict) and (tokens := _window_number(source.get("num_ctx"))):
+            return tokens
+    return 0
+
+
+def _error_texts(error: Any, depth: int = 0) -> list:
+    """Every text of a provider's error as Open WebUI keeps it (a string, or the provider's error object)."""
+    if isinstance(error, str):
+        return [error]
+    if depth > 4:
+        return []
+    if isinstance(error, dict):
+        return [t for value in error.values() for t in _error_texts(value, depth + 1)]
+    if isinstance(error, list):
+        return [t for value in error for t in _error_texts(value, depth + 1)]
+    return []
+
+
+def window_from_error(error: Any) -> int:
+    """The window a provider's rejection names (_WINDOW_ERROR_PATTERNS; llama.cpp's error object's ``n_ctx``), 0 =
+    the error names none."""
+    if isinstance(error, dict):
+        inner = error.get("error") if isinstance(error.get("error"), dict) else error
+        if "context" in str(inner.get("type", "")) and (tokens := _window_number(inner.get("n_ctx"))):
+            return tokens
+    for text in _error_texts(error):
+        for pattern in _WINDOW_ERROR_PATTERNS:
+            if (match := pattern.search(text)) and (tokens := _window_number(match.group(1))):
+                return tokens
+    return 0
+
+
+def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None) -> int:
+    """The window a reply's reported prompt shows the model cut at (Ollama keeps the last ``num_ctx`` tokens and says
+    nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the
+    model's last (reported, expected). Cut: the same report for a prompt grown by 5% or more (pinned at a ceiling),
+    or a report under CUT_RATIO_DROP of the expected one at a round ceiling (a multiple of 256: every ``num_ctx``
+    seen in practice)."""
+    if reported < WINDOW_MIN or expected <= 0:
+        return 0
+    if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * 1.05:
+        return reported
+    return reported if reported % 256 == 0 and reported < expected * CUT_RATIO_DROP else 0
+
+
+def model_published_window(model: Any) -> int:
+    """The window published in Open WebUI's model entry: the provider's own ``/models`` entry (``openai``; Ollama's
+    ``ollama`` entry, from ``/api/tags``, names none today)."""
+    entry = model if isinstance(model, dict) else {}
+    return published_window(entry.get("openai")) or published_window(entry.get("ollama"))
+
+
+def owui_model_entry(request: Any, model_id: str) -> Any:
+    """Open WebUI's entry of ``model_id`` (``request.app.state.MODELS``), None where it cannot be read."""
+    try:
+        return request.app.state.MODELS.get(model_id)
+    except Exception:
+        return None
+
+
+def reply_room(body: Any, model: Any, window: int) -> int:
+    """The tokens a reply needs in ``window``: ``max_tokens`` / ``max_completion_tokens`` / ``num_predict`` of the
+    request or of the model's settings, else 1/REPLY_SHARE of the window, at most REPLY_ROOM_MAX."""
+    body = body if isinstance(body, dict) else {}
+    info = model.get("info") if isinstance(model, dict) else None
+    sources = [s for s in (body.get("options"), body, info.get("params") if isinstance(info, dict) else None) if s]
+    keys = ("num_predict", "max_tokens", "max_completion_tokens")
+    asked = next((n for s in sources if isinstance(s, dict) for k in keys if (n := _positive_int(s, k))), 0)
+    return min(asked, window // 2) if asked else min(window // REPLY_SHARE, REPLY_ROOM_MAX)
+
+
+class ModelWindow:
+    """Per worker: the windows learned from providers (this worker's, and every worker's as the store had them at
+    the last read, WINDOWS_REFRESH apart), the last usage per model (for cuts), and which windows were told."""
+
+    def __init__(self, models: int = 512):
+        self.learned = _BoundedDict(models)  # model -> Window, learned here or read from the store
+        self.last_usage = _BoundedDict(models)  # model -> (reported, expected) of its last reply
+        self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
+        self.unsaved: list = []  # (model, Window or None) for the store; None forgets
+        self.read_at = 0.0
+        self.loading: Optional[asyncio.Task] = None
+
+    def find(self, model_id: str, model: Any, body: Any) -> Window:
+        """The model's window, most trusted first: settings, then a learned one (only while the provider publishes
+        what it did when it was learned: a change means the model was replaced), then the published one."""
+        if tokens := settings_window(body, model):
+            return Window(tokens, "settings")
+        published = model_published_window(model)
+        learned = self.learned.get(model_id)
+        if (
+            learned is not None
+            and learned.published == published
+            and time.time() - learned.learned_at < WINDOW_LEARNED_TTL
+        ):
+            return learned
+        return Window(published, "published") if published else NO_WINDOW
+
+    def news(self, model_id: str, window: Window, reply_id: str) -> tuple:
+        """A Note for the status line the first time this worker finds ``window`` (and for the same reply's later
+        requests: inlet's line is not always the one shown), else ()."""
+        if not window.tokens or window.source == "settings":
+            return ()
+        key = (model_id, window.tokens, window.source)
+        if self.told.setdefault(key, reply_id) != reply_id:
+            return ()
+        return (note(f"w_{window.source}", window=format_tokens(window.tokens), model=model_id),)
+
+    def learn(self, model_id: str, tokens: int, source: str, published: int = 0) -> Optional[Window]:
+        """Records a window the provider showed (``source`` "error" or "cut"); the new Window, or None when the same
+        was known already."""
+        if not tokens or not model_id:
+            return None
+        known = self.learned.get(model_id)
+        if known is not None and known.tokens == tokens and known.published == published:
+            return None
+        window = Window(tokens, source, published, time.time())
+        self.learned[model_id] = window
+        self.unsaved.append((model_id, window))
+        del self.unsaved[:-64]
+        log.warning(
+            "async_context_compression: %s's window is %s tokens, learned from the provider's %s",
+            model_id,
+            tokens,
+            "error" if source == "error" else "cut of the prompt",
+        )
+        return window
+
+    def observe(self, model_id: str, reported: int, expected: float, published: int = 0) -> Optional[Window]:
+        """A reply's reported prompt: a cut teaches the window; a prompt larger than a learned window shows that the
+        window no longer holds (forgotten)."""
+        previous = self.last_usage.get(model_id)
+        self.last_usage[model_id] = (reported, expected)
+        known = self.learned.get(model_id)
+        if known is not None and reported > known.tokens:
+            del self.learned[model_id]
+            self.unsaved.append((model_id, None))
+            log.warning(
+                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten",
+                model_id,
+                reported,
+                known.tokens,
+            )
+            return None
+        cut = window_from_usage(reported, expected, previous)
+        return self.learn(model_id, cut, "cut", published) if cut else None
+
+    def snapshot(self, rows: Iterable) -> None:
+        """The store's rows (model, tokens, source, published, learned_at) replace what other workers learned; the
+        newest of a model wins."""
+        for model, tokens, source, published, at in rows:
+            known = self.learned.get(model)
+            if known is None or (at or 0.0) > known.learned_at:
+                self.learned[str(model)] = Window(int(tokens), str(source), int(published or 0), float(at or 0.0))
+
+    async def refresh(self, read: Optional[Callable]) -> None:
+        """Every WINDOWS_REFRESH seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
+        now = time.monotonic()
+        if read is None or now - self.read_at < WINDOWS_REFRESH:
+            return
+        self.read_at = now
+        if self.loading is None or self.loading.done():
+            self.loading = asyncio.ensure_future(self._load(read))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.loading), STORE_TIMEOUT)
+        except Exception as exc:
+            log.debug("async_context_compression: windows not read in time: %s", exc)
+
+    async def _load(self, read: Callable) -> None:
+        try:
+            self.snapshot(await read())
+        except Exception as exc:
+            log.debug("async_context_compression: windows not read: %s", exc)
+
+
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
@@ -1842,6 +2108,8 @@ class Settings:
     low_water: float = 0.5  # share of the trigger the next request should fall to after a summary rewrite
     scale: float = 1.0  # the model's tokens per counted token (see in_counted_units)
     model_cap: int = 0  # the cap in the model's own tokens, as the status line states it; 0 = max_context
+    window: Window = NO_WINDOW  # the model's window as found (ModelWindow.find)
+    news: tuple = ()  # Notes told once on the status line: a window found or learned (ModelWindow.news)
 
 
 _SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
@@ -2122,26 +2390,48 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
     return default
 
 
-def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Settings:
+def window_cap(admin_cap: int, window: int, reply: int) -> int:
+    """The cap on what is sent: the admin's (0 = none set) never above the known ``window`` less the ``reply``'s room
+    (``reply_room``); where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
+    if window > 0:
+        room = max(1, window - reply)
+        return min(admin_cap, room) if admin_cap > 0 else room
+    return admin_cap or WINDOW_FALLBACK_CAP
+
+
+def summary_model_id(valves: Any, model_id: str) -> str:
+    """The model that writes summaries: the ``summary_model`` valve, else the chat's own."""
+    return _as_text(getattr(valves, "summary_model", "")).strip() or model_id
+
+
+def resolve_settings(
+    valves: Any,
+    model_id: str,
+    user_valves: Any = None,
+    window: Window = NO_WINDOW,
+    reply: int = 0,
+    summary_window: int = 0,
+) -> Settings:
     """Effective settings for one request: impossible combinations and values out of range are corrected to a safe
-    value and explained in ``warnings`` (Notes), after those of the valves themselves."""
+    value and explained in ``warnings`` (Notes), after those of the valves themselves. ``window``: the model's
+    (``ModelWindow.find``), ``reply``: its reply's room there (``reply_room``), ``summary_window``: the summary
+    model's window as found (0 = unknown); the caps follow from them (``window_cap``)."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
     own = model_overrides(table, model_id)
     bounded = {name: _bounded_valve(valves, name, warnings) for name in _VALVE_BOUNDS}
     threshold = int(own.get("compression_threshold_tokens", bounded["compression_threshold_tokens"]))
-    max_context = int(own.get("max_context_tokens", bounded["max_context_tokens"]))
+    admin_cap = int(own.get("max_context_tokens", bounded["max_context_tokens"]))
+    max_context, window_found = window_cap(admin_cap, window.tokens, reply), window
     ratio = float(bounded["summary_trigger_ratio"])
-    trigger = threshold
-    if max_context > 0:
-        if threshold >= max_context:
-            warnings.append(note("n_threshold_cap", threshold=threshold, cap=max_context, share=f"{ratio:.0%}"))
-        trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
-    summary_model = _as_text(getattr(valves, "summary_model", "")).strip() or model_id
+    if threshold >= max_context and max_context == admin_cap:  # a cap from the window lowers the threshold silently
+        warnings.append(note("n_threshold_cap", threshold=threshold, cap=max_context, share=f"{ratio:.0%}"))
+    trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
+    summary_model = summary_model_id(valves, model_id)
     summary_own = model_overrides(table, summary_model)
     window = bounded["summary_model_max_context"] or summary_own.get("summary_model_max_context", 0)
-    window = window or summary_own.get("max_context_tokens", 0) or max_context or 32000
+    window = window or summary_own.get("max_context_tokens", 0) or summary_window or max_context
     wanted = int(bounded["max_summary_tokens"])
     room = min(window, max_context or window)  # a summary takes at most half of it
     max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
@@ -2174,6 +2464,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
         summary_model_params={str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS},
         low_water=float(bounded["summary_low_water"]),
+        window=window_found,
     )
 
 
@@ -2224,6 +2515,8 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
 RATIO_TABLE = "acc_model_tokens"  # the ratios of ModelTokens, shared by every worker and replica
+WINDOW_TABLE = "acc_model_window"  # the windows ModelWindow learned, one row per model, shared like the ratios
+WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
 SUMMARIES_KEPT_PER_CHAT = 8
 LEASE_TTL = 30.0  # seconds a summary lease lives without a heartbeat: a dead holder's frees this fast
@@ -2335,7 +2628,16 @@ def _tables(schema: Optional[str] = None) -> dict:
         Column("created_at", Float, nullable=False),
         Index("ix_acc_model_tokens_model_path", "model", "path"),
     )
-    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
+    window = Table(
+        WINDOW_TABLE,
+        metadata,
+        Column("model", String(255), primary_key=True),
+        Column("tokens", Integer, nullable=False),
+        Column("source", String(16), nullable=False),
+        Column("published", Integer, nullable=False, default=0),
+        Column("learned_at", Float, nullable=False),
+    )
+    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio, window=window)
 
 
 @lru_cache(maxsize=1)
@@ -2609,6 +2911,34 @@ class SummaryStore:
         sa, t = await self._table("ratio")
         query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
         return [tuple(row) for row in await self._run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
+
+    # -- the models' windows (ModelWindow) ----------------------------------------
+    async def save_windows(self, rows: list) -> None:
+        """(model, Window) as learned, or (model, None) to forget one, one transaction; a model keeps one row."""
+        if not rows:
+            return
+        sa, t = await self._table("window")
+        latest = dict(rows)  # the last word on each model
+
+        async def op(conn):
+            await conn.execute(sa.delete(t).where(t.c.model.in_([m[:255] for m in latest])))
+            values = [
+                dict(model=m[:255], tokens=w.tokens, source=w.source, published=w.published, learned_at=w.learned_at)
+                for m, w in latest.items()
+                if w is not None
+            ]
+            if values:
+                await conn.execute(sa.insert(t), values)
+            await conn.execute(sa.delete(t).where(t.c.learned_at < time.time() - WINDOW_LEARNED_TTL))
+
+        await self._run(op)
+
+    async def read_windows(self) -> list:
+        """Every worker's learned windows: (model, tokens, source, published, learned_at)."""
+        sa, t = await self._table("window")
+        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
+        query = query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ)
+        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query))]
 
     # -- leases ----------------------------------------------------------------
     def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
@@ -3159,6 +3489,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "carried over from the older filter: {names}",
         "n_ignored": "not used by this filter, ignored: {names}",
         "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "window {window}, from the provider's model list",
+        "w_error": "window {window}, learned from the provider's error",
+        "w_cut": "window {window}, learned from the model's usage (it cut the prompt)",
     },
     "zh": {
         "sent": "已发送 {used} tokens",
@@ -3195,6 +3529,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "已沿用旧版过滤器的设置：{names}",
         "n_ignored": "本过滤器不使用，已忽略：{names}",
         "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "上下文窗口 {window}，来自服务商的模型列表",
+        "w_error": "上下文窗口 {window}，从服务商的报错中得知",
+        "w_cut": "上下文窗口 {window}，从模型报告的用量得知（它截断了提示）",
     },
     "ja": {
         "sent": "{used} トークン送信",
@@ -3231,6 +3569,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "旧フィルターから引き継ぎました：{names}",
         "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
         "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "コンテキストウィンドウ {window}（プロバイダーのモデル一覧より）",
+        "w_error": "コンテキストウィンドウ {window}（プロバイダーのエラーから学習）",
+        "w_cut": "コンテキストウィンドウ {window}（モデルの使用量から学習：プロンプトが切り詰められました）",
     },
     "ko": {
         "sent": "{used} 토큰 전송",
@@ -3267,6 +3609,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "이전 필터에서 가져온 설정: {names}",
         "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
         "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "컨텍스트 창 {window}, 제공자의 모델 목록에서",
+        "w_error": "컨텍스트 창 {window}, 제공자의 오류에서 학습",
+        "w_cut": "컨텍스트 창 {window}, 모델의 사용량에서 학습(프롬프트가 잘림)",
     },
     "fr": {
         "sent": "{used} tokens envoyés",
@@ -3303,6 +3649,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "repris de l'ancien filtre : {names}",
         "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
         "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "fenêtre de {window}, d'après la liste de modèles du fournisseur",
+        "w_error": "fenêtre de {window}, apprise de l'erreur du fournisseur",
+        "w_cut": "fenêtre de {window}, apprise de l'usage rapporté par le modèle (il a tronqué le prompt)",
     },
     "de": {
         "sent": "{used} Tokens gesendet",
@@ -3339,6 +3689,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "vom älteren Filter übernommen: {names}",
         "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
         "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "Fenster {window}, aus der Modellliste des Anbieters",
+        "w_error": "Fenster {window}, aus dem Fehler des Anbieters gelernt",
+        "w_cut": "Fenster {window}, aus der gemeldeten Nutzung gelernt (das Modell hat den Prompt gekürzt)",
     },
     "es": {
         "sent": "{used} tokens enviados",
@@ -3375,6 +3729,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "tomado del filtro anterior: {names}",
         "n_ignored": "este filtro no lo usa, se ignora: {names}",
         "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "ventana de {window}, según la lista de modelos del proveedor",
+        "w_error": "ventana de {window}, aprendida del error del proveedor",
+        "w_cut": "ventana de {window}, aprendida del uso que informó el modelo (recortó el prompt)",
     },
     "pt": {
         "sent": "{used} tokens enviados",
@@ -3411,6 +3769,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "trazido do filtro antigo: {names}",
         "n_ignored": "não usado por este filtro, ignorado: {names}",
         "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "janela de {window}, da lista de modelos do provedor",
+        "w_error": "janela de {window}, aprendida com o erro do provedor",
+        "w_cut": "janela de {window}, aprendida com o uso informado pelo modelo (ele cortou o prompt)",
     },
     "ru": {
         "sent": "отправлено {used} токенов",
@@ -3447,6 +3809,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "перенесено из старого фильтра: {names}",
         "n_ignored": "не используется этим фильтром, пропущено: {names}",
         "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "окно {window}, из списка моделей провайдера",
+        "w_error": "окно {window}, узнано из ошибки провайдера",
+        "w_cut": "окно {window}, узнано из отчёта модели об использовании (она обрезала запрос)",
     },
     "it": {
         "sent": "{used} token inviati",
@@ -3483,6 +3849,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "ripreso dal filtro precedente: {names}",
         "n_ignored": "non usato da questo filtro, ignorato: {names}",
         "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "finestra di {window}, dall'elenco dei modelli del fornitore",
+        "w_error": "finestra di {window}, appresa dall'errore del fornitore",
+        "w_cut": "finestra di {window}, appresa dall'uso riportato dal modello (ha troncato il prompt)",
     },
     "pl": {
         "sent": "wysłano {used} tokenów",
@@ -3519,6 +3889,10 @@ STATUS_TEXTS: dict = {
         "n_carried": "przeniesiono ze starszego filtra: {names}",
         "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
         "n_builtin_on": "Wbudowana automatyczna kompresja Open WebUI też jest włączona: może opóźniać odpowiedzi podczas podsumowywania; ten filtr kontynuuje od jej podsumowań",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "okno {window}, z listy modeli dostawcy",
+        "w_error": "okno {window}, poznane z błędu dostawcy",
+        "w_cut": "okno {window}, poznane z użycia zgłoszonego przez model (obciął prompt)",
     },
 }
 
@@ -3825,7 +4199,8 @@ class BackgroundSummarizer:
         state.last_sent = sent
         if not ctx.settings.show_status:
             return None
-        return replace(sent, notes=ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ())
+        due = ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ()
+        return replace(sent, notes=(*due, *ctx.settings.news))
 
     def say_soon(self, ctx: RequestContext, line: str) -> None:
         """Writes a request's status line while the model answers: Open WebUI stores each status in the chat's row under
@@ -4127,6 +4502,26 @@ async def builtin_compaction_on(refresh: bool = True) -> bool:
     return _BUILTIN_ON[0]
 
 
+def reply_missing(messages: Messages) -> bool:
+    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed (empty,
+    with the provider's error beside it), so the previous request may have been rejected."""
+    roles = [_role(m) for m in messages[-2:]]
+    return roles == ["user", "user"]
+
+
+async def failed_reply_error(chat_id: str, user_message_id: str) -> Any:
+    """The provider's error Open WebUI saved on the reply before the user message ``user_message_id`` (its parent:
+    ``{"error": {"content": <the provider's error text or object>}}``), None when there is none."""
+    if not chat_id or not user_message_id or chat_id.startswith(("local:", "temporary:", "channel:")):
+        return None
+    from open_webui.models.chats import Chats  # type: ignore
+
+    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
+    parent = (stored.get(user_message_id) or {}).get("parentId")
+    error = (stored.get(parent) or {}).get("error") if parent else None
+    return error.get("content", error) if isinstance(error, dict) else error
+
+
 async def _stored_branch(chat_id: str, ids: list) -> Messages:
     """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
     compaction saves, which outlet's body lacks)."""
@@ -4162,12 +4557,12 @@ class Filter:
             description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
         )
         compression_threshold_tokens: int = Field(
-            default=64000,
-            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens.",
+            default=0,
+            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
         )
         max_context_tokens: int = Field(
-            default=128000,
-            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). Set it below the model's window by the reply size. 0 = no cap.",
+            default=0,
+            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
         )
         summary_trigger_ratio: float = Field(
             default=0.75,
@@ -4190,7 +4585,7 @@ class Filter:
         )
         summary_model_max_context: int = Field(
             default=0,
-            description="Context window of the summary model in tokens. 0 = take it from model_thresholds or max_context_tokens.",
+            description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
         )
         max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
         summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
@@ -4233,6 +4628,7 @@ class Filter:
         self.valves = self.Valves()
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
+        self.windows = ModelWindow()  # per model: its window, found or learned from the provider
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -4255,7 +4651,9 @@ class Filter:
         __request__: Any = None,
         __chat_id__: Optional[str] = None,
     ) -> dict:
-        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
+        return await self._guarded(
+            body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True, request=__request__
+        )
 
     async def request(
         self,
@@ -4270,14 +4668,14 @@ class Filter:
         # is repaired and capped too.
         return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=False)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool, request: Any = None) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
         the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
         ctx = None
         try:
-            ctx = await self._context(body, user, metadata, emitter, model, chat_id)
+            ctx = await self._context(body, user, metadata, emitter, model, chat_id, inlet=inlet, request=request)
             return body if ctx is None else await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
@@ -4292,20 +4690,29 @@ class Filter:
                 log.exception("async_context_compression: repair failed too; sending the request unchanged")
                 return body
 
-    async def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
+    async def _context(
+        self, body, user, metadata, emitter, model, chat_id, inlet: bool = False, request: Any = None
+    ) -> Optional[RequestContext]:
         user = user if isinstance(user, dict) else {}
         user_valves = user.get("valves")
         if user_valves is not None and not getattr(user_valves, "enabled", True):
             return None
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
-        settings = resolve_settings(self.valves, model_id, user_valves)
+        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
+        window = await self._window(body, model, model_id, chat_id, metadata if inlet else None)
+        summary_model = summary_model_id(self.valves, model_id)
+        summary_entry = model if summary_model == model_id else owui_model_entry(request, summary_model)
+        summary_window = self.windows.find(summary_model, summary_entry, {} if summary_entry is not model else body)
+        reply = reply_room(body, model, window.tokens)
+        settings = resolve_settings(self.valves, model_id, user_valves, window, reply, summary_window.tokens)
+        news = self.windows.news(model_id, window, str(metadata.get("message_id") or ""))
+        settings = replace(settings, news=news) if news else settings
         # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
         bound = request_prompt_bound(body, model)
         await self.tokens.refresh(getattr(self.store, "read_ratios", None))
         scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
         settings = in_counted_units(settings, scale, bound)
-        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -4421,12 +4828,15 @@ class Filter:
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
-            ctx = await self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
+            chat_id = body.get("chat_id")
+            ctx = await self._context(
+                body, __user__, __metadata__, __event_emitter__, __model__, chat_id, request=__request__
+            )
             if ctx is None:
                 return body
             ctx.request = __request__
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
-            self._learn_tokens(ctx, body)
+            self._learn_tokens(ctx, body, __model__)
             ctx.force_summary = asked_for_summary(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
@@ -4437,18 +4847,63 @@ class Filter:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
 
+    # -- the model's window (ModelWindow) ------------------------------------------
+    async def _window(self, body: dict, model: Any, model_id: str, chat_id: str, inlet_metadata: Any) -> Window:
+        """The model's window; inlet after a reply that failed (``reply_missing``) first learns the window the
+        provider's error names, so this turn fits where the last did not."""
+        await self.windows.refresh(getattr(self.store, "read_windows", None))
+        window = self.windows.find(model_id, model, body)
+        if inlet_metadata is None or window.source == "settings" or not reply_missing(body["messages"]):
+            return window
+        try:
+            asked = failed_reply_error(chat_id, str(inlet_metadata.get("user_message_id") or ""))
+            error = await asyncio.wait_for(asked, STORE_TIMEOUT)
+        except Exception as exc:
+            log.debug("async_context_compression: the failed reply's error not read: %s", exc)
+            return window
+        if self.windows.learn(model_id, window_from_error(error), "error", model_published_window(model)):
+            self.summaries.spawn(self._save_windows())
+            window = self.windows.find(model_id, model, body)
+        return window
+
+    def _observe_window(self, ctx: RequestContext, reply_id: str, usage: Any, model: Any) -> None:
+        """A reply's reported prompt against what was counted for it (``ModelWindow.observe``): a cut prompt teaches
+        the window, and its ratio is not learned."""
+        counted, reported = self.tokens.counted.get(reply_id), reported_prompt_tokens(usage)
+        if counted is None or reported is None or reported[1]:
+            return
+        scale = self.tokens.scale(ctx.model_id, counted[1] == "exact") or 1.0
+        before = len(self.windows.unsaved)
+        if self.windows.observe(ctx.model_id, reported[0], counted[2] * scale, model_published_window(model)):
+            self.tokens.counted.pop(reply_id, None)
+        if len(self.windows.unsaved) != before:
+            self.summaries.spawn(self._save_windows())
+
+    async def _save_windows(self) -> None:
+        rows, self.windows.unsaved = self.windows.unsaved, []
+        save = getattr(self.store, "save_windows", None)
+        if not rows or save is None:
+            return
+        try:
+            await save(rows)
+        except Exception as exc:  # every worker still has its own; the next one learned is saved with these
+            self.windows.unsaved[:0] = rows[-64:]
+            log.debug("async_context_compression: windows not saved: %s", exc)
+
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
         if self.summaries.tasks or self.summaries.lines:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
-    def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
+    def _learn_tokens(self, ctx: RequestContext, body: dict, model: Any = None) -> None:
         """Relates this reply's usage to what was counted for its request; an existing chat of a model not known yet
         replays its earlier replies' usage (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
+        if reply is not None:
+            self._observe_window(ctx, reply_id, reply.get("usage"), model)
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.summaries.spawn(self._save_ratios())
             return
