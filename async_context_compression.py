@@ -1839,6 +1839,7 @@ REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the win
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
 CUT_RATIO_DROP = 0.98  # a reply reporting under this share of the expected prompt, at a round ceiling, was cut
+CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 
 # The texts providers reject an over-long request with, each naming the window (collected from their documentation
 # and issue trackers; tests/unit/test_model_window.py quotes each).
@@ -1934,12 +1935,12 @@ def window_from_error(error: Any) -> int:
 def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None) -> int:
     """The window a reply's reported prompt shows the model cut at (Ollama keeps the last ``num_ctx`` tokens and says
     nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the
-    model's last (reported, expected). Cut: the same report for a prompt grown by 5% or more (pinned at a ceiling),
+    model's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling),
     or a report under CUT_RATIO_DROP of the expected one at a round ceiling (a multiple of 256: every ``num_ctx``
     seen in practice)."""
     if reported < WINDOW_MIN or expected <= 0:
         return 0
-    if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * 1.05:
+    if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * CUT_GROWTH:
         return reported
     return reported if reported % 256 == 0 and reported < expected * CUT_RATIO_DROP else 0
 
@@ -4866,15 +4867,16 @@ class Filter:
             window = self.windows.find(model_id, model, body)
         return window
 
-    def _observe_window(self, ctx: RequestContext, reply_id: str, usage: Any, model: Any) -> None:
+    def _observe_window(self, reply_id: str, usage: Any, model: Any) -> None:
         """A reply's reported prompt against what was counted for it (``ModelWindow.observe``): a cut prompt teaches
         the window, and its ratio is not learned."""
         counted, reported = self.tokens.counted.get(reply_id), reported_prompt_tokens(usage)
         if counted is None or reported is None or reported[1]:
             return
-        scale = self.tokens.scale(ctx.model_id, counted[1] == "exact") or 1.0
+        model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
+        scale = self.tokens.scale(model_id, path == "exact") or 1.0
         before = len(self.windows.unsaved)
-        if self.windows.observe(ctx.model_id, reported[0], counted[2] * scale, model_published_window(model)):
+        if self.windows.observe(model_id, reported[0], last * scale, model_published_window(model)):
             self.tokens.counted.pop(reply_id, None)
         if len(self.windows.unsaved) != before:
             self.summaries.spawn(self._save_windows())
@@ -4903,7 +4905,7 @@ class Filter:
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None:
-            self._observe_window(ctx, reply_id, reply.get("usage"), model)
+            self._observe_window(reply_id, reply.get("usage"), model)
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.summaries.spawn(self._save_ratios())
             return
