@@ -1834,7 +1834,8 @@ PUBLISHED_WINDOW_FIELDS = (
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
-WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares
+WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares ...
+WINDOWS_REFRESH_UNKNOWN = 1.0  # ... or this for a model without one: another worker may have just learned it
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
@@ -2055,10 +2056,10 @@ class ModelWindow:
             if known is None or (at or 0.0) > known.learned_at:
                 self.learned[str(model)] = Window(int(tokens), str(source), int(published or 0), float(at or 0.0))
 
-    async def refresh(self, read: Optional[Callable]) -> None:
-        """Every WINDOWS_REFRESH seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
+    async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
+        """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
         now = time.monotonic()
-        if read is None or now - self.read_at < WINDOWS_REFRESH:
+        if read is None or now - self.read_at < every:
             return
         self.read_at = now
         if self.loading is None or self.loading.done():
@@ -4852,8 +4853,12 @@ class Filter:
     async def _window(self, body: dict, model: Any, model_id: str, chat_id: str, inlet_metadata: Any) -> Window:
         """The model's window; inlet after a reply that failed (``reply_missing``) first learns the window the
         provider's error names, so this turn fits where the last did not."""
-        await self.windows.refresh(getattr(self.store, "read_windows", None))
+        read = getattr(self.store, "read_windows", None)
+        await self.windows.refresh(read)
         window = self.windows.find(model_id, model, body)
+        if not window.tokens:  # nothing known here: what another worker learned is worth a read, one a second
+            await self.windows.refresh(read, WINDOWS_REFRESH_UNKNOWN)
+            window = self.windows.find(model_id, model, body)
         if inlet_metadata is None or window.source == "settings" or not reply_missing(body["messages"]):
             return window
         try:
