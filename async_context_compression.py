@@ -1834,8 +1834,8 @@ PUBLISHED_WINDOW_FIELDS = (
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
-WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares ...
-WINDOWS_REFRESH_UNKNOWN = 1.0  # ... or this for a model without one: another worker may have just learned it
+WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares (a model with none known
+# here reads its own row on every request: another worker may have just learned it from a rejection)
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
@@ -2055,6 +2055,15 @@ class ModelWindow:
             known = self.learned.get(model)
             if known is None or (at or 0.0) > known.learned_at:
                 self.learned[str(model)] = Window(int(tokens), str(source), int(published or 0), float(at or 0.0))
+
+    async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
+        """The model's own row, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
+        if read_one is None:
+            return
+        try:
+            self.snapshot(await asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
+        except Exception as exc:
+            log.debug("async_context_compression: the window of %s not read: %s", model_id, exc)
 
     async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
@@ -2934,6 +2943,13 @@ class SummaryStore:
             await conn.execute(sa.delete(t).where(t.c.learned_at < time.time() - WINDOW_LEARNED_TTL))
 
         await self._run(op)
+
+    async def read_window(self, model: str) -> list:
+        """One model's learned window, as ``read_windows`` rows (none or one)."""
+        sa, t = await self._table("window")
+        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
+        query = query.where(t.c.model == model[:255])
+        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query))]
 
     async def read_windows(self) -> list:
         """Every worker's learned windows: (model, tokens, source, published, learned_at)."""
@@ -4838,7 +4854,7 @@ class Filter:
                 return body
             ctx.request = __request__
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
-            self._learn_tokens(ctx, body, __model__)
+            await self._learn_tokens(ctx, body, __model__)
             ctx.force_summary = asked_for_summary(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
             messages, _ = repair_transcript(expanded)
@@ -4853,11 +4869,10 @@ class Filter:
     async def _window(self, body: dict, model: Any, model_id: str, chat_id: str, inlet_metadata: Any) -> Window:
         """The model's window; inlet after a reply that failed (``reply_missing``) first learns the window the
         provider's error names, so this turn fits where the last did not."""
-        read = getattr(self.store, "read_windows", None)
-        await self.windows.refresh(read)
+        await self.windows.refresh(getattr(self.store, "read_windows", None))
         window = self.windows.find(model_id, model, body)
-        if not window.tokens:  # nothing known here: what another worker learned is worth a read, one a second
-            await self.windows.refresh(read, WINDOWS_REFRESH_UNKNOWN)
+        if not window.tokens:  # nothing known here: another worker may have learned it a moment ago
+            await self.windows.refresh_model(getattr(self.store, "read_window", None), model_id)
             window = self.windows.find(model_id, model, body)
         if inlet_metadata is None or window.source == "settings" or not reply_missing(body["messages"]):
             return window
@@ -4868,13 +4883,14 @@ class Filter:
             log.debug("async_context_compression: the failed reply's error not read: %s", exc)
             return window
         if self.windows.learn(model_id, window_from_error(error), "error", model_published_window(model)):
-            self.summaries.spawn(self._save_windows())
+            await self._save_windows()  # once per model: every later request, on any worker, finds it
             window = self.windows.find(model_id, model, body)
         return window
 
-    def _observe_window(self, reply_id: str, usage: Any, model: Any) -> None:
+    async def _observe_window(self, reply_id: str, usage: Any, model: Any) -> None:
         """A reply's reported prompt against what was counted for it (``ModelWindow.observe``): a cut prompt teaches
-        the window, and its ratio is not learned."""
+        the window (saved before outlet returns, so the next turn finds it on any worker), and its ratio is not
+        learned."""
         counted, reported = self.tokens.counted.get(reply_id), reported_prompt_tokens(usage)
         if counted is None or reported is None or reported[1]:
             return
@@ -4884,7 +4900,7 @@ class Filter:
         if self.windows.observe(model_id, reported[0], last * scale, model_published_window(model)):
             self.tokens.counted.pop(reply_id, None)
         if len(self.windows.unsaved) != before:
-            self.summaries.spawn(self._save_windows())
+            await self._save_windows()
 
     async def _save_windows(self) -> None:
         rows, self.windows.unsaved = self.windows.unsaved, []
@@ -4892,7 +4908,7 @@ class Filter:
         if not rows or save is None:
             return
         try:
-            await save(rows)
+            await asyncio.wait_for(save(rows), STORE_TIMEOUT)
         except Exception as exc:  # every worker still has its own; the next one learned is saved with these
             self.windows.unsaved[:0] = rows[-64:]
             log.debug("async_context_compression: windows not saved: %s", exc)
@@ -4903,14 +4919,14 @@ class Filter:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
-    def _learn_tokens(self, ctx: RequestContext, body: dict, model: Any = None) -> None:
+    async def _learn_tokens(self, ctx: RequestContext, body: dict, model: Any = None) -> None:
         """Relates this reply's usage to what was counted for its request; an existing chat of a model not known yet
         replays its earlier replies' usage (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None:
-            self._observe_window(reply_id, reply.get("usage"), model)
+            await self._observe_window(reply_id, reply.get("usage"), model)
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.summaries.spawn(self._save_ratios())
             return

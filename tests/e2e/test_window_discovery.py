@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -31,6 +32,7 @@ from e2e_support import (
     request_markers,
     status_lines,
     user_text,
+    wait_for,
 )
 from test_workers import PID_PROBE
 
@@ -65,6 +67,7 @@ SPECS = {
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 WORDS = 1200  # per user turn: about 2,000 of the models' tokens
 TURNS = 24  # about 3x the window in all
+READING = 1.0  # seconds a user reads a reply
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +118,19 @@ def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
     conv.marker_of[user_id] = {marker}
     conv.history.assistant(reply, parent_id=user_id, message_id=reply_id)
     reqs = [r for r in conv.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
+    reading(conv.provider)
     return Turn(marker, text, user_id, reply_id, 0.0, None, reqs, conv.branch_markers(user_id), set())
+
+
+def reading(provider, seconds: float = READING) -> None:
+    """The user reads the reply before typing the next turn: summaries started meanwhile finish (the cap trims only
+    what a summary could not cover in time; with turns fired back to back, a slow machine decides which)."""
+    time.sleep(seconds)
+    wait_for(
+        lambda: not [r for r in provider.requests if r["kind"] == "summary" and r["status"] is None],
+        deadline=60,
+        what="summaries in flight to finish",
+    )
 
 
 def grow(client, provider, model: str, seed: int) -> tuple:
@@ -143,6 +158,9 @@ def test_default_valves_find_every_models_window_on_two_workers(stack):
     models = [*PUBLISHED, SILENT, OLLAMA_LIKE]
     with ThreadPoolExecutor(len(models)) as pool:
         chats = dict(zip(models, pool.map(lambda m: grow(client, provider, m, seed=len(m)), models)))
+    for model, (_, turns) in chats.items():  # all first, to see the whole picture when one fails
+        sizes = [r["model_tokens"] for t in turns for r in t.requests]
+        print(f"\n[e2e] {model}: {faults(turns)}; model tokens sent per request {sizes}")
     report = []
     for model, (conv, turns) in chats.items():
         found = faults(turns)

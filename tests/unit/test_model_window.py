@@ -214,6 +214,9 @@ class _Store:
     async def read_windows(self):
         return list(self.rows.values())
 
+    async def read_window(self, model):
+        return [self.rows[model]] if model in self.rows else []
+
     async def find(self, *args, **kwargs):
         return []
 
@@ -257,10 +260,14 @@ def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read()
         await two.refresh(store.read_windows)
         one.learn("q", 16384, "error")
         await store.save_windows(one.unsaved)
-        assert two.find("q", None, {}) == acc.NO_WINDOW  # until its next read
-        two.read_at -= acc.WINDOWS_REFRESH
-        await two.refresh(store.read_windows)
+        assert two.find("q", None, {}) == acc.NO_WINDOW  # until it reads the store: the model's row ...
+        await two.refresh_model(store.read_window, "q")
         assert two.find("q", None, {}).tokens == 16384
+        one.learn("r", 8192, "cut")
+        await store.save_windows(one.unsaved)
+        two.read_at -= acc.WINDOWS_REFRESH  # ... or, every WINDOWS_REFRESH, every row
+        await two.refresh(store.read_windows)
+        assert two.find("r", None, {}).tokens == 8192
 
     asyncio.run(run())
 
@@ -295,6 +302,7 @@ def test_the_store_keeps_one_row_per_model_and_forgets(tmp_path):
             await store.save_windows([("q", acc.Window(16384, "error", 0, now)), ("r", acc.Window(4096, "cut"))])
             rows = sorted(await store.read_windows())
             assert [r[:3] for r in rows] == [("q", 16384, "error")]  # "r" learned 1970: aged out
+            assert await store.read_window("q") == rows and await store.read_window("r") == []
             await store.save_windows([("q", None)])
             assert await store.read_windows() == []
         finally:
