@@ -1841,6 +1841,7 @@ REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
 CUT_RATIO_DROP = 0.98  # a reply reporting under this share of the expected prompt, at a round ceiling, was cut
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
+CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
 
 # The texts providers reject an over-long request with, each naming the window (collected from their documentation
 # and issue trackers; tests/unit/test_model_window.py quotes each).
@@ -1933,17 +1934,17 @@ def window_from_error(error: Any) -> int:
     return 0
 
 
-def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None) -> int:
+def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None, ceiling: bool = True) -> int:
     """The window a reply's reported prompt shows the model cut at (Ollama keeps the last ``num_ctx`` tokens and says
-    nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the
-    model's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling),
-    or a report under CUT_RATIO_DROP of the expected one at a round ceiling (a multiple of 256: every ``num_ctx``
-    seen in practice)."""
-    if reported < WINDOW_MIN or expected <= 0:
+    nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the same
+    chat's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling),
+    or, with ``ceiling`` (Ollama's own ``prompt_eval_count`` reported), a report under CUT_RATIO_DROP of the expected
+    one at a round ceiling (a multiple of 256: every ``num_ctx`` seen in practice)."""
+    if reported < CUT_MIN or expected <= 0:
         return 0
     if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * CUT_GROWTH:
         return reported
-    return reported if reported % 256 == 0 and reported < expected * CUT_RATIO_DROP else 0
+    return reported if ceiling and reported % 256 == 0 and reported < expected * CUT_RATIO_DROP else 0
 
 
 def model_published_window(model: Any) -> int:
@@ -1978,7 +1979,7 @@ class ModelWindow:
 
     def __init__(self, models: int = 512):
         self.learned = _BoundedDict(models)  # model -> Window, learned here or read from the store
-        self.last_usage = _BoundedDict(models)  # model -> (reported, expected) of its last reply
+        self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, expected) of its last reply
         self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
         self.unsaved: list = []  # (model, Window or None) for the store; None forgets
         self.read_at = 0.0
@@ -2029,11 +2030,13 @@ class ModelWindow:
         )
         return window
 
-    def observe(self, model_id: str, reported: int, expected: float, published: int = 0) -> Optional[Window]:
-        """A reply's reported prompt: a cut teaches the window; a prompt larger than a learned window shows that the
-        window no longer holds (forgotten)."""
-        previous = self.last_usage.get(model_id)
-        self.last_usage[model_id] = (reported, expected)
+    def observe(
+        self, model_id: str, reported: int, expected: float, published: int = 0, chat: str = "", ceiling: bool = True
+    ) -> Optional[Window]:
+        """A reply's reported prompt (``window_from_usage``; ``chat``: whose previous reply it is compared with): a cut
+        teaches the window; a prompt larger than a learned window shows that the window no longer holds (forgotten)."""
+        previous = self.last_usage.get((model_id, chat))
+        self.last_usage[(model_id, chat)] = (reported, expected)
         known = self.learned.get(model_id)
         if known is not None and reported > known.tokens:
             del self.learned[model_id]
@@ -2045,7 +2048,7 @@ class ModelWindow:
                 known.tokens,
             )
             return None
-        cut = window_from_usage(reported, expected, previous)
+        cut = window_from_usage(reported, expected, previous, ceiling)
         return self.learn(model_id, cut, "cut", published) if cut else None
 
     def snapshot(self, rows: Iterable) -> None:
@@ -4887,7 +4890,7 @@ class Filter:
             window = self.windows.find(model_id, model, body)
         return window
 
-    async def _observe_window(self, reply_id: str, usage: Any, model: Any) -> None:
+    async def _observe_window(self, reply_id: str, usage: Any, model: Any, chat: str = "") -> None:
         """A reply's reported prompt against what was counted for it (``ModelWindow.observe``): a cut prompt teaches
         the window (saved before outlet returns, so the next turn finds it on any worker), and its ratio is not
         learned."""
@@ -4897,7 +4900,9 @@ class Filter:
         model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
         scale = self.tokens.scale(model_id, path == "exact") or 1.0
         before = len(self.windows.unsaved)
-        if self.windows.observe(model_id, reported[0], last * scale, model_published_window(model)):
+        ollama = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # cuts rather than rejects
+        published = model_published_window(model)
+        if self.windows.observe(model_id, reported[0], last * scale, published, chat, ceiling=ollama):
             self.tokens.counted.pop(reply_id, None)
         if len(self.windows.unsaved) != before:
             await self._save_windows()
@@ -4926,7 +4931,7 @@ class Filter:
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None:
-            await self._observe_window(reply_id, reply.get("usage"), model)
+            await self._observe_window(reply_id, reply.get("usage"), model, ctx.chat_key())
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.summaries.spawn(self._save_ratios())
             return

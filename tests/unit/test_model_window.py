@@ -148,7 +148,15 @@ def test_a_prompt_cut_at_a_round_ceiling_shows_the_window():
     assert acc.window_from_usage(16384, 16384) == 0  # all of it arrived
     assert acc.window_from_usage(9000, 12000, previous=(9000, 11000)) == 9000  # pinned while the prompt grew
     assert acc.window_from_usage(9000, 11100, previous=(9000, 11000)) == 0  # the same prompt, nearly
-    assert acc.window_from_usage(100, 1000) == 0  # too small to be a window
+    assert acc.window_from_usage(1024, 1900) == 0  # under any num_ctx Ollama uses: a count without its cache
+    assert acc.window_from_usage(16384, 16900, ceiling=False) == 0  # a provider that rejects rather than cuts
+
+
+def test_a_cut_is_read_per_chat_not_across_chats():
+    windows = acc.ModelWindow()
+    assert windows.observe("q", 9000, 9100, chat="a", ceiling=False) is None
+    assert windows.observe("q", 9010, 9400, chat="b", ceiling=False) is None  # another chat of the same size
+    assert windows.observe("q", 9005, 9500, chat="a", ceiling=False).tokens == 9005  # pinned in chat a
 
 
 # -- caps from the window ---------------------------------------------------------------
