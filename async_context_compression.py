@@ -15,7 +15,8 @@ requirements: tiktoken
 #      summary placement, budget fitting. Plain message lists in, new lists out.
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints.
 #   3. Token accounting: tiktoken (loaded off the request path) + estimator,
-#      and each model's own tokens per counted token, learned from usage.
+#      and each model's own tokens per counted token, learned from usage; each model's window (ModelWindow:
+#      set, published by the provider, named by its rejection, or shown by its silent cut).
 #   4. Settings: valves resolved per model, never raising.
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
@@ -24,10 +25,11 @@ requirements: tiktoken
 #      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
 #
-# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units (4, the model's ModelTokens.scale (3)) ->
-# repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line (7); Open
-# WebUI's request hook repeats repair and fit on the final list and notes its count (ModelTokens.note_sent). After the
-# reply, Filter.outlet -> ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
+# A request travels: Filter.inlet -> ModelWindow.find (3) -> resolve_settings (4) -> in_counted_units (4, the model's
+# ModelTokens.scale (3)) -> repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) ->
+# fit_request (3) -> status_line (7); Open WebUI's request hook repeats repair and fit on the final list and notes its count
+# (ModelTokens.note_sent). After the reply, Filter.outlet -> ModelWindow.observe and ModelTokens.learn from the reply's
+# usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
