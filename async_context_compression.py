@@ -1837,7 +1837,7 @@ PUBLISHED_WINDOW_FIELDS = (
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
 WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares (a model with none known
-# here reads its own row on every request: another worker may have just learned it from a rejection)
+# here reads its own row in every inlet: another worker may have just learned it from a rejection)
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
@@ -4876,7 +4876,7 @@ class Filter:
         provider's error names, so this turn fits where the last did not."""
         await self.windows.refresh(getattr(self.store, "read_windows", None))
         window = self.windows.find(model_id, model, body)
-        if not window.tokens:  # nothing known here: another worker may have learned it a moment ago
+        if not window.tokens and inlet_metadata is not None:  # another worker may have learned it a moment ago
             await self.windows.refresh_model(getattr(self.store, "read_window", None), model_id)
             window = self.windows.find(model_id, model, body)
         if inlet_metadata is None or window.source == "settings" or not reply_missing(body["messages"]):
