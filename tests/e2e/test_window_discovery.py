@@ -36,7 +36,7 @@ from e2e_support import (
 )
 from test_workers import PID_PROBE
 
-from devkit.fake_provider import FakeProvider, ModelSpec
+from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens
 from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken, new_id
 from devkit.owui_client import OpenWebUIError
 
@@ -66,7 +66,7 @@ SPECS = {
 }
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 WORDS = 1200  # per user turn: about 2,000 of the models' tokens
-TURNS = 24  # about 3x the window in all
+TURNS = 26  # a little over 3x the window in all
 READING = 1.0  # seconds a user reads a reply
 
 
@@ -165,9 +165,9 @@ def test_default_valves_find_every_models_window_on_two_workers(stack):
     for model, (conv, turns) in chats.items():
         found = faults(turns)
         sent = sum(r["model_tokens"] or 0 for t in turns for r in t.requests[-1:])
-        grown = sum(len(t.text) for t in turns) / 4 * 1.3  # about the model tokens the user typed
-        report.append(f"{model}: {found}, grew to ~{grown / WINDOW:.1f}x the window, {sent} tokens sent in all")
-        assert grown > 2.5 * WINDOW, report[-1]
+        grown = count_tokens([{"role": "user", "content": t.text} for t in turns]) * SPECS[model].ratio
+        report.append(f"{model}: {found}, the user typed {grown / WINDOW:.1f}x the window, {sent} tokens sent in all")
+        assert grown > 3 * WINDOW, report[-1]
         first = {SILENT: "rejected", OLLAMA_LIKE: "cut"}.get(model)  # the window's only witness: one, the first
         learned_at = found[first] if first else []
         assert len(learned_at) <= 1, report[-1]
