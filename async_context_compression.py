@@ -1842,6 +1842,7 @@ REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the win
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
 CUT_RATIO_DROP = 0.98  # a reply reporting under this share of the expected prompt, at a round ceiling, was cut
+CUT_POWER_DROP = 0.998  # ... at a power of two, against the chat's previous reply: 0.2% under it is already a cut
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
 
@@ -1939,14 +1940,21 @@ def window_from_error(error: Any) -> int:
 def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None, ceiling: bool = True) -> int:
     """The window a reply's reported prompt shows the model cut at (Ollama keeps the last ``num_ctx`` tokens and says
     nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the same
-    chat's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling),
-    or, with ``ceiling`` (Ollama's own ``prompt_eval_count`` reported), a report under CUT_RATIO_DROP of the expected
-    one at a round ceiling (a multiple of 256: every ``num_ctx`` seen in practice)."""
+    chat's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling);
+    or, with ``ceiling`` (Ollama's own ``prompt_eval_count`` reported), a report at a round ceiling under what the
+    prompt should have reported: a power of two (every default ``num_ctx``) under CUT_POWER_DROP of it, or a
+    multiple of 256 under CUT_RATIO_DROP. What it should have reported is scaled from the chat's previous reply when
+    there is one (the same chat's ratio barely moves between turns), else ``expected``."""
     if reported < CUT_MIN or expected <= 0:
         return 0
     if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * CUT_GROWTH:
         return reported
-    return reported if ceiling and reported % 256 == 0 and reported < expected * CUT_RATIO_DROP else 0
+    if not ceiling:
+        return 0
+    should = previous[0] * expected / previous[1] if previous and previous[1] > 0 else expected
+    power_of_two = reported & (reported - 1) == 0
+    drop = CUT_POWER_DROP if power_of_two and previous else CUT_RATIO_DROP
+    return reported if reported % 256 == 0 and reported < should * drop else 0
 
 
 def model_published_window(model: Any) -> int:

@@ -65,7 +65,7 @@ SPECS = {
     SUMMARIZER: ModelSpec(ratio=1.0, window=8192, publish="max_model_len", error_shape="nested"),
 }
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
-WORDS = 1200  # per user turn: about 2,000 of the models' tokens
+WORDS = 1400  # per user turn: about 2,000 of the models' tokens
 TURNS = 26  # a little over 3x the window in all
 READING = 1.0  # seconds a user reads a reply
 

@@ -149,6 +149,10 @@ def test_a_prompt_cut_at_a_round_ceiling_shows_the_window():
     assert acc.window_from_usage(9000, 12000, previous=(9000, 11000)) == 9000  # pinned while the prompt grew
     assert acc.window_from_usage(9000, 11100, previous=(9000, 11000)) == 0  # the same prompt, nearly
     assert acc.window_from_usage(1024, 1900) == 0  # under any num_ctx Ollama uses: a count without its cache
+    # a cut of 0.4%, at a power of two: told by the chat's previous reply (14411 reported for 11085 counted x 1.3)
+    assert acc.window_from_usage(16384, 16452, previous=(14411, 14410.5)) == 16384
+    assert acc.window_from_usage(16384, 16452) == 0  # without it, too close to the estimate to tell
+    assert acc.window_from_usage(16128, 16452, previous=(14411, 14410.5)) == 0  # not a power of two: 2% needed
     assert acc.window_from_usage(16384, 16900, ceiling=False) == 0  # a provider that rejects rather than cuts
 
 
