@@ -4371,8 +4371,9 @@ class BackgroundSummarizer:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        urgent = ctx.force_summary or (s.max_context and used > s.max_context)
-        if not urgent and fresh < self._worth_folding(s, previous, used):
+        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
+        urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
+        if not urgent and fresh < self._worth_folding(s, previous, coming):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -4384,6 +4385,12 @@ class BackgroundSummarizer:
                 target,
             )
         return FoldPlan(previous, head, start, target)
+
+    def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
+        """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
+        fold deadline by the count without the next turn would let that turn reach the cap before the summary."""
+        last = _last_user_index(canon)
+        return count_request(self.counter, [canon[last]], s.encoding, 0) if last >= 0 else 0
 
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])

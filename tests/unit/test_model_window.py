@@ -410,3 +410,27 @@ def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypa
     assert f.windows.find("llama", None, {}).tokens == 2048
     assert acc.TokenCounter is not None and f.summaries.store.rows["llama"][1:3] == (2048, "error")
     assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+
+
+def test_long_turns_in_a_small_window_get_their_summary_before_the_next_turn_reaches_the_cap():
+    """Turns of ~14% of a 16k window's cap: the rewrite may not wait for the fold deadline by the count without the
+    next turn, or that turn meets the cap before the summary (e2e: a marker left out once in 26 turns)."""
+    from acc_builders import EstimateOnly, RecordStore
+
+    summaries = acc.BackgroundSummarizer(RecordStore(), EstimateOnly(), None)
+    settings = acc.resolve_settings(acc.Filter.Valves(), "q", None, acc.Window(16384, "published"), 2048)
+    ctx = acc.RequestContext(user={"id": "u"}, user_id="u", chat_id="c", model_id="q", language="en", settings=settings)
+    turn = "Budget cache deploy engine filter gateway handler index. " * 150  # ~1,800 tokens
+    canon, ids = [], []
+    for i in range(40):
+        canon += [{"role": "user", "content": f"Q{i} {turn}"}, {"role": "assistant", "content": f"A{i}."}]
+        ids += [f"u{i}", f"a{i}"]
+        summary = acc.SummaryRecord("u", "c", "", 0, 10, "", "Running summary. " * 50)
+        branch = acc.replace(acc.Branch.of(canon, ids), base=summary)
+        used = summaries.next_request_tokens(ctx, canon, summary.summary, 0, 10)
+        step = acc.count_request(summaries.counter, [canon[-2]], settings.encoding, 0)  # a user turn
+        if i >= 6 and used + step > acc.fold_deadline(settings):
+            break
+    assert used <= acc.fold_deadline(settings) < settings.max_context  # the case: only the next turn crosses it
+    plan = asyncio.run(summaries.plan(ctx, branch))
+    assert plan is not None and plan.start == 10
