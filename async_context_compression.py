@@ -15,7 +15,8 @@ requirements: tiktoken
 #      summary placement, budget fitting. Plain message lists in, new lists out.
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints.
 #   3. Token accounting: tiktoken (loaded off the request path) + estimator,
-#      and each model's own tokens per counted token, learned from usage.
+#      and each model's own tokens per counted token, learned from usage; each model's window (ModelWindow:
+#      set, published by the provider, named by its rejection, or shown by its silent cut).
 #   4. Settings: valves resolved per model, never raising.
 #   5. Summary store: Open WebUI's async database, summaries and leases.
 #   6. Summarizer: prompt, input rendering, answer cleaning.
@@ -24,12 +25,12 @@ requirements: tiktoken
 #      fold in rounds, save, back off; what the running Open WebUI offers.
 #   9. The Filter: thin wiring of the above to inlet / request / outlet.
 #
-# A request travels: Filter.inlet -> resolve_settings (4) -> in_counted_units (4, the model's ModelTokens.scale (3)) ->
-# repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) -> fit_request (3) -> status_line (7); Open
-# WebUI's request hook repeats all of it on the final list before every model call of a tool loop, applies the reply's
-# loop summary (LoopSummaries.applied (8) -> apply_loop_summary (1)), starts the next one in the background
-# (LoopSummaries.plan (8)) and notes its count (ModelTokens.note_sent). After the
-# reply, Filter.outlet -> ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
+# A request travels: Filter.inlet -> ModelWindow.find (3) -> resolve_settings (4) -> in_counted_units (4, the model's
+# ModelTokens.scale (3)) -> repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) ->
+# fit_request (3) -> status_line (7); Open WebUI's request hook repeats all of it on the final list before every model
+# call of a tool loop, applies the reply's loop summary (LoopSummaries.applied (8) -> apply_loop_summary (1)), starts
+# the next one in the background (LoopSummaries.plan (8)) and notes its count (ModelTokens.note_sent). After the reply,
+# Filter.outlet -> ModelWindow.observe and ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
 # BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
@@ -2137,6 +2138,294 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
     return ratios[::-1]
 
 
+# -- The model's window (ModelWindow) ---------------------------------------------------------------------------------
+# One concept: how many tokens a model's context holds, found without configuration. Sources, most trusted first:
+# the request and Open WebUI's own model settings (``num_ctx``), the provider's ``/models`` entry that Open WebUI
+# keeps in ``__model__`` (published), and what this filter learned from the provider itself (the window a rejection
+# names, the ceiling of a silent cut), shared by every worker and replica through the store (layer 5).
+
+# Where providers publish a window in their ``/models`` entry (docs/en/design.md has the table): vLLM
+# ``max_model_len``; OpenRouter, Together, DeepInfra ``context_length`` (OpenRouter also under ``top_provider``,
+# DeepInfra under ``metadata``); LM Studio ``loaded_context_length`` (what is loaded) before ``max_context_length``
+# (also Mistral's); Groq ``context_window``; LiteLLM ``max_input_tokens``; llama.cpp ``meta.n_ctx_train`` (the
+# trained length: the server may run with less, and then says so when it rejects).
+PUBLISHED_WINDOW_FIELDS = (
+    ("loaded_context_length",),
+    ("max_model_len",),
+    ("context_length",),
+    ("max_context_length",),
+    ("context_window",),
+    ("max_input_tokens",),
+    ("top_provider", "context_length"),
+    ("metadata", "context_length"),
+    ("model_info", "max_input_tokens"),
+    ("meta", "n_ctx"),
+    ("meta", "n_ctx_train"),
+)
+WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
+WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
+WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares (a model with none known
+# here reads its own row in every inlet: another worker may have just learned it from a rejection)
+REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
+REPLY_ROOM_MAX = 8192  # ... at most this many tokens
+WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
+CUT_RATIO_DROP = 0.98  # a reply reporting under this share of the expected prompt, at a round ceiling, was cut
+CUT_POWER_DROP = 0.998  # ... at a power of two, against the chat's previous reply: 0.2% under it is already a cut
+CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
+CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
+
+# The texts providers reject an over-long request with, each naming the window (collected from their documentation
+# and issue trackers; tests/unit/test_model_window.py quotes each).
+_WINDOW_ERROR_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE | re.DOTALL)
+    for p in (
+        r"maximum context length is (\d[\d,]*) tokens",  # OpenAI, vLLM, DeepSeek, Groq, LiteLLM passing them on
+        r"prompt is too long: \d[\d,]* tokens > (\d[\d,]*) maximum",  # Anthropic
+        r"exceeds the maximum number of tokens allowed \(?(\d[\d,]*)\)?",  # Gemini
+        r"too large for model with (\d[\d,]*) maximum context length",  # Mistral
+        r"context length of only (\d[\d,]*) tokens",  # LM Studio
+        r"tokens \+ `max_new_tokens` must be <= (\d[\d,]*)",  # Text Generation Inference (Together, Hugging Face)
+        r"available context size \((\d[\d,]*) tokens\)",  # llama.cpp, its message with the size
+        r"context window of (\d[\d,]*) tokens",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A model's window in its own tokens (0 = unknown) and where it was found: "settings" (``num_ctx`` of the request
+    or of the model's settings in Open WebUI), "published" (the provider's model list), "error" (a rejection named
+    it), "cut" (a reply's prompt was cut at it); ``published`` is what the model list said when it was learned."""
+
+    tokens: int = 0
+    source: str = ""
+    published: int = 0
+    learned_at: float = 0.0
+
+
+NO_WINDOW = Window()
+
+
+def _window_number(value: Any) -> int:
+    try:
+        number = int(str(value).replace(",", "")) if not isinstance(value, bool) else 0
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return number if WINDOW_MIN <= number <= WINDOW_MAX else 0
+
+
+def published_window(entry: Any) -> int:
+    """The window a provider's ``/models`` entry publishes (PUBLISHED_WINDOW_FIELDS, first found), 0 = none."""
+    if not isinstance(entry, dict):
+        return 0
+    for path in PUBLISHED_WINDOW_FIELDS:
+        value: Any = entry
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if tokens := _window_number(value):
+            return tokens
+    return 0
+
+
+def settings_window(body: Any, model: Any = None) -> int:
+    """``num_ctx`` of the request (``options`` or top level) or of the model's settings in Open WebUI, 0 = none."""
+    body = body if isinstance(body, dict) else {}
+    info = model.get("info") if isinstance(model, dict) else None
+    params = info.get("params") if isinstance(info, dict) else None
+    for source in (body.get("options"), body, params):
+        if isinstance(source, dict) and (tokens := _window_number(source.get("num_ctx"))):
+            return tokens
+    return 0
+
+
+def _error_texts(error: Any, depth: int = 0) -> list:
+    """Every text of a provider's error as Open WebUI keeps it (a string, or the provider's error object)."""
+    if isinstance(error, str):
+        return [error]
+    if depth > 4:
+        return []
+    if isinstance(error, dict):
+        return [t for value in error.values() for t in _error_texts(value, depth + 1)]
+    if isinstance(error, list):
+        return [t for value in error for t in _error_texts(value, depth + 1)]
+    return []
+
+
+def window_from_error(error: Any) -> int:
+    """The window a provider's rejection names (_WINDOW_ERROR_PATTERNS; llama.cpp's error object's ``n_ctx``), 0 =
+    the error names none."""
+    if isinstance(error, dict):
+        inner = error.get("error") if isinstance(error.get("error"), dict) else error
+        if "context" in str(inner.get("type", "")) and (tokens := _window_number(inner.get("n_ctx"))):
+            return tokens
+    for text in _error_texts(error):
+        for pattern in _WINDOW_ERROR_PATTERNS:
+            if (match := pattern.search(text)) and (tokens := _window_number(match.group(1))):
+                return tokens
+    return 0
+
+
+def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None, ceiling: bool = True) -> int:
+    """The window a reply's reported prompt shows the model cut at (Ollama keeps the last ``num_ctx`` tokens and says
+    nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the same
+    chat's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling);
+    or, with ``ceiling`` (Ollama's own ``prompt_eval_count`` reported), a report at a round ceiling under what the
+    prompt should have reported: a power of two (every default ``num_ctx``) under CUT_POWER_DROP of it, or a
+    multiple of 256 under CUT_RATIO_DROP. What it should have reported is scaled from the chat's previous reply when
+    there is one (the same chat's ratio barely moves between turns), else ``expected``."""
+    if reported < CUT_MIN or expected <= 0:
+        return 0
+    if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * CUT_GROWTH:
+        return reported
+    if not ceiling:
+        return 0
+    should = previous[0] * expected / previous[1] if previous and previous[1] > 0 else expected
+    power_of_two = reported & (reported - 1) == 0
+    drop = CUT_POWER_DROP if power_of_two and previous else CUT_RATIO_DROP
+    return reported if reported % 256 == 0 and reported < should * drop else 0
+
+
+def model_published_window(model: Any) -> int:
+    """The window published in Open WebUI's model entry: the provider's own ``/models`` entry (``openai``; Ollama's
+    ``ollama`` entry, from ``/api/tags``, names none today)."""
+    entry = model if isinstance(model, dict) else {}
+    return published_window(entry.get("openai")) or published_window(entry.get("ollama"))
+
+
+def owui_model_entry(request: Any, model_id: str) -> Any:
+    """Open WebUI's entry of ``model_id`` (``request.app.state.MODELS``), None where it cannot be read."""
+    try:
+        return request.app.state.MODELS.get(model_id)
+    except Exception:
+        return None
+
+
+def reply_room(body: Any, model: Any, window: int) -> int:
+    """The tokens a reply needs in ``window``: ``max_tokens`` / ``max_completion_tokens`` / ``num_predict`` of the
+    request or of the model's settings, else 1/REPLY_SHARE of the window, at most REPLY_ROOM_MAX."""
+    body = body if isinstance(body, dict) else {}
+    info = model.get("info") if isinstance(model, dict) else None
+    sources = [s for s in (body.get("options"), body, info.get("params") if isinstance(info, dict) else None) if s]
+    keys = ("num_predict", "max_tokens", "max_completion_tokens")
+    asked = next((n for s in sources if isinstance(s, dict) for k in keys if (n := _positive_int(s, k))), 0)
+    return min(asked, window // 2) if asked else min(window // REPLY_SHARE, REPLY_ROOM_MAX)
+
+
+class ModelWindow:
+    """Per worker: the windows learned from providers (this worker's, and every worker's as the store had them at
+    the last read, WINDOWS_REFRESH apart), the last usage per model (for cuts), and which windows were told."""
+
+    def __init__(self, models: int = 512):
+        self.learned = _BoundedDict(models)  # model -> Window, learned here or read from the store
+        self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, expected) of its last reply
+        self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
+        self.unsaved: list = []  # (model, Window or None) for the store; None forgets
+        self.read_at = 0.0
+        self.loading: Optional[asyncio.Task] = None
+
+    def find(self, model_id: str, model: Any, body: Any) -> Window:
+        """The model's window, most trusted first: settings, then a learned one (only while the provider publishes
+        what it did when it was learned: a change means the model was replaced), then the published one."""
+        if tokens := settings_window(body, model):
+            return Window(tokens, "settings")
+        published = model_published_window(model)
+        learned = self.learned.get(model_id)
+        if (
+            learned is not None
+            and learned.published == published
+            and time.time() - learned.learned_at < WINDOW_LEARNED_TTL
+        ):
+            return learned
+        return Window(published, "published") if published else NO_WINDOW
+
+    def news(self, model_id: str, window: Window, reply_id: str) -> tuple:
+        """A Note for the status line the first time this worker finds ``window`` (and for the same reply's later
+        requests: inlet's line is not always the one shown), else ()."""
+        if not window.tokens or window.source == "settings":
+            return ()
+        key = (model_id, window.tokens, window.source)
+        if self.told.setdefault(key, reply_id) != reply_id:
+            return ()
+        return (note(f"w_{window.source}", window=format_tokens(window.tokens), model=model_id),)
+
+    def learn(self, model_id: str, tokens: int, source: str, published: int = 0) -> Optional[Window]:
+        """Records a window the provider showed (``source`` "error" or "cut"); the new Window, or None when the same
+        was known already."""
+        if not tokens or not model_id:
+            return None
+        known = self.learned.get(model_id)
+        if known is not None and known.tokens == tokens and known.published == published:
+            return None
+        window = Window(tokens, source, published, time.time())
+        self.learned[model_id] = window
+        self.unsaved.append((model_id, window))
+        del self.unsaved[:-64]
+        log.warning(
+            "async_context_compression: %s's window is %s tokens, learned from the provider's %s",
+            model_id,
+            tokens,
+            "error" if source == "error" else "cut of the prompt",
+        )
+        return window
+
+    def observe(
+        self, model_id: str, reported: int, expected: float, published: int = 0, chat: str = "", ceiling: bool = True
+    ) -> Optional[Window]:
+        """A reply's reported prompt (``window_from_usage``; ``chat``: whose previous reply it is compared with): a cut
+        teaches the window; a prompt larger than a learned window shows that the window no longer holds (forgotten)."""
+        previous = self.last_usage.get((model_id, chat))
+        self.last_usage[(model_id, chat)] = (reported, expected)
+        known = self.learned.get(model_id)
+        if known is not None and reported > known.tokens:
+            del self.learned[model_id]
+            self.unsaved.append((model_id, None))
+            log.warning(
+                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten",
+                model_id,
+                reported,
+                known.tokens,
+            )
+            return None
+        cut = window_from_usage(reported, expected, previous, ceiling)
+        return self.learn(model_id, cut, "cut", published) if cut else None
+
+    def snapshot(self, rows: Iterable) -> None:
+        """The store's rows (model, tokens, source, published, learned_at) replace what other workers learned; the
+        newest of a model wins."""
+        for model, tokens, source, published, at in rows:
+            known = self.learned.get(model)
+            if known is None or (at or 0.0) > known.learned_at:
+                self.learned[str(model)] = Window(int(tokens), str(source), int(published or 0), float(at or 0.0))
+
+    async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
+        """The model's own row, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
+        if read_one is None:
+            return
+        try:
+            self.snapshot(await asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
+        except Exception as exc:
+            log.debug("async_context_compression: the window of %s not read: %s", model_id, exc)
+
+    async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
+        """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
+        now = time.monotonic()
+        if read is None or now - self.read_at < every:
+            return
+        self.read_at = now
+        if self.loading is None or self.loading.done():
+            self.loading = asyncio.ensure_future(self._load(read))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.loading), STORE_TIMEOUT)
+        except Exception as exc:
+            log.debug("async_context_compression: windows not read in time: %s", exc)
+
+    async def _load(self, read: Callable) -> None:
+        try:
+            self.snapshot(await read())
+        except Exception as exc:
+            log.debug("async_context_compression: windows not read: %s", exc)
+
+
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
@@ -2171,6 +2460,8 @@ class Settings:
     low_water: float = 0.5  # share of the trigger the next request should fall to after a summary rewrite
     scale: float = 1.0  # the model's tokens per counted token (see in_counted_units)
     model_cap: int = 0  # the cap in the model's own tokens, as the status line states it; 0 = max_context
+    window: Window = NO_WINDOW  # the model's window as found (ModelWindow.find)
+    news: tuple = ()  # Notes told once on the status line: a window found or learned (ModelWindow.news)
 
 
 _SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
@@ -2452,26 +2743,48 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
     return default
 
 
-def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Settings:
+def window_cap(admin_cap: int, window: int, reply: int) -> int:
+    """The cap on what is sent: the admin's (0 = none set) never above the known ``window`` less the ``reply``'s room
+    (``reply_room``); where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
+    if window > 0:
+        room = max(1, window - reply)
+        return min(admin_cap, room) if admin_cap > 0 else room
+    return admin_cap or WINDOW_FALLBACK_CAP
+
+
+def summary_model_id(valves: Any, model_id: str) -> str:
+    """The model that writes summaries: the ``summary_model`` valve, else the chat's own."""
+    return _as_text(getattr(valves, "summary_model", "")).strip() or model_id
+
+
+def resolve_settings(
+    valves: Any,
+    model_id: str,
+    user_valves: Any = None,
+    window: Window = NO_WINDOW,
+    reply: int = 0,
+    summary_window: int = 0,
+) -> Settings:
     """Effective settings for one request: impossible combinations and values out of range are corrected to a safe
-    value and explained in ``warnings`` (Notes), after those of the valves themselves."""
+    value and explained in ``warnings`` (Notes), after those of the valves themselves. ``window``: the model's
+    (``ModelWindow.find``), ``reply``: its reply's room there (``reply_room``), ``summary_window``: the summary
+    model's window as found (0 = unknown); the caps follow from them (``window_cap``)."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
     own = model_overrides(table, model_id)
     bounded = {name: _bounded_valve(valves, name, warnings) for name in _VALVE_BOUNDS}
     threshold = int(own.get("compression_threshold_tokens", bounded["compression_threshold_tokens"]))
-    max_context = int(own.get("max_context_tokens", bounded["max_context_tokens"]))
+    admin_cap = int(own.get("max_context_tokens", bounded["max_context_tokens"]))
+    max_context, window_found = window_cap(admin_cap, window.tokens, reply), window
     ratio = float(bounded["summary_trigger_ratio"])
-    trigger = threshold
-    if max_context > 0:
-        if threshold >= max_context:
-            warnings.append(note("n_threshold_cap", threshold=threshold, cap=max_context, share=f"{ratio:.0%}"))
-        trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
-    summary_model = _as_text(getattr(valves, "summary_model", "")).strip() or model_id
+    if threshold >= max_context and max_context == admin_cap:  # a cap from the window lowers the threshold silently
+        warnings.append(note("n_threshold_cap", threshold=threshold, cap=max_context, share=f"{ratio:.0%}"))
+    trigger = min(threshold, int(max_context * ratio)) if threshold else int(max_context * ratio)
+    summary_model = summary_model_id(valves, model_id)
     summary_own = model_overrides(table, summary_model)
     window = bounded["summary_model_max_context"] or summary_own.get("summary_model_max_context", 0)
-    window = window or summary_own.get("max_context_tokens", 0) or max_context or 32000
+    window = window or summary_own.get("max_context_tokens", 0) or summary_window or max_context
     wanted = int(bounded["max_summary_tokens"])
     room = min(window, max_context or window)  # a summary takes at most half of it
     max_summary = wanted if wanted <= room // 2 else max(16, room // 4)
@@ -2504,6 +2817,7 @@ def resolve_settings(valves: Any, model_id: str, user_valves: Any = None) -> Set
         summary_prompt=_as_text(getattr(valves, "summary_prompt", "")).strip(),
         summary_model_params={str(k): v for k, v in params.items() if k not in _OWN_CALL_KEYS},
         low_water=float(bounded["summary_low_water"]),
+        window=window_found,
     )
 
 
@@ -2554,6 +2868,8 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
 RATIO_TABLE = "acc_model_tokens"  # the ratios of ModelTokens, shared by every worker and replica
+WINDOW_TABLE = "acc_model_window"  # the windows ModelWindow learned, one row per model, shared like the ratios
+WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
 SUMMARIES_KEPT_PER_CHAT = 8
 LEASE_TTL = 30.0  # seconds a summary lease lives without a heartbeat: a dead holder's frees this fast
@@ -2690,7 +3006,16 @@ def _tables(schema: Optional[str] = None) -> dict:
         Column("created_at", Float, nullable=False),
         Index("ix_acc_model_tokens_model_path", "model", "path"),
     )
-    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio)
+    window = Table(
+        WINDOW_TABLE,
+        metadata,
+        Column("model", String(255), primary_key=True),
+        Column("tokens", Integer, nullable=False),
+        Column("source", String(16), nullable=False),
+        Column("published", Integer, nullable=False, default=0),
+        Column("learned_at", Float, nullable=False),
+    )
+    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio, window=window)
 
 
 @lru_cache(maxsize=1)
@@ -3077,6 +3402,41 @@ class SummaryStore:
         sa, t = await self._table("ratio")
         query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
         return [tuple(row) for row in await self._run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
+
+    # -- the models' windows (ModelWindow) ----------------------------------------
+    async def save_windows(self, rows: list) -> None:
+        """(model, Window) as learned, or (model, None) to forget one, one transaction; a model keeps one row."""
+        if not rows:
+            return
+        sa, t = await self._table("window")
+        latest = dict(rows)  # the last word on each model
+
+        async def op(conn):
+            await conn.execute(sa.delete(t).where(t.c.model.in_([m[:255] for m in latest])))
+            values = [
+                dict(model=m[:255], tokens=w.tokens, source=w.source, published=w.published, learned_at=w.learned_at)
+                for m, w in latest.items()
+                if w is not None
+            ]
+            if values:
+                await conn.execute(sa.insert(t), values)
+            await conn.execute(sa.delete(t).where(t.c.learned_at < time.time() - WINDOW_LEARNED_TTL))
+
+        await self._run(op)
+
+    async def read_window(self, model: str) -> list:
+        """One model's learned window, as ``read_windows`` rows (none or one)."""
+        sa, t = await self._table("window")
+        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
+        query = query.where(t.c.model == model[:255])
+        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query))]
+
+    async def read_windows(self) -> list:
+        """Every worker's learned windows: (model, tokens, source, published, learned_at)."""
+        sa, t = await self._table("window")
+        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
+        query = query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ)
+        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query))]
 
     # -- leases ----------------------------------------------------------------
     def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
@@ -3788,6 +4148,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Tool loop: summarizing {messages} of earlier rounds in the background…",
         "loop_summary_done": "Tool loop: earlier rounds summarized ({messages}); later calls send the summary",
         "loop_summary_failed": "Tool loop: earlier rounds not summarized ({reason}); older results are shortened instead",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "window {window}, from the provider's model list",
+        "w_error": "window {window}, learned from the provider's error",
+        "w_cut": "window {window}, learned from the model's usage (it cut the prompt)",
     },
     "zh": {
         "sent": "已发送 {used} tokens",
@@ -3827,6 +4191,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "工具循环：正在后台摘要之前轮次的 {messages}…",
         "loop_summary_done": "工具循环：之前的轮次已摘要（{messages}）；后续调用发送摘要",
         "loop_summary_failed": "工具循环：之前的轮次未能摘要（{reason}）；改为缩短较早的结果",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "上下文窗口 {window}，来自服务商的模型列表",
+        "w_error": "上下文窗口 {window}，从服务商的报错中得知",
+        "w_cut": "上下文窗口 {window}，从模型报告的用量得知（它截断了提示）",
     },
     "ja": {
         "sent": "{used} トークン送信",
@@ -3866,6 +4234,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "ツールループ：以前のラウンドの {messages}をバックグラウンドで要約中…",
         "loop_summary_done": "ツールループ：以前のラウンドを要約しました（{messages}）；以降の呼び出しは要約を送ります",
         "loop_summary_failed": "ツールループ：以前のラウンドを要約できませんでした（{reason}）；古い結果を短縮します",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "コンテキストウィンドウ {window}（プロバイダーのモデル一覧より）",
+        "w_error": "コンテキストウィンドウ {window}（プロバイダーのエラーから学習）",
+        "w_cut": "コンテキストウィンドウ {window}（モデルの使用量から学習：プロンプトが切り詰められました）",
     },
     "ko": {
         "sent": "{used} 토큰 전송",
@@ -3905,6 +4277,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "도구 루프: 이전 라운드의 {messages} 백그라운드에서 요약 중…",
         "loop_summary_done": "도구 루프: 이전 라운드 요약됨 ({messages}); 이후 호출은 요약을 보냅니다",
         "loop_summary_failed": "도구 루프: 이전 라운드를 요약하지 못함 ({reason}); 대신 오래된 결과를 줄입니다",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "컨텍스트 창 {window}, 제공자의 모델 목록에서",
+        "w_error": "컨텍스트 창 {window}, 제공자의 오류에서 학습",
+        "w_cut": "컨텍스트 창 {window}, 모델의 사용량에서 학습(프롬프트가 잘림)",
     },
     "fr": {
         "sent": "{used} tokens envoyés",
@@ -3944,6 +4320,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Boucle d'outils : résumé de {messages} des tours précédents en arrière-plan…",
         "loop_summary_done": "Boucle d'outils : tours précédents résumés ({messages}) ; les appels suivants envoient le résumé",
         "loop_summary_failed": "Boucle d'outils : tours précédents non résumés ({reason}) ; les anciens résultats sont raccourcis",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "fenêtre de {window}, d'après la liste de modèles du fournisseur",
+        "w_error": "fenêtre de {window}, apprise de l'erreur du fournisseur",
+        "w_cut": "fenêtre de {window}, apprise de l'usage rapporté par le modèle (il a tronqué le prompt)",
     },
     "de": {
         "sent": "{used} Tokens gesendet",
@@ -3983,6 +4363,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Tool-Schleife: fasse {messages} früherer Runden im Hintergrund zusammen…",
         "loop_summary_done": "Tool-Schleife: frühere Runden zusammengefasst ({messages}); spätere Aufrufe senden die Zusammenfassung",
         "loop_summary_failed": "Tool-Schleife: frühere Runden nicht zusammengefasst ({reason}); ältere Ergebnisse werden stattdessen gekürzt",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "Fenster {window}, aus der Modellliste des Anbieters",
+        "w_error": "Fenster {window}, aus dem Fehler des Anbieters gelernt",
+        "w_cut": "Fenster {window}, aus der gemeldeten Nutzung gelernt (das Modell hat den Prompt gekürzt)",
     },
     "es": {
         "sent": "{used} tokens enviados",
@@ -4022,6 +4406,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Bucle de herramientas: resumiendo {messages} de rondas anteriores en segundo plano…",
         "loop_summary_done": "Bucle de herramientas: rondas anteriores resumidas ({messages}); las llamadas siguientes envían el resumen",
         "loop_summary_failed": "Bucle de herramientas: rondas anteriores sin resumir ({reason}); se acortan los resultados antiguos",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "ventana de {window}, según la lista de modelos del proveedor",
+        "w_error": "ventana de {window}, aprendida del error del proveedor",
+        "w_cut": "ventana de {window}, aprendida del uso que informó el modelo (recortó el prompt)",
     },
     "pt": {
         "sent": "{used} tokens enviados",
@@ -4061,6 +4449,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Ciclo de ferramentas: resumindo {messages} de rodadas anteriores em segundo plano…",
         "loop_summary_done": "Ciclo de ferramentas: rodadas anteriores resumidas ({messages}); as chamadas seguintes enviam o resumo",
         "loop_summary_failed": "Ciclo de ferramentas: rodadas anteriores não resumidas ({reason}); os resultados antigos são encurtados",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "janela de {window}, da lista de modelos do provedor",
+        "w_error": "janela de {window}, aprendida com o erro do provedor",
+        "w_cut": "janela de {window}, aprendida com o uso informado pelo modelo (ele cortou o prompt)",
     },
     "ru": {
         "sent": "отправлено {used} токенов",
@@ -4100,6 +4492,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Цикл инструментов: в фоне составляется сводка ранних раундов: {messages}…",
         "loop_summary_done": "Цикл инструментов: ранние раунды сведены ({messages}); следующие вызовы отправляют сводку",
         "loop_summary_failed": "Цикл инструментов: сводка ранних раундов не удалась ({reason}); старые результаты сокращаются",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "окно {window}, из списка моделей провайдера",
+        "w_error": "окно {window}, узнано из ошибки провайдера",
+        "w_cut": "окно {window}, узнано из отчёта модели об использовании (она обрезала запрос)",
     },
     "it": {
         "sent": "{used} token inviati",
@@ -4139,6 +4535,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Ciclo di strumenti: riepilogo di {messages} dei turni precedenti in background…",
         "loop_summary_done": "Ciclo di strumenti: turni precedenti riassunti ({messages}); le chiamate successive inviano il riepilogo",
         "loop_summary_failed": "Ciclo di strumenti: turni precedenti non riassunti ({reason}); i risultati più vecchi vengono accorciati",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "finestra di {window}, dall'elenco dei modelli del fornitore",
+        "w_error": "finestra di {window}, appresa dall'errore del fornitore",
+        "w_cut": "finestra di {window}, appresa dall'uso riportato dal modello (ha troncato il prompt)",
     },
     "pl": {
         "sent": "wysłano {used} tokenów",
@@ -4178,6 +4578,10 @@ STATUS_TEXTS: dict = {
         "loop_summarizing": "Pętla narzędzi: podsumowywanie w tle wcześniejszych rund: {messages}…",
         "loop_summary_done": "Pętla narzędzi: wcześniejsze rundy podsumowane ({messages}); kolejne wywołania wysyłają podsumowanie",
         "loop_summary_failed": "Pętla narzędzi: wcześniejszych rund nie podsumowano ({reason}); starsze wyniki są skracane",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "okno {window}, z listy modeli dostawcy",
+        "w_error": "okno {window}, poznane z błędu dostawcy",
+        "w_cut": "okno {window}, poznane z użycia zgłoszonego przez model (obciął prompt)",
     },
 }
 
@@ -4497,7 +4901,8 @@ class BackgroundSummarizer:
         state.last_sent = sent
         if not ctx.settings.show_status:
             return None
-        return replace(sent, notes=ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ())
+        due = ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ()
+        return replace(sent, notes=(*due, *ctx.settings.news))
 
     def say_soon(self, ctx: RequestContext, line: str) -> None:
         """Writes a request's status line while the model answers: Open WebUI stores each status in the chat's row under
@@ -4640,8 +5045,9 @@ class BackgroundSummarizer:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        urgent = ctx.force_summary or (s.max_context and used > s.max_context)
-        if not urgent and fresh < self._worth_folding(s, previous, used, ctx.user_instructions):
+        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
+        urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
+        if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -4653,6 +5059,12 @@ class BackgroundSummarizer:
                 target,
             )
         return FoldPlan(previous, head, start, target, ctx.user_instructions)
+
+    def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
+        """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
+        fold deadline by the count without the next turn would let that turn reach the cap before the summary."""
+        last = _last_user_index(canon)
+        return count_request(self.counter, [canon[last]], s.encoding, 0) if last >= 0 else 0
 
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
@@ -4933,6 +5345,26 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
     await call(Functions.update_function_valves_by_id(function_id, {**(valves or {}), name: False}))
 
 
+def reply_missing(messages: Messages) -> bool:
+    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed (empty,
+    with the provider's error beside it), so the previous request may have been rejected."""
+    roles = [_role(m) for m in messages[-2:]]
+    return roles == ["user", "user"]
+
+
+async def failed_reply_error(chat_id: str, user_message_id: str) -> Any:
+    """The provider's error Open WebUI saved on the reply before the user message ``user_message_id`` (its parent:
+    ``{"error": {"content": <the provider's error text or object>}}``), None when there is none."""
+    if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
+        return None
+    from open_webui.models.chats import Chats  # type: ignore
+
+    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
+    parent = (stored.get(user_message_id) or {}).get("parentId")
+    error = (stored.get(parent) or {}).get("error") if parent else None
+    return error.get("content", error) if isinstance(error, dict) else error
+
+
 async def _stored_branch(chat_id: str, ids: list) -> Messages:
     """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
     compaction saves, which outlet's body lacks)."""
@@ -4968,12 +5400,12 @@ class Filter:
             description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
         )
         compression_threshold_tokens: int = Field(
-            default=64000,
-            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens.",
+            default=0,
+            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
         )
         max_context_tokens: int = Field(
-            default=128000,
-            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). Set it below the model's window by the reply size. 0 = no cap.",
+            default=0,
+            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
         )
         summary_trigger_ratio: float = Field(
             default=0.75,
@@ -4996,7 +5428,7 @@ class Filter:
         )
         summary_model_max_context: int = Field(
             default=0,
-            description="Context window of the summary model in tokens. 0 = take it from model_thresholds or max_context_tokens.",
+            description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
         )
         max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
         summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
@@ -5048,6 +5480,7 @@ class Filter:
         self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         self.retention = RetentionSweeper(self.summaries.store)  # layer 5: what outlives a deletion, in the background
+        self.windows = ModelWindow()  # per model: its window, found or learned from the provider
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -5072,7 +5505,8 @@ class Filter:
         __id__: Optional[str] = None,
     ) -> dict:
         self._keep_retention(__id__)
-        return await self._guarded(body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, inlet=True)
+        args = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__)
+        return await self._guarded(*args, inlet=True, request=__request__)
 
     def _keep_retention(self, function_id: Optional[str]) -> None:
         """Starts this worker's retention sweeps (layer 5) in the background once, and an erase the admin asked for."""
@@ -5097,18 +5531,18 @@ class Filter:
         # Before every model call of a native tool loop, where inlet does not run again: the loop's growing list
         # is repaired and capped too, and its older rounds folded in the background (the summarizer needs the request).
         args = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__)
-        return await self._guarded(*args, inlet=False, http_request=__request__)
+        return await self._guarded(*args, inlet=False, request=__request__)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool, http_request=None) -> dict:
+    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool, request: Any = None) -> dict:
         """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
         the request as it came."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
         ctx = None
         try:
-            ctx = await self._context(body, user, metadata, emitter, model, chat_id)
+            ctx = await self._context(body, user, metadata, emitter, model, chat_id, inlet=inlet, request=request)
             if ctx is not None:
-                ctx.request = http_request
+                ctx.request = request
             return body if ctx is None else await self._prepare(body, ctx, inlet)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
@@ -5123,20 +5557,29 @@ class Filter:
                 log.exception("async_context_compression: repair failed too; sending the request unchanged")
                 return body
 
-    async def _context(self, body, user, metadata, emitter, model, chat_id) -> Optional[RequestContext]:
+    async def _context(
+        self, body, user, metadata, emitter, model, chat_id, inlet: bool = False, request: Any = None
+    ) -> Optional[RequestContext]:
         user = user if isinstance(user, dict) else {}
         user_valves = user.get("valves")
         if user_valves is not None and not getattr(user_valves, "enabled", True):
             return None
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
-        settings = resolve_settings(self.valves, model_id, user_valves)
+        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
+        window = await self._window(body, model, model_id, chat_id, metadata if inlet else None)
+        summary_model = summary_model_id(self.valves, model_id)
+        summary_entry = model if summary_model == model_id else owui_model_entry(request, summary_model)
+        summary_window = self.windows.find(summary_model, summary_entry, {} if summary_entry is not model else body)
+        reply = reply_room(body, model, window.tokens)
+        settings = resolve_settings(self.valves, model_id, user_valves, window, reply, summary_window.tokens)
+        news = self.windows.news(model_id, window, str(metadata.get("message_id") or ""))
+        settings = replace(settings, news=news) if news else settings
         # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
         bound = request_prompt_bound(body, model)
         await self.tokens.refresh(getattr(self.store, "read_ratios", None))
         scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
         settings = in_counted_units(settings, scale, bound)
-        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         return RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -5261,12 +5704,15 @@ class Filter:
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
-            ctx = await self._context(body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"))
+            chat_id = body.get("chat_id")
+            ctx = await self._context(
+                body, __user__, __metadata__, __event_emitter__, __model__, chat_id, request=__request__
+            )
             if ctx is None:
                 return body
             ctx.request = __request__
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
-            self._learn_tokens(ctx, body)
+            await self._learn_tokens(ctx, body, __model__)
             ctx.force_summary = asked_for_summary(body["messages"])
             ctx.user_instructions = standing_summary_instructions(body["messages"])
             expanded, ids = expand_stored_messages(body["messages"])
@@ -5278,18 +5724,70 @@ class Filter:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
 
+    # -- the model's window (ModelWindow) ------------------------------------------
+    async def _window(self, body: dict, model: Any, model_id: str, chat_id: str, inlet_metadata: Any) -> Window:
+        """The model's window; inlet after a reply that failed (``reply_missing``) first learns the window the
+        provider's error names, so this turn fits where the last did not."""
+        await self.windows.refresh(getattr(self.store, "read_windows", None))
+        window = self.windows.find(model_id, model, body)
+        if not window.tokens and inlet_metadata is not None:  # another worker may have learned it a moment ago
+            await self.windows.refresh_model(getattr(self.store, "read_window", None), model_id)
+            window = self.windows.find(model_id, model, body)
+        if inlet_metadata is None or window.source == "settings" or not reply_missing(body["messages"]):
+            return window
+        try:
+            asked = failed_reply_error(chat_id, str(inlet_metadata.get("user_message_id") or ""))
+            error = await asyncio.wait_for(asked, STORE_TIMEOUT)
+        except Exception as exc:
+            log.debug("async_context_compression: the failed reply's error not read: %s", exc)
+            return window
+        if self.windows.learn(model_id, window_from_error(error), "error", model_published_window(model)):
+            await self._save_windows()  # once per model: every later request, on any worker, finds it
+            window = self.windows.find(model_id, model, body)
+        return window
+
+    async def _observe_window(self, reply_id: str, usage: Any, model: Any, chat: str = "") -> None:
+        """A reply's reported prompt against what was counted for it (``ModelWindow.observe``): a cut prompt teaches
+        the window (saved before outlet returns, so the next turn finds it on any worker), and its ratio is not
+        learned."""
+        counted, reported = self.tokens.counted.get(reply_id), reported_prompt_tokens(usage)
+        if counted is None or reported is None or reported[1]:
+            return
+        model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
+        scale = self.tokens.scale(model_id, path == "exact") or 1.0
+        before = len(self.windows.unsaved)
+        ollama = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # cuts rather than rejects
+        published = model_published_window(model)
+        if self.windows.observe(model_id, reported[0], last * scale, published, chat, ceiling=ollama):
+            self.tokens.counted.pop(reply_id, None)
+        if len(self.windows.unsaved) != before:
+            await self._save_windows()
+
+    async def _save_windows(self) -> None:
+        rows, self.windows.unsaved = self.windows.unsaved, []
+        save = getattr(self.store, "save_windows", None)
+        if not rows or save is None:
+            return
+        try:
+            await asyncio.wait_for(save(rows), STORE_TIMEOUT)
+        except Exception as exc:  # every worker still has its own; the next one learned is saved with these
+            self.windows.unsaved[:0] = rows[-64:]
+            log.debug("async_context_compression: windows not saved: %s", exc)
+
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
         if self.summaries.tasks or self.summaries.lines:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
 
     # -- the model's own tokens (ModelTokens) ---------------------------------
-    def _learn_tokens(self, ctx: RequestContext, body: dict) -> None:
+    async def _learn_tokens(self, ctx: RequestContext, body: dict, model: Any = None) -> None:
         """Relates this reply's usage to what was counted for its request; an existing chat of a model not known yet
         replays its earlier replies' usage (once per chat, in the background)."""
         reply_id = str(body.get("id") or ctx.message_id or "")
         messages = body["messages"]
         reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
+        if reply is not None:
+            await self._observe_window(reply_id, reply.get("usage"), model, ctx.chat_key())
         if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
             self.summaries.spawn(self._save_ratios())
             return

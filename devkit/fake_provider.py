@@ -35,7 +35,11 @@ with vLLM's 400 (``on_overflow="reject"``, the reply's ``max_tokens``
 counted in) or silently cut to its last tokens as Ollama does
 (``on_overflow="cut"``, window from ``options.num_ctx`` when sent).  Each
 request's log entry says ``model_tokens``, ``window``, ``over_window`` and
-``cut``.
+``cut``.  A spec may publish its window in its ``/v1/models`` entry under one
+provider's field (``publish``, e.g. ``"max_model_len"`` as vLLM,
+``"meta.n_ctx_train"`` as llama.cpp) and reject in vLLM's old flat error shape
+or in the nested ``{"error": {...}}`` shape of OpenAI and current vLLM
+(``error_shape``).
 
 Summary requests (model in ``summary_models``, or a system message containing
 "running summary") get a deterministic summary: in strict mode one that
@@ -221,6 +225,10 @@ class ModelSpec:
     (``usage.prompt_eval_count``/``eval_count``, always, streams included).
     per_message: extra tokens of its chat template per message (the ratio is
     then not the same for every request, as with real templates).
+    publish: the field of its ``/v1/models`` entry that holds its window, a
+    dotted path for nested ones ("" = published nowhere).
+    error_shape: "flat" (vLLM before 0.10: ``{"object": "error", "message"}``)
+    or "nested" (OpenAI, current vLLM: ``{"error": {"message", ...}}``).
     """
 
     ratio: float = 1.0
@@ -228,6 +236,8 @@ class ModelSpec:
     on_overflow: str = "reject"
     usage: str = "openai"
     per_message: int = 0
+    publish: str = ""
+    error_shape: str = "flat"
 
     def __post_init__(self) -> None:
         if self.on_overflow not in ("reject", "cut"):
@@ -236,6 +246,18 @@ class ModelSpec:
             raise ValueError("usage must be 'openai' or 'ollama'")
         if not self.ratio > 0:
             raise ValueError("ratio must be > 0")
+        if self.error_shape not in ("flat", "nested"):
+            raise ValueError("error_shape must be 'flat' or 'nested'")
+
+    def published(self) -> dict:
+        """The fields its ``/v1/models`` entry adds: the window under ``publish``."""
+        if not self.publish or self.window is None:
+            return {}
+        *outer, last = self.publish.split(".")
+        entry: dict = {last: self.window}
+        for key in reversed(outer):
+            entry = {key: entry}
+        return entry
 
 
 def model_tokens(messages: Any, tools: Any, spec: ModelSpec) -> int:
@@ -764,7 +786,16 @@ class FakeProvider:
         models = list(dict.fromkeys(self.chat_models + self.summary_models))
         return {
             "object": "list",
-            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "fake-provider"} for m in models],
+            "data": [
+                {
+                    "id": m,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "fake-provider",
+                    **(self.model_specs[m].published() if m in self.model_specs else {}),
+                }
+                for m in models
+            ],
         }
 
     def _sleep(self, seconds: Optional[float]) -> bool:
@@ -876,18 +907,15 @@ class FakeProvider:
                 entry.update(model_tokens=own, window=own_window, over_window=over)
             if over and spec.on_overflow == "reject":
                 finish(400, "over the window")
-                h._send_json(
-                    400,
-                    {
-                        "object": "error",
-                        "message": f"This model's maximum context length is {own_window} tokens. However, you "
-                        f"requested {own + room} tokens ({own} in the messages, {room} in the completion). "
-                        "Please reduce the length of the messages or completion.",
-                        "type": "BadRequestError",
-                        "param": None,
-                        "code": 400,
-                    },
-                )
+                error = {
+                    "message": f"This model's maximum context length is {own_window} tokens. However, you "
+                    f"requested {own + room} tokens ({own} in the messages, {room} in the completion). "
+                    "Please reduce the length of the messages or completion.",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+                h._send_json(400, {"error": error} if spec.error_shape == "nested" else {"object": "error", **error})
                 return
             if over:  # Ollama: no error, the start of the prompt is gone
                 reported = own_window

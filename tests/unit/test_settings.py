@@ -18,7 +18,7 @@ def run(coro):
 
 def test_valve_names_and_defaults_are_the_ones_admins_know():
     v = acc.Filter.Valves()
-    assert (v.priority, v.compression_threshold_tokens, v.max_context_tokens) == (10, 64000, 128000)
+    assert (v.priority, v.compression_threshold_tokens, v.max_context_tokens) == (10, 0, 0)  # 0: from the window
     assert (v.keep_first, v.keep_last, v.summary_model, v.summary_model_max_context) == (1, 6, "", 0)
     assert (v.max_summary_tokens, v.summary_temperature, v.model_thresholds) == (2048, 0.1, "")
     assert (v.show_status, v.debug) == (True, False)
@@ -104,9 +104,9 @@ def test_impossible_combinations_fall_back_safely_and_say_why():
     assert "改为在上限的 75% 时开始摘要" in zh and "max_summary_tokens（60000）" in zh
 
 
-def test_no_cap_keeps_the_threshold_and_summary_defaults():
+def test_no_window_known_falls_back_to_the_old_default_cap_quietly():
     s = acc.resolve_settings(acc.Filter.Valves(max_context_tokens=0), "m")
-    assert (s.max_context, s.trigger_tokens, s.summary_model) == (0, 64000, "m")
+    assert (s.max_context, s.trigger_tokens, s.summary_model) == (acc.WINDOW_FALLBACK_CAP, 96000, "m")
     assert s.warnings == ()
 
 

@@ -118,8 +118,8 @@ def test_a_half_readable_list_is_explained_not_half_used():
         (
             {"max_context_tokens": "lots"},
             "max_context_tokens",
-            128000,
-            "max_context_tokens = 'lots' is not valid (expected int); using 128000",
+            0,
+            "max_context_tokens = 'lots' is not valid (expected int); using 0",
         ),
         (
             {"show_status": "maybe"},
@@ -151,7 +151,7 @@ def test_values_of_the_wrong_type_are_converted_or_replaced_and_explained(values
         (
             {"summary_trigger_ratio": 3},
             "trigger_tokens",
-            64000,
+            128000,  # the whole fallback cap: no window is known
             "summary_trigger_ratio = 3.0 is not valid (expected 0.1–1.0)",
         ),
         ({"max_summary_tokens": 1}, "max_summary_tokens", 64, "max_summary_tokens = 1 is not valid (expected 64–"),
@@ -283,7 +283,7 @@ def test_user_valves_never_raise(values):
         (0.0, 0, 10, True),
         (0.8, 1000, 799, False),
         (0.8, 1000, 800, True),
-        (0.8, 0, 10**6, False),
+        (0.8, 0, 10**6, True),  # 0: the window's cap, here the fallback
         (1.0, 1000, 1000, True),
     ],
 )

@@ -1,0 +1,203 @@
+"""Zero configuration (issue 27): DEFAULT valves except ``summary_model``, on
+two workers sharing one database, and 16k models that each make their window
+known differently: published in their ``/v1/models`` entry under one provider's
+field each, published nowhere (rejected with the provider's own text, nested
+as OpenAI and current vLLM send it), or cut silently at the window and reported
+as Ollama does (``prompt_eval_count``); the summary model's window is 8k.
+
+Every chat grows to three times its model's window. Allowed: one rejection,
+the first ever, for the model published nowhere; one silent cut, the first
+ever, for the Ollama-like model (nothing tells its window before it). Nothing
+else is rejected, cut or sent over a window; every user message's marker
+reaches the model verbatim or through a summary (summaries are made before the
+cap trims); and once a window was learned, new chats of that model on either
+worker fit from their first request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from e2e_support import (
+    FILTER_ID,
+    Conversation,
+    Turn,
+    has_summary,
+    last_user_text,
+    new_marker,
+    request_markers,
+    status_lines,
+    user_text,
+    wait_for,
+)
+from test_workers import PID_PROBE
+
+from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens
+from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken, new_id
+from devkit.owui_client import OpenWebUIError
+
+pytestmark = pytest.mark.e2e
+
+WINDOW = 16384
+PUBLISHED = {  # model -> the field of its /v1/models entry that holds the window (one provider's convention each)
+    "win-vllm": "max_model_len",
+    "win-openrouter": "context_length",
+    "win-mistral": "max_context_length",
+    "win-lmstudio": "loaded_context_length",
+    "win-groq": "context_window",
+    "win-litellm": "max_input_tokens",
+    "win-llamacpp": "meta.n_ctx_train",
+}
+SILENT = "win-unpublished"  # rejects over the window with the provider's own text
+OLLAMA_LIKE = "win-ollama"  # cuts silently, reports prompt_eval_count
+SUMMARIZER = "win-summary-8k"
+SPECS = {
+    **{
+        m: ModelSpec(ratio=1.3, window=WINDOW, per_message=2, publish=f, error_shape="nested")
+        for m, f in PUBLISHED.items()
+    },
+    SILENT: ModelSpec(ratio=1.3, window=WINDOW, per_message=2, error_shape="nested"),
+    OLLAMA_LIKE: ModelSpec(ratio=1.3, window=WINDOW, on_overflow="cut", usage="ollama", per_message=2),
+    SUMMARIZER: ModelSpec(ratio=1.0, window=8192, publish="max_model_len", error_shape="nested"),
+}
+VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
+WORDS = 1400  # per user turn: about 2,000 of the models' tokens
+TURNS = 26  # a little over 3x the window in all
+READING = 1.0  # seconds a user reads a reply
+QUIET = 1.0  # seconds without a new summary call before the user types on
+
+
+@pytest.fixture(scope="module")
+def stack(owui_python, filter_source):
+    provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARIZER,), model_specs=SPECS).start()
+    server = OpenWebUIServer(
+        python=owui_python,
+        provider_url=provider.base_url,
+        workers=2,
+        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
+    )
+    server.start(timeout=300)
+    try:
+        client = OpenWebUIClient(server.base_url, timeout=180)
+        client.signup("windows@example.com", "Windows-Passw0rd!", "Windows Admin")
+        client.wait_for_models(list(SPECS), timeout=90)
+        client.install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=True)
+        client.install_function("worker_probe", PID_PROBE, enable_global=True)
+        yield server, client, provider
+    finally:
+        server.stop()
+        provider.stop()
+        if not os.environ.get("ACC_KEEP_E2E_DATA"):
+            server.cleanup()
+
+
+def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
+    """One user turn; a rejected one is mirrored as Open WebUI keeps it (an empty reply under the user message)."""
+    parent, marker, user_id, reply_id = conv.history.current_id, new_marker(), new_id(), new_id()
+    text = user_text(marker, conv.rng, words)
+    start = len(conv.provider.requests)
+    reply = ""
+    try:
+        result = conv.client.chat_completion(
+            text,
+            model=conv.model,
+            chat_id=conv.chat_id,
+            parent_id=parent,
+            user_message_id=user_id,
+            assistant_id=reply_id,
+            system=conv.system,
+            timeout=180,
+        )
+        reply = result["response"]["choices"][0]["message"]["content"] or ""
+    except OpenWebUIError:
+        pass
+    conv.history.user(text, parent_id=parent, message_id=user_id)
+    conv.marker_of[user_id] = {marker}
+    conv.history.assistant(reply, parent_id=user_id, message_id=reply_id)
+    reqs = [r for r in conv.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
+    reading(conv.provider)
+    return Turn(marker, text, user_id, reply_id, 0.0, None, reqs, conv.branch_markers(user_id), set())
+
+
+def reading(provider, seconds: float = READING) -> None:
+    """The user reads the reply before typing the next turn: summaries started meanwhile finish (the cap trims only
+    what a summary could not cover in time; with turns fired back to back, a slow machine decides which)."""
+    time.sleep(seconds)
+
+    def quiet() -> bool:  # no summary call running or begun in the last moment (a summary folds in several rounds)
+        calls = [r for r in provider.requests if r["kind"] == "summary"]
+        return not any(r["status"] is None or time.time() - r["time"] < QUIET for r in calls)
+
+    wait_for(quiet, deadline=90, what="summaries in flight to finish")
+
+
+def grow(client, provider, model: str, seed: int) -> tuple:
+    conv = Conversation(client, provider, seed=seed, model=model)
+    conv.add_turns(1, words=40)
+    conv.store(f"window {model}")
+    return conv, [live_turn(conv) for _ in range(TURNS)]
+
+
+def faults(turns: list) -> dict:
+    """Per kind, the turns (1-based) whose requests were rejected, cut, sent over the window, or lost a marker."""
+    found: dict = {"rejected": [], "cut": [], "over": [], "lost": []}
+    for n, turn in enumerate(turns, 1):
+        for req in turn.requests:
+            found["rejected"] += [n] if req["status"] != 200 else []
+            found["cut"] += [n] if req["cut"] else []
+            found["over"] += [n] if req["over_window"] and not req["cut"] and req["status"] == 200 else []
+            if req["status"] == 200 and turn.expected - request_markers(req):
+                found["lost"].append(n)
+    return found
+
+
+def test_default_valves_find_every_models_window_on_two_workers(stack):
+    server, client, provider = stack
+    models = [*PUBLISHED, SILENT, OLLAMA_LIKE]
+    with ThreadPoolExecutor(len(models)) as pool:
+        chats = dict(zip(models, pool.map(lambda m: grow(client, provider, m, seed=len(m)), models)))
+    for model, (_, turns) in chats.items():  # all first, to see the whole picture when one fails
+        sizes = [r["model_tokens"] for t in turns for r in t.requests]
+        print(f"\n[e2e] {model}: {faults(turns)}; model tokens sent per request {sizes}")
+    report = []
+    for model, (conv, turns) in chats.items():
+        found = faults(turns)
+        sent = sum(r["model_tokens"] or 0 for t in turns for r in t.requests[-1:])
+        grown = count_tokens([{"role": "user", "content": t.text} for t in turns]) * SPECS[model].ratio
+        report.append(f"{model}: {found}, the user typed {grown / WINDOW:.1f}x the window, {sent} tokens sent in all")
+        assert grown > 3 * WINDOW, report[-1]
+        first = {SILENT: "rejected", OLLAMA_LIKE: "cut"}.get(model)  # the window's only witness: one, the first
+        learned_at = found[first] if first else []
+        assert len(learned_at) <= 1, report[-1]
+        # the request right after learning is trimmed to the new cap before a summary exists (inlet never waits
+        # for one); that turn's summary covers what it left out, so every later request has every marker again
+        assert set(found["lost"]) <= {n + 1 for n in learned_at}, report[-1]
+        assert not [found[k] for k in ("rejected", "cut", "over") if k != first and found[k]], report[-1]
+        assert any(has_summary(r) for t in turns[-4:] for r in t.requests), f"{model}: no summary used at the end"
+        lines = " | ".join(status_lines(client, conv.chat_id))
+        source = {SILENT: "learned from the provider's error", OLLAMA_LIKE: "learned from the model's usage"}
+        assert f"window 16.4k, {source.get(model, 'from the provider')}" in lines, (model, lines[-600:])
+    summaries = [r for r in provider.requests if r["kind"] == "summary"]
+    assert summaries and all(r["status"] == 200 and not r["over_window"] for r in summaries), [
+        (r["status"], r["model_tokens"]) for r in summaries if r["status"] != 200
+    ][:5]
+    print("\n[e2e] " + "\n[e2e] ".join(report))
+
+    # new chats of the models whose windows were learned, already past the window when they start: on whichever
+    # worker they land, their first request fits (the window is shared through the database)
+    fresh = []
+    for n, model in enumerate([SILENT, SILENT, SILENT, OLLAMA_LIKE, OLLAMA_LIKE, OLLAMA_LIKE]):
+        conv = Conversation(client, provider, seed=100 + n, model=model)
+        conv.add_turns(10, words=WORDS)
+        conv.store(f"fresh {model} {n}")
+        fresh.append((model, live_turn(conv)))
+    for model, turn in fresh:
+        found = faults([turn])  # markers may be left out: no summary of these stored chats exists yet
+        assert not (found["rejected"] or found["cut"] or found["over"]), (model, found)
+    pids = {p for _, t in fresh for r in t.requests for p in re.findall(r"served-by-pid-(\d+)", str(r["messages"]))}
+    print(f"[e2e] fresh chats fit from their first request; served by worker pids {sorted(pids)}")
+    assert len(server.worker_pids()) >= 3, "expected a supervisor and 2 workers"

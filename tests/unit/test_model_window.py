@@ -1,0 +1,436 @@
+"""The model's window found without configuration (issue 27): each provider's
+convention of publishing it, each provider's text naming it in a rejection, a
+silent cut read from the reported usage; the precedence of the sources; learned
+windows shared through the store, forgotten when the model behind a name
+changes; caps, thresholds and the summary model's window derived from it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import async_context_compression as acc
+from devkit import probes
+from devkit.fake_provider import ModelSpec, model_tokens
+
+LONG = "The quarterly figures were compared with the plan in detail. " * 12
+
+
+# -- published windows: each provider's /models entry -------------------------------
+
+
+@pytest.mark.parametrize(
+    "entry, window",
+    [
+        ({"id": "q", "object": "model", "owned_by": "vllm", "max_model_len": 16384}, 16384),  # vLLM
+        ({"id": "q", "context_length": 16384, "top_provider": {"context_length": 8192}}, 16384),  # OpenRouter
+        ({"id": "q", "top_provider": {"context_length": 16384}}, 16384),  # OpenRouter, the provider's only
+        ({"id": "q", "type": "chat", "context_length": 16384}, 16384),  # Together
+        ({"id": "q", "metadata": {"context_length": 16384, "max_tokens": 4096}}, 16384),  # DeepInfra
+        ({"id": "q", "max_context_length": 16384, "capabilities": {}}, 16384),  # Mistral
+        ({"id": "q", "max_context_length": 131072, "loaded_context_length": 16384}, 16384),  # LM Studio, loaded
+        ({"id": "q", "context_window": 16384, "owned_by": "Meta"}, 16384),  # Groq
+        ({"id": "q", "max_input_tokens": 16384}, 16384),  # LiteLLM
+        ({"id": "q", "meta": {"vocab_type": 2, "n_ctx_train": 16384, "n_embd": 4096}}, 16384),  # llama.cpp
+        ({"id": "q", "object": "model", "owned_by": "openai"}, 0),  # OpenAI itself publishes none
+        ({"id": "q", "context_length": "16,384"}, 16384),
+        ({"id": "q", "context_length": "lots"}, 0),
+        ({"id": "q", "context_length": True}, 0),
+        ({"id": "q", "context_length": 12}, 0),  # not a window
+        ("not an entry", 0),
+        (None, 0),
+    ],
+)
+def test_each_providers_published_window_is_read(entry, window):
+    assert acc.published_window(entry) == window
+
+
+def test_open_webuis_model_entry_holds_the_providers_entry_and_settings_beat_it():
+    model = {"id": "q", "openai": {"id": "q", "max_model_len": 16384}, "info": {"params": {}}}
+    assert acc.model_published_window(model) == 16384
+    windows = acc.ModelWindow()
+    assert windows.find("q", model, {}) == acc.Window(16384, "published")
+    model["info"]["params"]["num_ctx"] = 8192  # the admin's setting in Open WebUI
+    assert windows.find("q", model, {}) == acc.Window(8192, "settings")
+    assert windows.find("q", model, {"options": {"num_ctx": 4096}}) == acc.Window(4096, "settings")  # the request's
+    assert windows.find("q", {"id": "q", "ollama": {"name": "q", "details": {}}}, {}) == acc.NO_WINDOW
+
+
+# -- windows named by rejections -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error, window",
+    [
+        (  # OpenAI (and DeepSeek, Groq)
+            "This model's maximum context length is 16385 tokens. However, your messages resulted in 17000 tokens. "
+            "Please reduce the length of the messages.",
+            16385,
+        ),
+        (  # vLLM, old and new shapes, as Open WebUI keeps the provider's error object
+            {
+                "object": "error",
+                "message": "This model's maximum context length is 16384 tokens. However, you requested 17002 tokens "
+                "(15002 in the messages, 2000 in the completion). Please reduce the length of the messages or "
+                "completion.",
+                "type": "BadRequestError",
+                "code": 400,
+            },
+            16384,
+        ),
+        (
+            {
+                "message": "'max_tokens' or 'max_completion_tokens' is too large: 2048. This model's maximum context "
+                "length is 16384 tokens and your request has 15000 input tokens (2048 > 16384 - 15000).",
+                "type": "BadRequestError",
+            },
+            16384,
+        ),
+        (  # Anthropic
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "prompt is too long: 208310 tokens > 200000 maximum",
+                },
+            },
+            200000,
+        ),
+        (  # Gemini
+            "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+            1048576,
+        ),
+        ("The input token count exceeds the maximum number of tokens allowed 1048576.", 1048576),
+        (  # Mistral
+            "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length",
+            32768,
+        ),
+        (  # LM Studio
+            "Trying to keep the first 5000 tokens when context the overflows. However, the model is loaded with "
+            "context length of only 4096 tokens, which is not enough.",
+            4096,
+        ),
+        (  # Text Generation Inference (Together, Hugging Face endpoints)
+            "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 8192. Given: 8000 `inputs` tokens "
+            "and 512 `max_new_tokens`",
+            8192,
+        ),
+        (  # llama.cpp's server: the size in the error object
+            {
+                "code": 400,
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 17000,
+                "n_ctx": 16384,
+            },
+            16384,
+        ),
+        ("the request exceeds the available context size, try increasing it", 0),  # no number: nothing learned
+        ("Your input exceeds the context window of this model. Please adjust your input and try again.", 0),
+        ("messages with role 'tool' must be a response to a preceeding message with 'tool_calls'", 0),
+        ("This model's maximum context length is 7 tokens.", 0),  # not a window
+        (None, 0),
+        (["not", {"message": "a list"}], 0),
+    ],
+)
+def test_the_window_a_rejection_names_is_read(error, window):
+    assert acc.window_from_error(error) == window
+
+
+# -- windows shown by a silent cut -----------------------------------------------------
+
+
+def test_a_prompt_cut_at_a_round_ceiling_shows_the_window():
+    assert acc.window_from_usage(16384, 16900) == 16384  # under what was sent, at a multiple of 256
+    assert acc.window_from_usage(16380, 16900) == 0  # not a ceiling: the ratio drifted
+    assert acc.window_from_usage(16384, 16384) == 0  # all of it arrived
+    assert acc.window_from_usage(9000, 12000, previous=(9000, 11000)) == 9000  # pinned while the prompt grew
+    assert acc.window_from_usage(9000, 11100, previous=(9000, 11000)) == 0  # the same prompt, nearly
+    assert acc.window_from_usage(1024, 1900) == 0  # under any num_ctx Ollama uses: a count without its cache
+    # a cut of 0.4%, at a power of two: told by the chat's previous reply (14411 reported for 11085 counted x 1.3)
+    assert acc.window_from_usage(16384, 16452, previous=(14411, 14410.5)) == 16384
+    assert acc.window_from_usage(16384, 16452) == 0  # without it, too close to the estimate to tell
+    assert acc.window_from_usage(16128, 16452, previous=(14411, 14410.5)) == 0  # not a power of two: 2% needed
+    assert acc.window_from_usage(16384, 16900, ceiling=False) == 0  # a provider that rejects rather than cuts
+
+
+def test_a_cut_is_read_per_chat_not_across_chats():
+    windows = acc.ModelWindow()
+    assert windows.observe("q", 9000, 9100, chat="a", ceiling=False) is None
+    assert windows.observe("q", 9010, 9400, chat="b", ceiling=False) is None  # another chat of the same size
+    assert windows.observe("q", 9005, 9500, chat="a", ceiling=False).tokens == 9005  # pinned in chat a
+
+
+# -- caps from the window ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "admin, window, reply, cap",
+    [
+        (0, 16384, 2048, 14336),  # none set: the window less the reply's room
+        (128000, 16384, 2048, 14336),  # 1.3's stored default never exceeds a known window
+        (12000, 16384, 2048, 12000),  # a cap under the window is kept
+        (0, 0, 0, acc.WINDOW_FALLBACK_CAP),  # nothing known: the fallback
+        (50000, 0, 0, 50000),
+    ],
+)
+def test_the_cap_follows_the_window(admin, window, reply, cap):
+    assert acc.window_cap(admin, window, reply) == cap
+
+
+def test_the_reply_room_is_the_requests_own_or_a_share_of_the_window():
+    assert acc.reply_room({}, None, 16384) == 2048
+    assert acc.reply_room({}, None, 1_000_000) == acc.REPLY_ROOM_MAX
+    assert acc.reply_room({"max_tokens": 1000}, None, 16384) == 1000
+    assert acc.reply_room({"options": {"num_predict": 500}}, None, 16384) == 500
+    assert acc.reply_room({}, {"info": {"params": {"max_tokens": 700}}}, 16384) == 700
+    assert acc.reply_room({"max_tokens": 99999}, None, 16384) == 8192  # at most half the window
+
+
+@pytest.mark.parametrize("stored", [{}, {"compression_threshold_tokens": 64000, "max_context_tokens": 128000}])
+def test_default_and_old_default_valves_fit_a_16k_model_and_summarize_before_the_cap(stored):
+    valves = acc.Filter.Valves(**stored, summary_model="mini")
+    s = acc.resolve_settings(valves, "q", None, acc.Window(16384, "published"), 2048, 8192)
+    assert s.max_context == 14336 and s.trigger_tokens == int(14336 * 0.75)
+    assert s.summary_window == 8192 and s.max_summary_tokens <= 8192 // 2
+    assert s.warnings == ()  # the threshold follows the window's cap quietly
+
+
+def test_an_admins_cap_and_threshold_under_the_window_are_kept():
+    valves = acc.Filter.Valves(compression_threshold_tokens=6000, max_context_tokens=12000)
+    s = acc.resolve_settings(valves, "q", None, acc.Window(16384, "published"), 2048)
+    assert (s.max_context, s.trigger_tokens) == (12000, 6000)
+
+
+def test_a_summary_models_own_valve_beats_its_found_window():
+    valves = acc.Filter.Valves(summary_model="mini", summary_model_max_context=4000)
+    assert acc.resolve_settings(valves, "q", None, acc.NO_WINDOW, 0, 8192).summary_window == 4000
+
+
+# -- learned windows: precedence, sharing, correction, expiry -------------------------
+
+
+class _Store:
+    def __init__(self):
+        self.rows: dict = {}
+
+    async def save_windows(self, rows):
+        for model, window in rows:
+            if window is None:
+                self.rows.pop(model, None)
+            else:
+                self.rows[model] = (model, window.tokens, window.source, window.published, window.learned_at)
+
+    async def read_windows(self):
+        return list(self.rows.values())
+
+    async def read_window(self, model):
+        return [self.rows[model]] if model in self.rows else []
+
+    async def find(self, *args, **kwargs):
+        return []
+
+    async def add_ratios(self, rows):
+        pass
+
+    async def read_ratios(self):
+        return []
+
+
+def test_a_learned_window_holds_while_the_published_one_stays_the_same():
+    windows = acc.ModelWindow()
+    published = {"id": "q", "openai": {"max_model_len": 32768}}  # published wrong: the server runs with less
+    assert windows.learn("q", 16384, "error", 32768)
+    assert windows.find("q", published, {}) == windows.learned["q"]
+    replaced = {"id": "q", "openai": {"max_model_len": 65536}}  # another model behind the same name
+    assert windows.find("q", replaced, {}) == acc.Window(65536, "published")
+    assert windows.learn("q", 16384, "error", 32768) is None  # the same again: nothing new
+
+
+def test_learned_windows_age_out(monkeypatch):
+    windows = acc.ModelWindow()
+    windows.learn("q", 16384, "error")
+    assert windows.find("q", None, {}).tokens == 16384
+    monkeypatch.setattr(acc, "WINDOW_LEARNED_TTL", 0.0)
+    assert windows.find("q", None, {}) == acc.NO_WINDOW
+
+
+def test_a_prompt_larger_than_a_learned_window_forgets_it():
+    windows = acc.ModelWindow()
+    windows.learn("q", 16384, "cut")
+    windows.unsaved.clear()
+    assert windows.observe("q", 20000, 20000) is None
+    assert windows.find("q", None, {}) == acc.NO_WINDOW and windows.unsaved == [("q", None)]
+
+
+def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read():
+    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+
+    async def run():
+        await two.refresh(store.read_windows)
+        one.learn("q", 16384, "error")
+        await store.save_windows(one.unsaved)
+        assert two.find("q", None, {}) == acc.NO_WINDOW  # until it reads the store: the model's row ...
+        await two.refresh_model(store.read_window, "q")
+        assert two.find("q", None, {}).tokens == 16384
+        one.learn("r", 8192, "cut")
+        await store.save_windows(one.unsaved)
+        two.read_at -= acc.WINDOWS_REFRESH  # ... or, every WINDOWS_REFRESH, every row
+        await two.refresh(store.read_windows)
+        assert two.find("r", None, {}).tokens == 8192
+
+    asyncio.run(run())
+
+
+def test_a_window_is_told_once_for_the_reply_that_found_it():
+    windows, window = acc.ModelWindow(), acc.Window(16384, "published")
+    first = windows.news("q", window, "a1")
+    assert [n.text("en") for n in first] == ["window 16.4k, from the provider's model list"]
+    assert windows.news("q", window, "a1") == first  # the same reply's request hook says it too
+    assert windows.news("q", window, "a2") == ()
+    learned = windows.news("q", acc.Window(16384, "error"), "a3")
+    assert learned[0].text("de") == "Fenster 16.4k, aus dem Fehler des Anbieters gelernt"
+    assert windows.news("q", acc.Window(8192, "settings"), "a4") == ()  # the admin's own setting
+
+
+@pytest.mark.parametrize("key", ["w_published", "w_error", "w_cut"])
+def test_window_texts_exist_in_every_language(key):
+    for language, table in acc.STATUS_TEXTS.items():
+        assert "{window}" in table[key], language
+
+
+def test_the_store_keeps_one_row_per_model_and_forgets(tmp_path):
+    sa = pytest.importorskip("sqlalchemy.ext.asyncio")
+    pytest.importorskip("aiosqlite")
+
+    async def run():
+        engine = sa.create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'w.db'}")
+        store = acc.SummaryStore(lambda: engine, schema=None)
+        try:
+            now = time.time()
+            await store.save_windows([("q", acc.Window(32768, "cut", 0, now - 5))])
+            await store.save_windows([("q", acc.Window(16384, "error", 0, now)), ("r", acc.Window(4096, "cut"))])
+            rows = sorted(await store.read_windows())
+            assert [r[:3] for r in rows] == [("q", 16384, "error")]  # "r" learned 1970: aged out
+            assert await store.read_window("q") == rows and await store.read_window("r") == []
+            await store.save_windows([("q", None)])
+            assert await store.read_windows() == []
+        finally:
+            await engine.dispose()
+
+    asyncio.run(run())
+
+
+# -- through the Filter ----------------------------------------------------------------
+
+
+def _chat(f, spec, turns, model=None, usage_key="prompt_eval_count"):
+    """inlet, request, outlet of a growing chat against a model that cuts silently; (model tokens sent, reported)."""
+
+    async def run():
+        out = []
+        stored = [{"role": "system", "content": "Be brief."}]
+        for i in range(turns):
+            stored.append({"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"})
+            meta = {"chat_id": "c1", "message_id": f"a{i}"}
+            body = {"model": "llama", "messages": [dict(m) for m in stored]}
+            body = await f.inlet(body, {"id": "u1"}, meta, None, model, None, "c1")
+            body = await f.request(body, {"id": "u1"}, meta, None, model, "c1")
+            own = model_tokens(body["messages"], None, spec)
+            reported = min(own, spec.window)
+            stored.append({"id": f"a{i}", "role": "assistant", "content": f"A{i} short."})
+            outlet_messages = [dict(m) for m in stored[1:]]
+            outlet_messages[-1]["usage"] = {usage_key: reported}
+            await f.outlet(
+                {"id": f"a{i}", "chat_id": "c1", "messages": outlet_messages}, {"id": "u1"}, meta, None, model
+            )
+            await f.wait_for_background(10)
+            out.append((own, reported))
+        return out
+
+    return asyncio.run(run())
+
+
+def test_default_valves_learn_an_ollama_like_cut_once_and_never_cut_again():
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    f.valves.summary_model = "none-such"  # summaries fail: only the cap protects
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    spec = ModelSpec(ratio=1.3, window=4096, on_overflow="cut", usage="ollama")
+    replies = _chat(f, spec, 30)
+    cut = [n for n, (own, _) in enumerate(replies) if own > spec.window]
+    assert replies[-1][0] > 2500  # it grew to the window
+    assert len(cut) <= 2, cut  # the first cut (or two, pinned) teaches the window ...
+    assert not [n for n in cut if n > cut[0] + 1]  # ... and none comes after
+    assert f.windows.find("llama", None, {}).tokens == 4096
+    assert f.summaries.store.rows["llama"][1:3] == (4096, "cut")  # shared
+
+
+def test_default_valves_fit_a_published_window_from_the_first_request():
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    f.valves.summary_model = "none-such"
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    spec = ModelSpec(ratio=1.3, window=4096, on_overflow="cut")
+    model = {"id": "llama", "openai": {"id": "llama", "max_model_len": 4096}}
+    replies = _chat(f, spec, 24, model=model, usage_key="prompt_tokens")
+    assert replies[-1][0] > 2500
+    assert all(own + acc.reply_room({}, None, 4096) <= 4096 for own, _ in replies[1:]), replies
+    assert replies[0][0] <= 4096
+
+
+def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypatch):
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    asked = []
+
+    async def failed_reply_error(chat_id, user_message_id):
+        asked.append((chat_id, user_message_id))
+        return {"message": "This model's maximum context length is 2048 tokens. However, you requested 9000 tokens."}
+
+    monkeypatch.setattr(acc, "failed_reply_error", failed_reply_error)
+    history = [{"role": "user", "content": f"Q{i} {LONG}"} for i in range(2)]  # the reply between them failed
+    history = [
+        m
+        for i in range(12)
+        for m in ({"role": "user", "content": f"Q{i} {LONG}"}, {"role": "assistant", "content": "A."})
+    ] + history
+    meta = {"chat_id": "c1", "message_id": "a9", "user_message_id": "u9"}
+
+    async def run():
+        body = await f.inlet({"model": "llama", "messages": history}, {"id": "u1"}, meta, None, None, None, "c1")
+        await f.wait_for_background(10)
+        return body
+
+    body = asyncio.run(run())
+    assert asked == [("c1", "u9")]
+    assert f.windows.find("llama", None, {}).tokens == 2048
+    assert acc.TokenCounter is not None and f.summaries.store.rows["llama"][1:3] == (2048, "error")
+    assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+
+
+def test_long_turns_in_a_small_window_get_their_summary_before_the_next_turn_reaches_the_cap():
+    """Turns of ~14% of a 16k window's cap: the rewrite may not wait for the fold deadline by the count without the
+    next turn, or that turn meets the cap before the summary (e2e: a marker left out once in 26 turns)."""
+    from acc_builders import EstimateOnly, RecordStore
+
+    summaries = acc.BackgroundSummarizer(RecordStore(), EstimateOnly(), None)
+    settings = acc.resolve_settings(acc.Filter.Valves(), "q", None, acc.Window(16384, "published"), 2048)
+    ctx = acc.RequestContext(user={"id": "u"}, user_id="u", chat_id="c", model_id="q", language="en", settings=settings)
+    turn = "Budget cache deploy engine filter gateway handler index. " * 150  # ~1,800 tokens
+    canon, ids = [], []
+    for i in range(40):
+        canon += [{"role": "user", "content": f"Q{i} {turn}"}, {"role": "assistant", "content": f"A{i}."}]
+        ids += [f"u{i}", f"a{i}"]
+        summary = acc.SummaryRecord("u", "c", "", 0, 10, "", "Running summary. " * 50)
+        branch = acc.replace(acc.Branch.of(canon, ids), base=summary)
+        used = summaries.next_request_tokens(ctx, canon, summary.summary, 0, 10)
+        step = acc.count_request(summaries.counter, [canon[-2]], settings.encoding, 0)  # a user turn
+        if i >= 6 and used + step > acc.fold_deadline(settings):
+            break
+    assert used <= acc.fold_deadline(settings) < settings.max_context  # the case: only the next turn crosses it
+    plan = asyncio.run(summaries.plan(ctx, branch))
+    assert plan is not None and plan.start == 10
