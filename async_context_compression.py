@@ -5070,7 +5070,9 @@ class BackgroundSummarizer:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
-    def _worth_folding(self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str) -> int:
+    def _worth_folding(
+        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = ""
+    ) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
         rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
