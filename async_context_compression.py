@@ -4780,6 +4780,7 @@ class ChatState:
     inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
     last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
     line: Optional[asyncio.Task] = None  # the last request's status line being written
+    records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
 
 
 @dataclass
@@ -5603,7 +5604,7 @@ class Filter:
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_compaction_on(refresh=inlet):
             s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems))  # every call of a loop too
+        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems), reuse=not inlet)
         record, fault = found or (None, None)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
@@ -5663,15 +5664,15 @@ class Filter:
         return {**body, "messages": view}
 
     async def _lookup_summary(
-        self, ctx: RequestContext, messages: Messages, canonical_count: int
+        self, ctx: RequestContext, messages: Messages, canonical_count: int, reuse: bool = False
     ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
-        """The stored summary this request can use, and the fault that kept summaries from being read (None when
-        none). ``canonical_count``: the non-system messages of ``messages``."""
+        """The stored summary this request can use (every call of a tool loop too), and the fault that kept summaries
+        from being read (None when none). ``canonical_count``: the non-system messages of ``messages``; ``reuse``:
+        the request hook, which may reuse what was read for the same reply (``_stored_summaries``)."""
         if canonical_count < 3:
             return None, None
-        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
         try:
-            records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
+            records = await self._stored_summaries(ctx, messages, reuse)
         except StoreUnavailable as exc:
             return None, exc.fault
         except TimeoutError:
@@ -5689,6 +5690,17 @@ class Filter:
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
         digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
         return choose_summary(records, digests), None
+
+    async def _stored_summaries(self, ctx: RequestContext, messages: Messages, reuse: bool) -> list:
+        """The conversation's stored summaries. With ``reuse`` (the request hook before each call of a tool loop) what
+        was read for the same reply is used again, so a long loop adds no database reads; inlet always reads."""
+        state = self.summaries.chat(ctx)
+        if reuse and ctx.message_id and state.records[0] == ctx.message_id:
+            return list(state.records[1])
+        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
+        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
+        state.records = (ctx.message_id, tuple(records or ()))
+        return records
 
     # -- outlet ------------------------------------------------------------
     async def outlet(

@@ -305,3 +305,37 @@ def test_after_the_reply_its_stored_tool_results_are_folded_and_the_next_turn_se
     assert all(f"MK-{k:04d}" in seen for k in range(1, 7))  # the summarizer read every stored result
     assert all(f"MK-{k:04d}" in str(sent) for k in range(1, 7))  # and the next turn carries them, as the summary
     assert sent[-1] == U("and now?") and check_openai(sent) == []
+
+
+class CountingStore(RecordStore):
+    """A RecordStore that counts its reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    async def find(self, user_id, chat_id, anchor, limit=16):
+        self.reads += 1
+        return await super().find(user_id, chat_id, anchor, limit)
+
+
+def test_a_tool_loop_reads_the_stored_summaries_once_per_reply_and_inlet_always_reads():
+    async def scenario():
+        store = CountingStore()
+        f = make_filter(cap=9000, counter="estimate", store=store, show_status=False)
+        meta = {"chat_id": "c-loop", "message_id": "reply-1"}
+        await f.inlet({"model": "m", "messages": loop(1)}, __user__={"id": "u"}, __metadata__=meta)
+        after_inlet = store.reads
+        for rounds in range(2, 8):
+            await _hook(f, loop(rounds))
+        in_loop = store.reads - after_inlet
+        await f.inlet({"model": "m", "messages": loop(1)}, __user__={"id": "u"}, __metadata__=meta)
+        again = store.reads - after_inlet - in_loop
+        await f.request(
+            {"model": "m", "messages": loop(8)}, __user__={"id": "u"}, __metadata__={**meta, "message_id": "reply-2"}
+        )
+        return after_inlet, in_loop, again, store.reads
+
+    after_inlet, in_loop, again, total_reads = asyncio.run(scenario())
+    assert (after_inlet, in_loop, again) == (1, 0, 1)
+    assert total_reads == 3  # another reply reads for itself
