@@ -60,6 +60,7 @@ Run standalone: ``python -m devkit.fake_provider --port 8099 --mode friendly``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import itertools
 import json
@@ -642,6 +643,7 @@ class FakeProvider:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._log: list[dict] = []
+        self._controls = 0  # open rejections_expected() blocks
         self._ids = itertools.count(1)
         self._cfg: dict = {
             "summary_delay": None,
@@ -763,7 +765,8 @@ class FakeProvider:
         Keys: model, kind ("chat"|"summary"), messages, tools, stream, status (None
         while still being handled), error (text or None), rules (rule ids of
         a validation failure), tokens, time (epoch seconds at arrival),
-        duration (seconds, None while handled).
+        duration (seconds, None while handled), control (sent inside
+        ``rejections_expected``).
         """
         with self._lock:
             return copy.deepcopy(self._log)
@@ -771,6 +774,18 @@ class FakeProvider:
     def clear(self) -> None:
         with self._lock:
             self._log.clear()
+
+    @contextlib.contextmanager
+    def rejections_expected(self):
+        """Requests that arrive inside the block are logged with ``control`` True: a test's run without the filter,
+        whose 400s are what it shows, not a fault of the filter (a whole-run check leaves them out)."""
+        with self._lock:
+            self._controls += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._controls -= 1
 
     def wait_for_requests(self, count: int, *, kind: Optional[str] = None, timeout: float = 5.0) -> list[dict]:
         """Wait until at least ``count`` finished requests (of ``kind``) are logged."""
@@ -834,6 +849,7 @@ class FakeProvider:
             "model_tokens": None,
             "window": None,
             "over_window": False,
+            "control": self._controls > 0,
             "cut": False,
             "reported_prompt": None,
         }

@@ -593,7 +593,7 @@ async def test_regenerated_reply_falls_back_to_the_older_valid_summary(db):
     assert last_covered["role"] == "assistant" and "MK-1204" in last_covered["content"]
 
     # Regenerate turn 12's reply: the branch now ends with a new version of it.
-    regenerated = longer[:24] + [stored_turn(12, tool=True, tag="regen ")[1]]
+    regenerated = longer[:24] + [stored_turn(12, tool=True, tag="regen_")[1]]
     sent, view = await w.inlet(regenerated)
     assert second.summary not in view[1]["content"]
     assert_applied(sent, view, first)
@@ -606,7 +606,7 @@ async def test_regenerated_reply_without_an_older_summary_gets_none(db):
     [record] = await w.records(chat)
     canon, _ = canonical(chat)
     assert "MK-0604" in canon[record.covered_count - 1]["content"]
-    regenerated = chat[:12] + [stored_turn(6, tool=True, tag="regen ")[1]]
+    regenerated = chat[:12] + [stored_turn(6, tool=True, tag="regen_")[1]]
     sent, view = await w.inlet(regenerated)
     assert view == sent
 
