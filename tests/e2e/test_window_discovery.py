@@ -67,8 +67,8 @@ SPECS = {
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 WORDS = 1400  # per user turn: about 2,000 of the models' tokens
 TURNS = 26  # a little over 3x the window in all
-READING = 1.0  # seconds a user reads a reply
-QUIET = 1.0  # seconds without a new summary call before the user types on
+READING = 2.5  # seconds a user reads a reply (CI at 1.0: a loaded machine once planned a due fold after it)
+QUIET = 1.5  # seconds without a new summary call before the user types on
 
 
 @pytest.fixture(scope="module")
