@@ -120,6 +120,7 @@ def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
     conv.history.assistant(reply, parent_id=user_id, message_id=reply_id)
     reqs = [r for r in conv.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
     reading(conv.provider)
+    wait_for(lambda: summary_settled(conv, reply_id), deadline=90, what="the summary this reply started to be saved")
     return Turn(marker, text, user_id, reply_id, 0.0, None, reqs, conv.branch_markers(user_id), set())
 
 
@@ -133,6 +134,19 @@ def reading(provider, seconds: float = READING) -> None:
         return not any(r["status"] is None or time.time() - r["time"] < QUIET for r in calls)
 
     wait_for(quiet, deadline=90, what="summaries in flight to finish")
+
+
+SUMMARY_ENDS = ("Summary updated", "Summary failed", "Nothing to summarize")
+
+
+def summary_settled(conv: Conversation, reply_id: str) -> bool:
+    """Whether a summary this reply's outlet started (its "Summarizing …" status) has ended, saved or failed: the
+    user's next turn is typed after it, as a person reading the reply would (the provider's summary calls alone do
+    not show the save, which a busy SQLite with two workers can hold past the reading time)."""
+    message = conv.client.get_chat(conv.chat_id)["chat"]["history"]["messages"].get(reply_id) or {}
+    lines = [str(s.get("description") or "") for s in message.get("statusHistory") or [] if isinstance(s, dict)]
+    started = [i for i, line in enumerate(lines) if "Summarizing " in line]
+    return not started or any(end in line for line in lines[started[-1] :] for end in SUMMARY_ENDS)
 
 
 def grow(client, provider, model: str, seed: int) -> tuple:
@@ -165,6 +179,13 @@ def test_default_valves_find_every_models_window_on_two_workers(stack):
         print(f"\n[e2e] {model}: {faults(turns)}; model tokens sent per request {sizes}")
     report = []
     for model, (conv, turns) in chats.items():
+        lines = [
+            str(s.get("description") or "")
+            for m in client.get_chat(conv.chat_id)["chat"]["history"]["messages"].values()
+            for s in m.get("statusHistory") or []
+            if isinstance(s, dict)
+        ]
+        assert any("Summarizing " in line for line in lines), f"{model}: no summary seen starting (summary_settled)"
         found = faults(turns)
         sent = sum(r["model_tokens"] or 0 for t in turns for r in t.requests[-1:])
         grown = count_tokens([{"role": "user", "content": t.text} for t in turns]) * SPECS[model].ratio
