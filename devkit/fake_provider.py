@@ -13,6 +13,16 @@ Stdlib only.  ``FakeProvider().start()`` serves, on a background thread,
 * ``GET  /control/requests``     the request log (see :attr:`FakeProvider.requests`)
 * ``POST /control/clear``        empty the request log
 
+and, for the models served as a local server serves them (``ModelSpec.backend``; each path answers 404 when no
+model of its kind is served, or when switched off with ``probes_off``):
+
+* Ollama (:func:`ollama_spec`): ``GET /api/tags``, ``GET /api/version``, ``POST /api/show`` (trained size),
+  ``GET /api/ps`` (the LOADED context: a model is loaded by its first request unless ``preloaded``), and
+  ``POST /api/chat`` (its native API, NDJSON when streamed, ``prompt_eval_count`` in the last line)
+* llama-server (:func:`llamacpp_spec`): ``GET /props`` (``default_generation_settings.n_ctx``), ``GET /slots``,
+  ``meta.n_ctx_train`` in ``/v1/models`` (the trained size, which may be far above the served one)
+* LM Studio (:func:`lmstudio_spec`): ``GET /api/v0/models`` (``loaded_context_length``, ``max_context_length``)
+
 Every chat-completion request is validated with
 :func:`devkit.provider_rules.check_openai`; a violation is answered with HTTP
 400 and OpenAI's error body carrying the provider's own text.  With a
@@ -30,12 +40,17 @@ Models with their own tokenizer and window (``model_specs``, see
 :class:`ModelSpec`): their prompt is counted in the model's own tokens
 (``ratio`` x the cl100k count of messages and tool schemas), reported back
 as usage (OpenAI's ``prompt_tokens`` or Ollama's ``prompt_eval_count``, in
-JSON replies and in SSE), and a prompt over the window is either answered
-with vLLM's 400 (``on_overflow="reject"``, the reply's ``max_tokens``
-counted in) or silently cut to its last tokens as Ollama does
-(``on_overflow="cut"``, window from ``options.num_ctx`` when sent).  Each
-request's log entry says ``model_tokens``, ``window``, ``over_window`` and
-``cut``.  A spec may publish its window in its ``/v1/models`` entry under one
+JSON replies and in SSE), and a prompt over the window is either refused
+with the backend's 400 (``on_overflow="reject"``: vLLM's, the reply's
+``max_tokens`` counted in; llama-server's ``exceed_context_size_error``;
+LM Studio's), or shortened as Ollama does (``on_overflow="drop"``: whole
+messages from the front, see :func:`devkit.local_servers.ollama_chat_prompt`,
+the model then answers what was kept), or cut to its last tokens
+(``on_overflow="cut"``, which no real server does to several messages).  Each
+request's log entry says ``model_tokens``, ``window``, ``over_window``,
+``cut``, ``dropped`` (messages) and ``rejected``;
+:meth:`FakeProvider.window_events` adds them up, :attr:`FakeProvider.probes`
+lists the probe requests.  A spec may publish its window in its ``/v1/models`` entry under one
 provider's field (``publish``, e.g. ``"max_model_len"`` as vLLM,
 ``"meta.n_ctx_train"`` as llama.cpp) and reject in vLLM's old flat error shape
 or in the nested ``{"error": {...}}`` shape of OpenAI and current vLLM
@@ -940,11 +955,13 @@ class FakeProvider:
     def requests(self) -> list[dict]:
         """Every chat-completion request so far (copies), oldest first.
 
-        Keys: model, kind ("chat"|"summary"), messages, tools, stream, status (None
-        while still being handled), error (text or None), rules (rule ids of
-        a validation failure), tokens, time (epoch seconds at arrival),
-        duration (seconds, None while handled), control (sent inside
-        ``rejections_expected``).
+        Keys: model, kind ("chat"|"summary"), api ("openai" or "ollama": the
+        native ``/api/chat``), messages (OpenAI's shape, as sent), tools, stream,
+        status (None while still being handled), error (text or None), rules
+        (rule ids of a validation failure), tokens, time (epoch seconds at
+        arrival), duration (seconds, None while handled), control (sent inside
+        ``rejections_expected``); for models with a spec: model_tokens, window,
+        over_window, cut, dropped, rejected, reported_prompt.
         """
         with self._lock:
             return copy.deepcopy(self._log)
