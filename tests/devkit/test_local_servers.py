@@ -260,3 +260,19 @@ def test_window_events_count_cuts_drops_and_rejections(provider):
         chat(provider, [U(words(1200))], model="llama")
     assert provider.window_events() == {"requests": 3, "cut": 1, "dropped": dropped, "rejected": 1}
     assert provider.window_events(include_controls=True)["rejected"] == 2
+
+
+# --- the Open WebUI harness ------------------------------------------------------------------------------------
+
+
+def test_openwebui_server_environment_for_an_ollama_connection(monkeypatch):
+    from devkit.owui_server import OpenWebUIServer
+
+    for key in ("OPENAI_API_BASE_URLS", "OPENAI_API_KEYS", "OLLAMA_BASE_URLS"):
+        monkeypatch.delenv(key, raising=False)
+    env = OpenWebUIServer(python="python", provider_url=None, ollama_url="http://127.0.0.1:9").environment()
+    assert env["ENABLE_OLLAMA_API"] == "true" and env["OLLAMA_BASE_URLS"] == "http://127.0.0.1:9"
+    assert env["ENABLE_OPENAI_API"] == "false" and "OPENAI_API_BASE_URLS" not in env
+    env = OpenWebUIServer(python="python", provider_url="http://127.0.0.1:9/v1").environment()
+    assert env["ENABLE_OLLAMA_API"] == "false" and "OLLAMA_BASE_URLS" not in env
+    assert env["ENABLE_OPENAI_API"] == "true" and env["OPENAI_API_BASE_URLS"] == "http://127.0.0.1:9/v1"
