@@ -89,6 +89,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
+from urllib.parse import parse_qs, urlsplit
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -727,8 +728,6 @@ class _Handler(BaseHTTPRequestHandler):
         return self.path.split("?", 1)[0].rstrip("/") or "/"
 
     def _query(self, key: str) -> Optional[str]:
-        from urllib.parse import parse_qs, urlsplit
-
         values = parse_qs(urlsplit(self.path).query).get(key)
         return values[0] if values else None
 
