@@ -13,6 +13,16 @@ Stdlib only.  ``FakeProvider().start()`` serves, on a background thread,
 * ``GET  /control/requests``     the request log (see :attr:`FakeProvider.requests`)
 * ``POST /control/clear``        empty the request log
 
+and, for the models served as a local server serves them (``ModelSpec.backend``; each path answers 404 when no
+model of its kind is served, or when switched off with ``probes_off``):
+
+* Ollama (:func:`ollama_spec`): ``GET /api/tags``, ``GET /api/version``, ``POST /api/show`` (trained size),
+  ``GET /api/ps`` (the LOADED context: a model is loaded by its first request unless ``preloaded``), and
+  ``POST /api/chat`` (its native API, NDJSON when streamed, ``prompt_eval_count`` in the last line)
+* llama-server (:func:`llamacpp_spec`): ``GET /props`` (``default_generation_settings.n_ctx``), ``GET /slots``,
+  ``meta.n_ctx_train`` in ``/v1/models`` (the trained size, which may be far above the served one)
+* LM Studio (:func:`lmstudio_spec`): ``GET /api/v0/models`` (``loaded_context_length``, ``max_context_length``)
+
 Every chat-completion request is validated with
 :func:`devkit.provider_rules.check_openai`; a violation is answered with HTTP
 400 and OpenAI's error body carrying the provider's own text.  With a
@@ -30,12 +40,17 @@ Models with their own tokenizer and window (``model_specs``, see
 :class:`ModelSpec`): their prompt is counted in the model's own tokens
 (``ratio`` x the cl100k count of messages and tool schemas), reported back
 as usage (OpenAI's ``prompt_tokens`` or Ollama's ``prompt_eval_count``, in
-JSON replies and in SSE), and a prompt over the window is either answered
-with vLLM's 400 (``on_overflow="reject"``, the reply's ``max_tokens``
-counted in) or silently cut to its last tokens as Ollama does
-(``on_overflow="cut"``, window from ``options.num_ctx`` when sent).  Each
-request's log entry says ``model_tokens``, ``window``, ``over_window`` and
-``cut``.  A spec may publish its window in its ``/v1/models`` entry under one
+JSON replies and in SSE), and a prompt over the window is either refused
+with the backend's 400 (``on_overflow="reject"``: vLLM's, the reply's
+``max_tokens`` counted in; llama-server's ``exceed_context_size_error``;
+LM Studio's), or shortened as Ollama does (``on_overflow="drop"``: whole
+messages from the front, see :func:`devkit.local_servers.ollama_chat_prompt`,
+the model then answers what was kept), or cut to its last tokens
+(``on_overflow="cut"``, which no real server does to several messages).  Each
+request's log entry says ``model_tokens``, ``window``, ``over_window``,
+``cut``, ``dropped`` (messages) and ``rejected``;
+:meth:`FakeProvider.window_events` adds them up, :attr:`FakeProvider.probes`
+lists the probe requests.  A spec may publish its window in its ``/v1/models`` entry under one
 provider's field (``publish``, e.g. ``"max_model_len"`` as vLLM,
 ``"meta.n_ctx_train"`` as llama.cpp) and reject in vLLM's old flat error shape
 or in the nested ``{"error": {...}}`` shape of OpenAI and current vLLM
@@ -74,18 +89,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
+from urllib.parse import parse_qs, urlsplit
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from devkit import local_servers as local  # type: ignore
     from devkit.provider_rules import CHECKERS, check_openai, content_text  # type: ignore
     from devkit.tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k  # type: ignore
 else:
+    from . import local_servers as local
     from .provider_rules import CHECKERS, check_openai, content_text
     from .tiktoken_cache import CL100K_URL, cl100k_cache_path, ensure_offline_cl100k
 
 __all__ = [
     "FakeProvider",
     "ModelSpec",
+    "ollama_spec",
+    "llamacpp_spec",
+    "lmstudio_spec",
     "count_tokens",
     "model_tokens",
     "token_counter_name",
@@ -101,6 +122,16 @@ MODES = ("strict", "friendly")
 _CALL_TOOL_RE = re.compile(r"CALL_TOOL:([A-Za-z0-9_-]{1,64})")
 _CALL_TOOL_ROUNDS_RE = re.compile(r"CALL_TOOL_ROUNDS:([A-Za-z0-9_-]{1,64}):(\d{1,3})")
 _UNSET: Any = object()
+# what each local server publishes about its window; each can be switched off (404) with ``probes_off``
+PROBES = {
+    "/api/tags": "ollama",
+    "/api/version": "ollama",
+    "/api/show": "ollama",
+    "/api/ps": "ollama",
+    "/props": "llamacpp",
+    "/slots": "llamacpp",
+    "/api/v0/models": "lmstudio",
+}
 _IMAGE_TOKENS = 85  # what OpenAI charges for a low-detail image
 
 # --------------------------------------------------------------------------
@@ -213,15 +244,22 @@ def tools_tokens(tools: Any) -> int:
     return len(enc.encode(text, disallowed_special=())) if enc is not None else len(text) // 4
 
 
+BACKENDS = ("", "ollama", "llamacpp", "lmstudio")
+OVERFLOWS = ("reject", "cut", "drop")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A chat model with a tokenizer and a window of its own.
+    """A chat model with a tokenizer and a window of its own, served as one kind of server serves it.
 
     ratio: its tokens per cl100k token (Llama/Qwen/Mistral-like: 0.7-1.5).
-    window: its context window in its own tokens (None: unlimited).
-    on_overflow: "reject" (vLLM: 400 when prompt + max_tokens > window) or
-    "cut" (Ollama: keeps only the last ``options.num_ctx`` or ``window``
-    tokens, answers anyway and reports what it kept).
+    window: its context window in its own tokens (None: unlimited): vLLM's ``max_model_len``; Ollama's configured
+    ``num_ctx`` (Modelfile, ``OLLAMA_CONTEXT_LENGTH`` or the default), used when a request sends none;
+    llama-server's served ``n_ctx`` per slot (``-c``); LM Studio's ``loaded_context_length``.
+    on_overflow: "reject" (400 with the backend's own error), "drop" (Ollama's ``chatPrompt``: whole messages
+    dropped from the front, see :func:`devkit.local_servers.ollama_chat_prompt`) or "cut" (the whole prompt cut
+    to its last ``window`` tokens and reported as exactly the window: no real server does this to a prompt of
+    several messages; kept for the tests written against it).
     usage: "openai" (``usage.prompt_tokens``) or "ollama"
     (``usage.prompt_eval_count``/``eval_count``, always, streams included).
     per_message: extra tokens of its chat template per message (the ratio is
@@ -230,6 +268,15 @@ class ModelSpec:
     dotted path for nested ones ("" = published nowhere).
     error_shape: "flat" (vLLM before 0.10: ``{"object": "error", "message"}``)
     or "nested" (OpenAI, current vLLM: ``{"error": {"message", ...}}``).
+    backend: "" (vLLM / any OpenAI-compatible server), "ollama", "llamacpp" or "lmstudio": which probe endpoints
+    list the model, what its ``/v1/models`` entry holds and which error text a rejection carries.
+    trained: the size it was trained for (Ollama's ``/api/show``, llama-server's ``meta.n_ctx_train``, LM Studio's
+    ``max_context_length``); None: the window. Ollama never serves more than it: a larger ``num_ctx`` is lowered.
+    preloaded: loaded before the first request (Ollama's ``/api/ps`` lists a model only once loaded; LM Studio
+    says ``not-loaded`` until then).
+    too_long: what Ollama does when the last message alone does not fit: "cut" (its tokens) or "error" (400).
+    numbers: llama-server names the sizes in its message (builds from late 2025 on) or not (older builds).
+    in_modelfile: Ollama's ``/api/show`` lists ``num_ctx`` among the model's parameters (set in its Modelfile).
     """
 
     ratio: float = 1.0
@@ -239,19 +286,46 @@ class ModelSpec:
     per_message: int = 0
     publish: str = ""
     error_shape: str = "flat"
+    backend: str = ""
+    trained: Optional[int] = None
+    preloaded: bool = False
+    too_long: str = "cut"
+    numbers: bool = True
+    in_modelfile: bool = False
 
     def __post_init__(self) -> None:
-        if self.on_overflow not in ("reject", "cut"):
-            raise ValueError("on_overflow must be 'reject' or 'cut'")
+        if self.on_overflow not in OVERFLOWS:
+            raise ValueError(f"on_overflow must be one of {OVERFLOWS}")
         if self.usage not in ("openai", "ollama"):
             raise ValueError("usage must be 'openai' or 'ollama'")
         if not self.ratio > 0:
             raise ValueError("ratio must be > 0")
         if self.error_shape not in ("flat", "nested"):
             raise ValueError("error_shape must be 'flat' or 'nested'")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}")
+        if self.too_long not in ("cut", "error"):
+            raise ValueError("too_long must be 'cut' or 'error'")
+
+    @property
+    def trained_size(self) -> Optional[int]:
+        return self.trained if self.trained is not None else self.window
+
+    def num_ctx(self, requested: Any = None) -> Optional[int]:
+        """Ollama's window for a request: its ``options.num_ctx``, else the configured one, never above trained."""
+        size = requested if isinstance(requested, int) and requested > 0 else self.window
+        if size is None or self.trained is None:
+            return size
+        return min(size, self.trained)
 
     def published(self) -> dict:
-        """The fields its ``/v1/models`` entry adds: the window under ``publish``."""
+        """The fields its ``/v1/models`` entry adds: the window under ``publish``; llama-server's ``meta``."""
+        if self.backend == "llamacpp":
+            return {"owned_by": "llamacpp", "meta": local.llamacpp_meta(self.trained_size)}
+        if self.backend == "ollama":
+            return {"owned_by": "library"}
+        if self.backend == "lmstudio":
+            return {"owned_by": "organization_owner"}
         if not self.publish or self.window is None:
             return {}
         *outer, last = self.publish.split(".")
@@ -259,6 +333,21 @@ class ModelSpec:
         for key in reversed(outer):
             entry = {key: entry}
         return entry
+
+
+def ollama_spec(window: int, **fields: Any) -> ModelSpec:
+    """An Ollama model: drops whole messages to fit ``num_ctx`` (``window`` when the request sends none)."""
+    return ModelSpec(window=window, backend="ollama", on_overflow="drop", **fields)
+
+
+def llamacpp_spec(n_ctx: int, **fields: Any) -> ModelSpec:
+    """A llama-server model served with ``-c n_ctx``: 400 ``exceed_context_size_error`` when a prompt is over."""
+    return ModelSpec(window=n_ctx, backend="llamacpp", on_overflow="reject", **fields)
+
+
+def lmstudio_spec(loaded: int, **fields: Any) -> ModelSpec:
+    """An LM Studio model loaded with ``loaded`` tokens of context: refuses a prompt over it."""
+    return ModelSpec(window=loaded, backend="lmstudio", on_overflow="reject", **fields)
 
 
 def model_tokens(messages: Any, tools: Any, spec: ModelSpec) -> int:
@@ -533,6 +622,78 @@ def _agent_round(body: dict, messages: list) -> Optional[tuple[str, int]]:
     return (m.group(1), done + 1) if done < int(m.group(2)) else None
 
 
+def _probe_paths(value: Any) -> tuple:
+    """``probes_off`` checked: paths of PROBES, or "all" for every probe that tells a window."""
+    if value is None:
+        return ()
+    if value == "all":
+        return tuple(p for p in PROBES if p not in ("/api/tags", "/api/version"))
+    paths = (value,) if isinstance(value, str) else tuple(value)
+    unknown = [p for p in paths if p not in PROBES]
+    if unknown:
+        raise ValueError(f"probes_off: unknown paths {unknown}; known: {sorted(PROBES)}")
+    return paths
+
+
+def _error_message(payload: dict) -> str:
+    error = payload.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message"))
+    return str(error if error is not None else payload.get("message"))
+
+
+def _reject_for(spec: ModelSpec, own: int, window: int, room: int) -> Optional[tuple[int, dict]]:
+    """(status, body) of the backend's refusal of ``own`` prompt tokens (``room`` for the reply), or None."""
+    if spec.backend == "llamacpp":  # the prompt must leave at least one token for the reply
+        return (400, local.llamacpp_too_long(own, window, spec.numbers)) if own >= window else None
+    if spec.backend == "lmstudio":
+        return (400, local.lmstudio_too_long(own, window)) if own > window else None
+    if own + room <= window:
+        return None
+    error = {
+        "message": f"This model's maximum context length is {window} tokens. However, you "
+        f"requested {own + room} tokens ({own} in the messages, {room} in the completion). "
+        "Please reduce the length of the messages or completion.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    return 400, {"error": error} if spec.error_shape == "nested" else {"object": "error", **error}
+
+
+def _fit(spec: ModelSpec, messages: Any, body: dict, native: bool) -> dict:
+    """What ``spec``'s server does with this prompt. Keys: model_tokens (the whole prompt), window, over_window,
+    kept (the messages the model sees), dropped (messages), cut (anything lost), reported (the prompt size it
+    reports), reject ((status, body) or None)."""
+    tools = body.get("tools")
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    own = model_tokens(messages, tools, spec)
+    out = {"model_tokens": own, "window": spec.window, "over_window": False, "kept": messages, "dropped": 0}
+    out.update(cut=False, reported=own, reject=None)
+    if spec.on_overflow == "drop":  # Ollama's OpenAI endpoint takes no options: its configured num_ctx
+        window = out["window"] = spec.num_ctx(options.get("num_ctx") if native else None)
+        if window is None or own <= window:
+            return out
+        kept, dropped = local.ollama_chat_prompt(messages, lambda k: model_tokens(k, tools, spec) <= window)
+        size = model_tokens(kept, tools, spec)
+        out.update(over_window=True, kept=kept, dropped=dropped, cut=dropped > 0, reported=size)
+        if size > window and spec.too_long == "error":
+            out["reject"] = (400, _error_body(local.OLLAMA_TOO_LONG, "invalid_request_error"))
+        elif size > window:  # the last message alone is over: its runner keeps the last num_ctx tokens
+            out.update(cut=True, reported=window)
+        return out
+    if spec.on_overflow == "cut":
+        num_ctx = options.get("num_ctx")
+        window = out["window"] = num_ctx if isinstance(num_ctx, int) and num_ctx > 0 else spec.window
+        if window is not None and own > window:
+            out.update(over_window=True, cut=True, reported=window)
+        return out
+    if spec.window is not None:
+        out["reject"] = _reject_for(spec, own, spec.window, _reply_room(body))
+        out["over_window"] = out["reject"] is not None or own > spec.window
+    return out
+
+
 def _error_body(message: str, etype: str, param: Any = None, code: Any = None) -> dict:
     return {"error": {"message": message, "type": etype, "param": param, "code": code}}
 
@@ -566,6 +727,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _path(self) -> str:
         return self.path.split("?", 1)[0].rstrip("/") or "/"
 
+    def _query(self, key: str) -> Optional[str]:
+        values = parse_qs(urlsplit(self.path).query).get(key)
+        return values[0] if values else None
+
     # -- routes ----------------------------------------------------------
     def do_GET(self) -> None:
         p = self.provider
@@ -579,6 +744,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(200, p.config)
             elif path == "/control/requests":
                 self._send_json(200, p.requests)
+            elif path in PROBES:
+                status, payload = p._probe(path, self._query("model"))
+                self._send_json(status, payload)
             else:
                 self._send_json(404, _error_body(f"Unknown path {path}", "invalid_request_error"))
         except (BrokenPipeError, ConnectionResetError):
@@ -590,6 +758,13 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path in ("/v1/chat/completions", "/chat/completions"):
                 p._handle_chat(self)
+            elif path == "/api/chat" and p._serves("/api/chat"):
+                p._handle_chat(self, api="ollama")
+            elif path == "/api/show":
+                body = self._read_json()
+                name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+                status, payload = p._probe(path, name)
+                self._send_json(status, payload)
             elif path == "/control":
                 try:
                     body = self._read_json()
@@ -645,6 +820,11 @@ class FakeProvider:
         self._log: list[dict] = []
         self._controls = 0  # open rejections_expected() blocks
         self._ids = itertools.count(1)
+        self._probe_log: list[dict] = []
+        # model -> the context it is loaded with (Ollama, LM Studio): what /api/ps and /api/v0/models report
+        self._loaded: dict = {
+            name: spec.num_ctx() for name, spec in self.model_specs.items() if spec.preloaded and spec.backend
+        }
         self._cfg: dict = {
             "summary_delay": None,
             "summary_fail": None,
@@ -652,6 +832,7 @@ class FakeProvider:
             "context_window": None,
             "reply_text": None,
             "summary_format": None,
+            "probes_off": (),
         }
         self.configure(context_window=context_window)
         self._server: Optional[ThreadingHTTPServer] = None
@@ -703,6 +884,11 @@ class FakeProvider:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def root_url(self) -> str:
+        """The server without ``/v1``: what Ollama's connection (``OLLAMA_BASE_URLS``) and the probes use."""
+        return f"http://{self.host}:{self.port}"
+
     # -- control ---------------------------------------------------------
     def configure(
         self,
@@ -713,6 +899,7 @@ class FakeProvider:
         context_window: Any = _UNSET,
         reply_text: Any = _UNSET,
         summary_format: Any = _UNSET,
+        probes_off: Any = _UNSET,
     ) -> None:
         """Change behaviour; an argument left out is unchanged, ``None`` resets it.
 
@@ -722,6 +909,8 @@ class FakeProvider:
         reply_text: fixed content for chat replies, None for the default echo.
         summary_format: "markers" (every marker seen; strict mode's default) or "extractive" (a line per message
         folded, see ``extractive_summary``; friendly mode's default); None for the mode's default.
+        probes_off: paths of :data:`PROBES` answered 404 as by a server without them, or "all" for every one that
+        tells a window (all but ``/api/tags`` and ``/api/version``, which Open WebUI needs to list Ollama models).
         """
         updates = {
             "summary_delay": summary_delay,
@@ -730,8 +919,11 @@ class FakeProvider:
             "context_window": context_window,
             "reply_text": reply_text,
             "summary_format": summary_format,
+            "probes_off": probes_off,
         }
         updates = {k: v for k, v in updates.items() if v is not _UNSET}
+        if "probes_off" in updates:
+            updates["probes_off"] = _probe_paths(updates["probes_off"])
         for key in ("summary_delay", "chat_delay"):
             if key in updates and updates[key] is not None:
                 updates[key] = float(updates[key])
@@ -762,11 +954,13 @@ class FakeProvider:
     def requests(self) -> list[dict]:
         """Every chat-completion request so far (copies), oldest first.
 
-        Keys: model, kind ("chat"|"summary"), messages, tools, stream, status (None
-        while still being handled), error (text or None), rules (rule ids of
-        a validation failure), tokens, time (epoch seconds at arrival),
-        duration (seconds, None while handled), control (sent inside
-        ``rejections_expected``).
+        Keys: model, kind ("chat"|"summary"), api ("openai" or "ollama": the
+        native ``/api/chat``), messages (OpenAI's shape, as sent), tools, stream,
+        status (None while still being handled), error (text or None), rules
+        (rule ids of a validation failure), tokens, time (epoch seconds at
+        arrival), duration (seconds, None while handled), control (sent inside
+        ``rejections_expected``); for models with a spec: model_tokens, window,
+        over_window, cut, dropped, rejected, reported_prompt.
         """
         with self._lock:
             return copy.deepcopy(self._log)
@@ -774,6 +968,31 @@ class FakeProvider:
     def clear(self) -> None:
         with self._lock:
             self._log.clear()
+            self._probe_log.clear()
+
+    @property
+    def probes(self) -> list[dict]:
+        """Every request to a path of :data:`PROBES` so far: path, model (asked for, or None), status, time."""
+        with self._lock:
+            return copy.deepcopy(self._probe_log)
+
+    def window_events(self, *, include_controls: bool = False) -> dict:
+        """What the windows did to the chat requests so far: "requests", "cut" (requests that lost messages or
+        tokens), "dropped" (messages lost in all), "rejected" (refused as too long); requests inside
+        ``rejections_expected`` are left out unless ``include_controls``."""
+        with self._lock:
+            done = [r for r in self._log if include_controls or not r["control"]]
+            return {
+                "requests": len(done),
+                "cut": sum(1 for r in done if r["cut"]),
+                "dropped": sum(r["dropped"] for r in done),
+                "rejected": sum(1 for r in done if r["rejected"]),
+            }
+
+    def loaded(self) -> dict:
+        """model -> the context it is loaded with, for the Ollama and LM Studio models loaded so far."""
+        with self._lock:
+            return dict(self._loaded)
 
     @contextlib.contextmanager
     def rejections_expected(self):
@@ -813,6 +1032,56 @@ class FakeProvider:
             ],
         }
 
+    def _models_of(self, backend: str) -> list:
+        return [name for name, spec in self.model_specs.items() if spec.backend == backend]
+
+    def _serves(self, path: str) -> bool:
+        """A real server of that kind answers ``path``: the fake hosts one of its models and it is not off."""
+        backend = "ollama" if path == "/api/chat" else PROBES[path]
+        return bool(self._models_of(backend)) and path not in self.config["probes_off"]
+
+    def _mark_loaded(self, model: str, spec: ModelSpec, window: Optional[int]) -> None:
+        """A request loads its model (Ollama: with the request's num_ctx, reloading it when that differs)."""
+        if spec.backend in ("ollama", "lmstudio"):
+            with self._lock:
+                self._loaded[model] = window
+
+    def _probe(self, path: str, model: Optional[str]) -> tuple[int, Any]:
+        """(status, body) of a probe endpoint, logged in :attr:`probes`."""
+        status, payload = self._probe_answer(path, model)
+        with self._lock:
+            self._probe_log.append({"path": path, "model": model, "status": status, "time": time.time()})
+        return status, payload
+
+    def _probe_answer(self, path: str, model: Optional[str]) -> tuple[int, Any]:
+        if not self._serves(path):
+            return 404, _error_body(f"Unknown path {path}", "invalid_request_error")
+        backend = PROBES[path]
+        names = self._models_of(backend)
+        loaded = self.loaded()
+        if path == "/api/tags":
+            return 200, {"models": [local.ollama_tag(name) for name in names]}
+        if path == "/api/version":
+            return 200, {"version": local.OLLAMA_VERSION}
+        if path == "/api/ps":
+            return 200, {"models": [local.ollama_ps_entry(name, loaded[name]) for name in names if name in loaded]}
+        if path == "/api/v0/models":
+            entries = [
+                local.lmstudio_model(name, loaded.get(name), self.model_specs[name].trained_size) for name in names
+            ]
+            return 200, {"object": "list", "data": entries}
+        if model is not None and model not in names:
+            if path == "/api/show":
+                return 404, {"error": f"model '{model}' not found"}
+            return 400, {"error": {"code": 400, "message": "model not found", "type": "invalid_request_error"}}
+        name = model or names[0]  # llama-server serves one model unless a router asks for another
+        spec = self.model_specs[name]
+        if path == "/api/show":
+            return 200, local.ollama_show(name, spec.trained_size, spec.window if spec.in_modelfile else None)
+        if path == "/props":
+            return 200, local.llamacpp_props(name, spec.window)
+        return 200, local.llamacpp_slots(spec.window)
+
     def _sleep(self, seconds: Optional[float]) -> bool:
         """Sleep unless stopped; True when the server is stopping."""
         if seconds:
@@ -831,12 +1100,15 @@ class FakeProvider:
             for m in messages
         )
 
-    def _handle_chat(self, h: _Handler) -> None:
+    def _handle_chat(self, h: _Handler, api: str = "openai") -> None:
+        """One chat request: ``api`` "openai" (``/v1/chat/completions``) or "ollama" (Ollama's native ``/api/chat``)."""
+        native = api == "ollama"
         started = time.time()
         t0 = time.monotonic()
         entry: dict = {
             "model": None,
             "kind": "chat",
+            "api": api,
             "messages": None,
             "tools": None,
             "stream": False,
@@ -851,6 +1123,8 @@ class FakeProvider:
             "over_window": False,
             "control": self._controls > 0,
             "cut": False,
+            "dropped": 0,
+            "rejected": False,
             "reported_prompt": None,
         }
 
@@ -862,7 +1136,7 @@ class FakeProvider:
 
         def fail(status: int, message: str, etype: str, param: Any = None, code: Any = None) -> None:
             finish(status, message)
-            h._send_json(status, _error_body(message, etype, param, code))
+            h._send_json(status, {"error": message} if native else _error_body(message, etype, param, code))
 
         try:
             body = h._read_json()
@@ -880,8 +1154,8 @@ class FakeProvider:
             )
             return
         model = body.get("model")
-        messages = body.get("messages")
-        stream = bool(body.get("stream"))
+        messages = local.openai_messages(body.get("messages")) if native else body.get("messages")
+        stream = bool(body.get("stream", native))  # Ollama streams unless told not to
         with self._lock:
             entry["model"] = model
             entry["messages"] = copy.deepcopy(messages)
@@ -890,7 +1164,12 @@ class FakeProvider:
             entry["kind"] = "summary" if self._is_summary(model, messages) else "chat"
         kind = entry["kind"]
 
-        if model not in self.chat_models + self.summary_models:
+        spec = self.model_specs.get(model)
+        known = model in self.chat_models + self.summary_models
+        if not known or (native and (spec is None or spec.backend != "ollama")):
+            if native:
+                fail(404, f"model '{model}' not found", "not_found")
+                return
             fail(
                 404,
                 f"The model `{model}` does not exist or you do not have access to it.",
@@ -899,8 +1178,8 @@ class FakeProvider:
                 "model_not_found",
             )
             return
-        violations = check_openai(messages)
-        for rules in self.model_rules.get(model, ()):
+        violations = [] if native else check_openai(messages)
+        for rules in () if native else self.model_rules.get(model, ()):
             violations += CHECKERS[rules](messages)
         if violations:
             with self._lock:
@@ -910,37 +1189,26 @@ class FakeProvider:
         tokens = count_tokens(messages)
         with self._lock:
             entry["tokens"] = tokens
-        spec = self.model_specs.get(model)
         reported = tokens
         if spec is not None:
-            reported = own = model_tokens(messages, body.get("tools"), spec)
-            options = body.get("options") if isinstance(body.get("options"), dict) else {}
-            num_ctx = options.get("num_ctx") if spec.on_overflow == "cut" else None
-            own_window = num_ctx if isinstance(num_ctx, int) and num_ctx > 0 else spec.window
-            room = _reply_room(body) if spec.on_overflow == "reject" else 0
-            over = own_window is not None and own + room > own_window
+            fit = _fit(spec, messages, body, native)
+            self._mark_loaded(model, spec, fit["window"])
             with self._lock:
-                entry.update(model_tokens=own, window=own_window, over_window=over)
-            if over and spec.on_overflow == "reject":
-                finish(400, "over the window")
-                error = {
-                    "message": f"This model's maximum context length is {own_window} tokens. However, you "
-                    f"requested {own + room} tokens ({own} in the messages, {room} in the completion). "
-                    "Please reduce the length of the messages or completion.",
-                    "type": "BadRequestError",
-                    "param": None,
-                    "code": 400,
-                }
-                h._send_json(400, {"error": error} if spec.error_shape == "nested" else {"object": "error", **error})
+                entry.update({k: fit[k] for k in ("model_tokens", "window", "over_window", "cut", "dropped")})
+                entry["rejected"] = fit["reject"] is not None
+                entry["reported_prompt"] = fit["reported"]
+            if fit["reject"] is not None:
+                status, payload = fit["reject"]
+                finish(status, "over the window")
+                if native:  # Ollama's own API: a bare message
+                    payload = {"error": _error_message(payload)}
+                h._send_json(status, payload)
                 return
-            if over:  # Ollama: no error, the start of the prompt is gone
-                reported = own_window
-                with self._lock:
-                    entry["cut"] = True
-            with self._lock:
-                entry["reported_prompt"] = reported
+            messages, reported = fit["kept"], fit["reported"]  # the model answers what it was left with
         window = cfg["context_window"]
         if spec is None and window is not None and tokens > window:
+            with self._lock:
+                entry["rejected"] = True
             fail(
                 400,
                 f"This model's maximum context length is {window} tokens. However, your messages "
@@ -1002,6 +1270,9 @@ class FakeProvider:
                 }
             ]
         completion_tokens = max(1, len(content) // 4) if content else (1 if tool_calls else 0)
+        if native:
+            self._send_ollama(h, model, content, tool_calls, reported, completion_tokens, stream, finish)
+            return
         if spec is not None and spec.usage == "ollama":
             usage = {"prompt_eval_count": reported, "eval_count": completion_tokens}
         else:
@@ -1045,6 +1316,40 @@ class FakeProvider:
             }
             finish(200)  # logged before the client can read the reply
             h._send_json(200, payload)
+
+    @staticmethod
+    def _send_ollama(
+        h: _Handler,
+        model: str,
+        content: str,
+        tool_calls: Optional[list],
+        prompt_eval_count: int,
+        eval_count: int,
+        stream: bool,
+        finish: Callable[..., None],
+    ) -> None:
+        """Ollama's ``/api/chat`` answer: NDJSON lines, or the last line alone when not streamed."""
+        lines = local.ollama_chat_lines(model, content, tool_calls, prompt_eval_count, eval_count)
+        if not stream:
+            done = dict(lines[-1])
+            done["message"] = {**done["message"], "content": content}
+            if tool_calls:
+                done["message"]["tool_calls"] = lines[0]["message"]["tool_calls"]
+            finish(200)
+            h._send_json(200, done)
+            return
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/x-ndjson")
+            h.send_header("Connection", "close")
+            h.end_headers()
+            for i, line in enumerate(lines):
+                if i == len(lines) - 1:
+                    finish(200)  # logged before the client can see the end
+                h.wfile.write(json.dumps(line).encode() + b"\n")
+                h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            finish(499, "client disconnected")
 
     @staticmethod
     def _send_stream(

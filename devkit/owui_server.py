@@ -7,7 +7,9 @@ subprocess in its own process group.
 * :func:`find_openwebui_python` locates (or builds) that venv;
   :func:`ensure_offline_tiktoken` makes ``cl100k_base`` load offline in it.
 * :class:`OpenWebUIServer` starts ``open-webui serve`` with a temporary
-  ``DATA_DIR``, offline settings and one OpenAI-compatible provider, polls
+  ``DATA_DIR``, offline settings and one OpenAI-compatible provider and/or
+  one Ollama connection (``ollama_url``: Open WebUI then lists the models of
+  its ``/api/tags`` and sends their chats to its native ``/api/chat``), polls
   ``/health``, keeps the server log in a file (its tail is shown when start
   fails) and kills the whole process group on :meth:`~OpenWebUIServer.stop`
   or at interpreter exit.  ``workers=N`` starts N uvicorn workers
@@ -163,8 +165,11 @@ class OpenWebUIServer:
     """A real ``open-webui serve`` in its own process group.
 
     ``provider_url`` is an OpenAI-compatible base URL ending in ``/v1``
-    (``OPENAI_API_BASE_URLS``), ``api_key`` its key. ``env_extra`` overrides
-    or adds environment variables (a value of None removes one).
+    (``OPENAI_API_BASE_URLS``), ``api_key`` its key; None turns the OpenAI
+    API off. ``ollama_url`` is an Ollama server's root (``OLLAMA_BASE_URLS``,
+    e.g. :attr:`FakeProvider.root_url`); None (the default) turns the Ollama
+    API off. ``env_extra`` overrides or adds environment variables (a value of
+    None removes one).
     """
 
     def __init__(
@@ -172,7 +177,7 @@ class OpenWebUIServer:
         python: Optional[str] = None,
         port: int = 0,
         data_dir: Optional[str] = None,
-        provider_url: str = "http://127.0.0.1:9/v1",
+        provider_url: Optional[str] = "http://127.0.0.1:9/v1",
         env_extra: Optional[dict] = None,
         workers: int = 1,
         host: str = "127.0.0.1",
@@ -180,8 +185,10 @@ class OpenWebUIServer:
         log_path: Optional[str] = None,
         tiktoken_cache_dir: Optional[str] = None,
         prepare_database: Optional[bool] = None,
+        ollama_url: Optional[str] = None,
     ) -> None:
         self.python = python
+        self.ollama_url = ollama_url
         # seed the database in one process first: by default when several workers would race on it
         self.prepare_database = prepare_database
         self.host = host
@@ -205,7 +212,7 @@ class OpenWebUIServer:
         return f"http://{self.host}:{self.port}"
 
     def environment(self) -> dict:
-        """The environment the server runs with (offline, one provider, fast start)."""
+        """The environment the server runs with (offline, its connections, fast start)."""
         env = dict(os.environ)
         # The test process's virtualenv must not leak into the server's.
         for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTEST_CURRENT_TEST"):
@@ -214,10 +221,8 @@ class OpenWebUIServer:
             {
                 "DATA_DIR": self.data_dir or "",
                 "WEBUI_SECRET_KEY": self.secret_key,
-                "ENABLE_OLLAMA_API": "false",
-                "ENABLE_OPENAI_API": "true",
-                "OPENAI_API_BASE_URLS": self.provider_url,
-                "OPENAI_API_KEYS": self.api_key,
+                "ENABLE_OLLAMA_API": "true" if self.ollama_url else "false",
+                "ENABLE_OPENAI_API": "true" if self.provider_url else "false",
                 "RAG_EMBEDDING_ENGINE": "openai",
                 "OFFLINE_MODE": "true",
                 "HF_HUB_OFFLINE": "1",
@@ -237,6 +242,10 @@ class OpenWebUIServer:
                 "PYTHONDONTWRITEBYTECODE": "1",
             }
         )
+        if self.provider_url:
+            env.update({"OPENAI_API_BASE_URLS": self.provider_url, "OPENAI_API_KEYS": self.api_key})
+        if self.ollama_url:
+            env["OLLAMA_BASE_URLS"] = self.ollama_url
         if self.tiktoken_cache_dir:
             env["TIKTOKEN_CACHE_DIR"] = self.tiktoken_cache_dir
         for key, value in self.env_extra.items():
@@ -357,6 +366,7 @@ class OpenWebUIServer:
             port=free_port(self.host),
             data_dir=self.data_dir,
             provider_url=self.provider_url,
+            ollama_url=self.ollama_url,
             api_key=self.api_key,
             env_extra={**self.env_extra, "WEBUI_SECRET_KEY": self.secret_key},
             workers=1,
