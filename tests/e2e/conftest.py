@@ -1,6 +1,8 @@
 """Fixtures of the end-to-end suite: ONE strict fake provider and ONE real
 Open WebUI (from the cached venv, started as a subprocess) for the whole
-session, with the filter installed from the repo file through the REST API.
+session, with the filter installed from the repo file through the REST API;
+and ``two_workers``: a module's own Open WebUI on two uvicorn workers (the
+modules that need other options call ``e2e_support.multi_worker_server``).
 
 ``ACC_SKIP_E2E=1`` skips the suite. Without it, an Open WebUI that cannot be
 found or started is an error, never a skip.
@@ -19,7 +21,15 @@ import shutil
 import time
 
 import pytest
-from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, MODEL_RULES, MODEL_SPECS, SUMMARY_MODEL
+from e2e_support import (
+    CHAT_MODEL,
+    E2E_VALVES,
+    FILTER_ID,
+    MODEL_RULES,
+    MODEL_SPECS,
+    SUMMARY_MODEL,
+    multi_worker_server,
+)
 
 from devkit.fake_provider import FakeProvider
 from devkit.openwebui import (
@@ -118,6 +128,14 @@ def installed_filter(admin, filter_source):
     assert function["is_active"] and function["is_global"], function
     assert function.get("type") == "filter", function
     return function
+
+
+@pytest.fixture(scope="module")
+def two_workers(owui_python, provider, filter_source):
+    """(server, client): an Open WebUI of the module's own, two uvicorn workers sharing one database, on the
+    session's provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it."""
+    with multi_worker_server(owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600) as started:
+        yield started
 
 
 @pytest.fixture

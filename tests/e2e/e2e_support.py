@@ -15,11 +15,19 @@ import random
 import re
 import secrets
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from devkit.fake_provider import ModelSpec
-from devkit.openwebui import ChatHistory, OpenWebUIClient, new_id
+from devkit.openwebui import (
+    ChatHistory,
+    OpenWebUIClient,
+    OpenWebUIError,
+    OpenWebUIServer,
+    ensure_offline_tiktoken,
+    new_id,
+)
 
 MARKER_RE = re.compile(r"\bMK-[A-Za-z0-9]+\b")
 SUMMARY_TAG = "<conversation_summary"
@@ -476,3 +484,101 @@ def pids_connected_to(port: int, pids: list) -> list:
                 found.append(pid)
                 break
     return found
+
+
+# ---------------------------------------------------------------------------
+# Open WebUI servers a module starts for itself, and a browser
+# ---------------------------------------------------------------------------
+
+# A filter installed beside ours: the first system message of every request names the worker that served it.
+PID_PROBE = '''"""
+title: Worker Probe
+id: worker_probe
+version: 0.0.1
+description: stamps each request with the serving worker's pid
+"""
+import os
+from pydantic import BaseModel
+
+
+class Filter:
+    class Valves(BaseModel):
+        priority: int = 0
+
+    def __init__(self):
+        self.valves = self.Valves()
+
+    async def inlet(self, body: dict) -> dict:
+        body["messages"].insert(0, {"role": "system", "content": f"served-by-pid-{os.getpid()}"})
+        return body
+'''
+
+# Debian's Chromium (never a browser download), headless, as root in a container, with no traffic of its own.
+CHROMIUM = os.environ.get("ACC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def retrying(call, deadline: float = 120):
+    """A worker may still be starting (or be restarted by uvicorn on a busy machine): connection errors and 5xx are
+    tried again for ``deadline`` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return call()
+        except (OSError, OpenWebUIError) as exc:
+            if isinstance(exc, OpenWebUIError) and exc.status < 500 or time.monotonic() > end:
+                raise
+            time.sleep(2)
+
+
+@contextmanager
+def multi_worker_server(
+    owui_python: str,
+    provider,
+    filter_source: str,
+    admin: str,
+    *,
+    valves: Optional[dict] = None,
+    models: tuple = (CHAT_MODEL, SUMMARY_MODEL),
+    pid_probe: bool = False,
+    env_extra: Optional[dict] = None,
+    workers: int = 2,
+    timeout: float = 300,
+):
+    """An Open WebUI of the caller's own: ``workers`` uvicorn workers sharing one database, ``admin``@example.com its
+    first account, ``models`` served by ``provider``, the filter installed globally with ``valves`` (E2E_VALVES when
+    None) and, with ``pid_probe``, PID_PROBE beside it. Yields (server, client); on leaving the server is stopped
+    and its data removed (kept with ACC_KEEP_E2E_DATA)."""
+    server = OpenWebUIServer(
+        python=owui_python,
+        provider_url=provider.base_url,
+        workers=workers,
+        env_extra=env_extra,
+        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
+    )
+    try:
+        server.start(timeout=timeout)
+        client = OpenWebUIClient(server.base_url, timeout=180)
+        retrying(lambda: client.ensure_admin(f"{admin}@example.com", "Workers-Passw0rd!", f"{admin} admin"))
+        retrying(lambda: client.wait_for_models(list(models), timeout=90))
+        installed = dict(E2E_VALVES if valves is None else valves)
+        retrying(lambda: client.install_function(FILTER_ID, filter_source, valves=installed, enable_global=True))
+        if pid_probe:
+            retrying(lambda: client.install_function("worker_probe", PID_PROBE, enable_global=True))
+        yield server, client
+    except Exception:
+        print(f"\n[e2e] {workers}-worker server log (last 60 lines):\n" + server.log_tail(60))
+        raise
+    finally:
+        server.stop()
+        if not os.environ.get("ACC_KEEP_E2E_DATA"):
+            server.cleanup()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pytest
-from e2e_support import E2E_VALVES, FILTER_ID, new_marker, text_of, user_text
+from e2e_support import CHROMIUM, CHROMIUM_ARGS, E2E_VALVES, FILTER_ID, new_marker, text_of, user_text
 
 from devkit.demo import DEMO_VALVES
 from devkit.fake_provider import count_tokens
@@ -43,24 +43,13 @@ pytestmark = [
     pytest.mark.e2e,
     # decided before any server starts: where Chromium cannot be installed, say so and start nothing
     pytest.mark.skipif(
-        not os.access(os.environ.get("ACC_CHROMIUM", "/usr/bin/chromium"), os.X_OK),
+        not os.access(CHROMIUM, os.X_OK),
         reason="Chromium is not installed at /usr/bin/chromium (or $ACC_CHROMIUM) and could not be installed "
         "here: scripts/test.sh runs `apt-get install chromium` where it has root or sudo. The real-browser "
         "test needs Debian's chromium package; it never downloads a browser.",
     ),
 ]
 
-CHROMIUM = os.environ.get("ACC_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CHAT_MODEL = "fake-chat"
 VALVES = {**DEMO_VALVES, "summary_timeout_seconds": 30}
 TURN_WORDS = 300  # ~400 tokens a user message: a summary after about five turns

@@ -28,6 +28,7 @@ from e2e_support import (
     CHAT_MODEL,
     E2E_VALVES,
     FILTER_ID,
+    PID_PROBE,
     SUMMARY_MODEL,
     Conversation,
     brief,
@@ -441,27 +442,6 @@ def test_pg_restart_of_open_webui_with_cold_caches(pg, provider):
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_workers(owui_python, provider, filter_source):
-    server = OpenWebUIServer(
-        python=owui_python,
-        provider_url=provider.base_url,
-        workers=2,
-        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
-    )
-    server.start(timeout=600)
-    try:
-        client = OpenWebUIClient(server.base_url, timeout=180)
-        client.signup("kill@example.com", "Kill-Passw0rd!", "Kill Admin")
-        client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=90)
-        client.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True)
-        yield server, client
-    finally:
-        server.stop()
-        if not os.environ.get("ACC_KEEP_E2E_DATA"):
-            server.cleanup()
-
-
 def test_worker_killed_mid_summary_frees_the_chat_within_the_lease(two_workers, provider, filter_source):
     """The worker making a 20 s summary is killed with SIGKILL: the chat goes
     on (the other worker serves it, trimmed); once the lease expires (30 s),
@@ -473,29 +453,6 @@ def test_worker_killed_mid_summary_frees_the_chat_within_the_lease(two_workers, 
     except BaseException:
         print("\n[e2e] two-worker server log (last 80 lines):\n" + server.log_tail(80))
         raise
-
-
-PID_PROBE = '''"""
-title: Worker Probe
-id: worker_probe
-version: 0.0.1
-description: stamps each request with the serving worker's pid
-"""
-import os
-from pydantic import BaseModel
-
-
-class Filter:
-    class Valves(BaseModel):
-        priority: int = 0
-
-    def __init__(self):
-        self.valves = self.Valves()
-
-    async def inlet(self, body: dict) -> dict:
-        body["messages"].insert(0, {"role": "system", "content": f"served-by-pid-{os.getpid()}"})
-        return body
-'''
 
 
 def wait_for_both_workers(server, client, provider, deadline: float = 300) -> set:

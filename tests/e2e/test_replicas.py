@@ -32,6 +32,8 @@ import time
 import pytest
 from e2e_support import (
     CHAT_MODEL,
+    CHROMIUM,
+    CHROMIUM_ARGS,
     E2E_VALVES,
     FILTER_ID,
     SUMMARY_MODEL,
@@ -40,6 +42,7 @@ from e2e_support import (
     check_turn,
     has_summary,
     pids_connected_to,
+    retrying,
     settle,
     summary_text,
     text_of,
@@ -49,7 +52,7 @@ from e2e_support import (
 )
 
 from devkit.fake_provider import FakeProvider
-from devkit.openwebui import OpenWebUIClient, OpenWebUIError, ensure_offline_tiktoken, start_replicas
+from devkit.openwebui import OpenWebUIClient, ensure_offline_tiktoken, start_replicas
 from devkit.services import ThrowawayPostgres, ThrowawayRedis, replica_env
 
 pytestmark = pytest.mark.e2e
@@ -60,17 +63,6 @@ LEASE_RENEW = 10  # async_context_compression.LEASE_RENEW
 SUMMARIES_KEPT = 8  # async_context_compression.SUMMARIES_KEPT_PER_CHAT: older rows are pruned
 SCHEMA = "owui"
 STAMP_RE = re.compile(r"acc-replica: ([AB])")
-CHROMIUM = os.environ.get("ACC_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 EMAIL, PASSWORD = "replicas@example.com", "Replicas-Passw0rd!"
 
 REPLICA_PROBE = '''"""
@@ -122,21 +114,6 @@ class Deployment:
         return {r[0] for r in rows}
 
 
-def _retrying(call, deadline: float = 120):
-    """A replica's worker may still be starting (or be restarted by uvicorn
-    under load): connection errors and 5xx are retried for ``deadline`` s."""
-    end = time.monotonic() + deadline
-    while True:
-        try:
-            return call()
-        except (OSError, OpenWebUIError) as exc:
-            if isinstance(exc, OpenWebUIError) and exc.status < 500:
-                raise
-            if time.monotonic() > end:
-                raise
-            time.sleep(2)
-
-
 @pytest.fixture(scope="module")
 def deployment(owui_python, filter_source):
     provider = FakeProvider(mode="strict").start()
@@ -162,11 +139,11 @@ def deployment(owui_python, filter_source):
             f"\n[e2e] 2 replicas x 2 workers up in {time.monotonic() - started:.0f}s: {[s.base_url for s in servers]}"
         )
         a = OpenWebUIClient(servers[0].base_url, timeout=180)
-        _retrying(lambda: a.signup(EMAIL, PASSWORD, "Replicas Admin"))
+        retrying(lambda: a.signup(EMAIL, PASSWORD, "Replicas Admin"))
         b = OpenWebUIClient(servers[1].base_url, timeout=180)
-        _retrying(lambda: b.signin(EMAIL, PASSWORD))
+        retrying(lambda: b.signin(EMAIL, PASSWORD))
         for client in (a, b):
-            _retrying(lambda c=client: c.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120))
+            retrying(lambda c=client: c.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=120))
         a.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True)
         a.install_function("replica_probe", REPLICA_PROBE, enable_global=True)
         yield Deployment(pg, redis, provider, servers, [a, b])

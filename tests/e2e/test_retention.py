@@ -18,9 +18,19 @@ import time
 import uuid
 
 import pytest
-from e2e_support import CHAT_MODEL, E2E_VALVES, FILTER_ID, SUMMARY_MODEL, Conversation, settle, user_text, wait_for
+from e2e_support import (
+    CHAT_MODEL,
+    E2E_VALVES,
+    FILTER_ID,
+    SUMMARY_MODEL,
+    Conversation,
+    multi_worker_server,
+    settle,
+    user_text,
+    wait_for,
+)
 
-from devkit.openwebui import OpenWebUIClient, OpenWebUIError, OpenWebUIServer, ensure_offline_tiktoken
+from devkit.openwebui import OpenWebUIClient, OpenWebUIServer
 from devkit.services import ThrowawayPostgres
 
 pytestmark = pytest.mark.e2e
@@ -51,46 +61,16 @@ class Backend:
         return [r for r in self.rows() if any(n in r for n in needles)]
 
 
-def retrying(call, deadline: float = 120):
-    """A worker may still be starting (or be restarted by uvicorn on a busy machine): connection errors and 5xx are
-    tried again for ``deadline`` seconds (as tests/e2e/test_replicas.py does)."""
-    end = time.monotonic() + deadline
-    while True:
-        try:
-            return call()
-        except (OSError, OpenWebUIError) as exc:
-            if isinstance(exc, OpenWebUIError) and exc.status < 500 or time.monotonic() > end:
-                raise
-            time.sleep(2)
-
-
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def backend(request, owui_python, provider, filter_source):
     pg, env = None, {"ACC_RETENTION_SWEEP_SECONDS": str(SWEEP_EVERY), "BYPASS_MODEL_ACCESS_CONTROL": "true"}
     if request.param == "postgres":
         pg = ThrowawayPostgres().start()
         env.update(DATABASE_URL=pg.create_database("owui", schema=SCHEMA), DATABASE_SCHEMA=SCHEMA)
-    server = OpenWebUIServer(
-        python=owui_python,
-        provider_url=provider.base_url,
-        workers=2,
-        env_extra=env,
-        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
-    )
     try:
-        server.start(timeout=300)
-        client = OpenWebUIClient(server.base_url, timeout=180)
-        retrying(lambda: client.ensure_admin("retention@example.com", PASSWORD, "Retention Admin"))
-        retrying(lambda: client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=90))
-        retrying(lambda: client.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True))
-        yield Backend(request.param, server, client, pg)
-    except AssertionError:
-        print("\n[e2e] server log (last 60 lines):\n" + server.log_tail(60))
-        raise
+        with multi_worker_server(owui_python, provider, filter_source, "retention", env_extra=env) as (server, client):
+            yield Backend(request.param, server, client, pg)
     finally:
-        server.stop()
-        if not os.environ.get("ACC_KEEP_E2E_DATA"):
-            server.cleanup()
         if pg is not None:
             pg.stop()
 

@@ -610,7 +610,7 @@ def test_tool_loop_follow_up_is_capped_where_the_request_hook_exists(acc, provid
 @pytest.fixture(scope="module", autouse=True)
 def scenarios_start(provider):
     """Where this module's provider requests begin: other modules share the
-    session's provider under other valves (test_model_windows summarizes in a
+    session's provider under other valves (test_model_tokens summarizes in a
     15k window), so only this module's summaries are held to its window."""
     return len(provider.requests)
 

@@ -1,22 +1,19 @@
 """Several uvicorn workers sharing one database (UVICORN_WORKERS=2, no Redis).
 
-A second Open WebUI, started for this module only, with the filter installed
-and a probe filter that stamps each request with the pid of the worker that
-served it. The chat must behave as with one worker: no 400, summaries made
-and used, and no span summarized twice by two workers.
+A second Open WebUI, started for this module only (the ``two_workers``
+fixture of conftest.py), with the filter installed and a probe filter that
+stamps each request with the pid of the worker that served it. The chat must
+behave as with one worker: no 400, summaries made and used, and no span
+summarized twice by two workers.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 from e2e_support import (
-    CHAT_MODEL,
     E2E_VALVES,
-    FILTER_ID,
-    SUMMARY_MODEL,
     Conversation,
     brief,
     check_turn,
@@ -24,53 +21,7 @@ from e2e_support import (
     provider_errors,
 )
 
-from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken
-
 pytestmark = pytest.mark.e2e
-
-PID_PROBE = '''"""
-title: Worker Probe
-id: worker_probe
-version: 0.0.1
-description: stamps each request with the serving worker's pid
-"""
-import os
-from pydantic import BaseModel
-
-
-class Filter:
-    class Valves(BaseModel):
-        priority: int = 0
-
-    def __init__(self):
-        self.valves = self.Valves()
-
-    async def inlet(self, body: dict) -> dict:
-        body["messages"].insert(0, {"role": "system", "content": f"served-by-pid-{os.getpid()}"})
-        return body
-'''
-
-
-@pytest.fixture(scope="module")
-def two_workers(owui_python, provider, filter_source):
-    server = OpenWebUIServer(
-        python=owui_python,
-        provider_url=provider.base_url,
-        workers=2,
-        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
-    )
-    server.start(timeout=300)
-    try:
-        client = OpenWebUIClient(server.base_url, timeout=180)
-        client.signup("workers@example.com", "Workers-Passw0rd!", "Workers Admin")
-        client.wait_for_models([CHAT_MODEL, SUMMARY_MODEL], timeout=90)
-        client.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES), enable_global=True)
-        client.install_function("worker_probe", PID_PROBE, enable_global=True)
-        yield server, client
-    finally:
-        server.stop()
-        if not os.environ.get("ACC_KEEP_E2E_DATA"):
-            server.cleanup()
 
 
 def test_two_workers_share_one_database(two_workers, provider):

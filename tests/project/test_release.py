@@ -90,8 +90,15 @@ def test_works_without_open_webui_installed(tmp_path):
     assert "standalone ok" in result.stdout
 
 
-def test_no_two_test_modules_share_a_name():
-    # pytest imports test modules by basename (rootdir-relative, no packages):
-    # a second module of the same name stops a whole-suite run at collection.
+def test_test_modules_of_one_name_in_two_folders_are_collected_together():
+    # Each folder names its modules for the feature they test, so names repeat
+    # across folders; that works only while pytest.ini imports test modules by
+    # path (--import-mode=importlib): by basename, the second one stops a
+    # whole-suite run at collection.
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
-    assert sorted({n for n in names if names.count(n) > 1}) == []
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    assert repeated, "no module name repeats across folders: this test would prove nothing"
+    paths = [str(p) for p in sorted((ROOT / "tests").rglob(repeated[0]))]
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

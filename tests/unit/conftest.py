@@ -1,7 +1,7 @@
 """Shared setup of the unit tests: the repository root is importable
 (``import async_context_compression``, ``import devkit``) however pytest is
 started (``acc_builders``, the shared builders and fakes, is one folder up:
-see ``tests/conftest.py``)."""
+see ``pythonpath`` in pytest.ini)."""
 
 import os
 import sys

@@ -16,28 +16,26 @@ worker fit from their first request.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2e_support import (
-    FILTER_ID,
     Conversation,
     Turn,
     has_summary,
     last_user_text,
+    multi_worker_server,
     new_marker,
     request_markers,
     status_lines,
     user_text,
     wait_for,
 )
-from test_workers import PID_PROBE
 
 from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens
-from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken, new_id
+from devkit.openwebui import new_id
 from devkit.owui_client import OpenWebUIError
 
 pytestmark = pytest.mark.e2e
@@ -72,27 +70,18 @@ QUIET = 1.5  # seconds without a new summary call before the user types on
 
 
 @pytest.fixture(scope="module")
-def stack(owui_python, filter_source):
+def windows_provider():
     provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARIZER,), model_specs=SPECS).start()
-    server = OpenWebUIServer(
-        python=owui_python,
-        provider_url=provider.base_url,
-        workers=2,
-        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
-    )
-    server.start(timeout=300)
-    try:
-        client = OpenWebUIClient(server.base_url, timeout=180)
-        client.signup("windows@example.com", "Windows-Passw0rd!", "Windows Admin")
-        client.wait_for_models(list(SPECS), timeout=90)
-        client.install_function(FILTER_ID, filter_source, valves=dict(VALVES), enable_global=True)
-        client.install_function("worker_probe", PID_PROBE, enable_global=True)
-        yield server, client, provider
-    finally:
-        server.stop()
-        provider.stop()
-        if not os.environ.get("ACC_KEEP_E2E_DATA"):
-            server.cleanup()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(owui_python, windows_provider, filter_source):
+    with multi_worker_server(
+        owui_python, windows_provider, filter_source, "windows", valves=VALVES, models=tuple(SPECS), pid_probe=True
+    ) as (server, client):
+        yield server, client, windows_provider
 
 
 def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
