@@ -53,6 +53,8 @@ import base64
 import hashlib
 import json
 import logging
+import os
+import random
 import re
 import struct
 import sys
@@ -97,23 +99,18 @@ class _BoundedDict(OrderedDict):
 
 
 # -- Shared by every layer ----------------------------------------------------
-
-# Seconds a request waits at most on any one database call (the filter's tables or Open WebUI's own) and on the
-# previous status line still being written; past it, the request goes on without (trimming only, nothing learned).
-STORE_TIMEOUT = 3.0
+STORE_TIMEOUT = 3.0  # seconds a request waits at most on one database call (ours or Open WebUI's), or on a status line
 API_CHAT = "api:"  # a chat key's chat part for an API call (no chat id): this, then the conversation's anchor
 
 
 def format_chat_key(user_id: str, chat_id: str, anchor: str) -> str:
-    """Key of a conversation in leases, locks and per-chat state: ``user:chat``, or for an API call ``user:api:anchor``
-    (one user's API conversations share nothing); at most 255 characters, a lease's key."""
+    """A conversation's key in leases, locks and per-chat state: ``user:chat``, an API call's ``user:api:anchor``."""
     return f"{user_id}:{chat_id or API_CHAT + anchor}"[:255]
 
 
 def parse_chat_key(key: str) -> tuple[str, str]:
     """(user id, chat part) of a ``format_chat_key`` key; a key without ':' (the sweep's lease) has no chat part."""
-    user_id, _, chat = key.partition(":")
-    return user_id, chat
+    return key.partition(":")[::2]
 
 
 # ---------------------------------------------------------------------------
@@ -966,15 +963,14 @@ def fit_to_budget(
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its irreducible part does (the system messages and the
     latest user turn: the last user message and what follows it), and it gets no role order a provider rejects. In an
-    emergency, in this order, until the list fits:
+    emergency, first a tool loop's older results (the latest user turn's, before its latest round) give way, oldest
+    first, to their first size, then to the floor (``tool_result_levels``): an agent's early rounds cost less than the
+    conversation before it (whose facts a summary may not hold yet). Then, each step only while no list fits yet:
     1. the oldest whole turns after the protected head go (no tool chain split, no rejected order made);
-    2. what is left is shortened, the head included, each cut marked;
-    3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
-    4. all before the latest user turn goes but the system messages (an order every provider accepts).
-    Still over the cap: the smallest of these lists, ``over_budget`` set.
-    Before step 1, a tool loop's older results (the latest user turn's, before its latest round) give way, oldest
-    first, to their first size and then to the floor (``tool_result_levels``): an agent's early rounds cost less than
-    the conversation before it (whose facts a summary may not hold yet)."""
+    2. that list is shortened (``_shrink_if_over``), the head included, each cut marked;
+    3. from step 1's list the head's turns go too, oldest first, and those step 1 skipped for role order; shortened;
+    4. only the system messages and the latest user turn are kept (an order every provider accepts); shortened.
+    Returned: the list of fewest tokens of 2-4, ``over_budget`` set when even that one is over the cap."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
@@ -2194,8 +2190,8 @@ CUT_POWER_DROP = 0.998  # ... at a power of two, against the chat's previous rep
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
 
-# The texts providers reject an over-long request with, each naming the window (collected from their documentation
-# and issue trackers; tests/unit/test_model_window.py quotes each).
+# The texts providers reject an over-long request with, each naming the window (from their documentation and issue
+# trackers); tests/unit/test_model_window.py quotes all but the last two (llama.cpp's object gives n_ctx first).
 _WINDOW_ERROR_PATTERNS = tuple(
     re.compile(p, re.IGNORECASE | re.DOTALL)
     for p in (
@@ -2884,7 +2880,7 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 # Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
 # an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off),
 # ModelTokens' ratios and ModelWindow's windows. Every call goes through the async engine: the event loop never waits
-# on the database. The filter's store (ChatStore) keeps chats Open WebUI never saves in memory instead.
+# on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
@@ -2899,9 +2895,9 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
-# Retention: nothing stored outlives what the user asked Open WebUI to forget (docs/en/data.md). Chats Open WebUI
-# never saves are kept in this worker's memory only (EphemeralSummaries); a sweep (RetentionSweeper) removes the rows
-# of deleted chats and users, and API conversations' summaries after API_RETENTION_DAYS.
+# Retention: nothing stored outlives what the user asked Open WebUI to forget (docs/en/data.md). ChatStore keeps the
+# chats Open WebUI never saves in this worker's memory only (EphemeralSummaries); a sweep (RetentionSweeper) removes
+# the rows of deleted chats and users, and API conversations' summaries after API_RETENTION_DAYS.
 NON_SAVED_CHAT_ID_PREFIXES = ("temporary:", "local:", "channel:")  # Open WebUI's utils/chat_id.py, 0.9-0.12
 EPHEMERAL_CHATS = 256  # unsaved chats whose summaries one worker remembers
 EPHEMERAL_KEPT_PER_CHAT = 2
@@ -3141,10 +3137,9 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class EphemeralSummaries:
-    """Summaries and leases of the chats Open WebUI never saves (``is_saved_chat_id`` false), with SummaryStore's
-    methods for them, in this worker's memory only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten
-    first), never written anywhere, gone with the worker. Another worker serving the same temporary chat has none of
-    them: it summarizes again, or caps."""
+    """SummaryStore's summaries and leases for the chats Open WebUI never saves (``is_saved_chat_id`` false), in this
+    worker's memory only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten first), gone with the
+    worker. Another worker serving the same temporary chat has none of them: it summarizes again, or caps."""
 
     def __init__(self, chats: int = EPHEMERAL_CHATS):
         self.records = _BoundedDict(chats)  # (user_id, chat_id) -> [SummaryRecord], oldest first
@@ -3194,10 +3189,9 @@ class EphemeralSummaries:
 
 class SummaryStore:
     """Summaries, leases, ratios and windows in the host's database through an async SQLAlchemy engine (Open WebUI's
-    own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per operation (``run``). Database errors
-    come out as StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a
-    locked database is retried a few times first, a dropped connection once. The tables are made by the first call
-    that succeeds."""
+    own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come out as
+    StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked database
+    is retried a few times first, a dropped connection once. The tables are made by the first call that succeeds."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -3216,8 +3210,6 @@ class SummaryStore:
             return None
         schema = self._schema_setting
         if schema is ...:
-            import os
-
             env = sys.modules.get("open_webui.env")
             schema = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
         return schema.strip() or None if isinstance(schema, str) else None
@@ -3272,8 +3264,6 @@ class SummaryStore:
     async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
         waits, a dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
-        import random
-
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
@@ -3335,7 +3325,7 @@ class SummaryStore:
 
         await self.run(op)
 
-    # -- the model's own tokens (ModelTokens) ----------------------------------
+    # -- what ModelTokens and ModelWindow learned, shared by every worker ----------
     async def add_ratios(self, rows: list) -> None:
         """Samples (key, model, path, ratio, created_at), one transaction; each model and path keeps its
         RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
@@ -3359,7 +3349,6 @@ class SummaryStore:
         query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
 
-    # -- the models' windows (ModelWindow) ----------------------------------------
     async def save_windows(self, rows: list) -> None:
         """(model, Window) as learned, or (model, None) to forget one, one transaction; a model keeps one row."""
         if not rows:
@@ -3382,16 +3371,15 @@ class SummaryStore:
 
     async def read_window(self, model: str) -> list:
         """One model's learned window, as ``read_windows`` rows (none or one)."""
-        sa, t = await self.table("window")
-        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
-        query = query.where(t.c.model == model[:255])
-        return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
+        return await self._window_rows(lambda query, t: query.where(t.c.model == model[:255]))
 
     async def read_windows(self) -> list:
         """Every worker's learned windows: (model, tokens, source, published, learned_at)."""
+        return await self._window_rows(lambda query, t: query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ))
+
+    async def _window_rows(self, narrowed: Callable[[Any, Any], Any]) -> list:
         sa, t = await self.table("window")
-        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
-        query = query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ)
+        query = narrowed(sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at), t)
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     # -- leases ----------------------------------------------------------------
@@ -3466,25 +3454,19 @@ class SummaryStore:
 
 
 class ChatStore:
-    """The filter's store: each chat's summaries and leases go to the database (``database``, a SummaryStore) or, for
-    a chat Open WebUI never saves, to this worker's memory (``ephemeral``), as ``of_chat`` decides; what belongs to
-    no chat (ratios, windows, the sweep's lease, the latest fault) is the database's."""
+    """The filter's store: each chat's summaries and leases in the database (a SummaryStore) or, for a chat Open WebUI
+    never saves, in this worker's memory (EphemeralSummaries), as ``of_chat`` picks; all else is the database's."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
-        self.database = SummaryStore(engine_getter, schema)
-        self.ephemeral = EphemeralSummaries()
+        self.database, self.ephemeral = SummaryStore(engine_getter, schema), EphemeralSummaries()
 
-    def __getattr__(self, name: str) -> Any:  # called only for what this class does not define
-        if name == "database":  # not set yet: an instance being copied
-            raise AttributeError(name)
-        return getattr(self.database, name)
+    def __getattr__(self, name: str) -> Any:  # only for what ChatStore lacks; no database yet (a copy): AttributeError
+        return getattr(self.__dict__.get("database"), name)
 
     def of_chat(self, chat_id: str) -> Any:
-        """Where the chat ``chat_id`` is kept: the database, or memory for a chat Open WebUI never saves."""
         return self.database if is_saved_chat_id(chat_id) else self.ephemeral
 
-    def of_key(self, key: str) -> Any:
-        """Where the conversation of a ``format_chat_key`` key (a lease's scope) is kept."""
+    def of_key(self, key: str) -> Any:  # a lease's scope: a format_chat_key key
         return self.of_chat(parse_chat_key(key)[1])
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
@@ -3507,16 +3489,6 @@ class ChatStore:
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         return await self.of_key(scope).back_off(scope, holder, reason, base, ceiling)
-
-
-@lru_cache(maxsize=8)
-def _owui_tables(schema: Optional[str]) -> dict:
-    """Open WebUI's own chat and user tables (only their ids), in the schema of ours: what the sweep checks against."""
-    import sqlalchemy as sa
-
-    return dict(
-        chat=sa.table("chat", sa.column("id"), schema=schema), user=sa.table("user", sa.column("id"), schema=schema)
-    )
 
 
 async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
@@ -3545,22 +3517,16 @@ async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: in
 async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
     """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (and API conversations'
     STALE_LEASE after their expiry); the sweep's own lease (no ':') stays. (last scope or None at the end, count)."""
-    rows = (
-        await conn.execute(
-            sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after).order_by(t.c.scope).limit(batch)
-        )
-    ).all()
-    keys = {r.scope: parse_chat_key(r.scope) for r in rows if ":" in r.scope}
-    chats = await _live_ids(conn, sa, owui["chat"], {c for _, c in keys.values() if not c.startswith(API_CHAT)})
-    users = await _live_ids(conn, sa, owui["user"], {u for u, _ in keys.values()})
-
-    def gone(scope: str, expires_at: float) -> bool:
-        user, chat = keys[scope]
-        if user not in users:
-            return True
-        return expires_at < now - STALE_LEASE if chat.startswith(API_CHAT) else chat not in chats
-
-    dead = [r.scope for r in rows if r.scope in keys and gone(r.scope, r.expires_at)]
+    query = sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after)
+    rows = (await conn.execute(query.order_by(t.c.scope).limit(batch))).all()
+    leases = {r.scope: (*parse_chat_key(r.scope), r.expires_at) for r in rows if ":" in r.scope}
+    chats = await _live_ids(conn, sa, owui["chat"], {c for _, c, _ in leases.values() if not c.startswith(API_CHAT)})
+    users = await _live_ids(conn, sa, owui["user"], {u for u, _, _ in leases.values()})
+    dead = [
+        scope
+        for scope, (user, chat, expires_at) in leases.items()
+        if user not in users or (expires_at < now - STALE_LEASE if chat.startswith(API_CHAT) else chat not in chats)
+    ]
     if dead:
         await conn.execute(sa.delete(t).where(t.c.scope.in_(dead)))
     return (rows[-1].scope if len(rows) == batch else None), len(dead)
@@ -3568,8 +3534,6 @@ async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str,
 
 def retention_sweep_every() -> float:
     """Seconds between sweeps: RETENTION_SWEEP_EVERY, or ACC_RETENTION_SWEEP_SECONDS from the environment (tests)."""
-    import os
-
     try:
         return max(1.0, float(os.environ.get("ACC_RETENTION_SWEEP_SECONDS") or RETENTION_SWEEP_EVERY))
     except ValueError:
@@ -3578,9 +3542,9 @@ def retention_sweep_every() -> float:
 
 class RetentionSweeper:
     """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep (``sweep_orphans``) about every
-    ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one
-    worker of one replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted
-    chat's or user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
+    ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one worker of one
+    replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted chat's or
+    user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
 
     def __init__(self, store: Any, every: Optional[float] = None):
         self.store = store
@@ -3610,31 +3574,24 @@ class RetentionSweeper:
         return removed
 
     async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
-        """Deletes the summaries and leases of chats and users gone from Open WebUI's own tables (same database and
-        schema; chats it never saves are never there) and API conversations' summaries created before ``api_before``;
-        returns how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart:
-        a large instance is never locked for long, and a failure (StoreUnavailable) loses only orphans. Deletes
-        nothing when Open WebUI's user table is empty: that is the wrong database, not an instance."""
+        """Deletes the summaries and leases of chats and users gone from Open WebUI's tables (same database and schema;
+        chats it never saves are never there) and API conversations' summaries created before ``api_before``; returns
+        how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart: a large
+        instance is never locked for long, a failure (StoreUnavailable) loses only orphans. Deletes nothing when Open
+        WebUI's user table is empty: that is the wrong database, not an instance."""
         sa, t = await self.store.table("summary")
-        lease, owui = (await self.store.table("lease"))[1], _owui_tables(t.schema)
+        lease = (await self.store.table("lease"))[1]
+        owui = {n: sa.table(n, sa.column("id"), schema=t.schema) for n in ("chat", "user")}  # Open WebUI's: their ids
         has_users = sa.select(owui["user"].c.id).limit(1)
         if (await self.store.run(lambda conn: conn.execute(has_users))).first() is None:
             log.warning("async_context_compression: no users in Open WebUI's user table; retention sweep skipped")
             return 0
-        removed, after, now = 0, 0, time.time()
-        while after is not None:
-            after, gone = await self.store.run(
-                partial(_sweep_summary_batch, sa=sa, t=t, owui=owui, after=after, batch=batch, api_before=api_before)
-            )
-            removed += gone
-            await asyncio.sleep(pause)
-        after = ""
-        while after is not None:
-            after, gone = await self.store.run(
-                partial(_sweep_lease_batch, sa=sa, t=lease, owui=owui, after=after, batch=batch, now=now)
-            )
-            removed += gone
-            await asyncio.sleep(pause)
+        removed, summaries = 0, partial(_sweep_summary_batch, t=t, api_before=api_before)
+        for sweep, after in ((summaries, 0), (partial(_sweep_lease_batch, t=lease, now=time.time()), "")):
+            while after is not None:
+                after, gone = await self.store.run(partial(sweep, sa=sa, owui=owui, after=after, batch=batch))
+                removed += gone
+                await asyncio.sleep(pause)
         return removed
 
     async def erase_all(self) -> None:
@@ -3667,8 +3624,6 @@ class RetentionSweeper:
 async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], every: float) -> None:
     """A worker's sweeps, a jittered ``every`` apart (the first soon after start); ends when the sweeper is gone (the
     filter was replaced or removed). Holds only a weak reference between sweeps."""
-    import random
-
     await asyncio.sleep(random.uniform(0.2, 0.5) * min(every, 30.0))
     while (sweeper := sweeper_ref()) is not None:
         try:
