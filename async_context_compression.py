@@ -53,6 +53,8 @@ import base64
 import hashlib
 import json
 import logging
+import os
+import random
 import re
 import struct
 import sys
@@ -94,6 +96,21 @@ class _BoundedDict(OrderedDict):
             return default
         self.move_to_end(key)
         return self[key]
+
+
+# -- Shared by every layer ----------------------------------------------------
+STORE_TIMEOUT = 3.0  # seconds a request waits at most on one database call (ours or Open WebUI's), or on a status line
+API_CHAT = "api:"  # a chat key's chat part for an API call (no chat id): this, then the conversation's anchor
+
+
+def format_chat_key(user_id: str, chat_id: str, anchor: str) -> str:
+    """A conversation's key in leases, locks and per-chat state: ``user:chat``, an API call's ``user:api:anchor``."""
+    return f"{user_id}:{chat_id or API_CHAT + anchor}"[:255]
+
+
+def parse_chat_key(key: str) -> tuple[str, str]:
+    """(user id, chat part) of a ``format_chat_key`` key; a key without ':' (the sweep's lease) has no chat part."""
+    return key.partition(":")[::2]
 
 
 # ---------------------------------------------------------------------------
@@ -946,15 +963,14 @@ def fit_to_budget(
 ) -> tuple[Messages, FitReport]:
     """Invariant: the list costs at most ``cap`` tokens whenever its irreducible part does (the system messages and the
     latest user turn: the last user message and what follows it), and it gets no role order a provider rejects. In an
-    emergency, in this order, until the list fits:
+    emergency, first a tool loop's older results (the latest user turn's, before its latest round) give way, oldest
+    first, to their first size, then to the floor (``tool_result_levels``): an agent's early rounds cost less than the
+    conversation before it (whose facts a summary may not hold yet). Then, each step only while no list fits yet:
     1. the oldest whole turns after the protected head go (no tool chain split, no rejected order made);
-    2. what is left is shortened, the head included, each cut marked;
-    3. the head yields: its turns go too, oldest first, and the turns step 1 skipped for role order get a second chance;
-    4. all before the latest user turn goes but the system messages (an order every provider accepts).
-    Still over the cap: the smallest of these lists, ``over_budget`` set.
-    Before step 1, a tool loop's older results (the latest user turn's, before its latest round) give way, oldest
-    first, to their first size and then to the floor (``tool_result_levels``): an agent's early rounds cost less than
-    the conversation before it (whose facts a summary may not hold yet)."""
+    2. that list is shortened (``_shrink_if_over``), the head included, each cut marked;
+    3. from step 1's list the head's turns go too, oldest first, and those step 1 skipped for role order; shortened;
+    4. only the system messages and the latest user turn are kept (an order every provider accepts); shortened.
+    Returned: the list of fewest tokens of 2-4, ``over_budget`` set when even that one is over the cap."""
     sizes = [token_of(m) for m in messages]
     total = fixed_tokens + sum(sizes)
     report = FitReport(tokens_before=total, tokens_after=total)
@@ -2174,8 +2190,8 @@ CUT_POWER_DROP = 0.998  # ... at a power of two, against the chat's previous rep
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
 
-# The texts providers reject an over-long request with, each naming the window (collected from their documentation
-# and issue trackers; tests/unit/test_model_window.py quotes each).
+# The texts providers reject an over-long request with, each naming the window (from their documentation and issue
+# trackers); tests/unit/test_model_window.py quotes all but the last two (llama.cpp's object gives n_ctx first).
 _WINDOW_ERROR_PATTERNS = tuple(
     re.compile(p, re.IGNORECASE | re.DOTALL)
     for p in (
@@ -2862,8 +2878,9 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 # 5. Summary store: Open WebUI's async database
 # ---------------------------------------------------------------------------
 # Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
-# an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off) and
-# ModelTokens' ratios. Every call goes through the async engine: the event loop never waits on the database.
+# an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off),
+# ModelTokens' ratios and ModelWindow's windows. Every call goes through the async engine: the event loop never waits
+# on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
@@ -2878,9 +2895,9 @@ BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
 DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denied
 
-# Retention: nothing stored outlives what the user asked Open WebUI to forget (docs/en/data.md). Chats Open WebUI
-# never saves are kept in this worker's memory only (EphemeralSummaries); a sweep (RetentionSweeper) removes the rows
-# of deleted chats and users, and API conversations' summaries after API_RETENTION_DAYS.
+# Retention: nothing stored outlives what the user asked Open WebUI to forget (docs/en/data.md). ChatStore keeps the
+# chats Open WebUI never saves in this worker's memory only (EphemeralSummaries); a sweep (RetentionSweeper) removes
+# the rows of deleted chats and users, and API conversations' summaries after API_RETENTION_DAYS.
 NON_SAVED_CHAT_ID_PREFIXES = ("temporary:", "local:", "channel:")  # Open WebUI's utils/chat_id.py, 0.9-0.12
 EPHEMERAL_CHATS = 256  # unsaved chats whose summaries one worker remembers
 EPHEMERAL_KEPT_PER_CHAT = 2
@@ -2897,11 +2914,6 @@ def is_saved_chat_id(chat_id: Any) -> bool:
     ``local:``) nor a channel (``channel:``). "" (an API call without a chat) counts as saved: its summaries are kept,
     for API_RETENTION_DAYS."""
     return not (isinstance(chat_id, str) and chat_id.startswith(NON_SAVED_CHAT_ID_PREFIXES))
-
-
-def _scope_is_saved(scope: str) -> bool:
-    """Whether a lease scope (``RequestContext.chat_key``: ``user:chat`` or ``user:api:anchor``) is a saved chat's."""
-    return is_saved_chat_id(scope.partition(":")[2])
 
 
 class Fault(Enum):
@@ -3125,9 +3137,9 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class EphemeralSummaries:
-    """Summaries and leases of the chats Open WebUI never saves (``is_saved_chat_id`` false), in this worker's memory
-    only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten first), never written anywhere, gone with
-    the worker. Another worker serving the same temporary chat has none of them: it summarizes again, or caps."""
+    """SummaryStore's summaries and leases for the chats Open WebUI never saves (``is_saved_chat_id`` false), in this
+    worker's memory only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten first), gone with the
+    worker. Another worker serving the same temporary chat has none of them: it summarizes again, or caps."""
 
     def __init__(self, chats: int = EPHEMERAL_CHATS):
         self.records = _BoundedDict(chats)  # (user_id, chat_id) -> [SummaryRecord], oldest first
@@ -3138,35 +3150,35 @@ class EphemeralSummaries:
         self.records.clear()
         self.leases.clear()
 
-    def find(self, user_id: str, chat_id: str, limit: int) -> list:
+    async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         kept = self.records.recall((user_id, chat_id), [])
         return sorted(kept, key=lambda r: (-r.covered_count, -(r.id or 0)))[:limit]
 
-    def save(self, record: SummaryRecord) -> None:
+    async def save(self, record: SummaryRecord) -> None:
         self._serial += 1
         key = (record.user_id, record.chat_id)
         saved = replace(record, id=self._serial, created_at=record.created_at or time.time())
         self.records[key] = [*self.records.recall(key, []), saved][-EPHEMERAL_KEPT_PER_CHAT:]
 
-    def try_claim(self, scope: str, holder: str, ttl: float) -> bool:
+    async def try_claim(self, scope: str, holder: str, ttl: float) -> bool:
         now, held = time.time(), self.leases.recall(scope)
         if held is not None and held[1] >= now:
             return False
         self.leases[scope] = [holder, now + ttl, held[2] if held else 0]
         return True
 
-    def renew(self, scope: str, holder: str, ttl: float) -> bool:
+    async def renew(self, scope: str, holder: str, ttl: float) -> bool:
         held = self.leases.get(scope)
         if held is None or held[0] != holder:
             return False
         held[1] = time.time() + ttl
         return True
 
-    def release(self, scope: str, holder: str) -> None:
+    async def release(self, scope: str, holder: str) -> None:
         if (self.leases.get(scope) or [None])[0] == holder:
             del self.leases[scope]
 
-    def back_off(self, scope: str, holder: str, base: float, ceiling: float) -> float:
+    async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         held = self.leases.get(scope)
         failures = (held[2] if held else 0) + 1
         delay = min(ceiling, base * (2 ** (failures - 1)))
@@ -3175,66 +3187,9 @@ class EphemeralSummaries:
         return delay
 
 
-@lru_cache(maxsize=8)
-def _owui_tables(schema: Optional[str]) -> dict:
-    """Open WebUI's own chat and user tables (only their ids), in the schema of ours: what the sweep checks against."""
-    import sqlalchemy as sa
-
-    return dict(
-        chat=sa.table("chat", sa.column("id"), schema=schema), user=sa.table("user", sa.column("id"), schema=schema)
-    )
-
-
-async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
-    """Which of ``ids`` ``table`` (Open WebUI's chat or user table) still holds."""
-    if not ids:
-        return set()
-    return set((await conn.execute(sa.select(table.c.id).where(table.c.id.in_(sorted(ids))))).scalars())
-
-
-async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: int, batch: int, api_before: float):
-    """Deletes the orphans among the ``batch`` summary rows after id ``after``; (last id or None at the end, count)."""
-    query = sa.select(t.c.id, t.c.user_id, t.c.chat_id, t.c.created_at).where(t.c.id > after)
-    rows = (await conn.execute(query.order_by(t.c.id).limit(batch))).all()
-    chats = await _live_ids(conn, sa, owui["chat"], {r.chat_id for r in rows if r.chat_id})
-    users = await _live_ids(conn, sa, owui["user"], {r.user_id for r in rows})
-    dead = [
-        r.id
-        for r in rows
-        if r.user_id not in users or (r.chat_id not in chats if r.chat_id else r.created_at < api_before)
-    ]
-    if dead:
-        await conn.execute(sa.delete(t).where(t.c.id.in_(dead)))
-    return (rows[-1].id if len(rows) == batch else None), len(dead)
-
-
-async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
-    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (and API conversations'
-    STALE_LEASE after their expiry); the sweep's own lease (no ':') stays. (last scope or None at the end, count)."""
-    rows = (
-        await conn.execute(
-            sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after).order_by(t.c.scope).limit(batch)
-        )
-    ).all()
-    chats_of = {r.scope: r.scope.partition(":")[2] for r in rows if ":" in r.scope}
-    chats = await _live_ids(conn, sa, owui["chat"], {c for c in chats_of.values() if not c.startswith("api:")})
-    users = await _live_ids(conn, sa, owui["user"], {scope.partition(":")[0] for scope in chats_of})
-
-    def gone(scope: str, expires_at: float) -> bool:
-        chat = chats_of[scope]
-        if scope.partition(":")[0] not in users:
-            return True
-        return expires_at < now - STALE_LEASE if chat.startswith("api:") else chat not in chats
-
-    dead = [r.scope for r in rows if r.scope in chats_of and gone(r.scope, r.expires_at)]
-    if dead:
-        await conn.execute(sa.delete(t).where(t.c.scope.in_(dead)))
-    return (rows[-1].scope if len(rows) == batch else None), len(dead)
-
-
 class SummaryStore:
-    """Summaries, leases and ratios in the host's database through an async SQLAlchemy engine (Open WebUI's own by
-    default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per operation. Database errors come out as
+    """Summaries, leases, ratios and windows in the host's database through an async SQLAlchemy engine (Open WebUI's
+    own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come out as
     StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked database
     is retried a few times first, a dropped connection once. The tables are made by the first call that succeeds."""
 
@@ -3247,7 +3202,6 @@ class SummaryStore:
         self._denied_until = 0.0  # a denied CREATE stays denied: tried again after DENIED_RETRY
         self._t: dict = {}
         self.fault: Optional[Fault] = None
-        self.ephemeral = EphemeralSummaries()  # chats Open WebUI never saves: never written to the database
 
     def schema_for(self, engine: Any) -> Optional[str]:
         """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (from its loaded settings,
@@ -3256,8 +3210,6 @@ class SummaryStore:
             return None
         schema = self._schema_setting
         if schema is ...:
-            import os
-
             env = sys.modules.get("open_webui.env")
             schema = getattr(env, "DATABASE_SCHEMA", None) if env is not None else os.environ.get("DATABASE_SCHEMA")
         return schema.strip() or None if isinstance(schema, str) else None
@@ -3302,18 +3254,16 @@ class SummaryStore:
             self._t, self._ready_for = _tables(schema), engine
         return engine
 
-    async def _table(self, name: str) -> tuple:
+    async def table(self, name: str) -> tuple:
         """SQLAlchemy and our table ``name``; StoreUnavailable first where there is no database."""
         await self._engine()
         import sqlalchemy.exc  # binds sqlalchemy too
 
         return sqlalchemy, self._t[name]
 
-    async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
         waits, a dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
-        import random
-
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
@@ -3347,9 +3297,7 @@ class SummaryStore:
 
     # -- summaries -------------------------------------------------------------
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
-        if not is_saved_chat_id(chat_id):
-            return self.ephemeral.find(user_id, chat_id, limit)
-        sa, t = await self._table("summary")
+        sa, t = await self.table("summary")
         # API calls have no chat id (''): only the anchor tells their conversations apart.
         match = sa.or_(t.c.chat_id == chat_id, t.c.anchor == anchor) if chat_id else t.c.anchor == anchor
         query = (
@@ -3358,14 +3306,12 @@ class SummaryStore:
             .order_by(sa.case((t.c.chat_id == chat_id, 0), else_=1), t.c.covered_count.desc(), t.c.id.desc())
             .limit(limit)
         )
-        rows = await self._run(lambda conn: conn.execute(query))
+        rows = await self.run(lambda conn: conn.execute(query))
         return [SummaryRecord(**row) for row in rows.mappings()]
 
     async def save(self, record: SummaryRecord) -> None:
         """One transaction: the new row and the pruning of the oldest; a reader sees all of it or nothing."""
-        if not is_saved_chat_id(record.chat_id):
-            return self.ephemeral.save(record)
-        sa, t = await self._table("summary")
+        sa, t = await self.table("summary")
         values = {k: v for k, v in record.__dict__.items() if k != "id"}
         values["created_at"] = values["created_at"] or time.time()
         # Pruned per chat; per conversation (anchor) for API calls, which share chat id ''.
@@ -3377,15 +3323,15 @@ class SummaryStore:
             await conn.execute(sa.insert(t).values(**values))
             await _keep_newest(conn, sa, t, same, SUMMARIES_KEPT_PER_CHAT)
 
-        await self._run(op)
+        await self.run(op)
 
-    # -- the model's own tokens (ModelTokens) ----------------------------------
+    # -- what ModelTokens and ModelWindow learned, shared by every worker ----------
     async def add_ratios(self, rows: list) -> None:
         """Samples (key, model, path, ratio, created_at), one transaction; each model and path keeps its
         RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
         if not rows:
             return
-        sa, t = await self._table("ratio")
+        sa, t = await self.table("ratio")
         values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
         settled = time.time() - RATIOS_KEPT_FRESH  # younger rows stay: a minute's snapshot may hold them
 
@@ -3395,20 +3341,19 @@ class SummaryStore:
                 same = (t.c.model == model, t.c.path == path, t.c.created_at < settled)
                 await _keep_newest(conn, sa, t, same, RATIO_SAMPLES)
 
-        await self._run(op)
+        await self.run(op)
 
     async def read_ratios(self) -> list:
         """Every worker's newest samples: (key, model, path, ratio, created_at)."""
-        sa, t = await self._table("ratio")
+        sa, t = await self.table("ratio")
         query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
-        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
+        return [tuple(row) for row in await self.run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
 
-    # -- the models' windows (ModelWindow) ----------------------------------------
     async def save_windows(self, rows: list) -> None:
         """(model, Window) as learned, or (model, None) to forget one, one transaction; a model keeps one row."""
         if not rows:
             return
-        sa, t = await self._table("window")
+        sa, t = await self.table("window")
         latest = dict(rows)  # the last word on each model
 
         async def op(conn):
@@ -3422,21 +3367,20 @@ class SummaryStore:
                 await conn.execute(sa.insert(t), values)
             await conn.execute(sa.delete(t).where(t.c.learned_at < time.time() - WINDOW_LEARNED_TTL))
 
-        await self._run(op)
+        await self.run(op)
 
     async def read_window(self, model: str) -> list:
         """One model's learned window, as ``read_windows`` rows (none or one)."""
-        sa, t = await self._table("window")
-        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
-        query = query.where(t.c.model == model[:255])
-        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query))]
+        return await self._window_rows(lambda query, t: query.where(t.c.model == model[:255]))
 
     async def read_windows(self) -> list:
         """Every worker's learned windows: (model, tokens, source, published, learned_at)."""
-        sa, t = await self._table("window")
-        query = sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at)
-        query = query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ)
-        return [tuple(row) for row in await self._run(lambda conn: conn.execute(query))]
+        return await self._window_rows(lambda query, t: query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ))
+
+    async def _window_rows(self, narrowed: Callable[[Any, Any], Any]) -> list:
+        sa, t = await self.table("window")
+        query = narrowed(sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at), t)
+        return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     # -- leases ----------------------------------------------------------------
     def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
@@ -3445,9 +3389,7 @@ class SummaryStore:
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Atomically take the chat's lease, or fail when a live one (or a failure back-off) is held: one upsert
         (one transaction) on SQLite and PostgreSQL; the primary key makes it safe across workers and replicas."""
-        if not _scope_is_saved(scope):
-            return self.ephemeral.try_claim(scope, holder, ttl)
-        sa, t = await self._table("lease")
+        sa, t = await self.table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
         now = time.time()
@@ -3474,28 +3416,22 @@ class SummaryStore:
             except sa.exc.IntegrityError:
                 return False
 
-        return await self._run(op)
+        return await self.run(op)
 
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         """Push our lease's expiry ``ttl`` seconds ahead; False when it is no longer ours."""
-        if not _scope_is_saved(scope):
-            return self.ephemeral.renew(scope, holder, ttl)
-        sa, t = await self._table("lease")
+        sa, t = await self.table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
-        result = await self._run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
+        result = await self.run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
         return result.rowcount == 1
 
     async def release(self, scope: str, holder: str) -> None:
-        if not _scope_is_saved(scope):
-            return self.ephemeral.release(scope, holder)
-        sa, t = await self._table("lease")
-        await self._run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
+        sa, t = await self.table("lease")
+        await self.run(lambda conn: conn.execute(sa.delete(t).where(t.c.scope == scope, t.c.holder == holder)))
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         """Turn our lease into a back-off hold that grows with each failure; returns its length in seconds."""
-        if not _scope_is_saved(scope):
-            return self.ephemeral.back_off(scope, holder, base, ceiling)
-        sa, t = await self._table("lease")
+        sa, t = await self.table("lease")
 
         async def op(conn):
             row = (await conn.execute(sa.select(t.c.failures).where(t.c.scope == scope))).first()
@@ -3508,56 +3444,96 @@ class SummaryStore:
             )
             return delay
 
-        return await self._run(op)
+        return await self.run(op)
 
     async def rest(self, scope: str, holder: str, seconds: float) -> None:
         """Keep our lease held by no one for ``seconds`` more: no worker claims it before then."""
-        sa, t = await self._table("lease")
+        sa, t = await self.table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
-        await self._run(lambda conn: conn.execute(ours.values(holder="resting", expires_at=time.time() + seconds)))
+        await self.run(lambda conn: conn.execute(ours.values(holder="resting", expires_at=time.time() + seconds)))
 
-    # -- retention -------------------------------------------------------------
-    async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
-        """Deletes the summaries and leases of chats and users gone from Open WebUI's own tables (same database and
-        schema; chats it never saves are never there) and API conversations' summaries created before ``api_before``;
-        returns how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart:
-        a large instance is never locked for long, and a failure (StoreUnavailable) loses only orphans. Deletes
-        nothing when Open WebUI's user table is empty: that is the wrong database, not an instance."""
-        sa, t = await self._table("summary")
-        lease, owui = self._t["lease"], _owui_tables(self._t["metadata"].schema)
-        has_users = sa.select(owui["user"].c.id).limit(1)
-        if (await self._run(lambda conn: conn.execute(has_users))).first() is None:
-            log.warning("async_context_compression: no users in Open WebUI's user table; retention sweep skipped")
-            return 0
-        removed, after, now = 0, 0, time.time()
-        while after is not None:
-            after, gone = await self._run(
-                partial(_sweep_summary_batch, sa=sa, t=t, owui=owui, after=after, batch=batch, api_before=api_before)
-            )
-            removed += gone
-            await asyncio.sleep(pause)
-        after = ""
-        while after is not None:
-            after, gone = await self._run(
-                partial(_sweep_lease_batch, sa=sa, t=lease, owui=owui, after=after, batch=batch, now=now)
-            )
-            removed += gone
-            await asyncio.sleep(pause)
-        return removed
 
-    async def erase_all(self) -> None:
-        """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
-        forgets this worker's unsaved chats; the tables stay, empty."""
-        self.ephemeral.clear()
-        sa, _ = await self._table("summary")
-        for table in reversed(self._t["metadata"].sorted_tables):
-            await self._run(lambda conn, table=table: conn.execute(sa.delete(table)))
+class ChatStore:
+    """The filter's store: each chat's summaries and leases in the database (a SummaryStore) or, for a chat Open WebUI
+    never saves, in this worker's memory (EphemeralSummaries), as ``of_chat`` picks; all else is the database's."""
+
+    def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
+        self.database, self.ephemeral = SummaryStore(engine_getter, schema), EphemeralSummaries()
+
+    def __getattr__(self, name: str) -> Any:  # only for what ChatStore lacks; no database yet (a copy): AttributeError
+        return getattr(self.__dict__.get("database"), name)
+
+    def of_chat(self, chat_id: str) -> Any:
+        return self.database if is_saved_chat_id(chat_id) else self.ephemeral
+
+    def of_key(self, key: str) -> Any:  # a lease's scope: a format_chat_key key
+        return self.of_chat(parse_chat_key(key)[1])
+
+    async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
+        return await self.of_chat(chat_id).find(user_id, chat_id, anchor, limit)
+
+    async def save(self, record: SummaryRecord) -> None:
+        await self.of_chat(record.chat_id).save(record)
+
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
+        return LeaseHold(self.of_key(scope), scope, holder, ttl, renew_every)
+
+    async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
+        return await self.of_key(scope).try_claim(scope, holder, ttl)
+
+    async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
+        return await self.of_key(scope).renew(scope, holder, ttl)
+
+    async def release(self, scope: str, holder: str) -> None:
+        await self.of_key(scope).release(scope, holder)
+
+    async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
+        return await self.of_key(scope).back_off(scope, holder, reason, base, ceiling)
+
+
+async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
+    """Which of ``ids`` ``table`` (Open WebUI's chat or user table) still holds."""
+    if not ids:
+        return set()
+    return set((await conn.execute(sa.select(table.c.id).where(table.c.id.in_(sorted(ids))))).scalars())
+
+
+async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: int, batch: int, api_before: float):
+    """Deletes the orphans among the ``batch`` summary rows after id ``after``; (last id or None at the end, count)."""
+    query = sa.select(t.c.id, t.c.user_id, t.c.chat_id, t.c.created_at).where(t.c.id > after)
+    rows = (await conn.execute(query.order_by(t.c.id).limit(batch))).all()
+    chats = await _live_ids(conn, sa, owui["chat"], {r.chat_id for r in rows if r.chat_id})
+    users = await _live_ids(conn, sa, owui["user"], {r.user_id for r in rows})
+    dead = [
+        r.id
+        for r in rows
+        if r.user_id not in users or (r.chat_id not in chats if r.chat_id else r.created_at < api_before)
+    ]
+    if dead:
+        await conn.execute(sa.delete(t).where(t.c.id.in_(dead)))
+    return (rows[-1].id if len(rows) == batch else None), len(dead)
+
+
+async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
+    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (and API conversations'
+    STALE_LEASE after their expiry); the sweep's own lease (no ':') stays. (last scope or None at the end, count)."""
+    query = sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after)
+    rows = (await conn.execute(query.order_by(t.c.scope).limit(batch))).all()
+    leases = {r.scope: (*parse_chat_key(r.scope), r.expires_at) for r in rows if ":" in r.scope}
+    chats = await _live_ids(conn, sa, owui["chat"], {c for _, c, _ in leases.values() if not c.startswith(API_CHAT)})
+    users = await _live_ids(conn, sa, owui["user"], {u for u, _, _ in leases.values()})
+    dead = [
+        scope
+        for scope, (user, chat, expires_at) in leases.items()
+        if user not in users or (expires_at < now - STALE_LEASE if chat.startswith(API_CHAT) else chat not in chats)
+    ]
+    if dead:
+        await conn.execute(sa.delete(t).where(t.c.scope.in_(dead)))
+    return (rows[-1].scope if len(rows) == batch else None), len(dead)
 
 
 def retention_sweep_every() -> float:
     """Seconds between sweeps: RETENTION_SWEEP_EVERY, or ACC_RETENTION_SWEEP_SECONDS from the environment (tests)."""
-    import os
-
     try:
         return max(1.0, float(os.environ.get("ACC_RETENTION_SWEEP_SECONDS") or RETENTION_SWEEP_EVERY))
     except ValueError:
@@ -3565,10 +3541,10 @@ def retention_sweep_every() -> float:
 
 
 class RetentionSweeper:
-    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep (``SummaryStore.sweep_orphans``)
-    about every ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one
-    worker of one replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted
-    chat's or user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
+    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep (``sweep_orphans``) about every
+    ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one worker of one
+    replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted chat's or
+    user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
 
     def __init__(self, store: Any, every: Optional[float] = None):
         self.store = store
@@ -3586,16 +3562,45 @@ class RetentionSweeper:
 
     async def sweep_once(self) -> Optional[int]:
         """One sweep, unless another worker's is running or ran within half a period (None then); rows removed."""
-        if not hasattr(self.store, "sweep_orphans"):
-            return None  # a store without a database of its own (tests' stand-ins)
+        if not hasattr(self.store, "rest"):
+            return None  # a store that cannot keep the sweep's lease (tests' stand-ins)
         async with self.store.hold(RETENTION_SCOPE, self.holder) as lease:
             if not lease:
                 return None
-            removed = await self.store.sweep_orphans(time.time() - self.api_days * 86_400)
+            removed = await self.sweep_orphans(time.time() - self.api_days * 86_400)
             await self.store.rest(RETENTION_SCOPE, self.holder, self.every / 2)
         if removed:
             log.info("async_context_compression: retention sweep removed %d rows", removed)
         return removed
+
+    async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
+        """Deletes the summaries and leases of chats and users gone from Open WebUI's tables (same database and schema;
+        chats it never saves are never there) and API conversations' summaries created before ``api_before``; returns
+        how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart: a large
+        instance is never locked for long, a failure (StoreUnavailable) loses only orphans. Deletes nothing when Open
+        WebUI's user table is empty: that is the wrong database, not an instance."""
+        sa, t = await self.store.table("summary")
+        lease = (await self.store.table("lease"))[1]
+        owui = {n: sa.table(n, sa.column("id"), schema=t.schema) for n in ("chat", "user")}  # Open WebUI's: their ids
+        has_users = sa.select(owui["user"].c.id).limit(1)
+        if (await self.store.run(lambda conn: conn.execute(has_users))).first() is None:
+            log.warning("async_context_compression: no users in Open WebUI's user table; retention sweep skipped")
+            return 0
+        removed, summaries = 0, partial(_sweep_summary_batch, t=t, api_before=api_before)
+        for sweep, after in ((summaries, 0), (partial(_sweep_lease_batch, t=lease, now=time.time()), "")):
+            while after is not None:
+                after, gone = await self.store.run(partial(sweep, sa=sa, owui=owui, after=after, batch=batch))
+                removed += gone
+                await asyncio.sleep(pause)
+        return removed
+
+    async def erase_all(self) -> None:
+        """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
+        forgets this worker's unsaved chats; the tables stay, empty."""
+        self.store.ephemeral.clear()
+        sa, t = await self.store.table("summary")
+        for table in reversed(t.metadata.sorted_tables):
+            await self.store.run(lambda conn, table=table: conn.execute(sa.delete(table)))
 
     def erase(self, done: Callable[[], Awaitable[Any]]) -> None:
         """Erases everything the filter stores in the background, then awaits ``done`` (resets the valve); one erase
@@ -3606,7 +3611,7 @@ class RetentionSweeper:
 
     async def _erase(self, done: Callable[[], Awaitable[Any]]) -> None:
         try:
-            await self.store.erase_all()
+            await self.erase_all()
         except StoreUnavailable:
             return  # logged by the store, with its fault
         except Exception:
@@ -3619,8 +3624,6 @@ class RetentionSweeper:
 async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], every: float) -> None:
     """A worker's sweeps, a jittered ``every`` apart (the first soon after start); ends when the sweeper is gone (the
     filter was replaced or removed). Holds only a weak reference between sweeps."""
-    import random
-
     await asyncio.sleep(random.uniform(0.2, 0.5) * min(every, 30.0))
     while (sweeper := sweeper_ref()) is not None:
         try:
@@ -4763,7 +4766,6 @@ async def _emit_after(previous: Optional[asyncio.Task], emitter: Optional[Callab
 # in as many rounds as the summary model's window needs, saves each, and backs off after failures. Counts are in
 # canonical coordinates (layer 2).
 
-STORE_TIMEOUT = 3.0  # seconds inlet waits for the summary lookup at most
 MAX_BACKGROUND_TASKS = 64
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
@@ -4802,9 +4804,7 @@ class RequestContext:
     user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
 
     def chat_key(self) -> str:
-        """Key of this conversation in leases, locks and per-chat state: the chat id, or for API calls the
-        conversation's anchor (one user's API conversations share nothing)."""
-        return f"{self.user_id}:{self.chat_id or 'api:' + self.anchor}"[:255]
+        return format_chat_key(self.user_id, self.chat_id, self.anchor)
 
 
 def opening_anchor(messages: Messages) -> str:
@@ -4875,7 +4875,7 @@ def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: in
 class BackgroundSummarizer:
     """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
 
-    def __init__(self, store: "SummaryStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
+    def __init__(self, store: "ChatStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
         self.counter = counter
         self.complete = complete
@@ -5480,7 +5480,7 @@ class Filter:
 
     def __init__(self):
         self.valves = self.Valves()
-        self.summaries = BackgroundSummarizer(SummaryStore(), TokenCounter(), owui_complete)
+        self.summaries = BackgroundSummarizer(ChatStore(), TokenCounter(), owui_complete)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         self.retention = RetentionSweeper(self.summaries.store)  # layer 5: what outlives a deletion, in the background
         self.windows = ModelWindow()  # per model: its window, found or learned from the provider

@@ -98,7 +98,7 @@ SUMMARY_TEXT = (
 
 
 class FakeStore:
-    """In memory, with ``SummaryStore``'s async API. ``keep=False`` forgets
+    """In memory, with ``ChatStore``'s async API. ``keep=False`` forgets
     every summary saved (the 10,000-chat run measures the filter, not us)."""
 
     def __init__(self, records=(), keep: bool = True):

@@ -237,7 +237,7 @@ async def run_chat(
     f = acc.Filter()
     for key, value in valves.items():
         setattr(f.valves, key, value)
-    f.summaries.store = acc.SummaryStore(lambda: engine)
+    f.summaries.store = acc.ChatStore(lambda: engine)
     assert wait_ready(f.counter, ENCODING, 60), "tiktoken's cl100k file is missing"
     summarizer = FakeSummarizer(f.counter)
     f.summaries.complete = summarizer

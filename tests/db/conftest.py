@@ -82,11 +82,11 @@ class Database:
         return engine
 
     def store(self, engine: Any = None) -> Any:
-        """A SummaryStore on ``engine`` (a new engine when not given)."""
+        """The filter's store (a ChatStore) on ``engine`` (a new engine when not given)."""
         import async_context_compression as acc
 
         engine = engine if engine is not None else self.engine()
-        return acc.SummaryStore(lambda: engine)
+        return acc.ChatStore(lambda: engine)
 
     def worker_args(self) -> list:
         """Command-line arguments that let another process open the same database."""

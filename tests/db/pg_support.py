@@ -52,6 +52,6 @@ def pg_admin(url: str, *statements: str) -> None:
 async def lease_row(store, scope: str) -> Optional[dict]:
     """The lease row of ``scope`` as the database holds it (None: no lease),
     read through the store's own connection and tables."""
-    sa, t = await store._table("lease")
-    row = (await store._run(lambda conn: conn.execute(sa.select(t).where(t.c.scope == scope)))).mappings().first()
+    sa, t = await store.table("lease")
+    row = (await store.run(lambda conn: conn.execute(sa.select(t).where(t.c.scope == scope)))).mappings().first()
     return dict(row) if row else None

@@ -104,7 +104,7 @@ async def test_the_sweep_removes_what_open_webui_no_longer_has_and_keeps_the_res
     await delete_rows(engine, owui["chat"], ["deleted"])
     await delete_rows(engine, owui["user"], ["bob"])
 
-    removed = await store.sweep_orphans(time.time() - 30 * 86_400, batch=2, pause=0)
+    removed = await acc.RetentionSweeper(store).sweep_orphans(time.time() - 30 * 86_400, batch=2, pause=0)
 
     left = {(r["user_id"], r["chat_id"] or r["anchor"]) for r in await all_rows(engine, acc.SUMMARY_TABLE)}
     assert left == {("alice", "kept"), ("alice", "recent-api")}
@@ -118,7 +118,7 @@ async def test_no_users_at_all_means_the_wrong_database_and_nothing_is_deleted(d
     await owui_tables(engine)  # present but empty
     store = db.store(engine)
     await store.save(record("alice", "chat"))
-    assert await store.sweep_orphans(time.time()) == 0
+    assert await acc.RetentionSweeper(store).sweep_orphans(time.time()) == 0
     assert len(await all_rows(engine, acc.SUMMARY_TABLE)) == 1
 
 
@@ -127,7 +127,7 @@ async def test_a_failing_sweep_is_a_store_fault_and_deletes_nothing(db):
     store = db.store(engine)
     await store.save(record("alice", "chat"))
     with pytest.raises(acc.StoreUnavailable) as failed:
-        await store.sweep_orphans(time.time())
+        await acc.RetentionSweeper(store).sweep_orphans(time.time())
     assert failed.value.fault is acc.Fault.STORE_ERROR and store.fault is acc.Fault.STORE_ERROR
     assert len(await all_rows(engine, acc.SUMMARY_TABLE)) == 1
 
@@ -143,7 +143,7 @@ async def test_two_workers_never_sweep_at_once_and_the_second_rests(db):
     running, overlaps = [], []
     sweepers = [acc.RetentionSweeper(db.store(engine), every=60) for engine in (first, second)]
     for sweeper in sweepers:
-        real = sweeper.store.sweep_orphans
+        real = sweeper.sweep_orphans
 
         async def watched(*args, real=real, **kwargs):
             running.append(1)
@@ -154,7 +154,7 @@ async def test_two_workers_never_sweep_at_once_and_the_second_rests(db):
             finally:
                 running.pop()
 
-        sweeper.store.sweep_orphans = watched
+        sweeper.sweep_orphans = watched
 
     results = await asyncio.gather(*(s.sweep_once() for s in sweepers))
     assert sorted(results, key=str) == [20, None]  # one swept all 20 orphans, the other skipped
@@ -193,7 +193,7 @@ async def test_a_sweep_of_10000_summaries_never_holds_the_event_loop_past_the_st
     try:
         await asyncio.sleep(0)
         started = time.perf_counter()
-        removed = await store.sweep_orphans(now - 86_400)
+        removed = await acc.RetentionSweeper(store).sweep_orphans(now - 86_400)
         elapsed = time.perf_counter() - started
     finally:
         done.set()
@@ -213,7 +213,7 @@ async def test_erase_all_empties_every_table_of_the_filter_and_its_memory(db):
     assert await store.try_claim("alice:chat", "w", ttl=60)
     await store.add_ratios([("k", "m", "exact", 1.1, time.time())])
 
-    await store.erase_all()
+    await acc.RetentionSweeper(store).erase_all()
 
     for table in acc._tables(None)["metadata"].sorted_tables:
         assert await all_rows(engine, table.name) == [], table.name
@@ -236,12 +236,12 @@ async def test_a_locked_database_is_store_busy_loses_nothing_and_the_next_sweep_
         locker = sqlite3.connect(str(path), isolation_level=None, timeout=5)
         locker.execute("BEGIN IMMEDIATE")  # a busy Open WebUI worker holding the write lock
         with pytest.raises(acc.StoreUnavailable) as failed:
-            await store.sweep_orphans(time.time(), pause=0)
+            await acc.RetentionSweeper(store).sweep_orphans(time.time(), pause=0)
         assert failed.value.fault is acc.Fault.STORE_BUSY and store.fault is acc.Fault.STORE_BUSY
         locker.rollback()
         locker.close()
         assert {r["chat_id"] for r in await all_rows(engine, acc.SUMMARY_TABLE)} == {"kept", "deleted"}
-        assert await store.sweep_orphans(time.time(), pause=0) == 1
+        assert await acc.RetentionSweeper(store).sweep_orphans(time.time(), pause=0) == 1
         assert {r["chat_id"] for r in await all_rows(engine, acc.SUMMARY_TABLE)} == {"kept"}
         assert store.fault is None
     finally:

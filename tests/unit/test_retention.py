@@ -31,7 +31,7 @@ def summary(chat: str, covered: int = 3, user: str = "u1") -> acc.SummaryRecord:
 
 
 async def test_unsaved_chats_are_summarized_and_leased_in_memory_only():
-    store = acc.SummaryStore(no_database)
+    store = acc.ChatStore(no_database)
     for chat in ("temporary:t1", "local:l1", "channel:c1"):
         for covered in (3, 5, 7):
             await store.save(summary(chat, covered))
@@ -48,7 +48,7 @@ async def test_unsaved_chats_are_summarized_and_leased_in_memory_only():
 
 
 async def test_memory_of_unsaved_chats_is_bounded():
-    store = acc.SummaryStore(no_database)
+    store = acc.ChatStore(no_database)
     for i in range(acc.EPHEMERAL_CHATS + 1):
         await store.save(summary(f"temporary:{i}"))
     assert await store.find("u1", "temporary:0", "a") == []
@@ -77,6 +77,7 @@ async def test_the_erase_valve_erases_in_the_background_then_switches_itself_off
     monkeypatch.setattr(acc, "switch_valve_off", switch_off)
     f = acc.Filter()
     f.summaries.store = store = ErasableStore(fail)
+    f.retention.erase_all = store.erase_all  # the sweeper's erase, stood in for
     f.valves.erase_stored_data = True
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     for _ in range(3):  # requests while the erase runs start no second one
@@ -121,6 +122,7 @@ async def test_each_worker_runs_one_sweep_loop_which_ends_with_its_filter():
 
     store = CountingStore()
     sweeper = acc.RetentionSweeper(store, every=1.0)
+    sweeper.sweep_orphans = store.sweep_orphans  # the sweeper's SQL, counted instead
     sweeper.keep_running(7)
     loop_task = sweeper.task
     sweeper.keep_running(7)  # every request calls it: still one loop
