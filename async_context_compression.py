@@ -1529,9 +1529,8 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # ---------------------------------------------------------------------------
 # 3. Token accounting
 # ---------------------------------------------------------------------------
-# Counted the way providers bill chat requests: a fixed overhead per message
-# and per request, the role, name, text, tool-call names and arguments, tool
-# results and images. tiktoken loads in a background thread (it may need a
+# Counted the way providers bill chat requests: a fixed overhead per message and per request, the role, name, text,
+# tool-call names and arguments, tool results and images. tiktoken loads in a background thread (it may need a
 # download); until then a cheap estimator stands in, with a margin.
 
 TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL = 3, 3, 1, 8  # the framing
@@ -1543,19 +1542,15 @@ _O200K_MODELS = re.compile(
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
-# Estimator weights per encoding, tokens per: ASCII lower-case letter,
-# upper-case letter, digit, space, newline, other ASCII (punctuation),
-# backslash; 2-byte character other than Cyrillic (accented Latin, Greek,
-# Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF),
-# other 3-byte (CJK ideographs, Indic, Thai), kana and CJK punctuation,
-# Hangul; 4-byte (emoji); a constant per text. Fitted by bench/calibrate.py
-# to exact cl100k counts of bench/corpus.py (English, CJK, code, JSON, tool
-# output, 17 other languages): estimates err high, no fitted text (counted
-# as a message) needs more than 7% over its estimate, no held-out one more
-# than 11.3% (docs/en/benchmarks.md). English pays with a high median:
-# letters also cover Dutch or Indonesian (~45% more tokens per letter).
-# o200k has no row (its file is not available offline): cl100k's is
-# conservative for it (as many tokens for English and code, fewer for CJK).
+# Estimator weights per encoding, tokens per: ASCII lower-case letter, upper-case letter, digit, space, newline, other
+# ASCII (punctuation), backslash; 2-byte character other than Cyrillic (accented Latin, Greek, Arabic, Hebrew),
+# Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF), other 3-byte (CJK ideographs, Indic, Thai), kana and CJK
+# punctuation, Hangul; 4-byte (emoji); a constant per text. Fitted by bench/calibrate.py to exact cl100k counts of
+# bench/corpus.py (English, CJK, code, JSON, tool output, 17 other languages): estimates err high, no fitted text
+# (counted as a message) needs more than 7% over its estimate, no held-out one more than 11.3% (docs/en/benchmarks.md).
+# English pays with a high median: letters also cover Dutch or Indonesian (~45% more tokens per letter). o200k has no
+# row (its file is not available offline): cl100k's is conservative for it (as many tokens for English and code, fewer
+# for CJK).
 _ESTIMATOR = {
     "cl100k_base": (
         *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
@@ -1844,14 +1839,11 @@ def _part_key(part: Any) -> tuple:
 
 
 # -- The token policy of a request -------------------------------------------
-# One place decides how a request is counted, exact or estimated, and with
-# which margin; everything else asks ``count_request`` or ``fit_request``.
-# A message's size is its exact count once the encoding is loaded and the
-# message was counted, else its estimate plus ESTIMATE_MARGIN (the
-# estimator's worst error on the corpus). ``fit_request`` counts the messages
-# not counted before: a turn's few new ones on the event loop, more than
-# ON_LOOP_CHARS characters (a long chat first seen after a restart) in a
-# worker thread, so no request holds the loop for other users meanwhile.
+# One place decides how a request is counted, exact or estimated, and with which margin; everything else asks
+# ``count_request`` or ``fit_request``. A message's size is its exact count once the encoding is loaded and the message
+# was counted, else its estimate plus ESTIMATE_MARGIN (the estimator's worst error on the corpus). ``fit_request``
+# counts the messages not counted before: a turn's few new ones on the event loop, more than ON_LOOP_CHARS characters (a
+# long chat first seen after a restart) in a worker thread, so no request holds the loop for other users meanwhile.
 
 ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
 ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
@@ -1939,14 +1931,11 @@ async def fit_request(
 
 
 # -- The model's own tokens ----------------------------------------------------
-# Counts here are cl100k/o200k tokens (or the estimator's); the model's own
-# tokenizer may need 0.7x-1.5x as many. Each reply's reported prompt tokens
-# (usage, read by outlet) are related to what the request hook counted for
-# its request. Per model and count path, the recent ratios give the model's
-# ``scale`` (``robust_ratio``), applied once as a change of units
-# (``in_counted_units``): cap, threshold and trigger divided by it, the
-# status figure multiplied; no usage reported, no scale. The ratios are
-# stored beside the summaries (layer 5); each minute applies one snapshot.
+# Counts here are cl100k/o200k tokens (or the estimator's); the model's own tokenizer may need 0.7x-1.5x as many. Each
+# reply's reported prompt tokens (usage, read by outlet) are related to what the request hook counted for its request.
+# Per model and count path, the recent ratios give the model's ``scale`` (``robust_ratio``), applied once as a change
+# of units (``in_counted_units``): cap, threshold and trigger divided by it, the status figure multiplied; no usage
+# reported, no scale. The ratios are stored beside the summaries (layer 5); each minute applies one snapshot.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
@@ -2005,8 +1994,7 @@ def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
 
 
 def request_params(body: Any, model: Any) -> list:
-    """Where a request's model parameters are set, first found wins: its ``options`` (Ollama's), its top level, the
-    model's settings in Open WebUI."""
+    """Where a request's model parameters are set, first found first: ``options``, top level, the model's settings."""
     body = body if isinstance(body, dict) else {}
     info = model.get("info") if isinstance(model, dict) else None
     sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
@@ -2014,8 +2002,7 @@ def request_params(body: Any, model: Any) -> list:
 
 
 def asked_reply_tokens(body: Any, model: Any) -> int:
-    """The reply's room the request or the model's settings ask for (``num_predict``, ``max_tokens``,
-    ``max_completion_tokens``), 0 = none."""
+    """The reply's room that the request or the model's settings ask for, 0 = none."""
     keys = ("num_predict", "max_tokens", "max_completion_tokens")
     return next((n for s in request_params(body, model) for key in keys if (n := _positive_int(s, key))), 0)
 
@@ -2029,11 +2016,7 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
 
 
 class SharedThroughStore:
-    """What a worker learns that every worker shares through the store: rows learned here wait in ``unsaved`` for
-    ``flush`` (the newest UNSAVED_KEPT while the store takes none); what every worker learned comes from one read at a
-    time, awaited at most STORE_TIMEOUT by each request that finds it under way (a slow one ends in the background)."""
-
-    kind: ClassVar[str] = "rows"  # for the log
+    """Rows every worker learns and shares through the store: kept for ``flush``; read by one read at a time."""
 
     def __init__(self):
         self.unsaved: list = []
@@ -2044,7 +2027,6 @@ class SharedThroughStore:
         del self.unsaved[:-UNSAVED_KEPT]  # a store that never answers costs bounded memory
 
     async def flush(self, save: Optional[Callable[[list], Awaitable]]) -> None:
-        """One save of the rows learned here; a failed one leaves them for the next."""
         rows, self.unsaved = self.unsaved, []
         if not rows or save is None:
             return
@@ -2052,16 +2034,23 @@ class SharedThroughStore:
             await asyncio.wait_for(save(rows), STORE_TIMEOUT)
         except Exception as exc:  # every worker still has its own; tried again with the next row learned
             self.unsaved[:0] = rows[-UNSAVED_KEPT:]
-            log.debug("async_context_compression: %s not saved: %s", self.kind, exc)
+            log.debug("async_context_compression: %s not saved: %s", type(self).__name__, exc)
 
-    async def _read(self, load: Callable[[], Awaitable[None]]) -> None:
-        """Awaits ``load()``, or the read already under way on this event loop."""
+    async def _applied(self, read: Callable[[], Awaitable], *at: Any) -> bool:  # False: the store was not read
+        try:
+            self.snapshot(await read(), *at)
+            return True
+        except Exception as exc:
+            log.debug("async_context_compression: %s not read: %s", type(self).__name__, exc)
+            return False
+
+    async def _read(self, load: Callable[[], Awaitable[Any]]) -> None:  # or the read under way on this loop
         if self.loading is None or self.loading.done() or self.loading.get_loop() is not asyncio.get_running_loop():
             self.loading = asyncio.ensure_future(load())
         try:
             await asyncio.wait_for(asyncio.shield(self.loading), STORE_TIMEOUT)
         except Exception as exc:  # too slow: the rows read before stay
-            log.debug("async_context_compression: %s not read in time: %s", self.kind, exc)
+            log.debug("async_context_compression: %s not read in time: %s", type(self).__name__, exc)
 
 
 class ModelTokens(SharedThroughStore):
@@ -2069,8 +2058,6 @@ class ModelTokens(SharedThroughStore):
     usage (bounded). Minute E applies the store's samples created before E - RATIOS_SETTLE, read once per worker per
     minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
     calibrates after its first reply."""
-
-    kind = "ratios"
 
     def __init__(self, models: int = 512, replies: int = 4096):
         super().__init__()
@@ -2092,14 +2079,8 @@ class ModelTokens(SharedThroughStore):
                 return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
         return None
 
-    async def for_request(self, store: Any, model: str, exact: bool) -> Optional[float]:
-        """The model's ``scale`` for one request, the minute's snapshot of the store's samples read first."""
-        await self.refresh(getattr(store, "read_ratios", None))
-        return self.scale(model, exact)
-
     def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
-        """The request hook's count for the reply ``message_id`` (added up
-        over the calls of a tool loop; the last kept apart)."""
+        """The request hook's count for the reply ``message_id`` (added up over a tool loop's calls; the last apart)."""
         if not message_id or tokens <= 0:
             return
         path = "exact" if exact else "estimate"
@@ -2108,8 +2089,7 @@ class ModelTokens(SharedThroughStore):
         self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound)
 
     def learn(self, message_id: str, usage: Any) -> Optional[tuple]:
-        """Relates the reply's usage to what was counted for it; the new
-        sample (model, path, ratio), or None when there is nothing to learn."""
+        """Relates the reply's usage to what was counted for it; the new sample (model, path, ratio), or None."""
         counted = self.counted.pop(message_id, None) if message_id else None
         reported = reported_prompt_tokens(usage)
         if counted is None or reported is None:
@@ -2124,12 +2104,9 @@ class ModelTokens(SharedThroughStore):
         self.add(model, path, ratio)
         return model, path, ratio
 
-    def after_reply(
-        self, reply: Any, stored: Messages, chat: str, model_id: str, count: Optional[Callable], max_counted: int, save
-    ) -> Optional[Awaitable]:
-        """What a reply teaches, to be saved in the background (None: nothing): its usage against what was counted for
-        its request; else, for an existing chat of a model not known yet, its earlier replies' usage (``count``: the
-        exact count of a list, None where there is none; see ``replayed_samples``), once per chat."""
+    def after_reply(self, reply, stored: Messages, chat: str, model_id: str, count, max_counted, save) -> Any:
+        """What a reply teaches, to save in the background (None: nothing): its usage against its request's count; else,
+        once per chat of a model not known yet, its earlier replies' usage (``replayed_samples``; ``count`` exact)."""
         if reply is not None and self.learn(str(reply.get("id")), reply.get("usage")) is not None:
             return self.flush(save)
         if self.scale(model_id, exact=False) is not None or count is None:
@@ -2171,10 +2148,7 @@ class ModelTokens(SharedThroughStore):
         await self._read(partial(self._load, read, minute))
 
     async def _load(self, read: Callable, minute: int) -> None:
-        try:
-            self.snapshot(await read(), minute)
-        except Exception as exc:
-            log.debug("async_context_compression: ratios not read: %s", exc)
+        if not await self._applied(read, minute):
             self.minute = max(minute, self.minute or minute)  # tried again next minute
 
 
@@ -2217,18 +2191,11 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
 # DeepInfra under ``metadata``); LM Studio ``loaded_context_length`` (what is loaded) before ``max_context_length``
 # (also Mistral's); Groq ``context_window``; LiteLLM ``max_input_tokens``; llama.cpp ``meta.n_ctx_train`` (the
 # trained length: the server may run with less, and then says so when it rejects).
-PUBLISHED_WINDOW_FIELDS = (
-    ("loaded_context_length",),
-    ("max_model_len",),
-    ("context_length",),
-    ("max_context_length",),
-    ("context_window",),
-    ("max_input_tokens",),
-    ("top_provider", "context_length"),
-    ("metadata", "context_length"),
-    ("model_info", "max_input_tokens"),
-    ("meta", "n_ctx"),
-    ("meta", "n_ctx_train"),
+PUBLISHED_WINDOW_FIELDS = tuple(
+    tuple(path.split("."))
+    for path in "loaded_context_length max_model_len context_length max_context_length context_window max_input_tokens"
+    " top_provider.context_length metadata.context_length model_info.max_input_tokens meta.n_ctx"
+    " meta.n_ctx_train".split()
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
@@ -2370,18 +2337,13 @@ def reply_room(body: Any, model: Any, window: int) -> int:
 
 
 def reply_missing(messages: Messages) -> bool:
-    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed (empty,
-    with the provider's error beside it), so the previous request may have been rejected."""
-    roles = [_role(m) for m in messages[-2:]]
-    return roles == ["user", "user"]
+    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed."""
+    return [_role(m) for m in messages[-2:]] == ["user", "user"]
 
 
 class ModelWindow(SharedThroughStore):
     """Per worker: the windows learned from providers (this worker's, and every worker's as the store had them at
-    the last read, WINDOWS_REFRESH apart), the last usage per model (for cuts), and which windows were told. Unsaved
-    rows: (model, Window), or (model, None) to forget one."""
-
-    kind = "windows"
+    the last read, WINDOWS_REFRESH apart), the last usage per model (for cuts), and which windows were told."""
 
     def __init__(self, models: int = 512):
         super().__init__()
@@ -2391,15 +2353,13 @@ class ModelWindow(SharedThroughStore):
         self.read_at = 0.0
 
     async def for_request(self, store: Any, model_id: str, model: Any, body: Any) -> Window:
-        """The model's window for one request (``find``), the windows every worker learned read first when due."""
+        """The model's window (``find``), after reading the windows every worker learned when due."""
         await self.refresh(getattr(store, "read_windows", None))
         return self.find(model_id, model, body)
 
     async def for_turn(self, store: Any, model_id: str, model: Any, body: dict, failed_error: Callable) -> Window:
-        """The model's window for a user's turn (inlet). A model with none known reads its own row first (another
-        worker may have learned it a moment ago); after a reply that failed (``reply_missing``) the window its error
-        names (``failed_error()``, the provider's error) is learned and saved first, so this turn fits where the last
-        did not: once per model, every later request, on any worker, finds it."""
+        """A turn's window: a model with none known reads its own row (another worker may have just learned it); after a
+        failed reply the window its error names (``failed_error()``) is saved first: this turn fits, on any worker."""
         window = await self.for_request(store, model_id, model, body)
         if not window.tokens:
             await self.refresh_model(getattr(store, "read_window", None), model_id)
@@ -2417,15 +2377,12 @@ class ModelWindow(SharedThroughStore):
         return window
 
     def for_summary(self, summary_model: str, model_id: str, model: Any, body: Any, entry_of: Callable) -> Window:
-        """The summary model's window, found like the chat model's: from its own entry in Open WebUI (``entry_of``)
-        unless it is the chat's model."""
         entry = model if summary_model == model_id else entry_of(summary_model)
         return self.find(summary_model, entry, body if entry is model else {})
 
     async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> None:
-        """A reply's reported prompt against what was counted for it (``observe``; ``chat``: whose previous reply it is
-        compared with): a cut prompt teaches the window (saved before outlet returns, so the next turn finds it on any
-        worker), and its ratio is not learned."""
+        """A reply's reported prompt against its request's count (``observe``): a cut prompt teaches the window (saved
+        before outlet returns, for the next turn on any worker), and its ratio is not learned."""
         counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
         if counted is None or reported is None or reported[1]:
             return
@@ -2454,8 +2411,7 @@ class ModelWindow(SharedThroughStore):
         return Window(published, "published") if published else NO_WINDOW
 
     def news(self, model_id: str, window: Window, reply_id: str) -> tuple:
-        """``((model_id, window),)`` for the status line (layer 7 words it) the first time this worker finds
-        ``window`` (and for the same reply's later requests: inlet's line is not always the one shown), else ()."""
+        """``((model_id, window),)`` the first time this worker finds ``window`` (and the same reply's later calls)."""
         if not window.tokens or window.source == "settings":
             return ()
         key = (model_id, window.tokens, window.source)
@@ -2474,11 +2430,9 @@ class ModelWindow(SharedThroughStore):
         window = Window(tokens, source, published, time.time())
         self.learned[model_id] = window
         self.keep((model_id, window))
+        how = "error" if source == "error" else "cut of the prompt"
         log.warning(
-            "async_context_compression: %s's window is %s tokens, learned from the provider's %s",
-            model_id,
-            tokens,
-            "error" if source == "error" else "cut of the prompt",
+            "async_context_compression: %s's window is %s tokens, learned from the provider's %s", model_id, tokens, how
         )
         return window
 
@@ -2492,12 +2446,10 @@ class ModelWindow(SharedThroughStore):
         known = self.learned.get(model_id)
         if known is not None and reported > known.tokens:
             del self.learned[model_id]
-            self.keep((model_id, None))
+            self.keep((model_id, None))  # forgets it in the store
+            too_many = (model_id, reported, known.tokens)
             log.warning(
-                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten",
-                model_id,
-                reported,
-                known.tokens,
+                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten", *too_many
             )
             return None
         cut = window_from_usage(reported, expected, previous, ceiling)
@@ -2513,12 +2465,8 @@ class ModelWindow(SharedThroughStore):
 
     async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
         """The model's own row, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
-        if read_one is None:
-            return
-        try:
-            self.snapshot(await asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
-        except Exception as exc:
-            log.debug("async_context_compression: the window of %s not read: %s", model_id, exc)
+        if read_one is not None:
+            await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
 
     async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
@@ -2526,13 +2474,7 @@ class ModelWindow(SharedThroughStore):
         if read is None or now - self.read_at < every:
             return
         self.read_at = now
-        await self._read(partial(self._load, read))
-
-    async def _load(self, read: Callable) -> None:
-        try:
-            self.snapshot(await read())
-        except Exception as exc:
-            log.debug("async_context_compression: windows not read: %s", exc)
+        await self._read(partial(self._applied, read))
 
 
 # ---------------------------------------------------------------------------
@@ -4734,8 +4676,7 @@ def format_tokens(value: int) -> str:
 
 
 def window_notes(news: Iterable) -> tuple:
-    """The status line's Notes for the windows ``ModelWindow.news`` tells: "window 16.4k, from the provider's
-    model list"."""
+    """Notes for ``ModelWindow.news``: "window 16.4k, from the provider's model list"."""
     return tuple(note(f"w_{window.source}", window=format_tokens(window.tokens), model=m) for m, window in news)
 
 
@@ -5006,24 +4947,17 @@ class BackgroundSummarizer:
         return self.chats.setdefault(ctx.chat_key(), ChatState())
 
     def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
-        """Says what a reply's request finally sent on its status line (settings notes on turns 1, 11, 21, ...: seen,
-        yet not under every reply), remembered for the background lines."""
-        self.chat(ctx).last_sent = sent
-        s = ctx.settings
+        """Says what a reply's request finally sent (settings notes on turns 1, 11, 21, ...), while the model answers:
+        Open WebUI stores it in the chat's row under a lock another worker may hold. A chat's lines keep their order."""
+        state, s = self.chat(ctx), ctx.settings
+        state.last_sent = sent
         if not s.show_status:
             return
         due = s.warnings if sent.turn % NOTES_EVERY == 1 else ()
         if line := status_line(ctx.language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
-            self.say_soon(ctx, line)
-
-    def say_soon(self, ctx: RequestContext, line: str) -> None:
-        """Writes a request's status line while the model answers: Open WebUI stores each status in the chat's row under
-        a row lock, which another worker may hold (through a pause of its own) and which must not hold up the reply.
-        A chat's lines keep their order; outlet waits for them."""
-        state = self.chat(ctx)
-        state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
-        self.lines.add(task)
-        task.add_done_callback(self.lines.discard)
+            state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
+            self.lines.add(task)
+            task.add_done_callback(self.lines.discard)
 
     async def line_written(self, ctx: RequestContext) -> None:
         line = self.chat(ctx).line
@@ -5066,8 +5000,7 @@ class BackgroundSummarizer:
         ctx.force_summary = asked_for_summary(stored)
         ctx.user_instructions = standing_summary_instructions(stored)
         expanded, ids = expand_stored_messages(stored)
-        messages, _ = repair_transcript(expanded)
-        canon = canonical_messages(messages)  # digests only once worth it
+        canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
         if ctx.force_summary or self.may_need_summary(ctx, canon):
             self.spawn(self.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
 
@@ -5327,8 +5260,7 @@ class LoopSummaries:
         self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
 
     async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
-        """The conversation's stored summaries for a call of the loop: those read for the same reply (by inlet, or by
-        its first call), so a long loop adds no database reads."""
+        """The stored summaries read for the same reply (by inlet or its first call): a loop adds no database reads."""
         done = self.summaries.chat(ctx).records
         if ctx.message_id and done[0] == ctx.message_id:
             return list(done[1])
@@ -5510,27 +5442,26 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
 
 
 # -- The request path: inlet, and each model call of a tool loop ------------------
+FIT_LOG = "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s"
 
 
 @dataclass
 class Draft:
-    """A request on its way to the model: the list as repaired (``messages``), and the view to send with the chat's
-    summary applied (``prefix``: where its tail starts), with what it carries besides (``fixed``: the tool schemas)."""
+    """A request on its way: the list repaired, the view with the chat's summary applied (its tail from ``prefix``)."""
 
     messages: Messages
     view: Messages
     prefix: int
-    fixed: int
+    fixed: int  # tokens of what every call carries besides the messages (the tool schemas)
     repair: RepairReport
     record: Optional[SummaryRecord] = None
     fault: Optional[Fault] = None  # what kept the stored summaries from being read
 
     def sent(self, s: Settings, fit: FitReport) -> SentOutcome:
-        record = self.record
         return SentOutcome(
             used=to_model_tokens(s, fit.tokens_after),
             cap=s.model_cap,
-            covered=record.covered_count - record.head_count if record else 0,
+            covered=self.record.covered_count - self.record.head_count if self.record else 0,
             left_out=fit.dropped_messages,
             over_cap=fit.over_budget,
             repaired=self.repair.noticeable(),
@@ -5540,21 +5471,14 @@ class Draft:
 
 
 class RequestPath:
-    """What a request goes through on its way to the model, from two entries: ``inlet`` (a user's turn) and
-    ``loop_call`` (Open WebUI's request hook, before every model call of a tool loop, where inlet does not run
-    again). Both repair the list, apply the chat's summary, fit it under the cap and say what was sent; the steps
-    only one of them takes are called by that one. After the reply, ``after_reply`` learns from its usage."""
+    """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
+    before each model call of a tool loop), each calling the steps it takes; after the reply, ``after_reply``."""
 
     def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
         self.summaries, self.tokens, self.windows = summaries, tokens, windows
 
-    counter = property(lambda self: self.summaries.counter)  # tests swap the summarizer's
-
-    async def context(
-        self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None
-    ) -> Optional[RequestContext]:
-        """What the hook call knows of its request, budgets in counted tokens; None when the user switched the filter
-        off. ``find_window``: how the model's window is found (``turn_window``; by default ``call_window``)."""
+    async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
+        """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
         user = user if isinstance(user, dict) else {}
         user_valves = user.get("valves")
         if user_valves is not None and not getattr(user_valves, "enabled", True):
@@ -5564,15 +5488,15 @@ class RequestPath:
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         message_id = str(metadata.get("message_id") or "")
         window = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata)
-        summary_model = summary_model_id(valves, model_id)
         entry_of = partial(owui_model_entry, request)
-        summary_window = self.windows.for_summary(summary_model, model_id, model, body, entry_of)
+        summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
         reply = reply_room(body, model, window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
         # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
-        bound = request_prompt_bound(body, model)
-        scale = await self.tokens.for_request(self.summaries.store, model_id, self.counter.is_exact(settings.encoding))
+        bound, exact = request_prompt_bound(body, model), self.summaries.counter.is_exact(settings.encoding)
+        await self.tokens.refresh(getattr(self.summaries.store, "read_ratios", None))
+        scale = self.tokens.scale(model_id, exact)
         return RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -5594,39 +5518,32 @@ class RequestPath:
         failed_error = partial(failed_reply_error, chat_id, str(metadata.get("user_message_id") or ""))
         return await self.windows.for_turn(self.summaries.store, model_id, model, body, failed_error)
 
-    # -- the two entries ----------------------------------------------------
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
-        """A user's turn. Where Open WebUI's request hook follows (0.11.2+: tools and RAG come after inlet), its
-        line is the hook's to say; what inlet did is kept for that line."""
+        """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
         draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
         if request_hook_follows():
             self.summaries.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
         else:
-            self._sent_for_reply(ctx, draft.sent(ctx.settings, fit), fit.tokens_after)
+            self._sent_for_reply(ctx, draft, fit)
         return {**body, "messages": view}
 
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
-        """A model call of a tool loop: the loop's growing list is repaired and capped too, this reply's loop summary
-        applied when one is ready, and its older rounds folded in the background for a later call (this one does not
-        wait); its line completes inlet's."""
+        """A tool loop's model call: capped too, with the reply's loop summary when ready; older rounds folded now."""
         loops = self.summaries.loops
-        builtin_on = partial(builtin_compaction_on, refresh=False)
-        draft = await self._summarized(body, ctx, builtin_on, loops.stored_summaries)
+        draft = await self._summarized(body, ctx, partial(builtin_compaction_on, refresh=False), loops.stored_summaries)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
         loops.plan(ctx, draft.view, fit.tokens_before)
-        inlet_sent = self.summaries.chat(ctx).inlet_sent
-        self._sent_for_reply(ctx, draft.sent(ctx.settings, fit).after(inlet_sent), fit.tokens_after)
+        self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
         return {**body, "messages": view}
 
-    # -- the steps both take --------------------------------------------------
     async def _summarized(self, body: dict, ctx: RequestContext, builtin_on: Callable, read: Callable) -> Draft:
-        """The list repaired and the chat's summary applied (``read``: how its stored summaries are read); Open
-        WebUI's own summary (``builtin_on()``: its compaction is switched on) is the base of ours, sent once."""
+        """The list repaired and the chat's summary applied (``read``: its stored summaries); Open WebUI's own summary
+        (there, or ``builtin_on()``) is the base of ours, sent once."""
+        counter, s = self.summaries.counter, ctx.settings
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
-        s = ctx.settings
-        fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
+        fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
         systems = system_messages(messages)  # one pass; the filter's helpers below read only these
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_on():
@@ -5642,16 +5559,13 @@ class RequestPath:
         else:
             view, prefix = messages, protected_head_end(messages, s.keep_first)
         view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
-        overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
+        overhead = request_overhead_tokens(counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
         return Draft(messages, view, prefix, fixed, repair, record, fault)
 
-    async def lookup_summary(
-        self, ctx: RequestContext, messages: Messages, canonical_count: int, read: Optional[Callable] = None
-    ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
-        """The stored summary this request can use, and the fault that kept summaries from being read (None when
-        none). ``canonical_count``: the non-system messages of ``messages``; ``read``: how the stored summaries are
-        read (by default, from the store)."""
+    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canonical_count: int, read=None) -> tuple:
+        """The stored summary this request can use (``read``: by default the store's) and the fault that kept summaries
+        from being read (None: none); ``canonical_count``: the non-system messages of ``messages``."""
         if canonical_count < 3:
             return None, None
         try:
@@ -5675,53 +5589,41 @@ class RequestPath:
         return choose_summary(records, digests), None
 
     async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:
-        """``view`` fitted under the cap (its tail from ``prefix``), and what fitting did; logged when it changed."""
+        """``view`` fitted under the cap (its tail from ``prefix``), and what fitting did."""
         s = ctx.settings
-        view, fit = await fit_request(self.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
+        view, fit = await fit_request(self.summaries.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
             # its output needs no repair), but a 400 from the provider would cost the user's turn
             view, again = repair_transcript(view)
             draft.repair += again
         if draft.repair.changed() or fit.changed() or s.debug:
-            log.info(
-                "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
-                ctx.chat_id or "api",
-                draft.repair.describe(),
-                fit.tokens_before,
-                fit.tokens_after,
-                s.max_context,
-                fit.dropped_messages,
-                fit.shortened_messages,
-                draft.record.covered_count if draft.record else "none",
-            )
+            sizes = (fit.tokens_before, fit.tokens_after, s.max_context, fit.dropped_messages, fit.shortened_messages)
+            covered = draft.record.covered_count if draft.record else "none"
+            log.info(FIT_LOG, ctx.chat_id or "api", draft.repair.describe(), *sizes, covered)
         log_notes_once(s.warnings)
         return view, fit
 
-    def _sent_for_reply(self, ctx: RequestContext, sent: SentOutcome, tokens: int) -> None:
-        """What was finally sent for this reply (``tokens`` counted): for outlet to relate to its usage, and said."""
-        exact = self.counter.is_exact(ctx.settings.encoding)
-        self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, tokens, ctx.prompt_bound)
-        self.summaries.tell(ctx, sent)
+    def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
+        """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
+        exact = self.summaries.counter.is_exact(ctx.settings.encoding)
+        self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
+        self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
 
-    # -- after the reply -----------------------------------------------------
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
-        """Relates the reply's usage to what was counted for its request: the model's window (a cut prompt) and its
-        tokens per counted token, saved to the store; the latter in the background."""
-        reply_id = str(body.get("id") or ctx.message_id or "")
-        stored, store, s = body["messages"], self.summaries.store, ctx.settings
+        """What the reply's usage teaches of the model's window and of its tokens (the latter in the background)."""
+        stored, chat, store, s = body["messages"], ctx.chat_key(), self.summaries.store, ctx.settings
+        counter, reply_id = self.summaries.counter, str(body.get("id") or ctx.message_id or "")
         reply = next((m for m in reversed(stored) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None:
             save = getattr(store, "save_windows", None)
-            await self.windows.after_reply(self.tokens, reply_id, reply.get("usage"), model, ctx.chat_key(), save)
+            await self.windows.after_reply(self.tokens, reply_id, reply.get("usage"), model, chat, save)
 
         def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
-            return TOKENS_PER_REQUEST + sum(self.counter.measure(prefix, s.encoding, True))
+            return TOKENS_PER_REQUEST + sum(counter.measure(prefix, s.encoding, True))
 
-        exact = count if self.counter.is_exact(s.encoding) else None
-        save = getattr(store, "add_ratios", None)
-        learning = self.tokens.after_reply(reply, stored, ctx.chat_key(), ctx.model_id, exact, s.trigger_tokens, save)
-        if learning is not None:
+        exact, save = count if counter.is_exact(s.encoding) else None, getattr(store, "add_ratios", None)
+        if learning := self.tokens.after_reply(reply, stored, chat, ctx.model_id, exact, s.trigger_tokens, save):
             self.summaries.spawn(learning)
 
 
@@ -5731,8 +5633,7 @@ class RequestPath:
 
 
 class _TolerantValves(BaseModel):
-    """Values stored by any version, or by the older filter of the same id, are carried over or ignored, never
-    refused (layer 4)."""
+    """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
 
     _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
@@ -5842,7 +5743,6 @@ class Filter:
     _get_atomic_groups = staticmethod(get_atomic_groups)
     _align_tail_start_to_atomic_boundary = staticmethod(align_tail_start_to_atomic_boundary)
 
-    # -- inlet / request ---------------------------------------------------
     async def inlet(
         self,
         body: dict,
@@ -5883,8 +5783,7 @@ class Filter:
         return await self._guarded(self.path.loop_call, *call)
 
     async def _guarded(self, send, body, user, metadata, emitter, model, chat_id, request, find_window=None) -> dict:
-        """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
-        the request as it came."""
+        """Never raises into Open WebUI: after an internal error, the safest list it can build (at worst as it came)."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
         ctx = None
@@ -5904,10 +5803,8 @@ class Filter:
                 log.exception("async_context_compression: repair failed too; sending the request unchanged")
                 return body
 
-    async def _context(self, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
-        return await self.path.context(self.valves, body, user, metadata, emitter, model, chat_id, request, find_window)
+    _context = property(lambda self: partial(self.path.context, self.valves))  # the request's, under these valves
 
-    # -- outlet ------------------------------------------------------------
     async def outlet(
         self,
         body: dict,
