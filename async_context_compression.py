@@ -5529,7 +5529,7 @@ class RequestPath:
         return {**body, "messages": view}
 
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
-        """A tool loop's model call: capped too, with the reply's loop summary when ready; older rounds folded now."""
+        """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
         loops = self.summaries.loops
         draft = await self._summarized(body, ctx, partial(builtin_compaction_on, refresh=False), loops.stored_summaries)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
