@@ -1545,9 +1545,8 @@ def ids_after_repair(expanded: Messages, ids: list, canon: Messages) -> list:
 # ---------------------------------------------------------------------------
 # 3. Token accounting
 # ---------------------------------------------------------------------------
-# Counted the way providers bill chat requests: a fixed overhead per message
-# and per request, the role, name, text, tool-call names and arguments, tool
-# results and images. tiktoken loads in a background thread (it may need a
+# Counted the way providers bill chat requests: a fixed overhead per message and per request, the role, name, text,
+# tool-call names and arguments, tool results and images. tiktoken loads in a background thread (it may need a
 # download); until then a cheap estimator stands in, with a margin.
 
 TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL = 3, 3, 1, 8  # the framing
@@ -1559,19 +1558,15 @@ _O200K_MODELS = re.compile(
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
 
-# Estimator weights per encoding, tokens per: ASCII lower-case letter,
-# upper-case letter, digit, space, newline, other ASCII (punctuation),
-# backslash; 2-byte character other than Cyrillic (accented Latin, Greek,
-# Arabic, Hebrew), Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF),
-# other 3-byte (CJK ideographs, Indic, Thai), kana and CJK punctuation,
-# Hangul; 4-byte (emoji); a constant per text. Fitted by bench/calibrate.py
-# to exact cl100k counts of bench/corpus.py (English, CJK, code, JSON, tool
-# output, 17 other languages): estimates err high, no fitted text (counted
-# as a message) needs more than 7% over its estimate, no held-out one more
-# than 11.3% (docs/en/benchmarks.md). English pays with a high median:
-# letters also cover Dutch or Indonesian (~45% more tokens per letter).
-# o200k has no row (its file is not available offline): cl100k's is
-# conservative for it (as many tokens for English and code, fewer for CJK).
+# Estimator weights per encoding, tokens per: ASCII lower-case letter, upper-case letter, digit, space, newline, other
+# ASCII (punctuation), backslash; 2-byte character other than Cyrillic (accented Latin, Greek, Arabic, Hebrew),
+# Cyrillic; 3-byte symbol or punctuation (U+2000-U+2FFF), other 3-byte (CJK ideographs, Indic, Thai), kana and CJK
+# punctuation, Hangul; 4-byte (emoji); a constant per text. Fitted by bench/calibrate.py to exact cl100k counts of
+# bench/corpus.py (English, CJK, code, JSON, tool output, 17 other languages): estimates err high, no fitted text
+# (counted as a message) needs more than 7% over its estimate, no held-out one more than 11.3% (docs/en/benchmarks.md).
+# English pays with a high median: letters also cover Dutch or Indonesian (~45% more tokens per letter). o200k has no
+# row (its file is not available offline): cl100k's is conservative for it (as many tokens for English and code, fewer
+# for CJK).
 _ESTIMATOR = {
     "cl100k_base": (
         *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
@@ -1860,14 +1855,11 @@ def _part_key(part: Any) -> tuple:
 
 
 # -- The token policy of a request -------------------------------------------
-# One place decides how a request is counted, exact or estimated, and with
-# which margin; everything else asks ``count_request`` or ``fit_request``.
-# A message's size is its exact count once the encoding is loaded and the
-# message was counted, else its estimate plus ESTIMATE_MARGIN (the
-# estimator's worst error on the corpus). ``fit_request`` counts the messages
-# not counted before: a turn's few new ones on the event loop, more than
-# ON_LOOP_CHARS characters (a long chat first seen after a restart) in a
-# worker thread, so no request holds the loop for other users meanwhile.
+# One place decides how a request is counted, exact or estimated, and with which margin; everything else asks
+# ``count_request`` or ``fit_request``. A message's size is its exact count once the encoding is loaded and the message
+# was counted, else its estimate plus ESTIMATE_MARGIN (the estimator's worst error on the corpus). ``fit_request``
+# counts the messages not counted before: a turn's few new ones on the event loop, more than ON_LOOP_CHARS characters (a
+# long chat first seen after a restart) in a worker thread, so no request holds the loop for other users meanwhile.
 
 ON_LOOP_CHARS = 20_000  # new text counted on the event loop; more goes to a worker thread
 ON_LOOP_MESSAGES = 1_000  # cache look-ups per slice, and the longest list fitted on the loop
@@ -1955,14 +1947,11 @@ async def fit_request(
 
 
 # -- The model's own tokens ----------------------------------------------------
-# Counts here are cl100k/o200k tokens (or the estimator's); the model's own
-# tokenizer may need 0.7x-1.5x as many. Each reply's reported prompt tokens
-# (usage, read by outlet) are related to what the request hook counted for
-# its request. Per model and count path, the recent ratios give the model's
-# ``scale`` (``robust_ratio``), applied once as a change of units
-# (``in_counted_units``): cap, threshold and trigger divided by it, the
-# status figure multiplied; no usage reported, no scale. The ratios are
-# stored beside the summaries (layer 5); each minute applies one snapshot.
+# Counts here are cl100k/o200k tokens (or the estimator's); the model's own tokenizer may need 0.7x-1.5x as many. Each
+# reply's reported prompt tokens (usage, read by outlet) are related to what the request hook counted for its request.
+# Per model and count path, the recent ratios give the model's ``scale`` (``robust_ratio``), applied once as a change
+# of units (``in_counted_units``): cap, threshold and trigger divided by it, the status figure multiplied; no usage
+# reported, no scale. The ratios are stored beside the summaries (layer 5); each minute applies one snapshot.
 
 RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamped to these
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
@@ -1972,6 +1961,7 @@ RATIOS_SETTLE = 5.0  # seconds a sample may take to reach the store (minute E ap
 RATIOS_KEPT_FRESH = 180.0  # seconds the store keeps every sample, beyond each model's newest RATIO_SAMPLES
 RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
 RATIO_PATHS = ("exact", "estimate", "replayed")
+UNSAVED_KEPT = 64  # rows learned here (ratios, windows) a worker keeps for a store that takes none
 
 
 def _positive_int(mapping: dict, key: str) -> int:
@@ -2019,34 +2009,80 @@ def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
     return (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2
 
 
-def request_prompt_bound(body: Any, model: Any = None) -> int:
-    """The most prompt tokens (the model's own) the request itself allows, 0 = no bound: Ollama's ``num_ctx`` (in
-    ``options``, top-level, or the model's saved params) less the reply's room, whatever the valves say."""
+def request_params(body: Any, model: Any) -> list:
+    """Where a request's model parameters are set, first found first: ``options``, top level, the model's settings."""
     body = body if isinstance(body, dict) else {}
     info = model.get("info") if isinstance(model, dict) else None
     sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
-    sources = [source for source in sources if isinstance(source, dict)]
-    window = next((n for s in sources if (n := _positive_int(s, "num_ctx"))), 0)
+    return [source for source in sources if isinstance(source, dict)]
+
+
+def asked_reply_tokens(body: Any, model: Any) -> int:
+    """The reply's room that the request or the model's settings ask for, 0 = none."""
     keys = ("num_predict", "max_tokens", "max_completion_tokens")
-    reply = next((n for s in sources for key in keys if (n := _positive_int(s, key))), 0)
+    return next((n for s in request_params(body, model) for key in keys if (n := _positive_int(s, key))), 0)
+
+
+def request_prompt_bound(body: Any, model: Any = None) -> int:
+    """The most prompt tokens (the model's own) the request itself allows, 0 = no bound: Ollama's ``num_ctx`` (in
+    ``options``, top-level, or the model's saved params) less the reply's room, whatever the valves say."""
+    window = next((n for s in request_params(body, model) if (n := _positive_int(s, "num_ctx"))), 0)
+    reply = asked_reply_tokens(body, model)
     return window - reply if reply < window else window
 
 
-class ModelTokens:
+class SharedThroughStore:
+    """Rows every worker learns and shares through the store: kept for ``flush``; read by one read at a time."""
+
+    def __init__(self):
+        self.unsaved: list = []
+        self.loading: Optional[asyncio.Task] = None  # the read under way
+
+    def keep(self, row: Any) -> None:
+        self.unsaved.append(row)
+        del self.unsaved[:-UNSAVED_KEPT]  # a store that never answers costs bounded memory
+
+    async def flush(self, save: Optional[Callable[[list], Awaitable]]) -> None:
+        rows, self.unsaved = self.unsaved, []
+        if not rows or save is None:
+            return
+        try:
+            await asyncio.wait_for(save(rows), STORE_TIMEOUT)
+        except Exception as exc:  # every worker still has its own; tried again with the next row learned
+            self.unsaved[:0] = rows[-UNSAVED_KEPT:]
+            log.debug("async_context_compression: %s not saved: %s", type(self).__name__, exc)
+
+    async def _applied(self, read: Callable[[], Awaitable], *at: Any) -> bool:  # False: the store was not read
+        try:
+            self.snapshot(await read(), *at)
+            return True
+        except Exception as exc:
+            log.debug("async_context_compression: %s not read: %s", type(self).__name__, exc)
+            return False
+
+    async def _read(self, load: Callable[[], Awaitable[Any]]) -> None:  # or the read under way on this loop
+        if self.loading is None or self.loading.done() or self.loading.get_loop() is not asyncio.get_running_loop():
+            self.loading = asyncio.ensure_future(load())
+        try:
+            await asyncio.wait_for(asyncio.shield(self.loading), STORE_TIMEOUT)
+        except Exception as exc:  # too slow: the rows read before stay
+            log.debug("async_context_compression: %s not read in time: %s", type(self).__name__, exc)
+
+
+class ModelTokens(SharedThroughStore):
     """Per worker: the ratios applied per model and path, and what was counted for each reply not yet related to its
     usage (bounded). Minute E applies the store's samples created before E - RATIOS_SETTLE, read once per worker per
     minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
     calibrates after its first reply."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
+        super().__init__()
         self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
         self.own = _BoundedDict(models)  # (model, path) -> [(created_at, ratio)] learned on this worker
         self.counted = _BoundedDict(replies)  # reply message id -> (model, path, last count, total count, bound)
-        self.unsaved: list = []  # (key, model, path, ratio, created_at) not yet in the store
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
         self.minute: Optional[int] = None  # of the snapshot in ``shared``
-        self.loading: Optional[tuple] = None  # (minute, task) of the read under way
         self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
 
     def scale(self, model: str, exact: bool = True) -> Optional[float]:
@@ -2060,8 +2096,7 @@ class ModelTokens:
         return None
 
     def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
-        """The request hook's count for the reply ``message_id`` (added up
-        over the calls of a tool loop; the last kept apart)."""
+        """The request hook's count for the reply ``message_id`` (added up over a tool loop's calls; the last apart)."""
         if not message_id or tokens <= 0:
             return
         path = "exact" if exact else "estimate"
@@ -2070,8 +2105,7 @@ class ModelTokens:
         self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound)
 
     def learn(self, message_id: str, usage: Any) -> Optional[tuple]:
-        """Relates the reply's usage to what was counted for it; the new
-        sample (model, path, ratio), or None when there is nothing to learn."""
+        """Relates the reply's usage to what was counted for it; the new sample (model, path, ratio), or None."""
         counted = self.counted.pop(message_id, None) if message_id else None
         reported = reported_prompt_tokens(usage)
         if counted is None or reported is None:
@@ -2086,12 +2120,28 @@ class ModelTokens:
         self.add(model, path, ratio)
         return model, path, ratio
 
+    def after_reply(self, reply, stored: Messages, chat: str, model_id: str, count, max_counted, save) -> Any:
+        """What a reply teaches, to save in the background (None: nothing): its usage against its request's count; else,
+        once per chat of a model not known yet, its earlier replies' usage (``replayed_samples``; ``count`` exact)."""
+        if reply is not None and self.learn(str(reply.get("id")), reply.get("usage")) is not None:
+            return self.flush(save)
+        if self.scale(model_id, exact=False) is not None or count is None:
+            return None  # known already (any path), or earlier replies cannot be counted exactly
+        if chat in self.replayed or not any(isinstance(m, dict) and m.get("usage") for m in stored):
+            return None
+        self.replayed[chat] = True
+        return self._replay(model_id, list(stored), count, max_counted, save)
+
+    async def _replay(self, model_id: str, stored: Messages, count: Callable, max_counted: int, save: Any) -> None:
+        for ratio in await asyncio.to_thread(replayed_samples, stored, count, max_counted):
+            self.add(model_id, "replayed", ratio)
+        await self.flush(save)
+
     def add(self, model: str, path: str, ratio: float) -> None:
         self._serial += 1
         now = time.time()
         self.own[(model, path)] = [*(self.own.get((model, path)) or ()), (now, float(ratio))][-RATIO_SAMPLES:]
-        self.unsaved.append((f"{self.worker}:{self._serial}", model, path, ratio, now))
-        del self.unsaved[:-64]  # a store that never answers costs bounded memory
+        self.keep((f"{self.worker}:{self._serial}", model, path, ratio, now))
 
     def snapshot(self, rows: Iterable, minute: int) -> None:
         """The store's rows (key, model, path, ratio, created_at) as applied during ``minute``: those created before it
@@ -2111,18 +2161,10 @@ class ModelTokens:
         minute = int((time.time() if now is None else now) // 60)
         if read is None or self.minute is not None and self.minute >= minute:
             return
-        if self.loading is None or self.loading[0] != minute or self.loading[1].done():
-            self.loading = (minute, asyncio.ensure_future(self._load(read, minute)))
-        try:
-            await asyncio.wait_for(asyncio.shield(self.loading[1]), STORE_TIMEOUT)
-        except Exception as exc:  # too slow, or another event loop's read: the last snapshot
-            log.debug("async_context_compression: ratios not read in time: %s", exc)
+        await self._read(partial(self._load, read, minute))
 
     async def _load(self, read: Callable, minute: int) -> None:
-        try:
-            self.snapshot(await read(), minute)
-        except Exception as exc:
-            log.debug("async_context_compression: ratios not read: %s", exc)
+        if not await self._applied(read, minute):
             self.minute = max(minute, self.minute or minute)  # tried again next minute
 
 
@@ -2165,18 +2207,11 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
 # DeepInfra under ``metadata``); LM Studio ``loaded_context_length`` (what is loaded) before ``max_context_length``
 # (also Mistral's); Groq ``context_window``; LiteLLM ``max_input_tokens``; llama.cpp ``meta.n_ctx_train`` (the
 # trained length: the server may run with less, and then says so when it rejects).
-PUBLISHED_WINDOW_FIELDS = (
-    ("loaded_context_length",),
-    ("max_model_len",),
-    ("context_length",),
-    ("max_context_length",),
-    ("context_window",),
-    ("max_input_tokens",),
-    ("top_provider", "context_length"),
-    ("metadata", "context_length"),
-    ("model_info", "max_input_tokens"),
-    ("meta", "n_ctx"),
-    ("meta", "n_ctx_train"),
+PUBLISHED_WINDOW_FIELDS = tuple(
+    tuple(path.split("."))
+    for path in "loaded_context_length max_model_len context_length max_context_length context_window max_input_tokens"
+    " top_provider.context_length metadata.context_length model_info.max_input_tokens meta.n_ctx"
+    " meta.n_ctx_train".split()
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
@@ -2245,13 +2280,7 @@ def published_window(entry: Any) -> int:
 
 def settings_window(body: Any, model: Any = None) -> int:
     """``num_ctx`` of the request (``options`` or top level) or of the model's settings in Open WebUI, 0 = none."""
-    body = body if isinstance(body, dict) else {}
-    info = model.get("info") if isinstance(model, dict) else None
-    params = info.get("params") if isinstance(info, dict) else None
-    for source in (body.get("options"), body, params):
-        if isinstance(source, dict) and (tokens := _window_number(source.get("num_ctx"))):
-            return tokens
-    return 0
+    return next((n for s in request_params(body, model) if (n := _window_number(s.get("num_ctx")))), 0)
 
 
 def _error_texts(error: Any, depth: int = 0) -> list:
@@ -2319,25 +2348,68 @@ def owui_model_entry(request: Any, model_id: str) -> Any:
 def reply_room(body: Any, model: Any, window: int) -> int:
     """The tokens a reply needs in ``window``: ``max_tokens`` / ``max_completion_tokens`` / ``num_predict`` of the
     request or of the model's settings, else 1/REPLY_SHARE of the window, at most REPLY_ROOM_MAX."""
-    body = body if isinstance(body, dict) else {}
-    info = model.get("info") if isinstance(model, dict) else None
-    sources = [s for s in (body.get("options"), body, info.get("params") if isinstance(info, dict) else None) if s]
-    keys = ("num_predict", "max_tokens", "max_completion_tokens")
-    asked = next((n for s in sources if isinstance(s, dict) for k in keys if (n := _positive_int(s, k))), 0)
+    asked = asked_reply_tokens(body, model)
     return min(asked, window // 2) if asked else min(window // REPLY_SHARE, REPLY_ROOM_MAX)
 
 
-class ModelWindow:
+def reply_missing(messages: Messages) -> bool:
+    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed."""
+    return [_role(m) for m in messages[-2:]] == ["user", "user"]
+
+
+class ModelWindow(SharedThroughStore):
     """Per worker: the windows learned from providers (this worker's, and every worker's as the store had them at
     the last read, WINDOWS_REFRESH apart), the last usage per model (for cuts), and which windows were told."""
 
     def __init__(self, models: int = 512):
+        super().__init__()
         self.learned = _BoundedDict(models)  # model -> Window, learned here or read from the store
         self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, expected) of its last reply
         self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
-        self.unsaved: list = []  # (model, Window or None) for the store; None forgets
         self.read_at = 0.0
-        self.loading: Optional[asyncio.Task] = None
+
+    async def for_request(self, store: Any, model_id: str, model: Any, body: Any) -> Window:
+        """The model's window (``find``), after reading the windows every worker learned when due."""
+        await self.refresh(getattr(store, "read_windows", None))
+        return self.find(model_id, model, body)
+
+    async def for_turn(self, store: Any, model_id: str, model: Any, body: dict, failed_error: Callable) -> Window:
+        """A turn's window: a model with none known reads its own row (another worker may have just learned it); after a
+        failed reply the window its error names (``failed_error()``) is saved first: this turn fits, on any worker."""
+        window = await self.for_request(store, model_id, model, body)
+        if not window.tokens:
+            await self.refresh_model(getattr(store, "read_window", None), model_id)
+            window = self.find(model_id, model, body)
+        if window.source == "settings" or not reply_missing(body["messages"]):
+            return window
+        try:
+            error = await asyncio.wait_for(failed_error(), STORE_TIMEOUT)
+        except Exception as exc:
+            log.debug("async_context_compression: the failed reply's error not read: %s", exc)
+            return window
+        if self.learn(model_id, window_from_error(error), "error", model_published_window(model)):
+            await self.flush(getattr(store, "save_windows", None))
+            window = self.find(model_id, model, body)
+        return window
+
+    def for_summary(self, summary_model: str, model_id: str, model: Any, body: Any, entry_of: Callable) -> Window:
+        entry = model if summary_model == model_id else entry_of(summary_model)
+        return self.find(summary_model, entry, body if entry is model else {})
+
+    async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> None:
+        """A reply's reported prompt against its request's count (``observe``): a cut prompt teaches the window (saved
+        before outlet returns, for the next turn on any worker), and its ratio is not learned."""
+        counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
+        if counted is None or reported is None or reported[1]:
+            return
+        model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
+        scale = tokens.scale(model_id, path == "exact") or 1.0
+        before = len(self.unsaved)
+        ollama = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # cuts rather than rejects
+        if self.observe(model_id, reported[0], last * scale, model_published_window(model), chat, ceiling=ollama):
+            tokens.counted.pop(reply_id, None)
+        if len(self.unsaved) != before:
+            await self.flush(save)
 
     def find(self, model_id: str, model: Any, body: Any) -> Window:
         """The model's window, most trusted first: settings, then a learned one (only while the provider publishes
@@ -2355,14 +2427,13 @@ class ModelWindow:
         return Window(published, "published") if published else NO_WINDOW
 
     def news(self, model_id: str, window: Window, reply_id: str) -> tuple:
-        """A Note for the status line the first time this worker finds ``window`` (and for the same reply's later
-        requests: inlet's line is not always the one shown), else ()."""
+        """``((model_id, window),)`` the first time this worker finds ``window`` (and the same reply's later calls)."""
         if not window.tokens or window.source == "settings":
             return ()
         key = (model_id, window.tokens, window.source)
         if self.told.setdefault(key, reply_id) != reply_id:
             return ()
-        return (note(f"w_{window.source}", window=format_tokens(window.tokens), model=model_id),)
+        return ((model_id, window),)
 
     def learn(self, model_id: str, tokens: int, source: str, published: int = 0) -> Optional[Window]:
         """Records a window the provider showed (``source`` "error" or "cut"); the new Window, or None when the same
@@ -2374,13 +2445,10 @@ class ModelWindow:
             return None
         window = Window(tokens, source, published, time.time())
         self.learned[model_id] = window
-        self.unsaved.append((model_id, window))
-        del self.unsaved[:-64]
+        self.keep((model_id, window))
+        how = "error" if source == "error" else "cut of the prompt"
         log.warning(
-            "async_context_compression: %s's window is %s tokens, learned from the provider's %s",
-            model_id,
-            tokens,
-            "error" if source == "error" else "cut of the prompt",
+            "async_context_compression: %s's window is %s tokens, learned from the provider's %s", model_id, tokens, how
         )
         return window
 
@@ -2394,12 +2462,10 @@ class ModelWindow:
         known = self.learned.get(model_id)
         if known is not None and reported > known.tokens:
             del self.learned[model_id]
-            self.unsaved.append((model_id, None))
+            self.keep((model_id, None))  # forgets it in the store
+            too_many = (model_id, reported, known.tokens)
             log.warning(
-                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten",
-                model_id,
-                reported,
-                known.tokens,
+                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten", *too_many
             )
             return None
         cut = window_from_usage(reported, expected, previous, ceiling)
@@ -2415,12 +2481,8 @@ class ModelWindow:
 
     async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
         """The model's own row, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
-        if read_one is None:
-            return
-        try:
-            self.snapshot(await asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
-        except Exception as exc:
-            log.debug("async_context_compression: the window of %s not read: %s", model_id, exc)
+        if read_one is not None:
+            await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
 
     async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
@@ -2428,18 +2490,7 @@ class ModelWindow:
         if read is None or now - self.read_at < every:
             return
         self.read_at = now
-        if self.loading is None or self.loading.done():
-            self.loading = asyncio.ensure_future(self._load(read))
-        try:
-            await asyncio.wait_for(asyncio.shield(self.loading), STORE_TIMEOUT)
-        except Exception as exc:
-            log.debug("async_context_compression: windows not read in time: %s", exc)
-
-    async def _load(self, read: Callable) -> None:
-        try:
-            self.snapshot(await read())
-        except Exception as exc:
-            log.debug("async_context_compression: windows not read: %s", exc)
+        await self._read(partial(self._applied, read))
 
 
 # ---------------------------------------------------------------------------
@@ -4627,6 +4678,11 @@ def format_tokens(value: int) -> str:
     return str(value)
 
 
+def window_notes(news: Iterable) -> tuple:
+    """Notes for ``ModelWindow.news``: "window 16.4k, from the provider's model list"."""
+    return tuple(note(f"w_{window.source}", window=format_tokens(window.tokens), model=m) for m, window in news)
+
+
 def messages_phrase(language: str, n: int) -> str:
     """``n`` with the word for messages in the right plural form (CLDR's rules for these languages)."""
     language = language if language in MESSAGE_NOUNS else "en"
@@ -4890,34 +4946,30 @@ class BackgroundSummarizer:
         """The conversation's state, created on first use."""
         return self.chats.setdefault(ctx.chat_key(), ChatState())
 
-    def status_of(self, ctx: RequestContext, sent: SentOutcome, inlet: bool, final: bool) -> Optional[SentOutcome]:
-        """Remembers what a request sent; returns it as its line states it (the request hook's completed with
-        inlet's; settings notes on turns 1, 11, 21, ...: seen, yet not under every reply), or None when none is due."""
-        state = self.chat(ctx)
-        if not inlet:
-            sent = sent.after(state.inlet_sent)
-        elif not final:
-            state.inlet_sent = sent
-            return None
+    def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
+        """Says what a reply's request finally sent (settings notes on turns 1, 11, 21, ...), while the model answers:
+        Open WebUI stores it in the chat's row under a lock another worker may hold. A chat's lines keep their order."""
+        state, s = self.chat(ctx), ctx.settings
         state.last_sent = sent
-        if not ctx.settings.show_status:
-            return None
-        due = ctx.settings.warnings if sent.turn % NOTES_EVERY == 1 else ()
-        return replace(sent, notes=(*due, *ctx.settings.news))
-
-    def say_soon(self, ctx: RequestContext, line: str) -> None:
-        """Writes a request's status line while the model answers: Open WebUI stores each status in the chat's row under
-        a row lock, which another worker may hold (through a pause of its own) and which must not hold up the reply.
-        A chat's lines keep their order; outlet waits for them."""
-        state = self.chat(ctx)
-        state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
-        self.lines.add(task)
-        task.add_done_callback(self.lines.discard)
+        if not s.show_status:
+            return
+        due = s.warnings if sent.turn % NOTES_EVERY == 1 else ()
+        if line := status_line(ctx.language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
+            state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
+            self.lines.add(task)
+            task.add_done_callback(self.lines.discard)
 
     async def line_written(self, ctx: RequestContext) -> None:
         line = self.chat(ctx).line
         if _pending_here(line):
             await asyncio.wait([line], timeout=STORE_TIMEOUT)
+
+    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
+        """The conversation's stored summaries, remembered for the calls of the same reply's tool loop."""
+        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
+        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
+        self.chat(ctx).records = (ctx.message_id, tuple(records or ()))
+        return records
 
     async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
         """A background line, after the figure of the last request sent."""
@@ -4941,6 +4993,16 @@ class BackgroundSummarizer:
         """Whether the next request would be over the trigger without any summary: an upper bound of
         ``plan``'s count, so chats below it cost no database read and no digests."""
         return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
+
+    def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
+        """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
+        (/summarize) or the next request may be over the trigger; returns at once."""
+        ctx.force_summary = asked_for_summary(stored)
+        ctx.user_instructions = standing_summary_instructions(stored)
+        expanded, ids = expand_stored_messages(stored)
+        canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
+        if ctx.force_summary or self.may_need_summary(ctx, canon):
+            self.spawn(self.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
 
     # -- tasks ------------------------------------------------------------
     def spawn(self, work: Awaitable) -> bool:
@@ -5197,17 +5259,24 @@ class LoopSummaries:
         self.summaries = summaries
         self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
 
-    def applied(self, ctx: RequestContext, messages: Messages) -> tuple[Messages, int]:
-        """``messages`` with this reply's loop summary in place of the rounds it covers, and how many messages it
-        covers (0: none applies)."""
+    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
+        """The stored summaries read for the same reply (by inlet or its first call): a loop adds no database reads."""
+        done = self.summaries.chat(ctx).records
+        if ctx.message_id and done[0] == ctx.message_id:
+            return list(done[1])
+        return await self.summaries.stored_summaries(ctx, messages)
+
+    def applied(self, ctx: RequestContext, messages: Messages, prefix: int) -> tuple[Messages, int]:
+        """``messages`` with this reply's loop summary in place of the rounds it covers, and where their tail starts
+        (``prefix``, after the summary when one applies: it goes before the head)."""
         state = self.states.recall(loop_key(ctx)) if ctx.message_id else None
         done = state.summary if state is not None else None
         if done is None:
-            return messages, 0
+            return messages, prefix
         start, end = current_turn_rounds(messages)
         if start + done.covered > end or loop_fingerprint(messages, start, done.covered) != done.fingerprint:
-            return messages, 0
-        return apply_loop_summary(messages, done.covered, done.summary), done.covered
+            return messages, prefix
+        return apply_loop_summary(messages, done.covered, done.summary), prefix + (1 if prefix > 0 else 0)
 
     def plan(self, ctx: RequestContext, messages: Messages, tokens: int) -> None:
         """Starts folding the rounds not yet covered (all but the latest) when the request, its loop summary applied,
@@ -5348,13 +5417,6 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
     await call(Functions.update_function_valves_by_id(function_id, {**(valves or {}), name: False}))
 
 
-def reply_missing(messages: Messages) -> bool:
-    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed (empty,
-    with the provider's error beside it), so the previous request may have been rejected."""
-    roles = [_role(m) for m in messages[-2:]]
-    return roles == ["user", "user"]
-
-
 async def failed_reply_error(chat_id: str, user_message_id: str) -> Any:
     """The provider's error Open WebUI saved on the reply before the user message ``user_message_id`` (its parent:
     ``{"error": {"content": <the provider's error text or object>}}``), None when there is none."""
@@ -5379,14 +5441,199 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
 
 
+# -- The request path: inlet, and each model call of a tool loop ------------------
+FIT_LOG = "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s"
+
+
+@dataclass
+class Draft:
+    """A request on its way: the list repaired, the view with the chat's summary applied (its tail from ``prefix``)."""
+
+    messages: Messages
+    view: Messages
+    prefix: int
+    fixed: int  # tokens of what every call carries besides the messages (the tool schemas)
+    repair: RepairReport
+    record: Optional[SummaryRecord] = None
+    fault: Optional[Fault] = None  # what kept the stored summaries from being read
+
+    def sent(self, s: Settings, fit: FitReport) -> SentOutcome:
+        return SentOutcome(
+            used=to_model_tokens(s, fit.tokens_after),
+            cap=s.model_cap,
+            covered=self.record.covered_count - self.record.head_count if self.record else 0,
+            left_out=fit.dropped_messages,
+            over_cap=fit.over_budget,
+            repaired=self.repair.noticeable(),
+            fault=self.fault,
+            turn=sum(1 for m in self.messages if isinstance(m, dict) and m.get("role") == "user"),
+        )
+
+
+class RequestPath:
+    """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
+    before each model call of a tool loop), each calling the steps it takes; after the reply, ``after_reply``."""
+
+    def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
+        self.summaries, self.tokens, self.windows = summaries, tokens, windows
+
+    async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
+        """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
+        user = user if isinstance(user, dict) else {}
+        user_valves = user.get("valves")
+        if user_valves is not None and not getattr(user_valves, "enabled", True):
+            return None
+        metadata = metadata if isinstance(metadata, dict) else {}
+        model_id = str(body.get("model") or (model or {}).get("id") or "")
+        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
+        message_id = str(metadata.get("message_id") or "")
+        window = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata)
+        entry_of = partial(owui_model_entry, request)
+        summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
+        reply = reply_room(body, model, window.tokens)
+        settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
+        settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
+        # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
+        bound, exact = request_prompt_bound(body, model), self.summaries.counter.is_exact(settings.encoding)
+        await self.tokens.refresh(getattr(self.summaries.store, "read_ratios", None))
+        scale = self.tokens.scale(model_id, exact)
+        return RequestContext(
+            anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
+            user=user,
+            user_id=str(user.get("id") or "anonymous"),
+            chat_id=chat_id,
+            model_id=model_id,
+            language=user_language(metadata, user),
+            settings=in_counted_units(settings, scale, bound),
+            emitter=emitter,
+            request=request,
+            message_id=message_id,
+            prompt_bound=bound,
+        )
+
+    async def call_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict) -> Window:
+        return await self.windows.for_request(self.summaries.store, model_id, model, body)
+
+    async def turn_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict) -> Window:
+        failed_error = partial(failed_reply_error, chat_id, str(metadata.get("user_message_id") or ""))
+        return await self.windows.for_turn(self.summaries.store, model_id, model, body, failed_error)
+
+    async def inlet(self, body: dict, ctx: RequestContext) -> dict:
+        """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
+        draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
+        view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
+        if request_hook_follows():
+            self.summaries.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
+        else:
+            self._sent_for_reply(ctx, draft, fit)
+        return {**body, "messages": view}
+
+    async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
+        """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
+        loops = self.summaries.loops
+        draft = await self._summarized(body, ctx, partial(builtin_compaction_on, refresh=False), loops.stored_summaries)
+        view, prefix = loops.applied(ctx, draft.view, draft.prefix)
+        view, fit = await self._fitted(ctx, draft, view, prefix)
+        loops.plan(ctx, draft.view, fit.tokens_before)
+        self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
+        return {**body, "messages": view}
+
+    async def _summarized(self, body: dict, ctx: RequestContext, builtin_on: Callable, read: Callable) -> Draft:
+        """The list repaired and the chat's summary applied (``read``: its stored summaries); Open WebUI's own summary
+        (there, or ``builtin_on()``) is the base of ours, sent once."""
+        counter, s = self.summaries.counter, ctx.settings
+        messages, repair = await repair_request(explain_summarize_command(body["messages"]))
+        fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
+        systems = system_messages(messages)  # one pass; the filter's helpers below read only these
+        builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
+        if builtin or await builtin_on():
+            s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
+        record, fault = await self.lookup_summary(ctx, messages, len(messages) - len(systems), read)
+        if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
+            systems = strip_builtin_summary(systems)
+            if record is not None:  # ours was built from the core's: send it once
+                messages = strip_builtin_summary(messages)
+        if record is not None:
+            view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
+            prefix = index_after_head(view, record.head_count)
+        else:
+            view, prefix = messages, protected_head_end(messages, s.keep_first)
+        view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
+        overhead = request_overhead_tokens(counter, systems if record is None else view, fixed, s.encoding)
+        self.summaries.chat(ctx).overhead = overhead
+        return Draft(messages, view, prefix, fixed, repair, record, fault)
+
+    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canonical_count: int, read=None) -> tuple:
+        """The stored summary this request can use (``read``: by default the store's) and the fault that kept summaries
+        from being read (None: none); ``canonical_count``: the non-system messages of ``messages``."""
+        if canonical_count < 3:
+            return None, None
+        try:
+            records = await (read or self.summaries.stored_summaries)(ctx, messages)
+        except StoreUnavailable as exc:
+            return None, exc.fault
+        except TimeoutError:
+            log.warning("async_context_compression: summary lookup took over %.0fs; trimming only", STORE_TIMEOUT)
+            return None, Fault.STORE_BUSY
+        except Exception as exc:
+            log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
+            return None, Fault.STORE_DOWN
+        # a summary whose tail would open with an assistant is skipped: the history, trimmed if need be, is sent instead
+        canon = canonical_messages(messages) if records else []  # digests below only as far as needed
+        records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
+        if not records:
+            return None, None  # no summary yet: the history needs no fingerprint
+        # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
+        reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
+        digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
+        return choose_summary(records, digests), None
+
+    async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:
+        """``view`` fitted under the cap (its tail from ``prefix``), and what fitting did."""
+        s = ctx.settings
+        view, fit = await fit_request(self.summaries.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
+        if fit.changed():
+            # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
+            # its output needs no repair), but a 400 from the provider would cost the user's turn
+            view, again = repair_transcript(view)
+            draft.repair += again
+        if draft.repair.changed() or fit.changed() or s.debug:
+            sizes = (fit.tokens_before, fit.tokens_after, s.max_context, fit.dropped_messages, fit.shortened_messages)
+            covered = draft.record.covered_count if draft.record else "none"
+            log.info(FIT_LOG, ctx.chat_id or "api", draft.repair.describe(), *sizes, covered)
+        log_notes_once(s.warnings)
+        return view, fit
+
+    def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
+        """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
+        exact = self.summaries.counter.is_exact(ctx.settings.encoding)
+        self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
+        self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
+
+    async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
+        """What the reply's usage teaches of the model's window and of its tokens (the latter in the background)."""
+        stored, chat, store, s = body["messages"], ctx.chat_key(), self.summaries.store, ctx.settings
+        counter, reply_id = self.summaries.counter, str(body.get("id") or ctx.message_id or "")
+        reply = next((m for m in reversed(stored) if isinstance(m, dict) and m.get("id") == reply_id), None)
+        if reply is not None:
+            save = getattr(store, "save_windows", None)
+            await self.windows.after_reply(self.tokens, reply_id, reply.get("usage"), model, chat, save)
+
+        def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
+            return TOKENS_PER_REQUEST + sum(counter.measure(prefix, s.encoding, True))
+
+        exact, save = count if counter.is_exact(s.encoding) else None, getattr(store, "add_ratios", None)
+        if learning := self.tokens.after_reply(reply, stored, chat, ctx.model_id, exact, s.trigger_tokens, save):
+            self.summaries.spawn(learning)
+
+
 # ---------------------------------------------------------------------------
 # 9. The Filter: thin wiring to Open WebUI's inlet / request / outlet
 # ---------------------------------------------------------------------------
 
 
 class _TolerantValves(BaseModel):
-    """Values stored by any version, or by the older filter of the same id, are carried over or ignored, never
-    refused (layer 4)."""
+    """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
 
     _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
 
@@ -5484,6 +5731,7 @@ class Filter:
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         self.retention = RetentionSweeper(self.summaries.store)  # layer 5: what outlives a deletion, in the background
         self.windows = ModelWindow()  # per model: its window, found or learned from the provider
+        self.path = RequestPath(self.summaries, self.tokens, self.windows)  # inlet and each model call of a loop
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -5495,7 +5743,6 @@ class Filter:
     _get_atomic_groups = staticmethod(get_atomic_groups)
     _align_tail_start_to_atomic_boundary = staticmethod(align_tail_start_to_atomic_boundary)
 
-    # -- inlet / request ---------------------------------------------------
     async def inlet(
         self,
         body: dict,
@@ -5508,8 +5755,8 @@ class Filter:
         __id__: Optional[str] = None,
     ) -> dict:
         self._keep_retention(__id__)
-        args = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__)
-        return await self._guarded(*args, inlet=True, request=__request__)
+        call = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, __request__)
+        return await self._guarded(self.path.inlet, *call, find_window=self.path.turn_window)
 
     def _keep_retention(self, function_id: Optional[str]) -> None:
         """Starts this worker's retention sweeps (layer 5) in the background once, and an erase the admin asked for."""
@@ -5531,22 +5778,18 @@ class Filter:
         __chat_id__: Optional[str] = None,
         __request__: Any = None,
     ) -> dict:
-        # Before every model call of a native tool loop, where inlet does not run again: the loop's growing list
-        # is repaired and capped too, and its older rounds folded in the background (the summarizer needs the request).
-        args = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__)
-        return await self._guarded(*args, inlet=False, request=__request__)
+        """Before every model call of a native tool loop, where inlet does not run again (``RequestPath.loop_call``)."""
+        call = (body, __user__, __metadata__, __event_emitter__, __model__, __chat_id__, __request__)
+        return await self._guarded(self.path.loop_call, *call)
 
-    async def _guarded(self, body, user, metadata, emitter, model, chat_id, inlet: bool, request: Any = None) -> dict:
-        """Never raises into Open WebUI: on any internal error it sends the safest list it can still build, at worst
-        the request as it came."""
+    async def _guarded(self, send, body, user, metadata, emitter, model, chat_id, request, find_window=None) -> dict:
+        """Never raises into Open WebUI: after an internal error, the safest list it can build (at worst as it came)."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return body
         ctx = None
         try:
-            ctx = await self._context(body, user, metadata, emitter, model, chat_id, inlet=inlet, request=request)
-            if ctx is not None:
-                ctx.request = request
-            return body if ctx is None else await self._prepare(body, ctx, inlet)
+            ctx = await self._context(body, user, metadata, emitter, model, chat_id, request, find_window)
+            return body if ctx is None else await send(body, ctx)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
             if ctx is None or ctx.settings.show_status:
@@ -5560,149 +5803,8 @@ class Filter:
                 log.exception("async_context_compression: repair failed too; sending the request unchanged")
                 return body
 
-    async def _context(
-        self, body, user, metadata, emitter, model, chat_id, inlet: bool = False, request: Any = None
-    ) -> Optional[RequestContext]:
-        user = user if isinstance(user, dict) else {}
-        user_valves = user.get("valves")
-        if user_valves is not None and not getattr(user_valves, "enabled", True):
-            return None
-        metadata = metadata if isinstance(metadata, dict) else {}
-        model_id = str(body.get("model") or (model or {}).get("id") or "")
-        chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
-        window = await self._window(body, model, model_id, chat_id, metadata if inlet else None)
-        summary_model = summary_model_id(self.valves, model_id)
-        summary_entry = model if summary_model == model_id else owui_model_entry(request, summary_model)
-        summary_window = self.windows.find(summary_model, summary_entry, {} if summary_entry is not model else body)
-        reply = reply_room(body, model, window.tokens)
-        settings = resolve_settings(self.valves, model_id, user_valves, window, reply, summary_window.tokens)
-        news = self.windows.news(model_id, window, str(metadata.get("message_id") or ""))
-        settings = replace(settings, news=news) if news else settings
-        # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
-        bound = request_prompt_bound(body, model)
-        await self.tokens.refresh(getattr(self.store, "read_ratios", None))
-        scale = self.tokens.scale(model_id, self.counter.is_exact(settings.encoding))
-        settings = in_counted_units(settings, scale, bound)
-        return RequestContext(
-            anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
-            user=user,
-            user_id=str(user.get("id") or "anonymous"),
-            chat_id=chat_id,
-            model_id=model_id,
-            language=user_language(metadata, user),
-            settings=settings,
-            emitter=emitter,
-            message_id=str(metadata.get("message_id") or ""),
-            prompt_bound=bound,
-        )
+    _context = property(lambda self: partial(self.path.context, self.valves))  # the request's, under these valves
 
-    async def _prepare(self, body: dict, ctx: RequestContext, inlet: bool) -> dict:
-        s = ctx.settings
-        messages, repair = await repair_request(explain_summarize_command(body["messages"]))
-        fixed = request_fixed_tokens(self.counter, body.get("tools"), s.encoding)
-        systems = system_messages(messages)  # one pass; the filter's helpers below read only these
-        builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
-        if builtin or await builtin_compaction_on(refresh=inlet):
-            s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        found = await self._lookup_summary(ctx, messages, len(messages) - len(systems), reuse=not inlet)
-        record, fault = found or (None, None)
-        if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
-            systems = strip_builtin_summary(systems)
-            if record is not None:  # ours was built from the core's: send it once
-                messages = strip_builtin_summary(messages)
-        if record is not None:
-            view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
-            prefix = index_after_head(view, record.head_count)
-        else:
-            view, prefix = messages, protected_head_end(messages, s.keep_first)
-        view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
-        overhead = request_overhead_tokens(self.counter, systems if record is None else view, fixed, s.encoding)
-        self.summaries.chat(ctx).overhead = overhead
-        unfolded = view
-        if not inlet:  # a call of a tool loop: its older rounds as this reply's loop summary, when one is ready
-            view, in_loop = self.summaries.loops.applied(ctx, view)
-            prefix += 1 if in_loop and prefix > 0 else 0  # the summary goes before the head
-        view, fit = await fit_request(self.counter, view, s.max_context, prefix, fixed, s.encoding)
-        if not inlet:  # fold what is not folded yet in the background, for a later round (this one does not wait)
-            self.summaries.loops.plan(ctx, unfolded, fit.tokens_before)
-        if fit.changed():
-            # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
-            # its output needs no repair), but a 400 from the provider would cost the user's turn
-            view, again = repair_transcript(view)
-            repair += again
-        if repair.changed() or fit.changed() or s.debug:
-            log.info(
-                "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s",
-                ctx.chat_id or "api",
-                repair.describe(),
-                fit.tokens_before,
-                fit.tokens_after,
-                s.max_context,
-                fit.dropped_messages,
-                fit.shortened_messages,
-                record.covered_count if record else "none",
-            )
-        log_notes_once(s.warnings)
-        sent = SentOutcome(
-            used=to_model_tokens(s, fit.tokens_after),
-            cap=s.model_cap,
-            covered=record.covered_count - record.head_count if record else 0,
-            left_out=fit.dropped_messages,
-            over_cap=fit.over_budget,
-            repaired=repair.noticeable(),
-            fault=fault,
-            turn=sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user"),
-        )
-        final = not inlet or not request_hook_follows()  # inlet's line is definitive only where no request hook follows
-        if final:  # what was sent for this reply, for outlet to relate to its usage
-            exact = self.counter.is_exact(s.encoding)
-            self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
-        shown = self.summaries.status_of(ctx, sent, inlet, final=final)
-        line = status_line(ctx.language, shown, usage_shown(s, sent.used)) if shown else ""
-        if line:
-            self.summaries.say_soon(ctx, line)
-        return {**body, "messages": view}
-
-    async def _lookup_summary(
-        self, ctx: RequestContext, messages: Messages, canonical_count: int, reuse: bool = False
-    ) -> tuple[Optional[SummaryRecord], Optional[Fault]]:
-        """The stored summary this request can use (every call of a tool loop too), and the fault that kept summaries
-        from being read (None when none). ``canonical_count``: the non-system messages of ``messages``; ``reuse``:
-        the request hook, which may reuse what was read for the same reply (``_stored_summaries``)."""
-        if canonical_count < 3:
-            return None, None
-        try:
-            records = await self._stored_summaries(ctx, messages, reuse)
-        except StoreUnavailable as exc:
-            return None, exc.fault
-        except TimeoutError:
-            log.warning("async_context_compression: summary lookup took over %.0fs; trimming only", STORE_TIMEOUT)
-            return None, Fault.STORE_BUSY
-        except Exception as exc:
-            log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
-            return None, Fault.STORE_DOWN
-        # a summary whose tail would open with an assistant is skipped: the history, trimmed if need be, is sent instead
-        canon = canonical_messages(messages) if records else []  # digests below only as far as needed
-        records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
-        if not records:
-            return None, None  # no summary yet: the history needs no fingerprint
-        # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
-        reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
-        digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
-        return choose_summary(records, digests), None
-
-    async def _stored_summaries(self, ctx: RequestContext, messages: Messages, reuse: bool) -> list:
-        """The conversation's stored summaries. With ``reuse`` (the request hook before each call of a tool loop) what
-        was read for the same reply is used again, so a long loop adds no database reads; inlet always reads."""
-        state = self.summaries.chat(ctx)
-        if reuse and ctx.message_id and state.records[0] == ctx.message_id:
-            return list(state.records[1])
-        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
-        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
-        state.records = (ctx.message_id, tuple(records or ()))
-        return records
-
-    # -- outlet ------------------------------------------------------------
     async def outlet(
         self,
         body: dict,
@@ -5718,120 +5820,18 @@ class Filter:
         try:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return body
-            chat_id = body.get("chat_id")
-            ctx = await self._context(
-                body, __user__, __metadata__, __event_emitter__, __model__, chat_id, request=__request__
-            )
+            call = (body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"), __request__)
+            ctx = await self._context(*call)
             if ctx is None:
                 return body
-            ctx.request = __request__
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
-            await self._learn_tokens(ctx, body, __model__)
-            ctx.force_summary = asked_for_summary(body["messages"])
-            ctx.user_instructions = standing_summary_instructions(body["messages"])
-            expanded, ids = expand_stored_messages(body["messages"])
-            messages, _ = repair_transcript(expanded)
-            canon = canonical_messages(messages)  # digests only once worth it
-            if ctx.force_summary or self.summaries.may_need_summary(ctx, canon):
-                self.summaries.spawn(self.summaries.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
+            await self.path.after_reply(ctx, body, __model__)
+            self.summaries.start_if_due(ctx, body["messages"])
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
-
-    # -- the model's window (ModelWindow) ------------------------------------------
-    async def _window(self, body: dict, model: Any, model_id: str, chat_id: str, inlet_metadata: Any) -> Window:
-        """The model's window; inlet after a reply that failed (``reply_missing``) first learns the window the
-        provider's error names, so this turn fits where the last did not."""
-        await self.windows.refresh(getattr(self.store, "read_windows", None))
-        window = self.windows.find(model_id, model, body)
-        if not window.tokens and inlet_metadata is not None:  # another worker may have learned it a moment ago
-            await self.windows.refresh_model(getattr(self.store, "read_window", None), model_id)
-            window = self.windows.find(model_id, model, body)
-        if inlet_metadata is None or window.source == "settings" or not reply_missing(body["messages"]):
-            return window
-        try:
-            asked = failed_reply_error(chat_id, str(inlet_metadata.get("user_message_id") or ""))
-            error = await asyncio.wait_for(asked, STORE_TIMEOUT)
-        except Exception as exc:
-            log.debug("async_context_compression: the failed reply's error not read: %s", exc)
-            return window
-        if self.windows.learn(model_id, window_from_error(error), "error", model_published_window(model)):
-            await self._save_windows()  # once per model: every later request, on any worker, finds it
-            window = self.windows.find(model_id, model, body)
-        return window
-
-    async def _observe_window(self, reply_id: str, usage: Any, model: Any, chat: str = "") -> None:
-        """A reply's reported prompt against what was counted for it (``ModelWindow.observe``): a cut prompt teaches
-        the window (saved before outlet returns, so the next turn finds it on any worker), and its ratio is not
-        learned."""
-        counted, reported = self.tokens.counted.get(reply_id), reported_prompt_tokens(usage)
-        if counted is None or reported is None or reported[1]:
-            return
-        model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
-        scale = self.tokens.scale(model_id, path == "exact") or 1.0
-        before = len(self.windows.unsaved)
-        ollama = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # cuts rather than rejects
-        published = model_published_window(model)
-        if self.windows.observe(model_id, reported[0], last * scale, published, chat, ceiling=ollama):
-            self.tokens.counted.pop(reply_id, None)
-        if len(self.windows.unsaved) != before:
-            await self._save_windows()
-
-    async def _save_windows(self) -> None:
-        rows, self.windows.unsaved = self.windows.unsaved, []
-        save = getattr(self.store, "save_windows", None)
-        if not rows or save is None:
-            return
-        try:
-            await asyncio.wait_for(save(rows), STORE_TIMEOUT)
-        except Exception as exc:  # every worker still has its own; the next one learned is saved with these
-            self.windows.unsaved[:0] = rows[-64:]
-            log.debug("async_context_compression: windows not saved: %s", exc)
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
         if self.summaries.tasks or self.summaries.lines:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
-
-    # -- the model's own tokens (ModelTokens) ---------------------------------
-    async def _learn_tokens(self, ctx: RequestContext, body: dict, model: Any = None) -> None:
-        """Relates this reply's usage to what was counted for its request; an existing chat of a model not known yet
-        replays its earlier replies' usage (once per chat, in the background)."""
-        reply_id = str(body.get("id") or ctx.message_id or "")
-        messages = body["messages"]
-        reply = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("id") == reply_id), None)
-        if reply is not None:
-            await self._observe_window(reply_id, reply.get("usage"), model, ctx.chat_key())
-        if reply is not None and self.tokens.learn(reply_id, reply.get("usage")) is not None:
-            self.summaries.spawn(self._save_ratios())
-            return
-        if self.tokens.scale(ctx.model_id, exact=False) is not None or not self.counter.is_exact(ctx.settings.encoding):
-            return  # known already (any path), or earlier replies cannot be counted exactly
-        key = ctx.chat_key()
-        if key in self.tokens.replayed or not any(isinstance(m, dict) and m.get("usage") for m in messages):
-            return
-        self.tokens.replayed[key] = True
-        self.summaries.spawn(self._replay_ratios(ctx, messages))
-
-    async def _replay_ratios(self, ctx: RequestContext, stored: Messages) -> None:
-        s = ctx.settings
-
-        def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
-            return TOKENS_PER_REQUEST + sum(self.counter.measure(prefix, s.encoding, True))
-
-        for ratio in await asyncio.to_thread(replayed_samples, list(stored), count, s.trigger_tokens):
-            self.tokens.add(ctx.model_id, "replayed", ratio)
-        await self._save_ratios()
-
-    async def _save_ratios(self) -> None:
-        rows, self.tokens.unsaved = self.tokens.unsaved, []
-        add = getattr(self.store, "add_ratios", None)
-        if not rows or add is None:
-            return
-        try:
-            await add(rows)
-        except StoreUnavailable as exc:
-            if exc.fault is not Fault.STORE_ABSENT:  # tried again with the next sample
-                self.tokens.unsaved[:0] = rows[-64:]
-        except Exception as exc:
-            log.debug("async_context_compression: ratios not saved: %s", exc)

@@ -205,7 +205,7 @@ def test_tables_are_bounded():
 def _learned(t: acc.ModelTokens, store: "_Store", model: str, ratio: float, reply: str) -> None:
     t.note_sent(reply, model, True, 1000)
     assert t.learn(reply, {"prompt_tokens": round(1000 * ratio)}) is not None
-    store.rows += t.unsaved  # what _save_ratios writes
+    store.rows += t.unsaved  # what ModelTokens.flush writes
     t.unsaved = []
 
 

@@ -286,11 +286,11 @@ def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read()
 
 def test_a_window_is_told_once_for_the_reply_that_found_it():
     windows, window = acc.ModelWindow(), acc.Window(16384, "published")
-    first = windows.news("q", window, "a1")
+    first = acc.window_notes(windows.news("q", window, "a1"))
     assert [n.text("en") for n in first] == ["window 16.4k, from the provider's model list"]
-    assert windows.news("q", window, "a1") == first  # the same reply's request hook says it too
+    assert acc.window_notes(windows.news("q", window, "a1")) == first  # the same reply's request hook says it too
     assert windows.news("q", window, "a2") == ()
-    learned = windows.news("q", acc.Window(16384, "error"), "a3")
+    learned = acc.window_notes(windows.news("q", acc.Window(16384, "error"), "a3"))
     assert learned[0].text("de") == "Fenster 16.4k, aus dem Fehler des Anbieters gelernt"
     assert windows.news("q", acc.Window(8192, "settings"), "a4") == ()  # the admin's own setting
 

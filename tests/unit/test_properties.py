@@ -509,7 +509,7 @@ def test_fit_output_is_provider_safe_and_keeps_what_it_must(case):
     prefix = acc.protected_head_end(repaired, keep_first)
     out, report = acc.fit_to_budget(repaired, tok, cap, prefix)
     assert_provider_safe(chat, out)
-    assert not needs_repair(out)  # what lets Filter._prepare's repair after fitting be a mere guard
+    assert not needs_repair(out)  # what lets RequestPath._fitted's repair after fitting be a mere guard
     assert_kept_verbatim(chat, out)
     assert report.tokens_after == sum(tok(m) for m in out)
     assert report.over_budget == (report.tokens_after > cap)
