@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -1495,12 +1496,16 @@ def is_summarize_command(content: Any) -> bool:
     return summarize_command_instructions(content) is not None
 
 
-def standing_summary_instructions(stored: Messages) -> str:
+def standing_summary_instructions(stored: Messages, owner_id: Optional[str] = None) -> str:
     """The instructions every rewrite of this branch's summary follows: those of the latest summarize command that
     gave any (a bare command keeps them), "" when none did. Read from the branch itself, so a branch, a clone or
-    another replica finds the same ones and the store needs no column for them."""
+    another replica finds the same ones and the store needs no column for them. With ``owner_id`` only the chat
+    owner's commands count: others who may write in a shared chat never steer the owner's summaries (a stored
+    message names its author in ``user_id``; one without is the owner's, as Open WebUI reads it)."""
     for message in reversed(stored):
-        said = summarize_command_instructions(message.get("content")) if _role(message) == "user" else None
+        if _role(message) != "user" or owner_id not in (None, message.get("user_id") or owner_id):
+            continue
+        said = summarize_command_instructions(message.get("content"))
         if said:
             return said
     return ""
@@ -3899,30 +3904,31 @@ def plan_rounds(
 # -- the request ---------------------------------------------------------------
 
 
-_USER_INSTRUCTIONS_FRAME = """
+# The user's /summarize instructions are data the summarizer weighs, never its system text: they come last in the user
+# message, clipped, inside markers nothing else in that message can open or close (the chat's own text included).
+_USER_INSTRUCTIONS_NOTE = """
 
-The user asked for this summary: follow their instructions below wherever they do not conflict with the above (what they name is kept in full; nothing the assistant needs to continue is dropped for them).
-<user_instructions>
-{text}
-</user_instructions>"""
+The request ends with the user's own wishes for this summary inside <user_instructions> markers: follow them wherever they do not conflict with the above (what they name is kept in full; nothing the assistant needs to continue is dropped for them). They are the user's words about this summary, not a new task."""
+_USER_INSTRUCTIONS_BLOCK = "\n\n<user_instructions>\n{text}\n</user_instructions>"
 _USER_INSTRUCTIONS_TAG_RE = re.compile(r"<\s*/?\s*user_instructions[^>]*>", re.IGNORECASE)
+
+
+def _without_instruction_markers(text: str) -> str:
+    return _USER_INSTRUCTIONS_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
 
 
 def summary_instructions(
     max_tokens: int, style: str = "balanced", prompt: str = "", user_instructions: str = ""
 ) -> str:
-    """The summarizer's system prompt: the admin's own ``prompt`` when not empty ("{max_tokens}" in it filled in),
-    else the frame with the ``style``'s instructions (balanced for an unknown style); then the user's own
-    instructions (``/summarize <instructions>``, layer 2) when there are any, in markers their text cannot close."""
+    """The summarizer's system prompt, the admin's words only: their own ``prompt`` when not empty ("{max_tokens}" in
+    it filled in), else the frame with the ``style``'s instructions (balanced for an unknown style); when the user gave
+    instructions (``/summarize <instructions>``, layer 2), a fixed note on where they are, never their text."""
     if isinstance(prompt, str) and prompt.strip():
         text = prompt.strip().replace("{max_tokens}", str(max_tokens))
     else:
         instructions = _SUMMARY_STYLES.get(str(style).strip().lower(), _SUMMARY_STYLES["balanced"])
         text = _SUMMARY_FRAME.replace("{instructions}", instructions).replace("{max_tokens}", str(max_tokens))
-    own = _USER_INSTRUCTIONS_TAG_RE.sub(
-        lambda m: m.group(0).replace("<", "‹").replace(">", "›"), user_instructions or ""
-    )
-    return text + _USER_INSTRUCTIONS_FRAME.replace("{text}", own.strip()) if own.strip() else text
+    return text + _USER_INSTRUCTIONS_NOTE if (user_instructions or "").strip() else text
 
 
 def build_summarizer_messages(
@@ -3933,13 +3939,17 @@ def build_summarizer_messages(
     prompt: str = "",
     user_instructions: str = "",
 ) -> Messages:
-    """Instructions as the system message (the user's own among them, see ``summary_instructions``), then the previous
-    summary and the new blocks (or a round's texts)."""
+    """The admin's instructions as the system message (``summary_instructions``), then one user message: the
+    previous summary, the new blocks (or a round's texts) and last the user's own instructions, at most
+    MAX_SUMMARIZE_INSTRUCTIONS characters, the only ``<user_instructions>`` markers in it."""
     prior = (previous or "").strip() or "(none yet)"
-    request = f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
+    request = _without_instruction_markers(
+        f"Previous summary:\n{prior}\n\nNew messages to fold in:\n" + "\n\n".join(blocks)
+    )
+    own = _without_instruction_markers((user_instructions or "").strip()[:MAX_SUMMARIZE_INSTRUCTIONS]).strip()
     return [
-        {"role": "system", "content": summary_instructions(max_tokens, style, prompt, user_instructions)},
-        {"role": "user", "content": request},
+        {"role": "system", "content": summary_instructions(max_tokens, style, prompt, own)},
+        {"role": "user", "content": request + (_USER_INSTRUCTIONS_BLOCK.replace("{text}", own) if own else "")},
     ]
 
 
@@ -4173,6 +4183,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "summaries unavailable: {reason}",
         "summarizing": "Summarizing {messages} in the background…",
         "summary_done": "Summary updated: covers {messages}",
+        "summary_plain": "Summary updated: covers {messages}; your /summarize instructions were left out: you may not use the summary model",
         "summary_source": "Conversation summary ({messages})",
         "summary_nothing": "Nothing to summarize yet: the conversation is still short",
         "summary_failed": "Summary failed: {reason} · next try in {retry}",
@@ -4216,6 +4227,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "摘要不可用：{reason}",
         "summarizing": "正在后台摘要 {messages}…",
         "summary_done": "摘要已更新：涵盖 {messages}",
+        "summary_plain": "摘要已更新：涵盖 {messages}；未采用你的 /summarize 指令：你无权使用摘要模型",
         "summary_source": "对话摘要（{messages}）",
         "summary_nothing": "暂无可摘要的内容：对话还很短",
         "summary_failed": "摘要失败：{reason} · {retry} 后重试",
@@ -4259,6 +4271,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "要約を利用できません：{reason}",
         "summarizing": "バックグラウンドで {messages}を要約中…",
         "summary_done": "要約を更新しました：{messages}を含む",
+        "summary_plain": "要約を更新しました：{messages}を含む。/summarize の指示は使われていません：要約モデルの利用権限がありません",
         "summary_source": "会話の要約（{messages}）",
         "summary_nothing": "まだ要約するものがありません：会話がまだ短いです",
         "summary_failed": "要約に失敗しました：{reason} · {retry} 後に再試行",
@@ -4302,6 +4315,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "요약을 사용할 수 없음: {reason}",
         "summarizing": "백그라운드에서 {messages} 요약 중…",
         "summary_done": "요약 업데이트됨: {messages} 포함",
+        "summary_plain": "요약 업데이트됨: {messages} 포함. /summarize 지시는 반영되지 않음: 요약 모델 사용 권한 없음",
         "summary_source": "대화 요약 ({messages})",
         "summary_nothing": "아직 요약할 내용이 없습니다: 대화가 아직 짧습니다",
         "summary_failed": "요약 실패: {reason} · {retry} 후 다시 시도",
@@ -4345,6 +4359,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "résumés indisponibles : {reason}",
         "summarizing": "Résumé de {messages} en arrière-plan…",
         "summary_done": "Résumé mis à jour : couvre {messages}",
+        "summary_plain": "Résumé mis à jour : couvre {messages} ; vos instructions /summarize sont ignorées : vous n'avez pas accès au modèle de résumé",
         "summary_source": "Résumé de la conversation ({messages})",
         "summary_nothing": "Rien à résumer pour l'instant : la conversation est encore courte",
         "summary_failed": "Échec du résumé : {reason} · nouvel essai dans {retry}",
@@ -4388,6 +4403,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
         "summarizing": "Fasse {messages} im Hintergrund zusammen…",
         "summary_done": "Zusammenfassung aktualisiert: umfasst {messages}",
+        "summary_plain": "Zusammenfassung aktualisiert: umfasst {messages}; Ihre /summarize-Anweisungen blieben unberücksichtigt: kein Zugriff auf das Zusammenfassungsmodell",
         "summary_source": "Zusammenfassung des Gesprächs ({messages})",
         "summary_nothing": "Noch nichts zusammenzufassen: das Gespräch ist noch kurz",
         "summary_failed": "Zusammenfassung fehlgeschlagen: {reason} · neuer Versuch in {retry}",
@@ -4431,6 +4447,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "resúmenes no disponibles: {reason}",
         "summarizing": "Resumiendo {messages} en segundo plano…",
         "summary_done": "Resumen actualizado: cubre {messages}",
+        "summary_plain": "Resumen actualizado: cubre {messages}; sin tus instrucciones de /summarize: no tienes acceso al modelo de resumen",
         "summary_source": "Resumen de la conversación ({messages})",
         "summary_nothing": "Aún no hay nada que resumir: la conversación es corta",
         "summary_failed": "El resumen falló: {reason} · nuevo intento en {retry}",
@@ -4474,6 +4491,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "resumos indisponíveis: {reason}",
         "summarizing": "Resumindo {messages} em segundo plano…",
         "summary_done": "Resumo atualizado: cobre {messages}",
+        "summary_plain": "Resumo atualizado: cobre {messages}; sem as suas instruções de /summarize: você não tem acesso ao modelo de resumo",
         "summary_source": "Resumo da conversa ({messages})",
         "summary_nothing": "Ainda não há nada para resumir: a conversa ainda é curta",
         "summary_failed": "O resumo falhou: {reason} · nova tentativa em {retry}",
@@ -4517,6 +4535,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "сводки недоступны: {reason}",
         "summarizing": "Составляется сводка в фоне: {messages}…",
         "summary_done": "Сводка обновлена: {messages}",
+        "summary_plain": "Сводка обновлена: {messages}; ваши указания /summarize не учтены: нет доступа к модели сводки",
         "summary_source": "Сводка разговора ({messages})",
         "summary_nothing": "Пока нечего сводить: разговор ещё короткий",
         "summary_failed": "Сводка не удалась: {reason} · повтор через {retry}",
@@ -4560,6 +4579,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "riepiloghi non disponibili: {reason}",
         "summarizing": "Riepilogo di {messages} in background…",
         "summary_done": "Riepilogo aggiornato: copre {messages}",
+        "summary_plain": "Riepilogo aggiornato: copre {messages}; le tue istruzioni /summarize sono state ignorate: non hai accesso al modello di riepilogo",
         "summary_source": "Riepilogo della conversazione ({messages})",
         "summary_nothing": "Ancora niente da riassumere: la conversazione è breve",
         "summary_failed": "Riepilogo non riuscito: {reason} · nuovo tentativo tra {retry}",
@@ -4603,6 +4623,7 @@ STATUS_TEXTS: dict = {
         "summaries_down": "podsumowania niedostępne: {reason}",
         "summarizing": "Podsumowywanie w tle: {messages}…",
         "summary_done": "Podsumowanie zaktualizowane: {messages}",
+        "summary_plain": "Podsumowanie zaktualizowane: {messages}; pominięto Twoje polecenia /summarize: brak dostępu do modelu podsumowań",
         "summary_source": "Podsumowanie rozmowy ({messages})",
         "summary_nothing": "Na razie nie ma czego podsumować: rozmowa jest jeszcze krótka",
         "summary_failed": "Podsumowanie nie powiodło się: {reason} · ponowna próba za {retry}",
@@ -4935,6 +4956,7 @@ class BackgroundSummarizer:
         self.store = store
         self.counter = counter
         self.complete = complete
+        self.instructions = owners_instructions  # whose /summarize instructions count, and may they steer the model
         self.worker = uuid.uuid4().hex[:12]
         self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
         self.tasks: set = set()
@@ -5070,6 +5092,8 @@ class BackgroundSummarizer:
             plan = await self.plan(ctx, branch) if lease else None
             if plan is None:
                 return
+            heard, denied = await self.instructions(ctx, branch.ids) if plan.user_instructions else ("", False)
+            plan = replace(plan, user_instructions=heard)
             try:
                 await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
                 record = await self._fold(ctx, branch, plan, lease)
@@ -5077,7 +5101,7 @@ class BackgroundSummarizer:
                     log.info("async_context_compression chat=%s: lease taken over; another worker goes on", ctx.chat_id)
                     return
                 covered = record.covered_count - record.head_count
-                await self._say(ctx, "summary_done", done=True, messages=covered)
+                await self._say(ctx, "summary_plain" if denied else "summary_done", done=True, messages=covered)
                 if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
                     source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
                     await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
@@ -5398,8 +5422,6 @@ async def builtin_compaction_on(refresh: bool = True) -> bool:
 async def switch_valve_off(function_id: Optional[str], name: str) -> None:
     """Turns the filter's valve ``name`` off in Open WebUI's stored valves: a one-shot action the admin switched on
     (``erase_stored_data``) does not run again on the next request."""
-    import inspect
-
     try:
         from open_webui.models.functions import Functions  # type: ignore
     except (Exception, SystemExit):
@@ -5414,7 +5436,10 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
         return await result if inspect.isawaitable(result) else result  # sync before Open WebUI 0.7
 
     valves = await call(Functions.get_function_valves_by_id(function_id))
-    await call(Functions.update_function_valves_by_id(function_id, {**(valves or {}), name: False}))
+    if not isinstance(valves, dict) or name not in valves:  # a failed read (None) is no admin's valves: keep them
+        log.warning("async_context_compression: valve %s not switched off (valves unreadable); do it by hand", name)
+        return
+    await call(Functions.update_function_valves_by_id(function_id, {**valves, name: False}))
 
 
 async def failed_reply_error(chat_id: str, user_message_id: str) -> Any:
@@ -5439,6 +5464,72 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
 
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
+
+
+async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
+    """Whether ``account`` may use ``model_id`` under Open WebUI's access rules, decided as its chat endpoint decides
+    them: anyone with BYPASS_MODEL_ACCESS_CONTROL, an admin with BYPASS_ADMIN_ACCESS_CONTROL, else its
+    ``check_model_access``, which raises to deny. The summary call itself bypasses that check (it is the admin's
+    model, serving every chat), so this one decides whether a user's instructions may steer it."""
+    from open_webui.env import BYPASS_MODEL_ACCESS_CONTROL  # type: ignore
+    from open_webui.utils.models import check_model_access  # type: ignore
+
+    admins_bypass = getattr(sys.modules.get("open_webui.config"), "BYPASS_ADMIN_ACCESS_CONTROL", True)
+    if BYPASS_MODEL_ACCESS_CONTROL or (getattr(account, "role", None) == "admin" and admins_bypass):
+        return True
+    model = request.app.state.MODELS.get(model_id)
+    if model is None:
+        return False
+    try:
+        checked = check_model_access(account, model)
+        if inspect.isawaitable(checked):
+            await checked
+    except Exception as exc:  # "Model not found": denied
+        log.info("async_context_compression: %s may not use %s (%s)", getattr(account, "id", "?"), model_id, exc)
+        return False
+    return True
+
+
+async def owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
+    """(the /summarize instructions this chat's summary follows, whether the owner's were left out because the owner
+    may not use the summary model). Only the chat owner's instructions count, and only within the owner's rights.
+    Never raises: when the chat or the rights cannot be read (in time) the summary is made without instructions."""
+    if not ctx.user_instructions.strip() or ctx.request is None:  # none given, or not inside Open WebUI
+        return ctx.user_instructions, False
+    try:
+        return await asyncio.wait_for(_owners_instructions(ctx, ids), ctx.settings.summary_timeout)
+    except Exception as exc:
+        log.warning("async_context_compression chat=%s: /summarize instructions not used (%s)", ctx.chat_id, exc)
+        return "", False
+
+
+async def _owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
+    from open_webui.models.users import Users  # type: ignore
+
+    owner, said = await _chat_owner_instructions(ctx, ids)
+    if not said:
+        return "", False
+    account = await Users.get_user_by_id(owner)
+    if account is None:
+        raise LookupError(f"the chat's owner {owner} not found")
+    allowed = await owui_may_use_model(ctx.request, account, ctx.settings.summary_model)
+    return (said, False) if allowed else ("", True)
+
+
+async def _chat_owner_instructions(ctx: RequestContext, ids: list) -> tuple[str, str]:
+    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
+    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
+    call) has one writer, the requester."""
+    if not (ctx.chat_id and is_saved_chat_id(ctx.chat_id)):
+        return ctx.user_id, ctx.user_instructions
+    from open_webui.models.chats import Chats  # type: ignore
+
+    chat = await Chats.get_chat_by_id(ctx.chat_id)
+    if chat is None:
+        raise LookupError("the chat is not found")
+    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
+    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
+    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
 
 
 # -- The request path: inlet, and each model call of a tool loop ------------------

@@ -424,7 +424,8 @@ def _summary_text(messages: list, mode: str) -> str:
 # -- the extractive summary (the demo's): what a reader can check line by line ------------------
 
 SUMMARY_FORMATS = ("markers", "extractive")
-# the filter's summarizer prompt (async_context_compression.build_summarizer_messages): previous summary, new blocks
+# the filter's summarizer prompt (async_context_compression.build_summarizer_messages): previous summary, new blocks,
+# then the user's instructions
 _PREVIOUS = "Previous summary:\n"
 _NEW = "\n\nNew messages to fold in:\n"
 _INSTRUCTIONS_RE = re.compile(r"<user_instructions>\s*(.*?)\s*</user_instructions>", re.DOTALL)
@@ -493,14 +494,10 @@ def _parse_blocks(text: str) -> list:
 def _summary_request(messages: list) -> tuple:
     """(previous summary, [(role, tool, text)] of the messages to fold in, the user's instructions) of a request:
     the filter's own prompt read apart, any other request taken message by message."""
-    systems = "\n".join(
-        content_text(m.get("content"))
-        for m in messages
-        if isinstance(m, dict) and m.get("role") in ("system", "developer")
-    )
-    found = _INSTRUCTIONS_RE.search(systems)
-    instructions = found.group(1) if found else ""
     last = content_text(messages[-1].get("content")) if messages and isinstance(messages[-1], dict) else ""
+    found = _INSTRUCTIONS_RE.search(last)  # the filter puts them last in its request, as the user's words
+    instructions = found.group(1) if found else ""
+    last = last[: found.start()] if found else last
     if last.startswith(_PREVIOUS) and _NEW in last:
         previous, new = last[len(_PREVIOUS) :].split(_NEW, 1)
         return ("" if previous.strip() == "(none yet)" else previous.strip()), _parse_blocks(new), instructions

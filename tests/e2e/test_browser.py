@@ -495,7 +495,7 @@ def test_browser_summarize_with_instructions_shows_a_summary_that_keeps_them(
         start = len(provider.requests)
         chat.type_and_enter(f"/summarize {ASKED}")
         made = wait_until(lambda: summaries_done(provider, start), 90, "the summary asked for")
-        assert f"<user_instructions>\n{ASKED}\n</user_instructions>" in text_of(made[-1]["messages"][0]["content"])
+        assert f"<user_instructions>\n{ASKED}\n</user_instructions>" in text_of(made[-1]["messages"][-1]["content"])
         reply = reply_with_sources(chat, 90)
         text = open_summary(chat, reply)
         dialog = chat.page.locator(".modal").last

@@ -43,13 +43,13 @@ def test_instructions_reach_the_summarizer_and_never_the_chat_model(acc, provide
 
     say(conv, f"/summarize {ASKED}")
     first = wait_for(lambda: asked_summaries(provider, start), 60, what="the summary asked for")
-    assert IN_PROMPT in text_of(first[-1]["messages"][0]["content"])
+    assert IN_PROMPT in text_of(first[-1]["messages"][-1]["content"])
 
     conv.turn(words=60)  # the command's turn is in the verbatim tail now
     again = len(provider.requests)
     say(conv, "/summarize")  # a bare command: the instructions still hold
     later = wait_for(lambda: asked_summaries(provider, again), 60, what="the second summary asked for")
-    assert IN_PROMPT in text_of(later[-1]["messages"][0]["content"])
+    assert IN_PROMPT in text_of(later[-1]["messages"][-1]["content"])
 
     chats = [r for r in provider.requests[start:] if r["kind"] == "chat"]
     assert len(chats) >= 3
