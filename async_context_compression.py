@@ -1724,8 +1724,8 @@ class RecallIndex:
     def search(self, query: str, allowed: dict, k: int = RECALL_K) -> list:
         """The ``k`` passages best matching ``query`` among the messages ``allowed`` maps (digest -> turn on this
         branch), best first, each with its turn there. Nothing below the relevance floor: a hit matches a rare query
-        term and two query terms (one if only one is searched), and scores RECALL_FLOOR of a passage holding each
-        searched term once; terms the chat never used are searched too (a query about them is about something else)."""
+        term and scores RECALL_FLOOR of a passage holding each searched term once; terms the chat never used count
+        there too (a query about them is about something else)."""
         terms = set(recall_terms(query))
         with self._lock:
             count = len(self._passages)
@@ -1734,26 +1734,23 @@ class RecallIndex:
             average = self._total_length / count
             rare = max(2.0, RECALL_RARE_SHARE * count)
             scores: dict = {}
-            matched: dict = defaultdict(int)
             rare_hits: set = set()
-            searched, whole = 0, 0.0
+            whole = 0.0
             for term in terms:
                 postings = self._postings.get(term, {})
                 if len(postings) > RECALL_COMMON_SHARE * count:
                     continue
                 idf = math.log(1 + (count - len(postings) + 0.5) / (len(postings) + 0.5))
-                searched, whole = searched + 1, whole + idf
+                whole += idf
                 for pid, tf in postings.items():
                     passage, length = self._passages[pid]
                     if passage.digest not in allowed:
                         continue
                     scale = BM25_K1 * (1 - BM25_B + BM25_B * length / average)
                     scores[pid] = scores.get(pid, 0.0) + idf * tf * (BM25_K1 + 1) / (tf + scale)
-                    matched[pid] += 1
                     if len(postings) <= rare:
                         rare_hits.add(pid)
-            needed = min(2, searched)
-            hits = [p for p in rare_hits if matched[p] >= needed and scores[p] >= RECALL_FLOOR * whole]
+            hits = [p for p in rare_hits if scores[p] >= RECALL_FLOOR * whole]
             hits.sort(key=lambda p: (-scores[p], p))
             out, seen = [], set()
             for pid in hits:
