@@ -62,11 +62,14 @@ import time
 import unicodedata
 import uuid
 import weakref
-from collections import OrderedDict, defaultdict
+from array import array
+from bisect import bisect_left
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property, lru_cache, partial
+from itertools import chain
 from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -1547,14 +1550,15 @@ RECALL_PREAMBLE = (
 _QUOTED_TAG_RE = re.compile(r"<\s*/?\s*(?:recalled_context|conversation_summary)[^>]*>", re.IGNORECASE)
 PASSAGE_BYTES = 600  # a passage's most UTF-8 bytes: ~130 tokens of English, ~200 of Chinese
 BM25_K1 = 1.2
-BM25_B = 0.75
+BM25_B = 0.4  # below the usual 0.75: passages are bounded already, and CJK ones count twice the terms
 RECALL_K = 4  # passages searched for per request, best first; the budget may take fewer
-RECALL_FLOOR = 0.3  # a hit scores at least this share of a passage holding each searched query term once ...
+RECALL_FLOOR = 0.35  # a hit scores at least this share of a passage holding each searched query term once ...
 RECALL_RARE_SHARE = 0.05  # ... and matches a rare term: in at most this share of the chat's passages (or in two)
 RECALL_COMMON_SHARE = 0.5  # a query term in more than this share of the passages is not searched (it weighs ~0)
 RECALL_CHAT_PASSAGES = 4_000  # passages one chat's index holds; the earliest-added messages leave first
-RECALL_TOTAL_PASSAGES = 100_000  # passages all chats' indexes hold together on one worker
+RECALL_TOTAL_PASSAGES = 40_000  # passages all chats' indexes hold together on one worker (~1.2 KB each)
 RECALL_CHATS = 512  # chats whose index one worker keeps
+_PASSAGE_IDS = 1 << 24  # passage ids an index hands out in its life (a key holds 24 bits of one)
 
 # Scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, Hangul, kana, Han): character bigrams
 _UNSPACED = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u1100-\u11ff\u3130-\u318f\uac00-\ud7af\u3040-\u30ff\u31f0-\u31ff"
@@ -1670,15 +1674,16 @@ def recall_passages(canon: Messages, head_count: int, covered_count: int) -> lis
 class RecallIndex:
     """BM25 over the passages of one chat's folded messages (every branch's: the caller names the messages a search
     may return). Extended as folds happen, never rebuilt; bounded: past ``limit`` passages the earliest-added
-    messages leave. ``extend`` may run in a worker thread: it tokenizes before taking the lock, so a search on the
-    event loop waits only for the merge."""
+    messages leave. The postings are one sorted array of 8-byte keys (term hash, passage id, term frequency), not a
+    dict per term: a passage costs its text and 8 bytes per distinct term. ``extend`` may run in a worker thread: it
+    tokenizes before taking the lock, so a search on the event loop waits only for the merge."""
 
     def __init__(self, limit: int = RECALL_CHAT_PASSAGES):
         self.limit = limit
         self._lock = threading.Lock()
         self._messages: OrderedDict = OrderedDict()  # digest -> its passages' ids, earliest added first
         self._passages: dict = {}  # id -> (Passage, length in terms)
-        self._postings: dict = {}  # term -> {passage id: term frequency}
+        self._keys = array("Q")  # sorted: term hash << 32 | passage id << 8 | term frequency (at most 255)
         self._next_id = 0
         self._total_length = 0
 
@@ -1691,74 +1696,84 @@ class RecallIndex:
     def extend(self, passages: Iterable[Passage]) -> int:
         """Indexes the passages of messages not indexed yet: a message already in (by digest) is not added again.
         Returns how many passages were added."""
-        counted = [(p, recall_terms(p.text)) for p in passages if p.digest not in self._messages]
+        counted = [(p, Counter(recall_terms(p.text))) for p in passages if p.digest not in self._messages]
         with self._lock:
             known = {p.digest for p, _ in counted if p.digest in self._messages}
-            for passage, terms in counted:
-                if passage.digest not in known:
-                    self._add(passage, terms)
-            added = sum(1 for p, _ in counted if p.digest not in known)
+            new = [(p, terms) for p, terms in counted if p.digest not in known][: _PASSAGE_IDS - self._next_id]
+            keys = []
+            for passage, terms in new:
+                pid, self._next_id = self._next_id, self._next_id + 1
+                self._messages.setdefault(passage.digest, []).append(pid)
+                self._passages[pid] = (passage, sum(terms.values()))
+                self._total_length += sum(terms.values())
+                keys.extend(_term_hash(t) << 32 | pid << 8 | min(n, 255) for t, n in terms.items())
+            keys.sort()
+            self._keys = array("Q", sorted(chain(self._keys, keys)))  # two sorted runs: a linear merge
+            dropped = set()
             while len(self._passages) > self.limit and self._messages:
-                self._drop(self._messages.popitem(last=False)[1])
-        return added
-
-    def _add(self, passage: Passage, terms: list) -> None:
-        pid, self._next_id = self._next_id, self._next_id + 1
-        self._messages.setdefault(passage.digest, []).append(pid)
-        self._passages[pid] = (passage, len(terms))
-        self._total_length += len(terms)
-        for term in terms:
-            postings = self._postings.setdefault(term, {})
-            postings[pid] = postings.get(pid, 0) + 1
-
-    def _drop(self, pids: list) -> None:
-        for pid in pids:
-            passage, length = self._passages.pop(pid)
-            self._total_length -= length
-            for term in set(recall_terms(passage.text)):
-                postings = self._postings.get(term, {})
-                postings.pop(pid, None)
-                if not postings:
-                    self._postings.pop(term, None)
+                for pid in self._messages.popitem(last=False)[1]:
+                    self._total_length -= self._passages.pop(pid)[1]
+                    dropped.add(pid)
+            if dropped:
+                self._keys = array("Q", (k for k in self._keys if ((k >> 8) & (_PASSAGE_IDS - 1)) not in dropped))
+        return len(new)
 
     def search(self, query: str, allowed: dict, k: int = RECALL_K) -> list:
-        """The ``k`` passages best matching ``query`` among the messages ``allowed`` maps (digest -> turn on this
-        branch), best first, each with its turn there. Nothing below the relevance floor: a hit matches a rare query
-        term and scores RECALL_FLOOR of a passage holding each searched term once; terms the chat never used count
-        there too (a query about them is about something else)."""
-        terms = set(recall_terms(query))
+        """Up to ``k`` passages for ``query`` among the messages ``allowed`` maps (digest -> turn on this branch), each
+        with its turn there. Nothing below the relevance floor: a hit matches a rare query term and scores
+        RECALL_FLOOR of a passage holding each searched term once (a word the chat never used weighs as a rare one).
+        Best first; a hit that matches no query term worth a rare one that the hits before it did not is left out, so
+        near-copies of one passage (the same question asked about other things) do not crowd out the passage with
+        the detail asked for."""
+        terms = {_term_hash(t) for t in recall_terms(query)}
         with self._lock:
             count = len(self._passages)
             if not (count and terms and allowed):
                 return []
-            average = self._total_length / count
-            rare = max(2.0, RECALL_RARE_SHARE * count)
-            scores: dict = {}
-            rare_hits: set = set()
-            whole = 0.0
+            average, rare = self._total_length / count, _idf(count, max(2.0, RECALL_RARE_SHARE * count))
+            weights, scores, matched = {}, defaultdict(float), defaultdict(set)
             for term in terms:
-                postings = self._postings.get(term, {})
-                if len(postings) > RECALL_COMMON_SHARE * count:
+                low = bisect_left(self._keys, term << 32)
+                high = bisect_left(self._keys, (term + 1) << 32, low)
+                if high - low > RECALL_COMMON_SHARE * count:
                     continue
-                idf = math.log(1 + (count - len(postings) + 0.5) / (len(postings) + 0.5))
-                whole += idf
-                for pid, tf in postings.items():
+                # a word the chat never used weighs as a rare one: the query is partly about something else (were it
+                # weighed as the rarest, everyday words missing from a young index would silence every question)
+                weights[term] = idf = _idf(count, high - low) if high > low else rare
+                for key in self._keys[low:high]:
+                    pid, tf = (key >> 8) & (_PASSAGE_IDS - 1), key & 255
                     passage, length = self._passages[pid]
-                    if passage.digest not in allowed:
-                        continue
-                    scale = BM25_K1 * (1 - BM25_B + BM25_B * length / average)
-                    scores[pid] = scores.get(pid, 0.0) + idf * tf * (BM25_K1 + 1) / (tf + scale)
-                    if len(postings) <= rare:
-                        rare_hits.add(pid)
-            hits = [p for p in rare_hits if scores[p] >= RECALL_FLOOR * whole]
-            hits.sort(key=lambda p: (-scores[p], p))
-            out, seen = [], set()
-            for pid in hits:
-                passage = self._passages[pid][0]
-                if passage.text not in seen and len(out) < k:
-                    seen.add(passage.text)
-                    out.append(replace(passage, turn=allowed[passage.digest]))
-            return out
+                    if passage.digest in allowed:
+                        scale = BM25_K1 * (1 - BM25_B + BM25_B * length / average)
+                        scores[pid] += idf * tf * (BM25_K1 + 1) / (tf + scale)
+                        matched[pid].add(term)
+            floor = RECALL_FLOOR * sum(weights.values())
+            hits = [p for p in scores if scores[p] >= floor and max(weights[t] for t in matched[p]) >= rare]
+            hits = sorted(hits, key=lambda p: (-scores[p], p))[: 4 * k]
+            return [
+                replace(self._passages[p][0], turn=allowed[self._passages[p][0].digest])
+                for p in _covering(hits, matched, weights, rare, k)
+            ]
+
+
+def _idf(count: int, df: float) -> float:
+    return math.log(1 + (count - df + 0.5) / (df + 0.5))
+
+
+def _term_hash(term: str) -> int:
+    return hash(term) & 0xFFFFFFFF
+
+
+def _covering(hits: list, matched: dict, weights: dict, least: float, k: int) -> list:
+    """Invariant: at most ``k`` of ``hits``, in their order (best first): the first, then each that matches query terms
+    no hit before it matched, worth at least ``least``; a hit that adds no such term is skipped."""
+    chosen: list = []
+    covered: set = set()
+    for hit in hits:
+        if len(chosen) < k and (not chosen or sum(weights[t] for t in matched[hit] - covered) >= least):
+            chosen.append(hit)
+            covered |= matched[hit]
+    return chosen
 
 
 class RecallIndexes:
