@@ -10,28 +10,31 @@ description: Keeps long chats inside the model's context window without ever bre
 requirements: tiktoken
 """
 
-# Reading guide (top-down):
-#   1. Pure transcript functions: atomic groups, boundary alignment, repair,
-#      summary placement, budget fitting. Plain message lists in, new lists out.
-#   2. Coverage: the canonical view shared by inlet and outlet, fingerprints.
-#   3. Token accounting: tiktoken (loaded off the request path) + estimator,
-#      and each model's own tokens per counted token, learned from usage; each model's window (ModelWindow:
-#      set, published by the provider, named by its rejection, or shown by its silent cut).
-#   4. Settings: valves resolved per model, never raising.
-#   5. Summary store: Open WebUI's async database, summaries and leases.
-#   6. Summarizer: prompt, input rendering, answer cleaning.
-#   7. Status texts per UI language, and what one request sent (SentOutcome).
-#   8. Background summaries: per-conversation state (ChatState), plan, lease,
-#      fold in rounds, save, back off; what the running Open WebUI offers.
-#   9. The Filter: thin wiring of the above to inlet / request / outlet.
+# Reading guide. The file reads top-down, each layer using only the ones above it; a few shared names (STORE_TIMEOUT,
+# the chat-key format) come first, and the status texts, which are data, close the file as an appendix:
+#   1. Pure transcript functions: atomic groups, boundary alignment, repair, summary placement, budget fitting.
+#      Plain message lists in, new lists out; nothing of Open WebUI.
+#   2. Coverage: the canonical view shared by inlet and outlet, fingerprints, /summarize commands.
+#   2b. Recall: the folded messages' passages, indexed per chat, quoted back when the latest message asks about them.
+#   3. Token accounting: tiktoken (loaded off the request path) and the estimator; per model, its own tokens per
+#      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply and
+#      shared with every worker through the store (SharedThroughStore).
+#   4. Settings: the valves, resolved per model and request, never raising.
+#   5. Summary store: ChatStore (memory for chats Open WebUI never saves, else SummaryStore, the database: summaries,
+#      leases, ratios, windows) and RetentionSweeper (what outlives a deletion).
+#   6. Summarizer: prompt, input rendering, the call, answer cleaning.
+#   7. Status lines: what one request sent (SentOutcome), said in the user's language.
+#   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
+#      tool loop), what the running Open WebUI offers, and RequestPath: a request's steps from its two entries.
+#   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
+#   Appendix: STATUS_TEXTS and MESSAGE_NOUNS, per UI language.
 #
-# A request travels: Filter.inlet -> ModelWindow.find (3) -> resolve_settings (4) -> in_counted_units (4, the model's
-# ModelTokens.scale (3)) -> repair_request (1) -> store.find + choose_summary (5) -> apply_summary (1) ->
-# fit_request (3) -> status_line (7); Open WebUI's request hook repeats all of it on the final list before every model
-# call of a tool loop, applies the reply's loop summary (LoopSummaries.applied (8) -> apply_loop_summary (1)), starts
-# the next one in the background (LoopSummaries.plan (8)) and notes its count (ModelTokens.note_sent). After the reply,
-# Filter.outlet -> ModelWindow.observe and ModelTokens.learn from the reply's usage (3) -> canonical view (2) ->
-# BackgroundSummarizer.plan / _fold (8) -> summarizer (6) -> store.save (5).
+# A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale)
+# -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), the recall
+# block, fit_request; Open WebUI's request hook (Filter.request -> RequestPath.loop_call) repeats this before every
+# model call of a tool loop, with the loop's own summary (LoopSummaries). After the reply, Filter.outlet ->
+# RequestPath.after_reply (ModelWindow and ModelTokens learn from the usage) -> BackgroundSummarizer.start_if_due ->
+# plan / _fold (summarizer, layer 6) -> ChatStore.save.
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
 #   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
@@ -106,6 +109,7 @@ class _BoundedDict(OrderedDict):
 
 # -- Shared by every layer ----------------------------------------------------
 STORE_TIMEOUT = 3.0  # seconds a request waits at most on one database call (ours or Open WebUI's), or on a status line
+API_RETENTION_DAYS = 30  # days API conversations' summaries are kept by default (a valve; the sweep applies it)
 API_CHAT = "api:"  # a chat key's chat part for an API call (no chat id): this, then the conversation's anchor
 
 
@@ -2901,9 +2905,11 @@ class Note:
 
     key: str
     values: tuple = ()
+    # Layer 7 puts its ``status_text`` here once defined: the texts are its concern, and no layer names one above it.
+    say: ClassVar[Callable[..., str]] = staticmethod(lambda language, key, **values: key)
 
     def text(self, language: str = "en") -> str:
-        return status_text(language, self.key, **dict(self.values))
+        return Note.say(language, self.key, **dict(self.values))
 
     __str__ = text  # English, for the log
 
@@ -3114,10 +3120,104 @@ def model_overrides(table: dict, model_id: str) -> dict:
     return table[max(prefixes, key=len)] if prefixes else {}
 
 
+class _TolerantValves(BaseModel):
+    """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
+
+    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
+        return validate_valves(cls, data, handler)
+
+
+class Valves(_TolerantValves):
+    priority: int = Field(
+        default=10,
+        description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
+    )
+    compression_threshold_tokens: int = Field(
+        default=0,
+        description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
+    )
+    max_context_tokens: int = Field(
+        default=0,
+        description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
+    )
+    summary_trigger_ratio: float = Field(
+        default=0.75,
+        description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
+    )
+    summary_low_water: float = Field(
+        default=0.5,
+        description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
+    )
+    keep_first: int = Field(
+        default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
+    )
+    keep_last: int = Field(
+        default=6,
+        description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
+    )
+    summary_model: str = Field(
+        default="",
+        description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
+    )
+    summary_model_max_context: int = Field(
+        default=0,
+        description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
+    )
+    max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
+    summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
+    summary_timeout_seconds: int = Field(
+        default=120,
+        description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
+    )
+    summary_style: str = Field(
+        default="balanced",
+        description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
+    )
+    summary_prompt: str = Field(
+        default="",
+        description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
+    )
+    summary_model_params: str = Field(
+        default="",
+        description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
+    )
+    model_thresholds: str = Field(
+        default="",
+        description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
+    )
+    show_status: bool = Field(
+        default=True, description="Show context usage and summary progress in the chat's status line."
+    )
+    status_usage_threshold: float = Field(
+        default=0.0,
+        description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
+    )
+    debug: bool = Field(
+        default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
+    )
+    api_summary_retention_days: int = Field(
+        default=API_RETENTION_DAYS,
+        description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
+    )
+    erase_stored_data: bool = Field(
+        default=False,
+        description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
+    )
+
+
+class UserValves(_TolerantValves):
+    enabled: bool = Field(default=True, description="Compress the context of my chats.")
+    show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
+
+
 @lru_cache(maxsize=64)
 def _valve_defaults(cls: type) -> dict:
     """The valves' defaults (this module's Valves' for objects that lack some)."""
-    fields = {**Filter.Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
+    fields = {**Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
     return {n: f.default for n, f in fields.items()}
 
 
@@ -3294,7 +3394,6 @@ DENIED_RETRY = 30.0  # seconds between schema attempts while permission is denie
 NON_SAVED_CHAT_ID_PREFIXES = ("temporary:", "local:", "channel:")  # Open WebUI's utils/chat_id.py, 0.9-0.12
 EPHEMERAL_CHATS = 256  # unsaved chats whose summaries one worker remembers
 EPHEMERAL_KEPT_PER_CHAT = 2
-API_RETENTION_DAYS = 30  # default of the valve api_summary_retention_days
 RETENTION_SWEEP_EVERY = 300.0  # seconds between sweeps of a deployment (ACC_RETENTION_SWEEP_SECONDS overrides it)
 RETENTION_SCOPE = "acc-retention-sweep"  # its lease (no ':': never taken for a chat's)
 SWEEP_BATCH = 500  # summary or lease rows examined per transaction
@@ -4507,511 +4606,9 @@ async def owui_complete(
 
 
 # ---------------------------------------------------------------------------
-# 7. Status texts, one table entry per UI language
+# 7. Status lines: what one request sent, said in the user's language (texts in the appendix)
 # ---------------------------------------------------------------------------
-
-STATUS_TEXTS: dict = {
-    "en": {
-        "sent": "{used} tokens sent",
-        "in_summary": "summary covers {messages}",
-        "left_out": "{messages} left out to fit",
-        "over_cap": "still over the cap",
-        "repaired": "tool-call history repaired",
-        "summaries_down": "summaries unavailable: {reason}",
-        "summarizing": "Summarizing {messages} in the background…",
-        "summary_done": "Summary updated: covers {messages}",
-        "summary_plain": "Summary updated: covers {messages}; your /summarize instructions were left out: you may not use the summary model",
-        "summary_source": "Conversation summary ({messages})",
-        "summary_nothing": "Nothing to summarize yet: the conversation is still short",
-        "summary_failed": "Summary failed: {reason} · next try in {retry}",
-        "skipped": "Context compression skipped this request: {reason}",
-        "settings": "Settings: {reason}",
-        "r_timeout": "the summarizer timed out",
-        "r_model_error": "the summarizer returned an error",
-        "r_empty": "the summarizer's answer was empty",
-        "r_reasoning_only": "the summarizer's answer held only reasoning",
-        "r_direct": "the summary model is a browser-side connection",
-        "r_unreadable": "the summarizer's answer was unreadable",
-        "r_no_summarizer": "no summarizer is available",
-        "r_store_down": "the database is unreachable",
-        "r_store_denied": "no permission to create tables",
-        "r_store_busy": "the database is busy",
-        "r_internal": "an internal error",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) is not below max_context_tokens ({cap}); summaries start at {share} of the cap",
-        "n_summary_budget": "max_summary_tokens ({wanted}) does not fit the summarizer's window ({window}); using {used}",
-        "n_unreadable": "{name} cannot be read ({detail}); ignored",
-        "n_thresholds_entry": "model_thresholds entry ignored: {entry}",
-        "n_valve_invalid": "{name} = {value} is not valid (expected {allowed}); using {used}",
-        "n_params_own": "summary_model_params: the filter sets {names} itself; ignored",
-        "n_valves_reset": "the stored valves could not be read; the defaults are used",
-        "n_carried": "carried over from the older filter: {names}",
-        "n_ignored": "not used by this filter, ignored: {names}",
-        "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
-        "loop_summarizing": "Tool loop: summarizing {messages} of earlier rounds in the background…",
-        "loop_summary_done": "Tool loop: earlier rounds summarized ({messages}); later calls send the summary",
-        "loop_summary_failed": "Tool loop: earlier rounds not summarized ({reason}); older results are shortened instead",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "window {window}, from the provider's model list",
-        "w_error": "window {window}, learned from the provider's error",
-        "w_cut": "window {window}, learned from the model's usage (it cut the prompt)",
-    },
-    "zh": {
-        "sent": "已发送 {used} tokens",
-        "in_summary": "摘要涵盖 {messages}",
-        "left_out": "为适应上限未发送 {messages}",
-        "over_cap": "仍超出上限",
-        "repaired": "已修复工具调用历史",
-        "summaries_down": "摘要不可用：{reason}",
-        "summarizing": "正在后台摘要 {messages}…",
-        "summary_done": "摘要已更新：涵盖 {messages}",
-        "summary_plain": "摘要已更新：涵盖 {messages}；未采用你的 /summarize 指令：你无权使用摘要模型",
-        "summary_source": "对话摘要（{messages}）",
-        "summary_nothing": "暂无可摘要的内容：对话还很短",
-        "summary_failed": "摘要失败：{reason} · {retry} 后重试",
-        "skipped": "本次请求未进行上下文压缩：{reason}",
-        "settings": "设置：{reason}",
-        "r_timeout": "摘要模型超时",
-        "r_model_error": "摘要模型返回错误",
-        "r_empty": "摘要模型的回答为空",
-        "r_reasoning_only": "摘要模型的回答只有推理内容",
-        "r_direct": "摘要模型是浏览器端直连模型",
-        "r_unreadable": "无法读取摘要模型的回答",
-        "r_no_summarizer": "没有可用的摘要模型",
-        "r_store_down": "无法连接数据库",
-        "r_store_denied": "没有建表权限",
-        "r_store_busy": "数据库繁忙",
-        "r_internal": "内部错误",
-        "n_threshold_cap": "compression_threshold_tokens（{threshold}）不低于 max_context_tokens（{cap}）；改为在上限的 {share} 时开始摘要",
-        "n_summary_budget": "max_summary_tokens（{wanted}）超出摘要模型的窗口（{window}）；改用 {used}",
-        "n_unreadable": "无法读取 {name}（{detail}）；已忽略",
-        "n_thresholds_entry": "已忽略 model_thresholds 条目：{entry}",
-        "n_valve_invalid": "{name} = {value} 无效（应为 {allowed}）；改用 {used}",
-        "n_params_own": "summary_model_params：{names} 由过滤器自行设置；已忽略",
-        "n_valves_reset": "无法读取已保存的设置；使用默认值",
-        "n_carried": "已沿用旧版过滤器的设置：{names}",
-        "n_ignored": "本过滤器不使用，已忽略：{names}",
-        "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
-        "loop_summarizing": "工具循环：正在后台摘要之前轮次的 {messages}…",
-        "loop_summary_done": "工具循环：之前的轮次已摘要（{messages}）；后续调用发送摘要",
-        "loop_summary_failed": "工具循环：之前的轮次未能摘要（{reason}）；改为缩短较早的结果",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "上下文窗口 {window}，来自服务商的模型列表",
-        "w_error": "上下文窗口 {window}，从服务商的报错中得知",
-        "w_cut": "上下文窗口 {window}，从模型报告的用量得知（它截断了提示）",
-    },
-    "ja": {
-        "sent": "{used} トークン送信",
-        "in_summary": "要約は {messages}を含む",
-        "left_out": "上限に収めるため {messages}を省略",
-        "over_cap": "まだ上限を超えています",
-        "repaired": "ツール呼び出し履歴を修復しました",
-        "summaries_down": "要約を利用できません：{reason}",
-        "summarizing": "バックグラウンドで {messages}を要約中…",
-        "summary_done": "要約を更新しました：{messages}を含む",
-        "summary_plain": "要約を更新しました：{messages}を含む。/summarize の指示は使われていません：要約モデルの利用権限がありません",
-        "summary_source": "会話の要約（{messages}）",
-        "summary_nothing": "まだ要約するものがありません：会話がまだ短いです",
-        "summary_failed": "要約に失敗しました：{reason} · {retry} 後に再試行",
-        "skipped": "このリクエストではコンテキスト圧縮を行いませんでした：{reason}",
-        "settings": "設定：{reason}",
-        "r_timeout": "要約モデルがタイムアウトしました",
-        "r_model_error": "要約モデルがエラーを返しました",
-        "r_empty": "要約モデルの回答が空でした",
-        "r_reasoning_only": "要約モデルの回答が推論のみでした",
-        "r_direct": "要約モデルがブラウザ側の直接接続です",
-        "r_unreadable": "要約モデルの回答を読み取れませんでした",
-        "r_no_summarizer": "利用できる要約モデルがありません",
-        "r_store_down": "データベースに接続できません",
-        "r_store_denied": "テーブルを作成する権限がありません",
-        "r_store_busy": "データベースがビジーです",
-        "r_internal": "内部エラー",
-        "n_threshold_cap": "compression_threshold_tokens（{threshold}）が max_context_tokens（{cap}）未満ではありません。上限の {share} で要約を開始します",
-        "n_summary_budget": "max_summary_tokens（{wanted}）が要約モデルのウィンドウ（{window}）に収まりません。{used} を使用します",
-        "n_unreadable": "{name} を読み取れません（{detail}）。無視します",
-        "n_thresholds_entry": "model_thresholds の項目を無視しました：{entry}",
-        "n_valve_invalid": "{name} = {value} は無効です（{allowed} を指定してください）。{used} を使用します",
-        "n_params_own": "summary_model_params：{names} はフィルターが設定するため無視します",
-        "n_valves_reset": "保存された設定を読み取れないため、既定値を使用します",
-        "n_carried": "旧フィルターから引き継ぎました：{names}",
-        "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
-        "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
-        "loop_summarizing": "ツールループ：以前のラウンドの {messages}をバックグラウンドで要約中…",
-        "loop_summary_done": "ツールループ：以前のラウンドを要約しました（{messages}）；以降の呼び出しは要約を送ります",
-        "loop_summary_failed": "ツールループ：以前のラウンドを要約できませんでした（{reason}）；古い結果を短縮します",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "コンテキストウィンドウ {window}（プロバイダーのモデル一覧より）",
-        "w_error": "コンテキストウィンドウ {window}（プロバイダーのエラーから学習）",
-        "w_cut": "コンテキストウィンドウ {window}（モデルの使用量から学習：プロンプトが切り詰められました）",
-    },
-    "ko": {
-        "sent": "{used} 토큰 전송",
-        "in_summary": "요약에 {messages} 포함",
-        "left_out": "한도에 맞추려고 {messages} 제외",
-        "over_cap": "여전히 한도 초과",
-        "repaired": "도구 호출 기록을 복구했습니다",
-        "summaries_down": "요약을 사용할 수 없음: {reason}",
-        "summarizing": "백그라운드에서 {messages} 요약 중…",
-        "summary_done": "요약 업데이트됨: {messages} 포함",
-        "summary_plain": "요약 업데이트됨: {messages} 포함. /summarize 지시는 반영되지 않음: 요약 모델 사용 권한 없음",
-        "summary_source": "대화 요약 ({messages})",
-        "summary_nothing": "아직 요약할 내용이 없습니다: 대화가 아직 짧습니다",
-        "summary_failed": "요약 실패: {reason} · {retry} 후 다시 시도",
-        "skipped": "이 요청에서는 컨텍스트 압축을 건너뛰었습니다: {reason}",
-        "settings": "설정: {reason}",
-        "r_timeout": "요약 모델 시간 초과",
-        "r_model_error": "요약 모델이 오류를 반환함",
-        "r_empty": "요약 모델의 응답이 비어 있음",
-        "r_reasoning_only": "요약 모델의 응답에 추론만 있음",
-        "r_direct": "요약 모델이 브라우저 측 직접 연결임",
-        "r_unreadable": "요약 모델의 응답을 읽을 수 없음",
-        "r_no_summarizer": "사용 가능한 요약 모델이 없음",
-        "r_store_down": "데이터베이스에 연결할 수 없음",
-        "r_store_denied": "테이블 생성 권한이 없음",
-        "r_store_busy": "데이터베이스가 사용 중임",
-        "r_internal": "내부 오류",
-        "n_threshold_cap": "compression_threshold_tokens({threshold})가 max_context_tokens({cap})보다 작지 않습니다. 한도의 {share}에서 요약을 시작합니다",
-        "n_summary_budget": "max_summary_tokens({wanted})가 요약 모델의 창({window})에 맞지 않습니다. {used}을(를) 사용합니다",
-        "n_unreadable": "{name}을(를) 읽을 수 없습니다({detail}). 무시합니다",
-        "n_thresholds_entry": "model_thresholds 항목을 무시했습니다: {entry}",
-        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다(허용 값: {allowed}). {used}을(를) 사용합니다",
-        "n_params_own": "summary_model_params: {names}은(는) 필터가 직접 설정하므로 무시합니다",
-        "n_valves_reset": "저장된 설정을 읽을 수 없어 기본값을 사용합니다",
-        "n_carried": "이전 필터에서 가져온 설정: {names}",
-        "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
-        "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
-        "loop_summarizing": "도구 루프: 이전 라운드의 {messages} 백그라운드에서 요약 중…",
-        "loop_summary_done": "도구 루프: 이전 라운드 요약됨 ({messages}); 이후 호출은 요약을 보냅니다",
-        "loop_summary_failed": "도구 루프: 이전 라운드를 요약하지 못함 ({reason}); 대신 오래된 결과를 줄입니다",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "컨텍스트 창 {window}, 제공자의 모델 목록에서",
-        "w_error": "컨텍스트 창 {window}, 제공자의 오류에서 학습",
-        "w_cut": "컨텍스트 창 {window}, 모델의 사용량에서 학습(프롬프트가 잘림)",
-    },
-    "fr": {
-        "sent": "{used} tokens envoyés",
-        "in_summary": "le résumé couvre {messages}",
-        "left_out": "{messages} omis pour tenir",
-        "over_cap": "toujours au-dessus de la limite",
-        "repaired": "historique des appels d'outils réparé",
-        "summaries_down": "résumés indisponibles : {reason}",
-        "summarizing": "Résumé de {messages} en arrière-plan…",
-        "summary_done": "Résumé mis à jour : couvre {messages}",
-        "summary_plain": "Résumé mis à jour : couvre {messages} ; vos instructions /summarize sont ignorées : vous n'avez pas accès au modèle de résumé",
-        "summary_source": "Résumé de la conversation ({messages})",
-        "summary_nothing": "Rien à résumer pour l'instant : la conversation est encore courte",
-        "summary_failed": "Échec du résumé : {reason} · nouvel essai dans {retry}",
-        "skipped": "Compression du contexte ignorée pour cette requête : {reason}",
-        "settings": "Réglages : {reason}",
-        "r_timeout": "le modèle de résumé a expiré",
-        "r_model_error": "le modèle de résumé a renvoyé une erreur",
-        "r_empty": "la réponse du modèle de résumé était vide",
-        "r_reasoning_only": "la réponse du modèle de résumé ne contenait que du raisonnement",
-        "r_direct": "le modèle de résumé est une connexion directe du navigateur",
-        "r_unreadable": "la réponse du modèle de résumé était illisible",
-        "r_no_summarizer": "aucun modèle de résumé disponible",
-        "r_store_down": "la base de données est injoignable",
-        "r_store_denied": "pas le droit de créer des tables",
-        "r_store_busy": "la base de données est occupée",
-        "r_internal": "une erreur interne",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) n'est pas inférieur à max_context_tokens ({cap}) ; les résumés commencent à {share} de la limite",
-        "n_summary_budget": "max_summary_tokens ({wanted}) ne tient pas dans la fenêtre du modèle de résumé ({window}) ; {used} est utilisé",
-        "n_unreadable": "{name} illisible ({detail}) ; ignoré",
-        "n_thresholds_entry": "entrée de model_thresholds ignorée : {entry}",
-        "n_valve_invalid": "{name} = {value} n'est pas valide (attendu : {allowed}) ; {used} est utilisé",
-        "n_params_own": "summary_model_params : {names} est fixé par le filtre ; ignoré",
-        "n_valves_reset": "les réglages enregistrés sont illisibles ; valeurs par défaut utilisées",
-        "n_carried": "repris de l'ancien filtre : {names}",
-        "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
-        "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
-        "loop_summarizing": "Boucle d'outils : résumé de {messages} des tours précédents en arrière-plan…",
-        "loop_summary_done": "Boucle d'outils : tours précédents résumés ({messages}) ; les appels suivants envoient le résumé",
-        "loop_summary_failed": "Boucle d'outils : tours précédents non résumés ({reason}) ; les anciens résultats sont raccourcis",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "fenêtre de {window}, d'après la liste de modèles du fournisseur",
-        "w_error": "fenêtre de {window}, apprise de l'erreur du fournisseur",
-        "w_cut": "fenêtre de {window}, apprise de l'usage rapporté par le modèle (il a tronqué le prompt)",
-    },
-    "de": {
-        "sent": "{used} Tokens gesendet",
-        "in_summary": "Zusammenfassung umfasst {messages}",
-        "left_out": "{messages} weggelassen, um das Limit einzuhalten",
-        "over_cap": "weiterhin über dem Limit",
-        "repaired": "Verlauf der Tool-Aufrufe repariert",
-        "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
-        "summarizing": "Fasse {messages} im Hintergrund zusammen…",
-        "summary_done": "Zusammenfassung aktualisiert: umfasst {messages}",
-        "summary_plain": "Zusammenfassung aktualisiert: umfasst {messages}; Ihre /summarize-Anweisungen blieben unberücksichtigt: kein Zugriff auf das Zusammenfassungsmodell",
-        "summary_source": "Zusammenfassung des Gesprächs ({messages})",
-        "summary_nothing": "Noch nichts zusammenzufassen: das Gespräch ist noch kurz",
-        "summary_failed": "Zusammenfassung fehlgeschlagen: {reason} · neuer Versuch in {retry}",
-        "skipped": "Kontextkomprimierung für diese Anfrage übersprungen: {reason}",
-        "settings": "Einstellungen: {reason}",
-        "r_timeout": "Zeitüberschreitung beim Zusammenfassungsmodell",
-        "r_model_error": "das Zusammenfassungsmodell meldete einen Fehler",
-        "r_empty": "die Antwort des Zusammenfassungsmodells war leer",
-        "r_reasoning_only": "die Antwort des Zusammenfassungsmodells enthielt nur Reasoning",
-        "r_direct": "das Zusammenfassungsmodell ist eine direkte Browserverbindung",
-        "r_unreadable": "die Antwort des Zusammenfassungsmodells war unlesbar",
-        "r_no_summarizer": "kein Zusammenfassungsmodell verfügbar",
-        "r_store_down": "die Datenbank ist nicht erreichbar",
-        "r_store_denied": "keine Berechtigung, Tabellen anzulegen",
-        "r_store_busy": "die Datenbank ist ausgelastet",
-        "r_internal": "ein interner Fehler",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) liegt nicht unter max_context_tokens ({cap}); Zusammenfassungen beginnen bei {share} des Limits",
-        "n_summary_budget": "max_summary_tokens ({wanted}) passt nicht in das Fenster des Zusammenfassungsmodells ({window}); verwende {used}",
-        "n_unreadable": "{name} ist nicht lesbar ({detail}); ignoriert",
-        "n_thresholds_entry": "Eintrag in model_thresholds ignoriert: {entry}",
-        "n_valve_invalid": "{name} = {value} ist ungültig (erwartet: {allowed}); verwende {used}",
-        "n_params_own": "summary_model_params: {names} setzt der Filter selbst; ignoriert",
-        "n_valves_reset": "die gespeicherten Einstellungen sind nicht lesbar; Standardwerte werden verwendet",
-        "n_carried": "vom älteren Filter übernommen: {names}",
-        "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
-        "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
-        "loop_summarizing": "Tool-Schleife: fasse {messages} früherer Runden im Hintergrund zusammen…",
-        "loop_summary_done": "Tool-Schleife: frühere Runden zusammengefasst ({messages}); spätere Aufrufe senden die Zusammenfassung",
-        "loop_summary_failed": "Tool-Schleife: frühere Runden nicht zusammengefasst ({reason}); ältere Ergebnisse werden stattdessen gekürzt",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "Fenster {window}, aus der Modellliste des Anbieters",
-        "w_error": "Fenster {window}, aus dem Fehler des Anbieters gelernt",
-        "w_cut": "Fenster {window}, aus der gemeldeten Nutzung gelernt (das Modell hat den Prompt gekürzt)",
-    },
-    "es": {
-        "sent": "{used} tokens enviados",
-        "in_summary": "el resumen cubre {messages}",
-        "left_out": "omitido por el límite: {messages}",
-        "over_cap": "todavía por encima del límite",
-        "repaired": "historial de llamadas a herramientas reparado",
-        "summaries_down": "resúmenes no disponibles: {reason}",
-        "summarizing": "Resumiendo {messages} en segundo plano…",
-        "summary_done": "Resumen actualizado: cubre {messages}",
-        "summary_plain": "Resumen actualizado: cubre {messages}; sin tus instrucciones de /summarize: no tienes acceso al modelo de resumen",
-        "summary_source": "Resumen de la conversación ({messages})",
-        "summary_nothing": "Aún no hay nada que resumir: la conversación es corta",
-        "summary_failed": "El resumen falló: {reason} · nuevo intento en {retry}",
-        "skipped": "Compresión de contexto omitida en esta solicitud: {reason}",
-        "settings": "Ajustes: {reason}",
-        "r_timeout": "el modelo de resumen agotó el tiempo",
-        "r_model_error": "el modelo de resumen devolvió un error",
-        "r_empty": "la respuesta del modelo de resumen estaba vacía",
-        "r_reasoning_only": "la respuesta del modelo de resumen solo contenía razonamiento",
-        "r_direct": "el modelo de resumen es una conexión directa del navegador",
-        "r_unreadable": "la respuesta del modelo de resumen era ilegible",
-        "r_no_summarizer": "no hay modelo de resumen disponible",
-        "r_store_down": "la base de datos no está accesible",
-        "r_store_denied": "sin permiso para crear tablas",
-        "r_store_busy": "la base de datos está ocupada",
-        "r_internal": "un error interno",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) no es menor que max_context_tokens ({cap}); los resúmenes empiezan al {share} del límite",
-        "n_summary_budget": "max_summary_tokens ({wanted}) no cabe en la ventana del modelo de resumen ({window}); se usa {used}",
-        "n_unreadable": "no se puede leer {name} ({detail}); se ignora",
-        "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
-        "n_valve_invalid": "{name} = {value} no es válido (se espera {allowed}); se usa {used}",
-        "n_params_own": "summary_model_params: el filtro fija {names} por sí mismo; se ignora",
-        "n_valves_reset": "no se pueden leer los ajustes guardados; se usan los valores predeterminados",
-        "n_carried": "tomado del filtro anterior: {names}",
-        "n_ignored": "este filtro no lo usa, se ignora: {names}",
-        "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
-        "loop_summarizing": "Bucle de herramientas: resumiendo {messages} de rondas anteriores en segundo plano…",
-        "loop_summary_done": "Bucle de herramientas: rondas anteriores resumidas ({messages}); las llamadas siguientes envían el resumen",
-        "loop_summary_failed": "Bucle de herramientas: rondas anteriores sin resumir ({reason}); se acortan los resultados antiguos",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "ventana de {window}, según la lista de modelos del proveedor",
-        "w_error": "ventana de {window}, aprendida del error del proveedor",
-        "w_cut": "ventana de {window}, aprendida del uso que informó el modelo (recortó el prompt)",
-    },
-    "pt": {
-        "sent": "{used} tokens enviados",
-        "in_summary": "o resumo cobre {messages}",
-        "left_out": "omitido pelo limite: {messages}",
-        "over_cap": "ainda acima do limite",
-        "repaired": "histórico de chamadas de ferramentas reparado",
-        "summaries_down": "resumos indisponíveis: {reason}",
-        "summarizing": "Resumindo {messages} em segundo plano…",
-        "summary_done": "Resumo atualizado: cobre {messages}",
-        "summary_plain": "Resumo atualizado: cobre {messages}; sem as suas instruções de /summarize: você não tem acesso ao modelo de resumo",
-        "summary_source": "Resumo da conversa ({messages})",
-        "summary_nothing": "Ainda não há nada para resumir: a conversa ainda é curta",
-        "summary_failed": "O resumo falhou: {reason} · nova tentativa em {retry}",
-        "skipped": "Compressão de contexto ignorada nesta solicitação: {reason}",
-        "settings": "Configurações: {reason}",
-        "r_timeout": "o modelo de resumo excedeu o tempo",
-        "r_model_error": "o modelo de resumo retornou um erro",
-        "r_empty": "a resposta do modelo de resumo veio vazia",
-        "r_reasoning_only": "a resposta do modelo de resumo continha só raciocínio",
-        "r_direct": "o modelo de resumo é uma conexão direta do navegador",
-        "r_unreadable": "a resposta do modelo de resumo era ilegível",
-        "r_no_summarizer": "nenhum modelo de resumo disponível",
-        "r_store_down": "o banco de dados está inacessível",
-        "r_store_denied": "sem permissão para criar tabelas",
-        "r_store_busy": "o banco de dados está ocupado",
-        "r_internal": "um erro interno",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) não é menor que max_context_tokens ({cap}); os resumos começam em {share} do limite",
-        "n_summary_budget": "max_summary_tokens ({wanted}) não cabe na janela do modelo de resumo ({window}); usando {used}",
-        "n_unreadable": "não é possível ler {name} ({detail}); ignorado",
-        "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
-        "n_valve_invalid": "{name} = {value} não é válido (esperado: {allowed}); usando {used}",
-        "n_params_own": "summary_model_params: {names} é definido pelo próprio filtro; ignorado",
-        "n_valves_reset": "não é possível ler as configurações salvas; usando os padrões",
-        "n_carried": "trazido do filtro antigo: {names}",
-        "n_ignored": "não usado por este filtro, ignorado: {names}",
-        "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
-        "loop_summarizing": "Ciclo de ferramentas: resumindo {messages} de rodadas anteriores em segundo plano…",
-        "loop_summary_done": "Ciclo de ferramentas: rodadas anteriores resumidas ({messages}); as chamadas seguintes enviam o resumo",
-        "loop_summary_failed": "Ciclo de ferramentas: rodadas anteriores não resumidas ({reason}); os resultados antigos são encurtados",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "janela de {window}, da lista de modelos do provedor",
-        "w_error": "janela de {window}, aprendida com o erro do provedor",
-        "w_cut": "janela de {window}, aprendida com o uso informado pelo modelo (ele cortou o prompt)",
-    },
-    "ru": {
-        "sent": "отправлено {used} токенов",
-        "in_summary": "в сводке: {messages}",
-        "left_out": "не отправлено ради лимита: {messages}",
-        "over_cap": "лимит всё ещё превышен",
-        "repaired": "история вызовов инструментов исправлена",
-        "summaries_down": "сводки недоступны: {reason}",
-        "summarizing": "Составляется сводка в фоне: {messages}…",
-        "summary_done": "Сводка обновлена: {messages}",
-        "summary_plain": "Сводка обновлена: {messages}; ваши указания /summarize не учтены: нет доступа к модели сводки",
-        "summary_source": "Сводка разговора ({messages})",
-        "summary_nothing": "Пока нечего сводить: разговор ещё короткий",
-        "summary_failed": "Сводка не удалась: {reason} · повтор через {retry}",
-        "skipped": "Сжатие контекста для этого запроса пропущено: {reason}",
-        "settings": "Настройки: {reason}",
-        "r_timeout": "модель сводки не ответила вовремя",
-        "r_model_error": "модель сводки вернула ошибку",
-        "r_empty": "модель сводки вернула пустой ответ",
-        "r_reasoning_only": "в ответе модели сводки только рассуждения",
-        "r_direct": "модель сводки — прямое подключение из браузера",
-        "r_unreadable": "ответ модели сводки не удалось прочитать",
-        "r_no_summarizer": "нет доступной модели сводки",
-        "r_store_down": "база данных недоступна",
-        "r_store_denied": "нет прав на создание таблиц",
-        "r_store_busy": "база данных занята",
-        "r_internal": "внутренняя ошибка",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) не меньше max_context_tokens ({cap}); сводки начинаются при {share} лимита",
-        "n_summary_budget": "max_summary_tokens ({wanted}) не помещается в окно модели сводки ({window}); используется {used}",
-        "n_unreadable": "{name} не читается ({detail}); пропущено",
-        "n_thresholds_entry": "запись model_thresholds пропущена: {entry}",
-        "n_valve_invalid": "{name} = {value} недопустимо (ожидается {allowed}); используется {used}",
-        "n_params_own": "summary_model_params: {names} задаёт сам фильтр; пропущено",
-        "n_valves_reset": "сохранённые настройки не читаются; используются значения по умолчанию",
-        "n_carried": "перенесено из старого фильтра: {names}",
-        "n_ignored": "не используется этим фильтром, пропущено: {names}",
-        "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
-        "loop_summarizing": "Цикл инструментов: в фоне составляется сводка ранних раундов: {messages}…",
-        "loop_summary_done": "Цикл инструментов: ранние раунды сведены ({messages}); следующие вызовы отправляют сводку",
-        "loop_summary_failed": "Цикл инструментов: сводка ранних раундов не удалась ({reason}); старые результаты сокращаются",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "окно {window}, из списка моделей провайдера",
-        "w_error": "окно {window}, узнано из ошибки провайдера",
-        "w_cut": "окно {window}, узнано из отчёта модели об использовании (она обрезала запрос)",
-    },
-    "it": {
-        "sent": "{used} token inviati",
-        "in_summary": "il riepilogo copre {messages}",
-        "left_out": "omesso per il limite: {messages}",
-        "over_cap": "ancora oltre il limite",
-        "repaired": "cronologia delle chiamate agli strumenti riparata",
-        "summaries_down": "riepiloghi non disponibili: {reason}",
-        "summarizing": "Riepilogo di {messages} in background…",
-        "summary_done": "Riepilogo aggiornato: copre {messages}",
-        "summary_plain": "Riepilogo aggiornato: copre {messages}; le tue istruzioni /summarize sono state ignorate: non hai accesso al modello di riepilogo",
-        "summary_source": "Riepilogo della conversazione ({messages})",
-        "summary_nothing": "Ancora niente da riassumere: la conversazione è breve",
-        "summary_failed": "Riepilogo non riuscito: {reason} · nuovo tentativo tra {retry}",
-        "skipped": "Compressione del contesto saltata per questa richiesta: {reason}",
-        "settings": "Impostazioni: {reason}",
-        "r_timeout": "il modello di riepilogo è andato in timeout",
-        "r_model_error": "il modello di riepilogo ha restituito un errore",
-        "r_empty": "la risposta del modello di riepilogo era vuota",
-        "r_reasoning_only": "la risposta del modello di riepilogo conteneva solo ragionamento",
-        "r_direct": "il modello di riepilogo è una connessione diretta del browser",
-        "r_unreadable": "la risposta del modello di riepilogo era illeggibile",
-        "r_no_summarizer": "nessun modello di riepilogo disponibile",
-        "r_store_down": "il database non è raggiungibile",
-        "r_store_denied": "nessun permesso per creare tabelle",
-        "r_store_busy": "il database è occupato",
-        "r_internal": "un errore interno",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) non è inferiore a max_context_tokens ({cap}); i riepiloghi partono al {share} del limite",
-        "n_summary_budget": "max_summary_tokens ({wanted}) non rientra nella finestra del modello di riepilogo ({window}); si usa {used}",
-        "n_unreadable": "{name} non leggibile ({detail}); ignorato",
-        "n_thresholds_entry": "voce di model_thresholds ignorata: {entry}",
-        "n_valve_invalid": "{name} = {value} non è valido (atteso: {allowed}); si usa {used}",
-        "n_params_own": "summary_model_params: {names} è impostato dal filtro stesso; ignorato",
-        "n_valves_reset": "le impostazioni salvate non sono leggibili; si usano i valori predefiniti",
-        "n_carried": "ripreso dal filtro precedente: {names}",
-        "n_ignored": "non usato da questo filtro, ignorato: {names}",
-        "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
-        "loop_summarizing": "Ciclo di strumenti: riepilogo di {messages} dei turni precedenti in background…",
-        "loop_summary_done": "Ciclo di strumenti: turni precedenti riassunti ({messages}); le chiamate successive inviano il riepilogo",
-        "loop_summary_failed": "Ciclo di strumenti: turni precedenti non riassunti ({reason}); i risultati più vecchi vengono accorciati",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "finestra di {window}, dall'elenco dei modelli del fornitore",
-        "w_error": "finestra di {window}, appresa dall'errore del fornitore",
-        "w_cut": "finestra di {window}, appresa dall'uso riportato dal modello (ha troncato il prompt)",
-    },
-    "pl": {
-        "sent": "wysłano {used} tokenów",
-        "in_summary": "w podsumowaniu: {messages}",
-        "left_out": "pominięto, by zmieścić się w limicie: {messages}",
-        "over_cap": "nadal powyżej limitu",
-        "repaired": "naprawiono historię wywołań narzędzi",
-        "summaries_down": "podsumowania niedostępne: {reason}",
-        "summarizing": "Podsumowywanie w tle: {messages}…",
-        "summary_done": "Podsumowanie zaktualizowane: {messages}",
-        "summary_plain": "Podsumowanie zaktualizowane: {messages}; pominięto Twoje polecenia /summarize: brak dostępu do modelu podsumowań",
-        "summary_source": "Podsumowanie rozmowy ({messages})",
-        "summary_nothing": "Na razie nie ma czego podsumować: rozmowa jest jeszcze krótka",
-        "summary_failed": "Podsumowanie nie powiodło się: {reason} · ponowna próba za {retry}",
-        "skipped": "Kompresja kontekstu pominięta dla tego żądania: {reason}",
-        "settings": "Ustawienia: {reason}",
-        "r_timeout": "model podsumowań przekroczył czas",
-        "r_model_error": "model podsumowań zwrócił błąd",
-        "r_empty": "odpowiedź modelu podsumowań była pusta",
-        "r_reasoning_only": "odpowiedź modelu podsumowań zawierała tylko rozumowanie",
-        "r_direct": "model podsumowań to bezpośrednie połączenie z przeglądarki",
-        "r_unreadable": "nie można odczytać odpowiedzi modelu podsumowań",
-        "r_no_summarizer": "brak dostępnego modelu podsumowań",
-        "r_store_down": "baza danych jest nieosiągalna",
-        "r_store_denied": "brak uprawnień do tworzenia tabel",
-        "r_store_busy": "baza danych jest zajęta",
-        "r_internal": "błąd wewnętrzny",
-        "n_threshold_cap": "compression_threshold_tokens ({threshold}) nie jest mniejsze niż max_context_tokens ({cap}); podsumowania zaczynają się przy {share} limitu",
-        "n_summary_budget": "max_summary_tokens ({wanted}) nie mieści się w oknie modelu podsumowań ({window}); użyto {used}",
-        "n_unreadable": "nie można odczytać {name} ({detail}); pominięto",
-        "n_thresholds_entry": "pominięto wpis model_thresholds: {entry}",
-        "n_valve_invalid": "{name} = {value} jest nieprawidłowe (oczekiwano: {allowed}); użyto {used}",
-        "n_params_own": "summary_model_params: {names} ustawia sam filtr; pominięto",
-        "n_valves_reset": "nie można odczytać zapisanych ustawień; użyto wartości domyślnych",
-        "n_carried": "przeniesiono ze starszego filtra: {names}",
-        "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
-        "n_builtin_on": "Wbudowana automatyczna kompresja Open WebUI też jest włączona: może opóźniać odpowiedzi podczas podsumowywania; ten filtr kontynuuje od jej podsumowań",
-        "loop_summarizing": "Pętla narzędzi: podsumowywanie w tle wcześniejszych rund: {messages}…",
-        "loop_summary_done": "Pętla narzędzi: wcześniejsze rundy podsumowane ({messages}); kolejne wywołania wysyłają podsumowanie",
-        "loop_summary_failed": "Pętla narzędzi: wcześniejszych rund nie podsumowano ({reason}); starsze wyniki są skracane",
-        # the model's window, told once (ModelWindow.news)
-        "w_published": "okno {window}, z listy modeli dostawcy",
-        "w_error": "okno {window}, poznane z błędu dostawcy",
-        "w_cut": "okno {window}, poznane z użycia zgłoszonego przez model (obciął prompt)",
-    },
-}
-
-# The noun "message" after a count, per language: (one, few, many) for the Slavic rules, (one, other) elsewhere;
-# CJK languages put the count in a pattern and have no plural.
-MESSAGE_NOUNS: dict = {
-    "en": ("{n} message", "{n} messages"),
-    "fr": ("{n} message", "{n} messages"),
-    "de": ("{n} Nachricht", "{n} Nachrichten"),
-    "es": ("{n} mensaje", "{n} mensajes"),
-    "pt": ("{n} mensagem", "{n} mensagens"),
-    "it": ("{n} messaggio", "{n} messaggi"),
-    "ru": ("{n} сообщение", "{n} сообщения", "{n} сообщений"),
-    "pl": ("{n} wiadomość", "{n} wiadomości", "{n} wiadomości"),
-    "zh": ("{n} 条消息",),
-    "ja": ("{n} 件のメッセージ",),
-    "ko": ("메시지 {n}개",),
-}
+# The texts themselves (STATUS_TEXTS, MESSAGE_NOUNS) are data: they close the file, after the Filter.
 
 
 def user_language(metadata: Any, user: Any = None) -> str:
@@ -5101,6 +4698,9 @@ def status_text(language: str, key: str, **values: Any) -> str:
     except Exception:  # a status line must never fail a request
         log.exception("async_context_compression: status text %r failed", key)
         return str(key)
+
+
+Note.say = staticmethod(status_text)  # layer 4's notes are said in the user's language with these texts
 
 
 @dataclass(frozen=True)
@@ -6060,98 +5660,9 @@ class RequestPath:
 # ---------------------------------------------------------------------------
 
 
-class _TolerantValves(BaseModel):
-    """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
-
-    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _accept_anything_stored(cls, data: Any, handler: Callable) -> Any:
-        return validate_valves(cls, data, handler)
-
-
 class Filter:
-    class Valves(_TolerantValves):
-        priority: int = Field(
-            default=10,
-            description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
-        )
-        compression_threshold_tokens: int = Field(
-            default=0,
-            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
-        )
-        max_context_tokens: int = Field(
-            default=0,
-            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
-        )
-        summary_trigger_ratio: float = Field(
-            default=0.75,
-            description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
-        )
-        summary_low_water: float = Field(
-            default=0.5,
-            description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
-        )
-        keep_first: int = Field(
-            default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
-        )
-        keep_last: int = Field(
-            default=6,
-            description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
-        )
-        summary_model: str = Field(
-            default="",
-            description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
-        )
-        summary_model_max_context: int = Field(
-            default=0,
-            description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
-        )
-        max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
-        summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
-        summary_timeout_seconds: int = Field(
-            default=120,
-            description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
-        )
-        summary_style: str = Field(
-            default="balanced",
-            description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
-        )
-        summary_prompt: str = Field(
-            default="",
-            description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
-        )
-        summary_model_params: str = Field(
-            default="",
-            description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
-        )
-        model_thresholds: str = Field(
-            default="",
-            description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
-        )
-        show_status: bool = Field(
-            default=True, description="Show context usage and summary progress in the chat's status line."
-        )
-        status_usage_threshold: float = Field(
-            default=0.0,
-            description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
-        )
-        debug: bool = Field(
-            default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
-        )
-        api_summary_retention_days: int = Field(
-            default=API_RETENTION_DAYS,
-            description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
-        )
-        erase_stored_data: bool = Field(
-            default=False,
-            description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
-        )
-
-    class UserValves(_TolerantValves):
-        enabled: bool = Field(default=True, description="Compress the context of my chats.")
-        show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
+    Valves = Valves  # the admin's valves (layer 4 defines them with the rest of the settings)
+    UserValves = UserValves
 
     def __init__(self):
         self.valves = self.Valves()
@@ -6263,3 +5774,510 @@ class Filter:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
         if self.summaries.tasks or self.summaries.lines:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
+
+
+# ---------------------------------------------------------------------------
+# Appendix: status texts, one table entry per UI language (read by layer 7 when a line is written)
+# ---------------------------------------------------------------------------
+STATUS_TEXTS: dict = {
+    "en": {
+        "sent": "{used} tokens sent",
+        "in_summary": "summary covers {messages}",
+        "left_out": "{messages} left out to fit",
+        "over_cap": "still over the cap",
+        "repaired": "tool-call history repaired",
+        "summaries_down": "summaries unavailable: {reason}",
+        "summarizing": "Summarizing {messages} in the background…",
+        "summary_done": "Summary updated: covers {messages}",
+        "summary_plain": "Summary updated: covers {messages}; your /summarize instructions were left out: you may not use the summary model",
+        "summary_source": "Conversation summary ({messages})",
+        "summary_nothing": "Nothing to summarize yet: the conversation is still short",
+        "summary_failed": "Summary failed: {reason} · next try in {retry}",
+        "skipped": "Context compression skipped this request: {reason}",
+        "settings": "Settings: {reason}",
+        "r_timeout": "the summarizer timed out",
+        "r_model_error": "the summarizer returned an error",
+        "r_empty": "the summarizer's answer was empty",
+        "r_reasoning_only": "the summarizer's answer held only reasoning",
+        "r_direct": "the summary model is a browser-side connection",
+        "r_unreadable": "the summarizer's answer was unreadable",
+        "r_no_summarizer": "no summarizer is available",
+        "r_store_down": "the database is unreachable",
+        "r_store_denied": "no permission to create tables",
+        "r_store_busy": "the database is busy",
+        "r_internal": "an internal error",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) is not below max_context_tokens ({cap}); summaries start at {share} of the cap",
+        "n_summary_budget": "max_summary_tokens ({wanted}) does not fit the summarizer's window ({window}); using {used}",
+        "n_unreadable": "{name} cannot be read ({detail}); ignored",
+        "n_thresholds_entry": "model_thresholds entry ignored: {entry}",
+        "n_valve_invalid": "{name} = {value} is not valid (expected {allowed}); using {used}",
+        "n_params_own": "summary_model_params: the filter sets {names} itself; ignored",
+        "n_valves_reset": "the stored valves could not be read; the defaults are used",
+        "n_carried": "carried over from the older filter: {names}",
+        "n_ignored": "not used by this filter, ignored: {names}",
+        "n_builtin_on": "Open WebUI's own automatic compaction is on too: it may hold replies while it summarizes; this filter continues from its summaries",
+        "loop_summarizing": "Tool loop: summarizing {messages} of earlier rounds in the background…",
+        "loop_summary_done": "Tool loop: earlier rounds summarized ({messages}); later calls send the summary",
+        "loop_summary_failed": "Tool loop: earlier rounds not summarized ({reason}); older results are shortened instead",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "window {window}, from the provider's model list",
+        "w_error": "window {window}, learned from the provider's error",
+        "w_cut": "window {window}, learned from the model's usage (it cut the prompt)",
+    },
+    "zh": {
+        "sent": "已发送 {used} tokens",
+        "in_summary": "摘要涵盖 {messages}",
+        "left_out": "为适应上限未发送 {messages}",
+        "over_cap": "仍超出上限",
+        "repaired": "已修复工具调用历史",
+        "summaries_down": "摘要不可用：{reason}",
+        "summarizing": "正在后台摘要 {messages}…",
+        "summary_done": "摘要已更新：涵盖 {messages}",
+        "summary_plain": "摘要已更新：涵盖 {messages}；未采用你的 /summarize 指令：你无权使用摘要模型",
+        "summary_source": "对话摘要（{messages}）",
+        "summary_nothing": "暂无可摘要的内容：对话还很短",
+        "summary_failed": "摘要失败：{reason} · {retry} 后重试",
+        "skipped": "本次请求未进行上下文压缩：{reason}",
+        "settings": "设置：{reason}",
+        "r_timeout": "摘要模型超时",
+        "r_model_error": "摘要模型返回错误",
+        "r_empty": "摘要模型的回答为空",
+        "r_reasoning_only": "摘要模型的回答只有推理内容",
+        "r_direct": "摘要模型是浏览器端直连模型",
+        "r_unreadable": "无法读取摘要模型的回答",
+        "r_no_summarizer": "没有可用的摘要模型",
+        "r_store_down": "无法连接数据库",
+        "r_store_denied": "没有建表权限",
+        "r_store_busy": "数据库繁忙",
+        "r_internal": "内部错误",
+        "n_threshold_cap": "compression_threshold_tokens（{threshold}）不低于 max_context_tokens（{cap}）；改为在上限的 {share} 时开始摘要",
+        "n_summary_budget": "max_summary_tokens（{wanted}）超出摘要模型的窗口（{window}）；改用 {used}",
+        "n_unreadable": "无法读取 {name}（{detail}）；已忽略",
+        "n_thresholds_entry": "已忽略 model_thresholds 条目：{entry}",
+        "n_valve_invalid": "{name} = {value} 无效（应为 {allowed}）；改用 {used}",
+        "n_params_own": "summary_model_params：{names} 由过滤器自行设置；已忽略",
+        "n_valves_reset": "无法读取已保存的设置；使用默认值",
+        "n_carried": "已沿用旧版过滤器的设置：{names}",
+        "n_ignored": "本过滤器不使用，已忽略：{names}",
+        "n_builtin_on": "Open WebUI 自带的自动压缩也已开启：它摘要时可能让回复等待；本过滤器接着它的摘要继续",
+        "loop_summarizing": "工具循环：正在后台摘要之前轮次的 {messages}…",
+        "loop_summary_done": "工具循环：之前的轮次已摘要（{messages}）；后续调用发送摘要",
+        "loop_summary_failed": "工具循环：之前的轮次未能摘要（{reason}）；改为缩短较早的结果",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "上下文窗口 {window}，来自服务商的模型列表",
+        "w_error": "上下文窗口 {window}，从服务商的报错中得知",
+        "w_cut": "上下文窗口 {window}，从模型报告的用量得知（它截断了提示）",
+    },
+    "ja": {
+        "sent": "{used} トークン送信",
+        "in_summary": "要約は {messages}を含む",
+        "left_out": "上限に収めるため {messages}を省略",
+        "over_cap": "まだ上限を超えています",
+        "repaired": "ツール呼び出し履歴を修復しました",
+        "summaries_down": "要約を利用できません：{reason}",
+        "summarizing": "バックグラウンドで {messages}を要約中…",
+        "summary_done": "要約を更新しました：{messages}を含む",
+        "summary_plain": "要約を更新しました：{messages}を含む。/summarize の指示は使われていません：要約モデルの利用権限がありません",
+        "summary_source": "会話の要約（{messages}）",
+        "summary_nothing": "まだ要約するものがありません：会話がまだ短いです",
+        "summary_failed": "要約に失敗しました：{reason} · {retry} 後に再試行",
+        "skipped": "このリクエストではコンテキスト圧縮を行いませんでした：{reason}",
+        "settings": "設定：{reason}",
+        "r_timeout": "要約モデルがタイムアウトしました",
+        "r_model_error": "要約モデルがエラーを返しました",
+        "r_empty": "要約モデルの回答が空でした",
+        "r_reasoning_only": "要約モデルの回答が推論のみでした",
+        "r_direct": "要約モデルがブラウザ側の直接接続です",
+        "r_unreadable": "要約モデルの回答を読み取れませんでした",
+        "r_no_summarizer": "利用できる要約モデルがありません",
+        "r_store_down": "データベースに接続できません",
+        "r_store_denied": "テーブルを作成する権限がありません",
+        "r_store_busy": "データベースがビジーです",
+        "r_internal": "内部エラー",
+        "n_threshold_cap": "compression_threshold_tokens（{threshold}）が max_context_tokens（{cap}）未満ではありません。上限の {share} で要約を開始します",
+        "n_summary_budget": "max_summary_tokens（{wanted}）が要約モデルのウィンドウ（{window}）に収まりません。{used} を使用します",
+        "n_unreadable": "{name} を読み取れません（{detail}）。無視します",
+        "n_thresholds_entry": "model_thresholds の項目を無視しました：{entry}",
+        "n_valve_invalid": "{name} = {value} は無効です（{allowed} を指定してください）。{used} を使用します",
+        "n_params_own": "summary_model_params：{names} はフィルターが設定するため無視します",
+        "n_valves_reset": "保存された設定を読み取れないため、既定値を使用します",
+        "n_carried": "旧フィルターから引き継ぎました：{names}",
+        "n_ignored": "このフィルターでは使用しないため無視しました：{names}",
+        "n_builtin_on": "Open WebUI 内蔵の自動圧縮も有効です：要約中は返信が待たされることがあります。このフィルターはその要約から続けます",
+        "loop_summarizing": "ツールループ：以前のラウンドの {messages}をバックグラウンドで要約中…",
+        "loop_summary_done": "ツールループ：以前のラウンドを要約しました（{messages}）；以降の呼び出しは要約を送ります",
+        "loop_summary_failed": "ツールループ：以前のラウンドを要約できませんでした（{reason}）；古い結果を短縮します",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "コンテキストウィンドウ {window}（プロバイダーのモデル一覧より）",
+        "w_error": "コンテキストウィンドウ {window}（プロバイダーのエラーから学習）",
+        "w_cut": "コンテキストウィンドウ {window}（モデルの使用量から学習：プロンプトが切り詰められました）",
+    },
+    "ko": {
+        "sent": "{used} 토큰 전송",
+        "in_summary": "요약에 {messages} 포함",
+        "left_out": "한도에 맞추려고 {messages} 제외",
+        "over_cap": "여전히 한도 초과",
+        "repaired": "도구 호출 기록을 복구했습니다",
+        "summaries_down": "요약을 사용할 수 없음: {reason}",
+        "summarizing": "백그라운드에서 {messages} 요약 중…",
+        "summary_done": "요약 업데이트됨: {messages} 포함",
+        "summary_plain": "요약 업데이트됨: {messages} 포함. /summarize 지시는 반영되지 않음: 요약 모델 사용 권한 없음",
+        "summary_source": "대화 요약 ({messages})",
+        "summary_nothing": "아직 요약할 내용이 없습니다: 대화가 아직 짧습니다",
+        "summary_failed": "요약 실패: {reason} · {retry} 후 다시 시도",
+        "skipped": "이 요청에서는 컨텍스트 압축을 건너뛰었습니다: {reason}",
+        "settings": "설정: {reason}",
+        "r_timeout": "요약 모델 시간 초과",
+        "r_model_error": "요약 모델이 오류를 반환함",
+        "r_empty": "요약 모델의 응답이 비어 있음",
+        "r_reasoning_only": "요약 모델의 응답에 추론만 있음",
+        "r_direct": "요약 모델이 브라우저 측 직접 연결임",
+        "r_unreadable": "요약 모델의 응답을 읽을 수 없음",
+        "r_no_summarizer": "사용 가능한 요약 모델이 없음",
+        "r_store_down": "데이터베이스에 연결할 수 없음",
+        "r_store_denied": "테이블 생성 권한이 없음",
+        "r_store_busy": "데이터베이스가 사용 중임",
+        "r_internal": "내부 오류",
+        "n_threshold_cap": "compression_threshold_tokens({threshold})가 max_context_tokens({cap})보다 작지 않습니다. 한도의 {share}에서 요약을 시작합니다",
+        "n_summary_budget": "max_summary_tokens({wanted})가 요약 모델의 창({window})에 맞지 않습니다. {used}을(를) 사용합니다",
+        "n_unreadable": "{name}을(를) 읽을 수 없습니다({detail}). 무시합니다",
+        "n_thresholds_entry": "model_thresholds 항목을 무시했습니다: {entry}",
+        "n_valve_invalid": "{name} = {value}은(는) 유효하지 않습니다(허용 값: {allowed}). {used}을(를) 사용합니다",
+        "n_params_own": "summary_model_params: {names}은(는) 필터가 직접 설정하므로 무시합니다",
+        "n_valves_reset": "저장된 설정을 읽을 수 없어 기본값을 사용합니다",
+        "n_carried": "이전 필터에서 가져온 설정: {names}",
+        "n_ignored": "이 필터에서 사용하지 않아 무시함: {names}",
+        "n_builtin_on": "Open WebUI 자체 자동 압축도 켜져 있습니다: 요약하는 동안 답변이 지연될 수 있으며, 이 필터는 그 요약에서 이어갑니다",
+        "loop_summarizing": "도구 루프: 이전 라운드의 {messages} 백그라운드에서 요약 중…",
+        "loop_summary_done": "도구 루프: 이전 라운드 요약됨 ({messages}); 이후 호출은 요약을 보냅니다",
+        "loop_summary_failed": "도구 루프: 이전 라운드를 요약하지 못함 ({reason}); 대신 오래된 결과를 줄입니다",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "컨텍스트 창 {window}, 제공자의 모델 목록에서",
+        "w_error": "컨텍스트 창 {window}, 제공자의 오류에서 학습",
+        "w_cut": "컨텍스트 창 {window}, 모델의 사용량에서 학습(프롬프트가 잘림)",
+    },
+    "fr": {
+        "sent": "{used} tokens envoyés",
+        "in_summary": "le résumé couvre {messages}",
+        "left_out": "{messages} omis pour tenir",
+        "over_cap": "toujours au-dessus de la limite",
+        "repaired": "historique des appels d'outils réparé",
+        "summaries_down": "résumés indisponibles : {reason}",
+        "summarizing": "Résumé de {messages} en arrière-plan…",
+        "summary_done": "Résumé mis à jour : couvre {messages}",
+        "summary_plain": "Résumé mis à jour : couvre {messages} ; vos instructions /summarize sont ignorées : vous n'avez pas accès au modèle de résumé",
+        "summary_source": "Résumé de la conversation ({messages})",
+        "summary_nothing": "Rien à résumer pour l'instant : la conversation est encore courte",
+        "summary_failed": "Échec du résumé : {reason} · nouvel essai dans {retry}",
+        "skipped": "Compression du contexte ignorée pour cette requête : {reason}",
+        "settings": "Réglages : {reason}",
+        "r_timeout": "le modèle de résumé a expiré",
+        "r_model_error": "le modèle de résumé a renvoyé une erreur",
+        "r_empty": "la réponse du modèle de résumé était vide",
+        "r_reasoning_only": "la réponse du modèle de résumé ne contenait que du raisonnement",
+        "r_direct": "le modèle de résumé est une connexion directe du navigateur",
+        "r_unreadable": "la réponse du modèle de résumé était illisible",
+        "r_no_summarizer": "aucun modèle de résumé disponible",
+        "r_store_down": "la base de données est injoignable",
+        "r_store_denied": "pas le droit de créer des tables",
+        "r_store_busy": "la base de données est occupée",
+        "r_internal": "une erreur interne",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) n'est pas inférieur à max_context_tokens ({cap}) ; les résumés commencent à {share} de la limite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) ne tient pas dans la fenêtre du modèle de résumé ({window}) ; {used} est utilisé",
+        "n_unreadable": "{name} illisible ({detail}) ; ignoré",
+        "n_thresholds_entry": "entrée de model_thresholds ignorée : {entry}",
+        "n_valve_invalid": "{name} = {value} n'est pas valide (attendu : {allowed}) ; {used} est utilisé",
+        "n_params_own": "summary_model_params : {names} est fixé par le filtre ; ignoré",
+        "n_valves_reset": "les réglages enregistrés sont illisibles ; valeurs par défaut utilisées",
+        "n_carried": "repris de l'ancien filtre : {names}",
+        "n_ignored": "non utilisé par ce filtre, ignoré : {names}",
+        "n_builtin_on": "La compaction automatique intégrée d'Open WebUI est aussi activée : elle peut retarder les réponses pendant qu'elle résume ; ce filtre repart de ses résumés",
+        "loop_summarizing": "Boucle d'outils : résumé de {messages} des tours précédents en arrière-plan…",
+        "loop_summary_done": "Boucle d'outils : tours précédents résumés ({messages}) ; les appels suivants envoient le résumé",
+        "loop_summary_failed": "Boucle d'outils : tours précédents non résumés ({reason}) ; les anciens résultats sont raccourcis",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "fenêtre de {window}, d'après la liste de modèles du fournisseur",
+        "w_error": "fenêtre de {window}, apprise de l'erreur du fournisseur",
+        "w_cut": "fenêtre de {window}, apprise de l'usage rapporté par le modèle (il a tronqué le prompt)",
+    },
+    "de": {
+        "sent": "{used} Tokens gesendet",
+        "in_summary": "Zusammenfassung umfasst {messages}",
+        "left_out": "{messages} weggelassen, um das Limit einzuhalten",
+        "over_cap": "weiterhin über dem Limit",
+        "repaired": "Verlauf der Tool-Aufrufe repariert",
+        "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
+        "summarizing": "Fasse {messages} im Hintergrund zusammen…",
+        "summary_done": "Zusammenfassung aktualisiert: umfasst {messages}",
+        "summary_plain": "Zusammenfassung aktualisiert: umfasst {messages}; Ihre /summarize-Anweisungen blieben unberücksichtigt: kein Zugriff auf das Zusammenfassungsmodell",
+        "summary_source": "Zusammenfassung des Gesprächs ({messages})",
+        "summary_nothing": "Noch nichts zusammenzufassen: das Gespräch ist noch kurz",
+        "summary_failed": "Zusammenfassung fehlgeschlagen: {reason} · neuer Versuch in {retry}",
+        "skipped": "Kontextkomprimierung für diese Anfrage übersprungen: {reason}",
+        "settings": "Einstellungen: {reason}",
+        "r_timeout": "Zeitüberschreitung beim Zusammenfassungsmodell",
+        "r_model_error": "das Zusammenfassungsmodell meldete einen Fehler",
+        "r_empty": "die Antwort des Zusammenfassungsmodells war leer",
+        "r_reasoning_only": "die Antwort des Zusammenfassungsmodells enthielt nur Reasoning",
+        "r_direct": "das Zusammenfassungsmodell ist eine direkte Browserverbindung",
+        "r_unreadable": "die Antwort des Zusammenfassungsmodells war unlesbar",
+        "r_no_summarizer": "kein Zusammenfassungsmodell verfügbar",
+        "r_store_down": "die Datenbank ist nicht erreichbar",
+        "r_store_denied": "keine Berechtigung, Tabellen anzulegen",
+        "r_store_busy": "die Datenbank ist ausgelastet",
+        "r_internal": "ein interner Fehler",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) liegt nicht unter max_context_tokens ({cap}); Zusammenfassungen beginnen bei {share} des Limits",
+        "n_summary_budget": "max_summary_tokens ({wanted}) passt nicht in das Fenster des Zusammenfassungsmodells ({window}); verwende {used}",
+        "n_unreadable": "{name} ist nicht lesbar ({detail}); ignoriert",
+        "n_thresholds_entry": "Eintrag in model_thresholds ignoriert: {entry}",
+        "n_valve_invalid": "{name} = {value} ist ungültig (erwartet: {allowed}); verwende {used}",
+        "n_params_own": "summary_model_params: {names} setzt der Filter selbst; ignoriert",
+        "n_valves_reset": "die gespeicherten Einstellungen sind nicht lesbar; Standardwerte werden verwendet",
+        "n_carried": "vom älteren Filter übernommen: {names}",
+        "n_ignored": "von diesem Filter nicht verwendet, ignoriert: {names}",
+        "n_builtin_on": "Die eingebaute automatische Komprimierung von Open WebUI ist ebenfalls aktiv: sie kann Antworten beim Zusammenfassen verzögern; dieser Filter setzt auf ihren Zusammenfassungen auf",
+        "loop_summarizing": "Tool-Schleife: fasse {messages} früherer Runden im Hintergrund zusammen…",
+        "loop_summary_done": "Tool-Schleife: frühere Runden zusammengefasst ({messages}); spätere Aufrufe senden die Zusammenfassung",
+        "loop_summary_failed": "Tool-Schleife: frühere Runden nicht zusammengefasst ({reason}); ältere Ergebnisse werden stattdessen gekürzt",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "Fenster {window}, aus der Modellliste des Anbieters",
+        "w_error": "Fenster {window}, aus dem Fehler des Anbieters gelernt",
+        "w_cut": "Fenster {window}, aus der gemeldeten Nutzung gelernt (das Modell hat den Prompt gekürzt)",
+    },
+    "es": {
+        "sent": "{used} tokens enviados",
+        "in_summary": "el resumen cubre {messages}",
+        "left_out": "omitido por el límite: {messages}",
+        "over_cap": "todavía por encima del límite",
+        "repaired": "historial de llamadas a herramientas reparado",
+        "summaries_down": "resúmenes no disponibles: {reason}",
+        "summarizing": "Resumiendo {messages} en segundo plano…",
+        "summary_done": "Resumen actualizado: cubre {messages}",
+        "summary_plain": "Resumen actualizado: cubre {messages}; sin tus instrucciones de /summarize: no tienes acceso al modelo de resumen",
+        "summary_source": "Resumen de la conversación ({messages})",
+        "summary_nothing": "Aún no hay nada que resumir: la conversación es corta",
+        "summary_failed": "El resumen falló: {reason} · nuevo intento en {retry}",
+        "skipped": "Compresión de contexto omitida en esta solicitud: {reason}",
+        "settings": "Ajustes: {reason}",
+        "r_timeout": "el modelo de resumen agotó el tiempo",
+        "r_model_error": "el modelo de resumen devolvió un error",
+        "r_empty": "la respuesta del modelo de resumen estaba vacía",
+        "r_reasoning_only": "la respuesta del modelo de resumen solo contenía razonamiento",
+        "r_direct": "el modelo de resumen es una conexión directa del navegador",
+        "r_unreadable": "la respuesta del modelo de resumen era ilegible",
+        "r_no_summarizer": "no hay modelo de resumen disponible",
+        "r_store_down": "la base de datos no está accesible",
+        "r_store_denied": "sin permiso para crear tablas",
+        "r_store_busy": "la base de datos está ocupada",
+        "r_internal": "un error interno",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) no es menor que max_context_tokens ({cap}); los resúmenes empiezan al {share} del límite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) no cabe en la ventana del modelo de resumen ({window}); se usa {used}",
+        "n_unreadable": "no se puede leer {name} ({detail}); se ignora",
+        "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
+        "n_valve_invalid": "{name} = {value} no es válido (se espera {allowed}); se usa {used}",
+        "n_params_own": "summary_model_params: el filtro fija {names} por sí mismo; se ignora",
+        "n_valves_reset": "no se pueden leer los ajustes guardados; se usan los valores predeterminados",
+        "n_carried": "tomado del filtro anterior: {names}",
+        "n_ignored": "este filtro no lo usa, se ignora: {names}",
+        "n_builtin_on": "La compactación automática integrada de Open WebUI también está activada: puede retrasar respuestas mientras resume; este filtro continúa a partir de sus resúmenes",
+        "loop_summarizing": "Bucle de herramientas: resumiendo {messages} de rondas anteriores en segundo plano…",
+        "loop_summary_done": "Bucle de herramientas: rondas anteriores resumidas ({messages}); las llamadas siguientes envían el resumen",
+        "loop_summary_failed": "Bucle de herramientas: rondas anteriores sin resumir ({reason}); se acortan los resultados antiguos",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "ventana de {window}, según la lista de modelos del proveedor",
+        "w_error": "ventana de {window}, aprendida del error del proveedor",
+        "w_cut": "ventana de {window}, aprendida del uso que informó el modelo (recortó el prompt)",
+    },
+    "pt": {
+        "sent": "{used} tokens enviados",
+        "in_summary": "o resumo cobre {messages}",
+        "left_out": "omitido pelo limite: {messages}",
+        "over_cap": "ainda acima do limite",
+        "repaired": "histórico de chamadas de ferramentas reparado",
+        "summaries_down": "resumos indisponíveis: {reason}",
+        "summarizing": "Resumindo {messages} em segundo plano…",
+        "summary_done": "Resumo atualizado: cobre {messages}",
+        "summary_plain": "Resumo atualizado: cobre {messages}; sem as suas instruções de /summarize: você não tem acesso ao modelo de resumo",
+        "summary_source": "Resumo da conversa ({messages})",
+        "summary_nothing": "Ainda não há nada para resumir: a conversa ainda é curta",
+        "summary_failed": "O resumo falhou: {reason} · nova tentativa em {retry}",
+        "skipped": "Compressão de contexto ignorada nesta solicitação: {reason}",
+        "settings": "Configurações: {reason}",
+        "r_timeout": "o modelo de resumo excedeu o tempo",
+        "r_model_error": "o modelo de resumo retornou um erro",
+        "r_empty": "a resposta do modelo de resumo veio vazia",
+        "r_reasoning_only": "a resposta do modelo de resumo continha só raciocínio",
+        "r_direct": "o modelo de resumo é uma conexão direta do navegador",
+        "r_unreadable": "a resposta do modelo de resumo era ilegível",
+        "r_no_summarizer": "nenhum modelo de resumo disponível",
+        "r_store_down": "o banco de dados está inacessível",
+        "r_store_denied": "sem permissão para criar tabelas",
+        "r_store_busy": "o banco de dados está ocupado",
+        "r_internal": "um erro interno",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) não é menor que max_context_tokens ({cap}); os resumos começam em {share} do limite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) não cabe na janela do modelo de resumo ({window}); usando {used}",
+        "n_unreadable": "não é possível ler {name} ({detail}); ignorado",
+        "n_thresholds_entry": "entrada de model_thresholds ignorada: {entry}",
+        "n_valve_invalid": "{name} = {value} não é válido (esperado: {allowed}); usando {used}",
+        "n_params_own": "summary_model_params: {names} é definido pelo próprio filtro; ignorado",
+        "n_valves_reset": "não é possível ler as configurações salvas; usando os padrões",
+        "n_carried": "trazido do filtro antigo: {names}",
+        "n_ignored": "não usado por este filtro, ignorado: {names}",
+        "n_builtin_on": "A compactação automática integrada do Open WebUI também está ativada: pode atrasar respostas enquanto resume; este filtro continua a partir dos resumos dela",
+        "loop_summarizing": "Ciclo de ferramentas: resumindo {messages} de rodadas anteriores em segundo plano…",
+        "loop_summary_done": "Ciclo de ferramentas: rodadas anteriores resumidas ({messages}); as chamadas seguintes enviam o resumo",
+        "loop_summary_failed": "Ciclo de ferramentas: rodadas anteriores não resumidas ({reason}); os resultados antigos são encurtados",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "janela de {window}, da lista de modelos do provedor",
+        "w_error": "janela de {window}, aprendida com o erro do provedor",
+        "w_cut": "janela de {window}, aprendida com o uso informado pelo modelo (ele cortou o prompt)",
+    },
+    "ru": {
+        "sent": "отправлено {used} токенов",
+        "in_summary": "в сводке: {messages}",
+        "left_out": "не отправлено ради лимита: {messages}",
+        "over_cap": "лимит всё ещё превышен",
+        "repaired": "история вызовов инструментов исправлена",
+        "summaries_down": "сводки недоступны: {reason}",
+        "summarizing": "Составляется сводка в фоне: {messages}…",
+        "summary_done": "Сводка обновлена: {messages}",
+        "summary_plain": "Сводка обновлена: {messages}; ваши указания /summarize не учтены: нет доступа к модели сводки",
+        "summary_source": "Сводка разговора ({messages})",
+        "summary_nothing": "Пока нечего сводить: разговор ещё короткий",
+        "summary_failed": "Сводка не удалась: {reason} · повтор через {retry}",
+        "skipped": "Сжатие контекста для этого запроса пропущено: {reason}",
+        "settings": "Настройки: {reason}",
+        "r_timeout": "модель сводки не ответила вовремя",
+        "r_model_error": "модель сводки вернула ошибку",
+        "r_empty": "модель сводки вернула пустой ответ",
+        "r_reasoning_only": "в ответе модели сводки только рассуждения",
+        "r_direct": "модель сводки — прямое подключение из браузера",
+        "r_unreadable": "ответ модели сводки не удалось прочитать",
+        "r_no_summarizer": "нет доступной модели сводки",
+        "r_store_down": "база данных недоступна",
+        "r_store_denied": "нет прав на создание таблиц",
+        "r_store_busy": "база данных занята",
+        "r_internal": "внутренняя ошибка",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) не меньше max_context_tokens ({cap}); сводки начинаются при {share} лимита",
+        "n_summary_budget": "max_summary_tokens ({wanted}) не помещается в окно модели сводки ({window}); используется {used}",
+        "n_unreadable": "{name} не читается ({detail}); пропущено",
+        "n_thresholds_entry": "запись model_thresholds пропущена: {entry}",
+        "n_valve_invalid": "{name} = {value} недопустимо (ожидается {allowed}); используется {used}",
+        "n_params_own": "summary_model_params: {names} задаёт сам фильтр; пропущено",
+        "n_valves_reset": "сохранённые настройки не читаются; используются значения по умолчанию",
+        "n_carried": "перенесено из старого фильтра: {names}",
+        "n_ignored": "не используется этим фильтром, пропущено: {names}",
+        "n_builtin_on": "Встроенное автоматическое сжатие Open WebUI тоже включено: оно может задерживать ответы, пока пишет сводку; фильтр продолжает с её сводок",
+        "loop_summarizing": "Цикл инструментов: в фоне составляется сводка ранних раундов: {messages}…",
+        "loop_summary_done": "Цикл инструментов: ранние раунды сведены ({messages}); следующие вызовы отправляют сводку",
+        "loop_summary_failed": "Цикл инструментов: сводка ранних раундов не удалась ({reason}); старые результаты сокращаются",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "окно {window}, из списка моделей провайдера",
+        "w_error": "окно {window}, узнано из ошибки провайдера",
+        "w_cut": "окно {window}, узнано из отчёта модели об использовании (она обрезала запрос)",
+    },
+    "it": {
+        "sent": "{used} token inviati",
+        "in_summary": "il riepilogo copre {messages}",
+        "left_out": "omesso per il limite: {messages}",
+        "over_cap": "ancora oltre il limite",
+        "repaired": "cronologia delle chiamate agli strumenti riparata",
+        "summaries_down": "riepiloghi non disponibili: {reason}",
+        "summarizing": "Riepilogo di {messages} in background…",
+        "summary_done": "Riepilogo aggiornato: copre {messages}",
+        "summary_plain": "Riepilogo aggiornato: copre {messages}; le tue istruzioni /summarize sono state ignorate: non hai accesso al modello di riepilogo",
+        "summary_source": "Riepilogo della conversazione ({messages})",
+        "summary_nothing": "Ancora niente da riassumere: la conversazione è breve",
+        "summary_failed": "Riepilogo non riuscito: {reason} · nuovo tentativo tra {retry}",
+        "skipped": "Compressione del contesto saltata per questa richiesta: {reason}",
+        "settings": "Impostazioni: {reason}",
+        "r_timeout": "il modello di riepilogo è andato in timeout",
+        "r_model_error": "il modello di riepilogo ha restituito un errore",
+        "r_empty": "la risposta del modello di riepilogo era vuota",
+        "r_reasoning_only": "la risposta del modello di riepilogo conteneva solo ragionamento",
+        "r_direct": "il modello di riepilogo è una connessione diretta del browser",
+        "r_unreadable": "la risposta del modello di riepilogo era illeggibile",
+        "r_no_summarizer": "nessun modello di riepilogo disponibile",
+        "r_store_down": "il database non è raggiungibile",
+        "r_store_denied": "nessun permesso per creare tabelle",
+        "r_store_busy": "il database è occupato",
+        "r_internal": "un errore interno",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) non è inferiore a max_context_tokens ({cap}); i riepiloghi partono al {share} del limite",
+        "n_summary_budget": "max_summary_tokens ({wanted}) non rientra nella finestra del modello di riepilogo ({window}); si usa {used}",
+        "n_unreadable": "{name} non leggibile ({detail}); ignorato",
+        "n_thresholds_entry": "voce di model_thresholds ignorata: {entry}",
+        "n_valve_invalid": "{name} = {value} non è valido (atteso: {allowed}); si usa {used}",
+        "n_params_own": "summary_model_params: {names} è impostato dal filtro stesso; ignorato",
+        "n_valves_reset": "le impostazioni salvate non sono leggibili; si usano i valori predefiniti",
+        "n_carried": "ripreso dal filtro precedente: {names}",
+        "n_ignored": "non usato da questo filtro, ignorato: {names}",
+        "n_builtin_on": "Anche la compattazione automatica integrata di Open WebUI è attiva: può ritardare le risposte mentre riassume; questo filtro riparte dai suoi riepiloghi",
+        "loop_summarizing": "Ciclo di strumenti: riepilogo di {messages} dei turni precedenti in background…",
+        "loop_summary_done": "Ciclo di strumenti: turni precedenti riassunti ({messages}); le chiamate successive inviano il riepilogo",
+        "loop_summary_failed": "Ciclo di strumenti: turni precedenti non riassunti ({reason}); i risultati più vecchi vengono accorciati",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "finestra di {window}, dall'elenco dei modelli del fornitore",
+        "w_error": "finestra di {window}, appresa dall'errore del fornitore",
+        "w_cut": "finestra di {window}, appresa dall'uso riportato dal modello (ha troncato il prompt)",
+    },
+    "pl": {
+        "sent": "wysłano {used} tokenów",
+        "in_summary": "w podsumowaniu: {messages}",
+        "left_out": "pominięto, by zmieścić się w limicie: {messages}",
+        "over_cap": "nadal powyżej limitu",
+        "repaired": "naprawiono historię wywołań narzędzi",
+        "summaries_down": "podsumowania niedostępne: {reason}",
+        "summarizing": "Podsumowywanie w tle: {messages}…",
+        "summary_done": "Podsumowanie zaktualizowane: {messages}",
+        "summary_plain": "Podsumowanie zaktualizowane: {messages}; pominięto Twoje polecenia /summarize: brak dostępu do modelu podsumowań",
+        "summary_source": "Podsumowanie rozmowy ({messages})",
+        "summary_nothing": "Na razie nie ma czego podsumować: rozmowa jest jeszcze krótka",
+        "summary_failed": "Podsumowanie nie powiodło się: {reason} · ponowna próba za {retry}",
+        "skipped": "Kompresja kontekstu pominięta dla tego żądania: {reason}",
+        "settings": "Ustawienia: {reason}",
+        "r_timeout": "model podsumowań przekroczył czas",
+        "r_model_error": "model podsumowań zwrócił błąd",
+        "r_empty": "odpowiedź modelu podsumowań była pusta",
+        "r_reasoning_only": "odpowiedź modelu podsumowań zawierała tylko rozumowanie",
+        "r_direct": "model podsumowań to bezpośrednie połączenie z przeglądarki",
+        "r_unreadable": "nie można odczytać odpowiedzi modelu podsumowań",
+        "r_no_summarizer": "brak dostępnego modelu podsumowań",
+        "r_store_down": "baza danych jest nieosiągalna",
+        "r_store_denied": "brak uprawnień do tworzenia tabel",
+        "r_store_busy": "baza danych jest zajęta",
+        "r_internal": "błąd wewnętrzny",
+        "n_threshold_cap": "compression_threshold_tokens ({threshold}) nie jest mniejsze niż max_context_tokens ({cap}); podsumowania zaczynają się przy {share} limitu",
+        "n_summary_budget": "max_summary_tokens ({wanted}) nie mieści się w oknie modelu podsumowań ({window}); użyto {used}",
+        "n_unreadable": "nie można odczytać {name} ({detail}); pominięto",
+        "n_thresholds_entry": "pominięto wpis model_thresholds: {entry}",
+        "n_valve_invalid": "{name} = {value} jest nieprawidłowe (oczekiwano: {allowed}); użyto {used}",
+        "n_params_own": "summary_model_params: {names} ustawia sam filtr; pominięto",
+        "n_valves_reset": "nie można odczytać zapisanych ustawień; użyto wartości domyślnych",
+        "n_carried": "przeniesiono ze starszego filtra: {names}",
+        "n_ignored": "nieużywane przez ten filtr, pominięto: {names}",
+        "n_builtin_on": "Wbudowana automatyczna kompresja Open WebUI też jest włączona: może opóźniać odpowiedzi podczas podsumowywania; ten filtr kontynuuje od jej podsumowań",
+        "loop_summarizing": "Pętla narzędzi: podsumowywanie w tle wcześniejszych rund: {messages}…",
+        "loop_summary_done": "Pętla narzędzi: wcześniejsze rundy podsumowane ({messages}); kolejne wywołania wysyłają podsumowanie",
+        "loop_summary_failed": "Pętla narzędzi: wcześniejszych rund nie podsumowano ({reason}); starsze wyniki są skracane",
+        # the model's window, told once (ModelWindow.news)
+        "w_published": "okno {window}, z listy modeli dostawcy",
+        "w_error": "okno {window}, poznane z błędu dostawcy",
+        "w_cut": "okno {window}, poznane z użycia zgłoszonego przez model (obciął prompt)",
+    },
+}
+
+# The noun "message" after a count, per language: (one, few, many) for the Slavic rules, (one, other) elsewhere;
+# CJK languages put the count in a pattern and have no plural.
+MESSAGE_NOUNS: dict = {
+    "en": ("{n} message", "{n} messages"),
+    "fr": ("{n} message", "{n} messages"),
+    "de": ("{n} Nachricht", "{n} Nachrichten"),
+    "es": ("{n} mensaje", "{n} mensajes"),
+    "pt": ("{n} mensagem", "{n} mensagens"),
+    "it": ("{n} messaggio", "{n} messaggi"),
+    "ru": ("{n} сообщение", "{n} сообщения", "{n} сообщений"),
+    "pl": ("{n} wiadomość", "{n} wiadomości", "{n} wiadomości"),
+    "zh": ("{n} 条消息",),
+    "ja": ("{n} 件のメッセージ",),
+    "ko": ("메시지 {n}개",),
+}
