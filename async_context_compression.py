@@ -3124,6 +3124,8 @@ class _TolerantValves(BaseModel):
     """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
 
     _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
+    # the Filter's Valves (it sets this after its class): the defaults of a valves object lacking some
+    admin: ClassVar[type] = BaseModel
 
     @model_validator(mode="wrap")
     @classmethod
@@ -3131,93 +3133,10 @@ class _TolerantValves(BaseModel):
         return validate_valves(cls, data, handler)
 
 
-class Valves(_TolerantValves):
-    priority: int = Field(
-        default=10,
-        description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
-    )
-    compression_threshold_tokens: int = Field(
-        default=0,
-        description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
-    )
-    max_context_tokens: int = Field(
-        default=0,
-        description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
-    )
-    summary_trigger_ratio: float = Field(
-        default=0.75,
-        description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
-    )
-    summary_low_water: float = Field(
-        default=0.5,
-        description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
-    )
-    keep_first: int = Field(
-        default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
-    )
-    keep_last: int = Field(
-        default=6,
-        description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
-    )
-    summary_model: str = Field(
-        default="",
-        description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
-    )
-    summary_model_max_context: int = Field(
-        default=0,
-        description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
-    )
-    max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
-    summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
-    summary_timeout_seconds: int = Field(
-        default=120,
-        description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
-    )
-    summary_style: str = Field(
-        default="balanced",
-        description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
-    )
-    summary_prompt: str = Field(
-        default="",
-        description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
-    )
-    summary_model_params: str = Field(
-        default="",
-        description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
-    )
-    model_thresholds: str = Field(
-        default="",
-        description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
-    )
-    show_status: bool = Field(
-        default=True, description="Show context usage and summary progress in the chat's status line."
-    )
-    status_usage_threshold: float = Field(
-        default=0.0,
-        description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
-    )
-    debug: bool = Field(
-        default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
-    )
-    api_summary_retention_days: int = Field(
-        default=API_RETENTION_DAYS,
-        description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
-    )
-    erase_stored_data: bool = Field(
-        default=False,
-        description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
-    )
-
-
-class UserValves(_TolerantValves):
-    enabled: bool = Field(default=True, description="Compress the context of my chats.")
-    show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
-
-
 @lru_cache(maxsize=64)
 def _valve_defaults(cls: type) -> dict:
-    """The valves' defaults (this module's Valves' for objects that lack some)."""
-    fields = {**Valves.model_fields, **(getattr(cls, "model_fields", None) or {})}
+    """The valves' defaults (the filter's Valves' for objects that lack some)."""
+    fields = {**_TolerantValves.admin.model_fields, **(getattr(cls, "model_fields", None) or {})}
     return {n: f.default for n, f in fields.items()}
 
 
@@ -5661,8 +5580,86 @@ class RequestPath:
 
 
 class Filter:
-    Valves = Valves  # the admin's valves (layer 4 defines them with the rest of the settings)
-    UserValves = UserValves
+    class Valves(_TolerantValves):
+        priority: int = Field(
+            default=10,
+            description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
+        )
+        compression_threshold_tokens: int = Field(
+            default=0,
+            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
+        )
+        max_context_tokens: int = Field(
+            default=0,
+            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
+        )
+        summary_trigger_ratio: float = Field(
+            default=0.75,
+            description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
+        )
+        summary_low_water: float = Field(
+            default=0.5,
+            description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
+        )
+        keep_first: int = Field(
+            default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
+        )
+        keep_last: int = Field(
+            default=6,
+            description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
+        )
+        summary_model: str = Field(
+            default="",
+            description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
+        )
+        summary_model_max_context: int = Field(
+            default=0,
+            description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
+        )
+        max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
+        summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
+        summary_timeout_seconds: int = Field(
+            default=120,
+            description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
+        )
+        summary_style: str = Field(
+            default="balanced",
+            description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
+        )
+        summary_prompt: str = Field(
+            default="",
+            description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
+        )
+        summary_model_params: str = Field(
+            default="",
+            description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
+        )
+        model_thresholds: str = Field(
+            default="",
+            description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
+        )
+        show_status: bool = Field(
+            default=True, description="Show context usage and summary progress in the chat's status line."
+        )
+        status_usage_threshold: float = Field(
+            default=0.0,
+            description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
+        )
+        debug: bool = Field(
+            default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
+        )
+        api_summary_retention_days: int = Field(
+            default=API_RETENTION_DAYS,
+            description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
+        )
+        erase_stored_data: bool = Field(
+            default=False,
+            description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
+        )
+
+    class UserValves(_TolerantValves):
+        enabled: bool = Field(default=True, description="Compress the context of my chats.")
+        show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
 
     def __init__(self):
         self.valves = self.Valves()
@@ -5774,6 +5771,9 @@ class Filter:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
         if self.summaries.tasks or self.summaries.lines:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
+
+
+_TolerantValves.admin = Filter.Valves  # layer 4 reads the valves' defaults from here, never naming the Filter
 
 
 # ---------------------------------------------------------------------------
