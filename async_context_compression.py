@@ -2824,6 +2824,12 @@ def model_published_window(model: Any) -> int:
     return published_window(entry.get("openai")) or published_window(entry.get("ollama"))
 
 
+def model_served_published(model: Any) -> int:
+    """The window Open WebUI's model entry publishes as served: not llama-server's ``meta`` (the trained size)."""
+    entry = model.get("openai") if isinstance(model, dict) else None
+    return published_window({k: v for k, v in entry.items() if k != "meta"}) if isinstance(entry, dict) else 0
+
+
 def owui_model_entry(request: Any, model_id: str) -> Any:
     """Open WebUI's entry of ``model_id`` (``request.app.state.MODELS``), None where it cannot be read."""
     try:
@@ -2886,10 +2892,11 @@ class ModelWindow(SharedThroughStore):
     async def for_turn(
         self, store: Any, model_id: str, model: Any, body: dict, failed_error: Callable, connect=None
     ) -> Window:
-        """A turn's window: a model with none known reads its own row (another worker may have just learned it); after a
-        failed reply the window its error names (``failed_error()``) is saved first: this turn fits, on any worker."""
+        """A turn's window: a model with none known, or only a trained size, reads its own row (another worker may have
+        just learned it); after a failed reply the window its error names (``failed_error()``) is saved first: this
+        turn fits, on any worker."""
         window = await self.for_request(store, model_id, model, body, connect)
-        if not window.tokens:
+        if not window.tokens or window.source == "published" and not model_served_published(model):
             await self.refresh_model(getattr(store, "read_window", None), model_id)
             window = self.find(model_id, model, body)
         if window.source == "settings" or not reply_missing(body["messages"]):
@@ -5635,17 +5642,16 @@ async def owui_served_server(request: Any, model: Any) -> Optional[ServedServer]
     info = entry.get("info") if isinstance(entry.get("info"), dict) else {}
     if not isinstance(entry.get("ollama"), dict) and "urlIdx" not in entry and info.get("base_model_id"):
         entry = owui_model_entry(request, str(info["base_model_id"])) or {}
-    listed = entry.get("ollama") if isinstance(entry.get("ollama"), dict) else entry.get("openai")
-    listed = listed if isinstance(listed, dict) else {}
-    if isinstance(entry.get("ollama"), dict):
-        kind, index, name = "ollama", (listed.get("urls") or [0])[0], listed.get("model") or listed.get("name")
-    elif "urlIdx" in entry and not published_window({k: v for k, v in listed.items() if k != "meta"}):
-        kind, index, name = "openai", entry["urlIdx"], listed.get("id")
+    ollama, openai = (entry.get(k) if isinstance(entry.get(k), dict) else {} for k in ("ollama", "openai"))
+    if ollama:
+        kind, index, name = "ollama", (ollama.get("urls") or [0])[0], ollama.get("model") or ollama.get("name")
+    elif "urlIdx" in entry and not model_served_published(entry):
+        kind, index, name = "openai", entry["urlIdx"], openai.get("id")
     else:
         return None
     url, key, config = await owui_connection(request, kind, int(index))
-    name, prefix = str(name or entry.get("id") or ""), (config or {}).get("prefix_id")  # the name has Open WebUI's
-    name = name[len(prefix) + 1 :] if prefix and name.startswith(f"{prefix}.") else name  # prefix, not the server
+    name, prefix = str(name or entry.get("id") or ""), (config or {}).get("prefix_id")
+    name = name[len(prefix) + 1 :] if prefix and name.startswith(f"{prefix}.") else name  # the server has no prefix
     return ServedServer(kind, server_root(url), str(key or ""), name)
 
 

@@ -34,7 +34,7 @@ PROPS, NO_PROPS = "served-llama-props", "served-llama-no-props"
 LLAMA = {name: llamacpp_spec(8192, ratio=1.2, per_message=2, trained=131072) for name in (PROPS, NO_PROPS)}
 SPECS = {**OLLAMA, **LLAMA}
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
-TURNS = 28  # each turn about 1/5.6 of the model's window: the chat grows to 5x it
+TURNS = 28  # each turn about 1/5.4 of the model's window: the chat grows past 5x it
 READING = 2.0  # seconds a user reads a reply
 WINDOW_NOTE = re.compile(r"window [\d.]+k, [^·|]*")
 
@@ -69,9 +69,9 @@ def stack(owui_python, servers, filter_source):
 
 
 def words_per_turn(model: str) -> int:
-    """User words for a turn of 1/5.6 of the model's window (a filler word is ~1.3 cl100k tokens)."""
+    """User words for a turn of 5.2/TURNS of the model's window (a filler word is ~1.1 cl100k tokens)."""
     spec = SPECS[model]
-    return int(spec.window / (TURNS / 5) / spec.ratio / 1.3)
+    return int(spec.window / (TURNS / 5.2) / spec.ratio / 1.1)
 
 
 def turn(conv: Conversation, words: int) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import types
 import urllib.request
+from functools import partial
 
 import pytest
 
@@ -382,3 +383,31 @@ def test_an_ollama_loaded_by_the_first_request_is_asked_again_after_its_first_re
     assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
     assert [(p["path"], p["status"]) for p in fake.probes] == [("/api/ps", 200)] * 2  # before the first reply, after
     assert f.windows.find("llama:8b", model, {}) == acc.replace(f.windows.learned["llama:8b"], tokens=4096)
+
+
+def test_a_model_known_only_by_its_trained_size_reads_its_row_each_turn():
+    """Another worker's lesson reaches this one at its next turn, not after WINDOWS_REFRESH: llama-server without
+    /props publishes only the size it was trained for (e2e: a second rejection on the other worker)."""
+    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+    reads = []
+    read_window = store.read_window
+
+    async def counted_read(model):
+        reads.append(model)
+        return await read_window(model)
+
+    store.read_window = counted_read
+    llamacpp = {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
+    vllm = {"id": "v", "urlIdx": 0, "openai": {"id": "v", "max_model_len": 32768}}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+
+    async def run():
+        turn = partial(two.for_turn, store, failed_error=None)
+        assert (await turn("m", llamacpp, body)).tokens == 131072
+        one.learn("m", 8192, "error", 131072)
+        one.learn("v", 16384, "error", 32768)
+        await store.save_windows(one.unsaved)
+        return (await turn("m", llamacpp, body)).tokens, (await turn("v", vllm, body)).tokens
+
+    assert asyncio.run(run()) == (8192, 32768)  # vLLM's published window is served: read every WINDOWS_REFRESH
+    assert reads == ["m", "m"]
