@@ -2753,9 +2753,11 @@ def served_window(path: str, answer: Any, name: str) -> Optional[int]:
 def http_get_json(url: str, key: str = "", timeout: float = SERVED_TIMEOUT) -> tuple[int, Any]:
     """(HTTP status, the JSON answer or None) of a GET, status 0 when the server did not answer. Blocking: for a
     worker thread."""
-    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if key:  # not carried over a redirect: the key is for this server only
+        request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read(SERVED_MAX_BYTES))
     except urllib.error.HTTPError as exc:
         return exc.code, None

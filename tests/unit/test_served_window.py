@@ -411,3 +411,42 @@ def test_a_model_known_only_by_its_trained_size_reads_its_row_each_turn():
 
     assert asyncio.run(run()) == (8192, 32768)  # vLLM's published window is served: read every WINDOWS_REFRESH
     assert reads == ["m", "m"]
+
+
+def test_an_ask_over_http_carries_the_key_to_the_server_alone():
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path == "/moved":  # a redirect elsewhere must not take the key along
+                self.send_response(302)
+                self.send_header("Location", "/props")
+                self.end_headers()
+                return
+            body, status = (
+                (b'{"default_generation_settings": {"n_ctx": 8192}}', 200) if self.path == "/props" else (b"no", 404)
+            )
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert acc.http_get_json(root + "/props", "sk-1") == (200, {"default_generation_settings": {"n_ctx": 8192}})
+        assert acc.http_get_json(root + "/api/ps", "") == (404, None)
+        assert acc.http_get_json(root + "/moved", "sk-1")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert acc.http_get_json(root + "/props", "sk-1", timeout=0.5) == (0, None)  # nobody there
+    assert seen == [("/props", "Bearer sk-1"), ("/api/ps", None), ("/moved", "Bearer sk-1"), ("/props", None)]
