@@ -66,6 +66,9 @@ import sys
 import threading
 import time
 import unicodedata
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 import weakref
 from array import array
@@ -2544,15 +2547,16 @@ def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_cou
 
 # -- The model's window (ModelWindow) ---------------------------------------------------------------------------------
 # One concept: how many tokens a model's context holds, found without configuration. Sources, most trusted first:
-# the request and Open WebUI's own model settings (``num_ctx``), the provider's ``/models`` entry that Open WebUI
-# keeps in ``__model__`` (published), and what this filter learned from the provider itself (the window a rejection
-# names, the ceiling of a silent cut), shared by every worker and replica through the store (layer 5).
+# the request and Open WebUI's own model settings (``num_ctx``), what the model's own server says it serves
+# (ServedProbe: local servers), what this filter learned from the provider itself (the window a rejection names, what
+# a silent cut kept), and the provider's ``/models`` entry that Open WebUI keeps in ``__model__`` (published); served
+# and learned windows are shared by every worker and replica through the store (layer 5).
 
 # Where providers publish a window in their ``/models`` entry (docs/en/design.md has the table): vLLM
-# ``max_model_len``; OpenRouter, Together, DeepInfra ``context_length`` (OpenRouter also under ``top_provider``,
-# DeepInfra under ``metadata``); LM Studio ``loaded_context_length`` (what is loaded) before ``max_context_length``
-# (also Mistral's); Groq ``context_window``; LiteLLM ``max_input_tokens``; llama.cpp ``meta.n_ctx_train`` (the
-# trained length: the server may run with less, and then says so when it rejects).
+# ``max_model_len``; OpenRouter, Together (a bare list), DeepInfra ``context_length`` (OpenRouter also under
+# ``top_provider``, DeepInfra under ``metadata``); Mistral ``max_context_length``; Groq ``context_window``; LiteLLM
+# ``max_input_tokens`` (recent releases, where known); LM Studio's ``/api/v0`` list ``loaded_context_length``;
+# llama.cpp ``meta.n_ctx_train`` (the trained length: the server may run with less, which only ``/props`` tells).
 PUBLISHED_WINDOW_FIELDS = tuple(
     tuple(path.split("."))
     for path in "loaded_context_length max_model_len context_length max_context_length context_window max_input_tokens"
@@ -2566,10 +2570,17 @@ WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every wor
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
-CUT_RATIO_DROP = 0.98  # a reply reporting under this share of the expected prompt, at a round ceiling, was cut
-CUT_POWER_DROP = 0.998  # ... at a power of two, against the chat's previous reply: 0.2% under it is already a cut
+CUT_SHARE = 0.85  # Ollama dropped messages: the prompt reported under this share of the chat's own ratio ...
+CUT_SHARE_MODEL = 0.7  # ... or of the model's (chats differ by language: Llama 3 counts Chinese ~25% under English)
+CUT_SCALE_UNKNOWN = 0.8  # the ratio taken before any is learned: about the lowest of local tokenizers vs cl100k
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
+SERVED_EVERY = 300.0  # seconds between asks of a model's server (a model may be reloaded with another context)
+SERVED_TIMEOUT = 2.0  # seconds one ask may take (a local server answers at once, or is busy loading)
+SERVED_WAIT = 1.0  # seconds a request with no served window known waits for an ask under way
+SERVED_SILENT = 3600.0  # seconds a server that has none of the paths (each answered 4xx) is not asked again
+SERVED_RESAVE = 3600.0  # a served window confirmed this much later is saved again (its row would age out)
+SERVED_MAX_BYTES = 1 << 20  # an answer longer than this is not a model list
 
 # The texts providers reject an over-long request with, each naming the window (from their documentation and issue
 # trackers); tests/unit/test_model_window.py quotes all but the last two (llama.cpp's object gives n_ctx first).
@@ -2591,8 +2602,9 @@ _WINDOW_ERROR_PATTERNS = tuple(
 @dataclass(frozen=True)
 class Window:
     """A model's window in its own tokens (0 = unknown) and where it was found: "settings" (``num_ctx`` of the request
-    or of the model's settings in Open WebUI), "published" (the provider's model list), "error" (a rejection named
-    it), "cut" (a reply's prompt was cut at it); ``published`` is what the model list said when it was learned."""
+    or of the model's settings in Open WebUI), "served" (the model's server said it), "published" (the provider's
+    model list), "error" (a rejection named it), "cut" (what a reply's cut prompt kept); ``published`` is what the
+    model list said when it was learned."""
 
     tokens: int = 0
     source: str = ""
@@ -2656,24 +2668,155 @@ def window_from_error(error: Any) -> int:
     return 0
 
 
-def window_from_usage(reported: int, expected: float, previous: Optional[tuple] = None, ceiling: bool = True) -> int:
-    """The window a reply's reported prompt shows the model cut at (Ollama keeps the last ``num_ctx`` tokens and says
-    nothing), 0 = not cut. ``expected``: the prompt sent, in the model's tokens as far as known; ``previous``: the same
-    chat's last (reported, expected). Cut: the same report for a prompt grown by CUT_GROWTH (pinned at a ceiling);
-    or, with ``ceiling`` (Ollama's own ``prompt_eval_count`` reported), a report at a round ceiling under what the
-    prompt should have reported: a power of two (every default ``num_ctx``) under CUT_POWER_DROP of it, or a
-    multiple of 256 under CUT_RATIO_DROP. What it should have reported is scaled from the chat's previous reply when
-    there is one (the same chat's ratio barely moves between turns), else ``expected``."""
-    if reported < CUT_MIN or expected <= 0:
+def window_from_usage(
+    reported: int, counted: int, scale: Optional[float], previous: Optional[tuple] = None, cuts: bool = True
+) -> int:
+    """The window a reply's reported prompt shows the server cut the prompt to, 0 = not cut. ``counted``: the prompt
+    the filter sent, in counted tokens; ``scale``: the model's tokens per counted token as learned (None: none yet);
+    ``previous``: the same chat's last uncut reply, (reported, counted). Any server's token cut: the same report for
+    a prompt grown by CUT_GROWTH. With ``cuts`` (the server drops whole messages to fit and says nothing: Ollama), a
+    report well under what the prompt should have reported: under CUT_SHARE of the chat's own ratio (it barely moves
+    between turns), else under CUT_SHARE_MODEL of the model's (CUT_SCALE_UNKNOWN when none is learned). The window
+    is the report: what Ollama kept fitted, a lower bound of its ``num_ctx``."""
+    if reported < CUT_MIN or counted <= 0:
         return 0
-    if previous and abs(previous[0] - reported) <= reported * 0.002 and expected >= previous[1] * CUT_GROWTH:
+    if previous and abs(previous[0] - reported) <= reported * 0.002 and counted >= previous[1] * CUT_GROWTH:
         return reported
-    if not ceiling:
+    if not cuts:
         return 0
-    should = previous[0] * expected / previous[1] if previous and previous[1] > 0 else expected
-    power_of_two = reported & (reported - 1) == 0
-    drop = CUT_POWER_DROP if power_of_two and previous else CUT_RATIO_DROP
-    return reported if reported % 256 == 0 and reported < should * drop else 0
+    if previous and previous[1] > 0:
+        should, share = counted * previous[0] / previous[1], CUT_SHARE
+    else:
+        should, share = counted * (scale or CUT_SCALE_UNKNOWN), CUT_SHARE_MODEL
+    return reported if reported < should * share else 0
+
+
+# -- The window a local server serves (ServedProbe) -------------------------------------------------------------------
+# Ollama, llama-server and LM Studio publish no served window in the model list Open WebUI keeps (llama-server only
+# the trained size), but each says it on a path of its own: Ollama ``GET /api/ps`` (a loaded model's
+# ``context_length``), llama-server ``GET /props`` (``default_generation_settings.n_ctx``, one slot's), LM Studio
+# ``GET /api/v0/models`` (``loaded_context_length``). Asked through the connection Open WebUI holds for the model.
+SERVED_PATHS = {"ollama": ("/api/ps",), "openai": ("/props", "/api/v0/models", "/api/ps")}  # by connection type
+
+
+@dataclass(frozen=True)
+class ServedServer:
+    """A model's server as Open WebUI reaches it: its connection type, root URL, key, and the model's name there."""
+
+    kind: str  # "ollama" (Open WebUI's Ollama connection) or "openai"
+    root: str
+    key: str
+    name: str
+
+    def url(self, path: str) -> str:
+        query = f"?model={urllib.parse.quote(self.name)}" if path == "/props" else ""  # llama-server's router mode
+        return self.root + path + query
+
+
+def server_root(url: Any) -> str:
+    """A connection's base URL without its OpenAI ``/v1`` (where the servers' own paths are), "" = not HTTP."""
+    root = str(url or "").strip().rstrip("/")
+    root = root[:-3] if root.endswith("/v1") else root
+    return root if root.startswith(("http://", "https://")) else ""
+
+
+def _tagged(model: str) -> str:
+    return model if ":" in model else model + ":latest"  # Ollama's name of a model named without a tag
+
+
+def _same_model(listed: Any, name: str) -> bool:
+    return isinstance(listed, str) and _tagged(listed) == _tagged(name)
+
+
+def _listed(answer: Any, key: str) -> Optional[list]:
+    items = answer.get(key) if isinstance(answer, dict) else None
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else None
+
+
+def served_window(path: str, answer: Any, name: str) -> Optional[int]:
+    """The window the server's answer on ``path`` says model ``name`` is served with; 0 = none said (not loaded,
+    another model); None = not the answer of a server with that path."""
+    if path == "/props":
+        settings = answer.get("default_generation_settings") if isinstance(answer, dict) else None
+        return _window_number(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    key, names, field_name = {
+        "/api/ps": ("models", ("name", "model"), "context_length"),
+        "/api/v0/models": ("data", ("id",), "loaded_context_length"),
+    }[path]
+    entries = _listed(answer, key)
+    if entries is None:
+        return None
+    found = (e for e in entries if any(_same_model(e.get(n), name) for n in names))
+    return next((_window_number(e.get(field_name)) for e in found), 0)
+
+
+def http_get_json(url: str, key: str = "", timeout: float = SERVED_TIMEOUT) -> tuple[int, Any]:
+    """(HTTP status, the JSON answer or None) of a GET, status 0 when the server did not answer. Blocking: for a
+    worker thread."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if key:  # not carried over a redirect: the key is for this server only
+        request.add_unredirected_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read(SERVED_MAX_BYTES))
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (OSError, ValueError):  # refused, timed out, not JSON (or longer than any model list)
+        return 0, None
+
+
+class ServedProbe:
+    """Per worker: asks a model's server what window it serves (SERVED_PATHS by connection type, each in a thread
+    within SERVED_TIMEOUT), one ask in flight per model, again every SERVED_EVERY and once after the model's first
+    reply here (it was just loaded); a server that has none of the paths is left alone for SERVED_SILENT."""
+
+    def __init__(self, get: Callable[[str, str], tuple] = http_get_json, models: int = 512):
+        self.get = get
+        self.running = _BoundedDict(models)  # model -> its ask under way
+        self.asked_at = _BoundedDict(models)  # model -> when (monotonic) its last ask began
+        self.replied = _BoundedDict(models)  # models asked again after their first reply
+        self.silent = _BoundedDict(models)  # server root -> when it had none of the paths
+        self.answering = _BoundedDict(models)  # server root -> the path it answered on
+
+    def start_if_due(self, model_id: str, ask: Callable[[], Awaitable]) -> Optional[asyncio.Task]:
+        """The model's ask under way on this loop, begun now when due; None when not due."""
+        running, loop = self.running.get(model_id), asyncio.get_running_loop()
+        if running is not None and not running.done() and running.get_loop() is loop:
+            return running
+        now = time.monotonic()
+        if now - self.asked_at.get(model_id, -math.inf) < SERVED_EVERY:
+            return None
+        self.asked_at[model_id] = now
+        self.running[model_id] = task = asyncio.ensure_future(ask())
+        return task
+
+    def after_first_reply(self, model_id: str) -> bool:
+        """Makes the model's next ask due at once, the first time it replied on this worker; whether it did."""
+        if model_id in self.replied:
+            return False
+        self.replied[model_id] = True
+        self.asked_at.pop(model_id, None)
+        return True
+
+    async def ask(self, server: Optional[ServedServer]) -> tuple[int, str]:
+        """(the window ``server`` says it serves its model with, the path that said it); (0, path): it says none
+        there; (0, ""): it has none of the paths or cannot be asked."""
+        now = time.monotonic()
+        if server is None or not server.root or now - self.silent.get(server.root, -math.inf) < SERVED_SILENT:
+            return 0, ""
+        paths = SERVED_PATHS.get(server.kind, ())
+        known = self.answering.pop(server.root, None)
+        transient = False
+        for path in (known,) if known in paths else paths:
+            status, answer = await asyncio.to_thread(self.get, server.url(path), server.key)
+            tokens = served_window(path, answer, server.name) if status == 200 else None
+            if tokens is not None:
+                self.answering[server.root] = path
+                return tokens, path
+            transient = transient or not 400 <= status < 500  # down, loading, or a path it has that failed
+        if not transient and known is None:
+            self.silent[server.root] = now
+        return 0, ""
 
 
 def model_published_window(model: Any) -> int:
@@ -2681,6 +2824,12 @@ def model_published_window(model: Any) -> int:
     ``ollama`` entry, from ``/api/tags``, names none today)."""
     entry = model if isinstance(model, dict) else {}
     return published_window(entry.get("openai")) or published_window(entry.get("ollama"))
+
+
+def model_served_published(model: Any) -> int:
+    """The window Open WebUI's model entry publishes as served: not llama-server's ``meta`` (the trained size)."""
+    entry = model.get("openai") if isinstance(model, dict) else None
+    return published_window({k: v for k, v in entry.items() if k != "meta"}) if isinstance(entry, dict) else 0
 
 
 def owui_model_entry(request: Any, model_id: str) -> Any:
@@ -2704,26 +2853,52 @@ def reply_missing(messages: Messages) -> bool:
 
 
 class ModelWindow(SharedThroughStore):
-    """Per worker: the windows learned from providers (this worker's, and every worker's as the store had them at
-    the last read, WINDOWS_REFRESH apart), the last usage per model (for cuts), and which windows were told."""
+    """Per worker: the windows served or learned (this worker's, and every worker's as the store had them at the last
+    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), and which
+    windows were told."""
 
     def __init__(self, models: int = 512):
         super().__init__()
-        self.learned = _BoundedDict(models)  # model -> Window, learned here or read from the store
-        self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, expected) of its last reply
+        self.learned = _BoundedDict(models)  # model -> Window, served or learned here, or read from the store
+        self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, counted) of its last uncut reply
         self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
         self.read_at = 0.0
+        self.server = ServedProbe()
+        self.ollama = _BoundedDict(models)  # models whose server answered Ollama's /api/ps: they cut, not reject
 
-    async def for_request(self, store: Any, model_id: str, model: Any, body: Any) -> Window:
-        """The model's window (``find``), after reading the windows every worker learned when due."""
+    async def for_request(self, store: Any, model_id: str, model: Any, body: Any, connect=None) -> Window:
+        """The model's window (``find``), after reading the windows every worker learned when due, and asking the
+        model's server (``connect()``: a ServedServer) when due."""
         await self.refresh(getattr(store, "read_windows", None))
-        return self.find(model_id, model, body)
+        window = self.find(model_id, model, body)
+        if connect is None or window.source == "settings":
+            return window
+        asking = self.server.start_if_due(model_id, partial(self._ask, store, model_id, model, connect))
+        if asking is not None and window.source != "served":
+            # the first request of a model that a preloaded server serves fits it: the ask takes milliseconds
+            await asyncio.wait({asking}, timeout=SERVED_WAIT)
+            window = self.find(model_id, model, body)
+        return window
 
-    async def for_turn(self, store: Any, model_id: str, model: Any, body: dict, failed_error: Callable) -> Window:
-        """A turn's window: a model with none known reads its own row (another worker may have just learned it); after a
-        failed reply the window its error names (``failed_error()``) is saved first: this turn fits, on any worker."""
-        window = await self.for_request(store, model_id, model, body)
-        if not window.tokens:
+    async def _ask(self, store: Any, model_id: str, model: Any, connect: Callable[[], Awaitable]) -> None:
+        """Asks the model's server (in the background); a served window is saved for every worker."""
+        try:
+            tokens, path = await self.server.ask(await connect())
+            if path == "/api/ps":
+                self.ollama[model_id] = True
+            if self.serve(model_id, tokens, model_published_window(model)):
+                await self.flush(getattr(store, "save_windows", None))
+        except Exception as exc:  # the windows known stay
+            log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
+
+    async def for_turn(
+        self, store: Any, model_id: str, model: Any, body: dict, failed_error: Callable, connect=None
+    ) -> Window:
+        """A turn's window: a model with none known, or only a trained size, reads its own row (another worker may have
+        just learned it); after a failed reply the window its error names (``failed_error()``) is saved first: this
+        turn fits, on any worker."""
+        window = await self.for_request(store, model_id, model, body, connect)
+        if not window.tokens or window.source == "published" and not model_served_published(model):
             await self.refresh_model(getattr(store, "read_window", None), model_id)
             window = self.find(model_id, model, body)
         if window.source == "settings" or not reply_missing(body["messages"]):
@@ -2742,24 +2917,31 @@ class ModelWindow(SharedThroughStore):
         entry = model if summary_model == model_id else entry_of(summary_model)
         return self.find(summary_model, entry, body if entry is model else {})
 
-    async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> None:
+    async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> int:
         """A reply's reported prompt against its request's count (``observe``): a cut prompt teaches the window (saved
-        before outlet returns, for the next turn on any worker), and its ratio is not learned."""
+        before outlet returns, for the next turn on any worker), and its ratio is not learned (the reply's count is
+        dropped); the cut, 0 = none. The model's first reply here makes its server's next ask due (it is loaded)."""
         counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
         if counted is None or reported is None or reported[1]:
-            return
+            return 0
         model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
-        scale = tokens.scale(model_id, path == "exact") or 1.0
+        if self.learned.get(model_id, NO_WINDOW).source != "served":
+            self.server.after_first_reply(model_id)
         before = len(self.unsaved)
-        ollama = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # cuts rather than rejects
-        if self.observe(model_id, reported[0], last * scale, model_published_window(model), chat, ceiling=ollama):
+        native = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # Ollama's own API
+        cuts = native or model_id in self.ollama  # Ollama drops messages rather than reject (both paths)
+        scale = tokens.scale(model_id, path == "exact")
+        cut = self.observe(model_id, reported[0], last, scale, model_published_window(model), chat, cuts)
+        if cut:
             tokens.counted.pop(reply_id, None)
         if len(self.unsaved) != before:
             await self.flush(save)
+        return cut
 
     def find(self, model_id: str, model: Any, body: Any) -> Window:
-        """The model's window, most trusted first: settings, then a learned one (only while the provider publishes
-        what it did when it was learned: a change means the model was replaced), then the published one."""
+        """The model's window, most trusted first: settings, then the one its server serves, then a learned one (the
+        two share a row: ``learn`` does not put a learned window over a larger served one; either holds only while
+        the provider publishes what it did then: a change means the model was replaced), then the published one."""
         if tokens := settings_window(body, model):
             return Window(tokens, "settings")
         published = model_published_window(model)
@@ -2783,11 +2965,13 @@ class ModelWindow(SharedThroughStore):
 
     def learn(self, model_id: str, tokens: int, source: str, published: int = 0) -> Optional[Window]:
         """Records a window the provider showed (``source`` "error" or "cut"); the new Window, or None when the same
-        was known already."""
+        was known already, or the server serves no less."""
         if not tokens or not model_id:
             return None
         known = self.learned.get(model_id)
         if known is not None and known.tokens == tokens and known.published == published:
+            return None
+        if known is not None and known.source == "served" and known.published == published and tokens >= known.tokens:
             return None
         window = Window(tokens, source, published, time.time())
         self.learned[model_id] = window
@@ -2799,23 +2983,48 @@ class ModelWindow(SharedThroughStore):
         return window
 
     def observe(
-        self, model_id: str, reported: int, expected: float, published: int = 0, chat: str = "", ceiling: bool = True
-    ) -> Optional[Window]:
-        """A reply's reported prompt (``window_from_usage``; ``chat``: whose previous reply it is compared with): a cut
-        teaches the window; a prompt larger than a learned window shows that the window no longer holds (forgotten)."""
-        previous = self.last_usage.get((model_id, chat))
-        self.last_usage[(model_id, chat)] = (reported, expected)
+        self,
+        model_id: str,
+        reported: int,
+        counted: int,
+        scale: Optional[float] = None,
+        published: int = 0,
+        chat: str = "",
+        cuts: bool = True,
+    ) -> int:
+        """A reply's reported prompt against the count sent (``window_from_usage``; ``chat``: whose previous reply it
+        is compared with): a cut teaches the window, and is returned (0 = none); a prompt larger than a known window
+        shows that the window no longer holds (forgotten)."""
         known = self.learned.get(model_id)
         if known is not None and reported > known.tokens:
             del self.learned[model_id]
             self.keep((model_id, None))  # forgets it in the store
             too_many = (model_id, reported, known.tokens)
             log.warning(
-                "async_context_compression: %s took %s prompt tokens, over its learned window %s: forgotten", *too_many
+                "async_context_compression: %s took %s prompt tokens, over its known window %s: forgotten", *too_many
             )
+        cut = window_from_usage(reported, counted, scale, self.last_usage.get((model_id, chat)), cuts)
+        if cut:
+            self.learn(model_id, cut, "cut", published)
+        else:  # a cut reply's ratio is not the tokenizer's
+            self.last_usage[(model_id, chat)] = (reported, counted)
+        return cut
+
+    def serve(self, model_id: str, tokens: int, published: int = 0) -> Optional[Window]:
+        """Records the window the model's server says it serves; the new Window, or None when the same was known
+        (and saved within SERVED_RESAVE) or the server said none."""
+        known = self.learned.get(model_id)
+        if not tokens or not model_id:
             return None
-        cut = window_from_usage(reported, expected, previous, ceiling)
-        return self.learn(model_id, cut, "cut", published) if cut else None
+        same = known is not None and (known.tokens, known.source, known.published) == (tokens, "served", published)
+        if same and time.time() - known.learned_at < SERVED_RESAVE:
+            return None
+        window = Window(tokens, "served", published, time.time())
+        self.learned[model_id] = window
+        self.keep((model_id, window))
+        if not same:
+            log.info("async_context_compression: %s's server serves it with a window of %s tokens", model_id, tokens)
+        return window
 
     def snapshot(self, rows: Iterable) -> None:
         """The store's rows (model, tokens, source, published, learned_at) replace what other workers learned; the
@@ -5346,6 +5555,57 @@ async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
     return True
 
 
+async def owui_served_server(request: Any, model: Any) -> Optional[ServedServer]:
+    """The server behind an Open WebUI model (a workspace model: its base model's) through the connection Open WebUI
+    holds for it; None for a model behind none (a pipe, a direct connection), or on an OpenAI connection whose model
+    list publishes the served window already (only llama-server's ``meta`` holds the trained size instead)."""
+    entry = model if isinstance(model, dict) else {}
+    info = entry.get("info") if isinstance(entry.get("info"), dict) else {}
+    if not isinstance(entry.get("ollama"), dict) and "urlIdx" not in entry and info.get("base_model_id"):
+        entry = owui_model_entry(request, str(info["base_model_id"])) or {}
+    ollama, openai = (entry.get(k) if isinstance(entry.get(k), dict) else {} for k in ("ollama", "openai"))
+    if ollama:
+        kind, index, name = "ollama", (ollama.get("urls") or [0])[0], ollama.get("model") or ollama.get("name")
+    elif "urlIdx" in entry and not model_served_published(entry):
+        kind, index, name = "openai", entry["urlIdx"], openai.get("id")
+    else:
+        return None
+    url, key, config = await owui_connection(request, kind, int(index))
+    name, prefix = str(name or entry.get("id") or ""), (config or {}).get("prefix_id")
+    name = name[len(prefix) + 1 :] if prefix and name.startswith(f"{prefix}.") else name  # the server has no prefix
+    return ServedServer(kind, server_root(url), str(key or ""), name)
+
+
+async def owui_connection(request: Any, kind: str, index: int) -> tuple:
+    """(base URL, key, API config) of Open WebUI's ``kind`` connection ``index``: 0.12 reads its config rows
+    (``get_ollama_connection``, ``get_openai_connection``); before, ``app.state.config`` holds them (read in a thread:
+    it may ask Redis)."""
+    try:
+        if kind == "ollama":
+            from open_webui.routers.ollama import get_ollama_connection  # type: ignore
+
+            url, config, key = await get_ollama_connection(index)
+            return url, key, config
+        from open_webui.routers.openai import get_openai_connection  # type: ignore
+
+        return await get_openai_connection(index)
+    except (ImportError, AttributeError):  # 0.9 .. 0.11
+        return await asyncio.to_thread(_app_state_connection, request, kind, index)
+
+
+def _app_state_connection(request: Any, kind: str, index: int) -> tuple:
+    config = request.app.state.config
+    urls, configs = (
+        (config.OLLAMA_BASE_URLS, config.OLLAMA_API_CONFIGS)
+        if kind == "ollama"
+        else (config.OPENAI_API_BASE_URLS, config.OPENAI_API_CONFIGS)
+    )
+    url = urls[index]
+    api_config = configs.get(str(index), configs.get(url, {})) or {}
+    key = api_config.get("key") if kind == "ollama" else config.OPENAI_API_KEYS[index]
+    return url, key, api_config
+
+
 async def owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
     """(the /summarize instructions this chat's summary follows, whether the owner's were left out because the owner
     may not use the summary model). Only the chat owner's instructions count, and only within the owner's rights.
@@ -5434,7 +5694,7 @@ class RequestPath:
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         message_id = str(metadata.get("message_id") or "")
-        window = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata)
+        window = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, request)
         entry_of = partial(owui_model_entry, request)
         summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
         reply = reply_room(body, model, window.tokens)
@@ -5458,12 +5718,14 @@ class RequestPath:
             prompt_bound=bound,
         )
 
-    async def call_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict) -> Window:
-        return await self.windows.for_request(self.summaries.store, model_id, model, body)
+    async def call_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict, request) -> Window:
+        connect = partial(owui_served_server, request, model) if request is not None else None
+        return await self.windows.for_request(self.summaries.store, model_id, model, body, connect)
 
-    async def turn_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict) -> Window:
+    async def turn_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict, request) -> Window:
         failed_error = partial(failed_reply_error, chat_id, str(metadata.get("user_message_id") or ""))
-        return await self.windows.for_turn(self.summaries.store, model_id, model, body, failed_error)
+        connect = partial(owui_served_server, request, model) if request is not None else None
+        return await self.windows.for_turn(self.summaries.store, model_id, model, body, failed_error, connect)
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
@@ -5564,7 +5826,8 @@ class RequestPath:
         reply = next((m for m in reversed(stored) if isinstance(m, dict) and m.get("id") == reply_id), None)
         if reply is not None:
             save = getattr(store, "save_windows", None)
-            await self.windows.after_reply(self.tokens, reply_id, reply.get("usage"), model, chat, save)
+            if await self.windows.after_reply(self.tokens, reply_id, reply.get("usage"), model, chat, save):
+                return  # a cut reply says nothing of the model's tokens, nor do the earlier ones replayed with it
 
         def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
             return TOKENS_PER_REQUEST + sum(counter.measure(prefix, s.encoding, True))
@@ -5823,6 +6086,7 @@ STATUS_TEXTS: dict = {
         "w_published": "window {window}, from the provider's model list",
         "w_error": "window {window}, learned from the provider's error",
         "w_cut": "window {window}, learned from the model's usage (it cut the prompt)",
+        "w_served": "window {window}, as the model's server serves it",
     },
     "zh": {
         "sent": "已发送 {used} tokens",
@@ -5867,6 +6131,7 @@ STATUS_TEXTS: dict = {
         "w_published": "上下文窗口 {window}，来自服务商的模型列表",
         "w_error": "上下文窗口 {window}，从服务商的报错中得知",
         "w_cut": "上下文窗口 {window}，从模型报告的用量得知（它截断了提示）",
+        "w_served": "上下文窗口 {window}，来自模型服务器的实际配置",
     },
     "ja": {
         "sent": "{used} トークン送信",
@@ -5911,6 +6176,7 @@ STATUS_TEXTS: dict = {
         "w_published": "コンテキストウィンドウ {window}（プロバイダーのモデル一覧より）",
         "w_error": "コンテキストウィンドウ {window}（プロバイダーのエラーから学習）",
         "w_cut": "コンテキストウィンドウ {window}（モデルの使用量から学習：プロンプトが切り詰められました）",
+        "w_served": "コンテキストウィンドウ {window}（モデルのサーバーが提供している値）",
     },
     "ko": {
         "sent": "{used} 토큰 전송",
@@ -5955,6 +6221,7 @@ STATUS_TEXTS: dict = {
         "w_published": "컨텍스트 창 {window}, 제공자의 모델 목록에서",
         "w_error": "컨텍스트 창 {window}, 제공자의 오류에서 학습",
         "w_cut": "컨텍스트 창 {window}, 모델의 사용량에서 학습(프롬프트가 잘림)",
+        "w_served": "컨텍스트 창 {window}, 모델 서버가 제공하는 값",
     },
     "fr": {
         "sent": "{used} tokens envoyés",
@@ -5999,6 +6266,7 @@ STATUS_TEXTS: dict = {
         "w_published": "fenêtre de {window}, d'après la liste de modèles du fournisseur",
         "w_error": "fenêtre de {window}, apprise de l'erreur du fournisseur",
         "w_cut": "fenêtre de {window}, apprise de l'usage rapporté par le modèle (il a tronqué le prompt)",
+        "w_served": "fenêtre de {window}, telle que le serveur du modèle la sert",
     },
     "de": {
         "sent": "{used} Tokens gesendet",
@@ -6043,6 +6311,7 @@ STATUS_TEXTS: dict = {
         "w_published": "Fenster {window}, aus der Modellliste des Anbieters",
         "w_error": "Fenster {window}, aus dem Fehler des Anbieters gelernt",
         "w_cut": "Fenster {window}, aus der gemeldeten Nutzung gelernt (das Modell hat den Prompt gekürzt)",
+        "w_served": "Fenster {window}, wie der Server des Modells es bereitstellt",
     },
     "es": {
         "sent": "{used} tokens enviados",
@@ -6087,6 +6356,7 @@ STATUS_TEXTS: dict = {
         "w_published": "ventana de {window}, según la lista de modelos del proveedor",
         "w_error": "ventana de {window}, aprendida del error del proveedor",
         "w_cut": "ventana de {window}, aprendida del uso que informó el modelo (recortó el prompt)",
+        "w_served": "ventana de {window}, tal como la sirve el servidor del modelo",
     },
     "pt": {
         "sent": "{used} tokens enviados",
@@ -6131,6 +6401,7 @@ STATUS_TEXTS: dict = {
         "w_published": "janela de {window}, da lista de modelos do provedor",
         "w_error": "janela de {window}, aprendida com o erro do provedor",
         "w_cut": "janela de {window}, aprendida com o uso informado pelo modelo (ele cortou o prompt)",
+        "w_served": "janela de {window}, como o servidor do modelo a serve",
     },
     "ru": {
         "sent": "отправлено {used} токенов",
@@ -6175,6 +6446,7 @@ STATUS_TEXTS: dict = {
         "w_published": "окно {window}, из списка моделей провайдера",
         "w_error": "окно {window}, узнано из ошибки провайдера",
         "w_cut": "окно {window}, узнано из отчёта модели об использовании (она обрезала запрос)",
+        "w_served": "окно {window}, как его обслуживает сервер модели",
     },
     "it": {
         "sent": "{used} token inviati",
@@ -6219,6 +6491,7 @@ STATUS_TEXTS: dict = {
         "w_published": "finestra di {window}, dall'elenco dei modelli del fornitore",
         "w_error": "finestra di {window}, appresa dall'errore del fornitore",
         "w_cut": "finestra di {window}, appresa dall'uso riportato dal modello (ha troncato il prompt)",
+        "w_served": "finestra di {window}, come la serve il server del modello",
     },
     "pl": {
         "sent": "wysłano {used} tokenów",
@@ -6263,6 +6536,7 @@ STATUS_TEXTS: dict = {
         "w_published": "okno {window}, z listy modeli dostawcy",
         "w_error": "okno {window}, poznane z błędu dostawcy",
         "w_cut": "okno {window}, poznane z użycia zgłoszonego przez model (obciął prompt)",
+        "w_served": "okno {window}, tak jak serwer modelu je udostępnia",
     },
 }
 

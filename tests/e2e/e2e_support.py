@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from devkit.fake_provider import ModelSpec
+from devkit.fake_provider import ModelSpec, ollama_spec
 from devkit.openwebui import (
     ChatHistory,
     OpenWebUIClient,
@@ -34,12 +34,13 @@ SUMMARY_TAG = "<conversation_summary"
 CHAT_MODEL = "fake-chat"
 SUMMARY_MODEL = "fake-summary"
 # Models with a tokenizer and a window of their own (issue 19): 1.3x cl100k in a 16k window,
-# one rejecting with vLLM's 400, one cutting the start silently and reporting prompt_eval_count.
+# one rejecting with vLLM's 400, one served as Ollama serves it (whole messages dropped silently over its num_ctx,
+# prompt_eval_count reported).
 VLLM_MODEL = "fake-vllm-13x-16k"
 OLLAMA_MODEL = "fake-ollama-13x-16k"
 MODEL_SPECS = {
     VLLM_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="reject", per_message=2),
-    OLLAMA_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="cut", usage="ollama", per_message=2),
+    OLLAMA_MODEL: ollama_spec(16384, ratio=1.3, usage="ollama", per_message=2),
 }
 # A model reached through a gateway to Claude, or Kimi, or Mistral (issue 29): it also enforces those providers' rules
 # (tool-call ids in [a-zA-Z0-9_-], no message that says nothing, no tool -> user).

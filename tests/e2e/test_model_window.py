@@ -2,13 +2,14 @@
 two workers sharing one database, and 16k models that each make their window
 known differently: published in their ``/v1/models`` entry under one provider's
 field each, published nowhere (rejected with the provider's own text, nested
-as OpenAI and current vLLM send it), or cut silently at the window and reported
-as Ollama does (``prompt_eval_count``); the summary model's window is 8k.
+as OpenAI and current vLLM send it), or served by Ollama through its
+OpenAI-compatible ``/v1`` (whole messages dropped silently over its num_ctx,
+which only its ``/api/ps`` tells); the summary model's window is 8k.
 
 Every chat grows to three times its model's window. Allowed: one rejection,
 the first ever, for the model published nowhere; one silent cut, the first
-ever, for the Ollama-like model (nothing tells its window before it). Nothing
-else is rejected, cut or sent over a window; every user message's marker
+ever, for the Ollama model (its ``/api/ps`` lists it once its first request
+loaded it). Nothing else is rejected, cut or sent over a window; every user message's marker
 reaches the model verbatim or through a summary (summaries are made before the
 cap trims); and once a window was learned, new chats of that model on either
 worker fit from their first request.
@@ -34,7 +35,7 @@ from e2e_support import (
     wait_for,
 )
 
-from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens
+from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, ollama_spec
 from devkit.openwebui import new_id
 from devkit.owui_client import OpenWebUIError
 
@@ -51,7 +52,7 @@ PUBLISHED = {  # model -> the field of its /v1/models entry that holds the windo
     "win-llamacpp": "meta.n_ctx_train",
 }
 SILENT = "win-unpublished"  # rejects over the window with the provider's own text
-OLLAMA_LIKE = "win-ollama"  # cuts silently, reports prompt_eval_count
+OLLAMA_LIKE = "win-ollama"  # Ollama's /v1: drops whole messages silently, reports prompt_tokens
 SUMMARIZER = "win-summary-8k"
 SPECS = {
     **{
@@ -59,7 +60,7 @@ SPECS = {
         for m, f in PUBLISHED.items()
     },
     SILENT: ModelSpec(ratio=1.3, window=WINDOW, per_message=2, error_shape="nested"),
-    OLLAMA_LIKE: ModelSpec(ratio=1.3, window=WINDOW, on_overflow="cut", usage="ollama", per_message=2),
+    OLLAMA_LIKE: ollama_spec(WINDOW, ratio=1.3, per_message=2),
     SUMMARIZER: ModelSpec(ratio=1.0, window=8192, publish="max_model_len", error_shape="nested"),
 }
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
@@ -189,7 +190,7 @@ def test_default_valves_find_every_models_window_on_two_workers(stack):
         assert not [found[k] for k in ("rejected", "cut", "over") if k != first and found[k]], report[-1]
         assert any(has_summary(r) for t in turns[-4:] for r in t.requests), f"{model}: no summary used at the end"
         lines = " | ".join(status_lines(client, conv.chat_id))
-        source = {SILENT: "learned from the provider's error", OLLAMA_LIKE: "learned from the model's usage"}
+        source = {SILENT: "learned from the provider's error", OLLAMA_LIKE: "as the model's server serves it"}
         assert f"window 16.4k, {source.get(model, 'from the provider')}" in lines, (model, lines[-600:])
     summaries = [r for r in provider.requests if r["kind"] == "summary"]
     assert summaries and all(r["status"] == 200 and not r["over_window"] for r in summaries), [

@@ -142,25 +142,29 @@ def test_the_window_a_rejection_names_is_read(error, window):
 # -- windows shown by a silent cut -----------------------------------------------------
 
 
-def test_a_prompt_cut_at_a_round_ceiling_shows_the_window():
-    assert acc.window_from_usage(16384, 16900) == 16384  # under what was sent, at a multiple of 256
-    assert acc.window_from_usage(16380, 16900) == 0  # not a ceiling: the ratio drifted
-    assert acc.window_from_usage(16384, 16384) == 0  # all of it arrived
-    assert acc.window_from_usage(9000, 12000, previous=(9000, 11000)) == 9000  # pinned while the prompt grew
-    assert acc.window_from_usage(9000, 11100, previous=(9000, 11000)) == 0  # the same prompt, nearly
-    assert acc.window_from_usage(1024, 1900) == 0  # under any num_ctx Ollama uses: a count without its cache
-    # a cut of 0.4%, at a power of two: told by the chat's previous reply (14411 reported for 11085 counted x 1.3)
-    assert acc.window_from_usage(16384, 16452, previous=(14411, 14410.5)) == 16384
-    assert acc.window_from_usage(16384, 16452) == 0  # without it, too close to the estimate to tell
-    assert acc.window_from_usage(16128, 16452, previous=(14411, 14410.5)) == 0  # not a power of two: 2% needed
-    assert acc.window_from_usage(16384, 16900, ceiling=False) == 0  # a provider that rejects rather than cuts
+def test_a_prompt_reported_well_under_what_was_sent_is_a_cut():
+    # 4,000 counted at the model's 1.15 should report 4,600: Ollama kept 3,100 of it (whole messages dropped)
+    assert acc.window_from_usage(3100, 4000, 1.15) == 3100
+    assert acc.window_from_usage(3300, 4000, 1.15) == 0  # 72%: within the model's spread across chats
+    # the chat's own ratio (its previous reply: 3,450 reported for 3,000 counted) tells a smaller drop
+    assert acc.window_from_usage(3900, 4000, 1.15, previous=(3450, 3000)) == 3900
+    assert acc.window_from_usage(4000, 4000, 1.15, previous=(3450, 3000)) == 0  # 87%: the chat's ratio moved
+    # no ratio learned yet: taken as low as local tokenizers go (a chat in Chinese is no cut)
+    assert acc.window_from_usage(2300, 4000, None) == 0
+    assert acc.window_from_usage(2200, 4000, None) == 2200
+    assert acc.window_from_usage(1500, 4000, 1.15) == 0  # under any num_ctx Ollama uses: a count without its cache
+    assert acc.window_from_usage(3100, 4000, 1.15, cuts=False) == 0  # a provider that rejects rather than cuts
+    # any server: the same report while the prompt grew is a token cut
+    assert acc.window_from_usage(9000, 12000, 1.0, previous=(9000, 11000), cuts=False) == 9000
+    assert acc.window_from_usage(9000, 11100, 1.0, previous=(9000, 11000), cuts=False) == 0  # the same prompt, nearly
 
 
 def test_a_cut_is_read_per_chat_not_across_chats():
     windows = acc.ModelWindow()
-    assert windows.observe("q", 9000, 9100, chat="a", ceiling=False) is None
-    assert windows.observe("q", 9010, 9400, chat="b", ceiling=False) is None  # another chat of the same size
-    assert windows.observe("q", 9005, 9500, chat="a", ceiling=False).tokens == 9005  # pinned in chat a
+    assert windows.observe("q", 9000, 9100, chat="a", cuts=False) == 0
+    assert windows.observe("q", 9010, 9400, chat="b", cuts=False) == 0  # another chat of the same size
+    assert windows.observe("q", 9005, 9500, chat="a", cuts=False) == 9005  # pinned in chat a
+    assert windows.find("q", None, {}).tokens == 9005
 
 
 # -- caps from the window ---------------------------------------------------------------
@@ -261,7 +265,7 @@ def test_a_prompt_larger_than_a_learned_window_forgets_it():
     windows = acc.ModelWindow()
     windows.learn("q", 16384, "cut")
     windows.unsaved.clear()
-    assert windows.observe("q", 20000, 20000) is None
+    assert windows.observe("q", 20000, 20000) == 0
     assert windows.find("q", None, {}) == acc.NO_WINDOW and windows.unsaved == [("q", None)]
 
 
@@ -295,7 +299,7 @@ def test_a_window_is_told_once_for_the_reply_that_found_it():
     assert windows.news("q", acc.Window(8192, "settings"), "a4") == ()  # the admin's own setting
 
 
-@pytest.mark.parametrize("key", ["w_published", "w_error", "w_cut"])
+@pytest.mark.parametrize("key", ["w_published", "w_error", "w_cut", "w_served"])
 def test_window_texts_exist_in_every_language(key):
     for language, table in acc.STATUS_TEXTS.items():
         assert "{window}" in table[key], language

@@ -1,0 +1,452 @@
+"""The window a local model's server serves (issue 37): each server's answer read, the ask scheduled (one in flight
+per model, again after a period and after the first reply, a server without the paths left alone), the served window
+ranked above learned and published ones and shared; Ollama's whole-message drop read from the usage (both of Open
+WebUI's paths to it), a cut reply teaching no ratio; and, through the Filter against the fake local servers, chats that
+are never cut or rejected once the server has answered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+import urllib.request
+from functools import partial
+
+import pytest
+
+import async_context_compression as acc
+from devkit import local_servers as local
+from devkit import probes
+from devkit.fake_provider import FakeProvider, llamacpp_spec, model_tokens, ollama_spec
+
+LONG = "The quarterly figures were compared with the plan in detail. " * 12
+
+
+# -- each server's answer ------------------------------------------------------------------------------------------
+
+
+def test_each_servers_answer_names_the_window_it_serves():
+    ps = {"models": [local.ollama_ps_entry("other:7b", 2048), local.ollama_ps_entry("llama3:latest", 8192)]}
+    assert acc.served_window("/api/ps", ps, "llama3") == 8192  # Ollama's name without a tag is :latest
+    assert acc.served_window("/api/ps", ps, "llama3:70b") == 0  # not loaded: it says none
+    assert acc.served_window("/api/ps", {"models": []}, "llama3") == 0
+    props = local.llamacpp_props("m", 8192)
+    assert acc.served_window("/props", props, "m") == 8192  # the slot's n_ctx, not meta.n_ctx_train
+    lmstudio = {"data": [local.lmstudio_model("q", 4096, 32768), local.lmstudio_model("r", None, 32768)]}
+    assert acc.served_window("/api/v0/models", lmstudio, "q") == 4096  # loaded, not the model's maximum
+    assert acc.served_window("/api/v0/models", lmstudio, "r") == 0  # not loaded
+    for path in ("/api/ps", "/props", "/api/v0/models"):  # another server's answer, or none
+        assert acc.served_window(path, {"object": "list", "data": "x"} if path != "/api/v0/models" else {}, "m") is None
+        assert acc.served_window(path, None, "m") is None
+
+
+def test_the_servers_own_paths_are_under_the_connections_root():
+    assert acc.server_root("http://h:11434/") == "http://h:11434"  # an Ollama connection: the root
+    assert acc.server_root("http://h:8080/v1") == "http://h:8080"  # an OpenAI connection: without /v1
+    assert acc.server_root("file:///etc/passwd") == "" and acc.server_root(None) == ""
+    server = acc.ServedServer("openai", "http://h:8080", "", "org/m 1")
+    assert (
+        server.url("/props") == "http://h:8080/props?model=org/m%201"
+        and server.url("/api/ps") == "http://h:8080/api/ps"
+    )
+
+
+class _Store:
+    """The store's window rows, as every worker shares them."""
+
+    def __init__(self):
+        self.rows: dict = {}
+
+    async def save_windows(self, rows):
+        for model, window in rows:
+            if window is None:
+                self.rows.pop(model, None)
+            else:
+                self.rows[model] = (model, window.tokens, window.source, window.published, window.learned_at)
+
+    async def read_windows(self):
+        return list(self.rows.values())
+
+    async def read_window(self, model):
+        return [self.rows[model]] if model in self.rows else []
+
+    async def find(self, *args, **kwargs):
+        return []
+
+    async def add_ratios(self, rows):
+        pass
+
+    async def read_ratios(self):
+        return []
+
+
+# -- the ask: one in flight, a period, the first reply, a server without the paths ------------------------------
+
+
+class _Server:
+    """A fake HTTP getter: path -> (status, answer); the URLs asked."""
+
+    def __init__(self, answers: dict, delay: float = 0.0):
+        self.answers, self.delay, self.asked = answers, delay, []
+
+    def __call__(self, url: str, key: str) -> tuple:
+        self.asked.append((url, key))
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        path = url.split("://", 1)[1].partition("/")[2].partition("?")[0]
+        return self.answers.get("/" + path, (404, None))
+
+
+OLLAMA = acc.ServedServer("ollama", "http://o", "k", "llama3:latest")
+LLAMACPP = acc.ServedServer("openai", "http://l", "", "m")
+
+
+def test_each_connection_type_asks_its_paths_and_remembers_the_one_that_answered():
+    get = _Server({"/props": (200, local.llamacpp_props("m", 8192))})
+    probe = acc.ServedProbe(get)
+    assert asyncio.run(probe.ask(LLAMACPP)) == (8192, "/props")
+    assert asyncio.run(probe.ask(LLAMACPP)) == (8192, "/props")
+    assert [u for u, _ in get.asked] == ["http://l/props?model=m"] * 2  # the same path again, nothing else
+    get = _Server({"/api/ps": (200, {"models": [local.ollama_ps_entry("llama3:latest", 4096)]})})
+    probe = acc.ServedProbe(get)
+    assert asyncio.run(probe.ask(OLLAMA)) == (4096, "/api/ps")
+    assert get.asked == [("http://o/api/ps", "k")]  # an Ollama connection: /api/ps only, with its key
+    openai = acc.ServedServer("openai", "http://o", "", "llama3")  # Ollama's /v1: found after the others
+    assert asyncio.run(acc.ServedProbe(get).ask(openai)) == (4096, "/api/ps")
+    assert [u for u, _ in get.asked[1:]] == ["http://o/props?model=llama3", "http://o/api/v0/models", "http://o/api/ps"]
+
+
+def test_a_server_without_the_paths_is_left_alone_but_one_that_is_down_is_asked_again():
+    get = _Server({})  # every path 404: OpenAI, vLLM
+    probe = acc.ServedProbe(get)
+    assert asyncio.run(probe.ask(LLAMACPP)) == (0, "")
+    assert asyncio.run(probe.ask(LLAMACPP)) == (0, "") and len(get.asked) == 3  # not asked again
+    probe.silent["http://l"] -= acc.SERVED_SILENT
+    asyncio.run(probe.ask(LLAMACPP))
+    assert len(get.asked) == 6  # after SERVED_SILENT it is
+    down = _Server({"/props": (0, None)})  # refused or timed out: loading, restarting
+    probe = acc.ServedProbe(down)
+    asyncio.run(probe.ask(LLAMACPP))
+    asyncio.run(probe.ask(LLAMACPP))
+    assert len(down.asked) == 6 and not probe.silent
+
+
+def test_one_ask_in_flight_per_model_again_after_the_period_and_after_the_first_reply():
+    probe = acc.ServedProbe(_Server({}))
+    started = []
+
+    async def ask():
+        started.append(1)
+        await asyncio.sleep(0.05)
+
+    async def run():
+        first = probe.start_if_due("m", ask)
+        assert probe.start_if_due("m", ask) is first  # under way: the same one
+        await first
+        assert probe.start_if_due("m", ask) is None  # done, not due
+        assert probe.start_if_due("n", ask) is not None  # another model's own
+        probe.asked_at["m"] -= acc.SERVED_EVERY
+        await probe.start_if_due("m", ask)  # due again after the period
+        assert probe.after_first_reply("m") and not probe.after_first_reply("m")
+        await probe.start_if_due("m", ask)  # the first reply loaded the model: asked once more at once
+        assert probe.start_if_due("m", ask) is None
+
+    asyncio.run(run())
+    assert len(started) == 4
+
+
+# -- the served window among the others ------------------------------------------------------------------------
+
+
+def test_settings_outrank_the_served_window_which_outranks_learned_and_published_ones():
+    windows, llamacpp = acc.ModelWindow(), {"id": "m", "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
+    assert windows.find("m", llamacpp, {}) == acc.Window(131072, "published")  # the trained size
+    windows.learn("m", 16384, "error", 131072)
+    assert windows.serve("m", 8192, 131072).source == "served"
+    assert windows.find("m", llamacpp, {}).tokens == 8192  # served over learned and over published
+    assert windows.find("m", llamacpp, {"options": {"num_ctx": 4096}}) == acc.Window(4096, "settings")
+    assert windows.learn("m", 16384, "error", 131072) is None  # the server knows better
+    assert windows.find("m", llamacpp, {}).tokens == 8192
+    assert windows.learn("m", 6000, "cut", 131072).tokens == 6000  # less than served: kept (nothing gets cut)
+    assert windows.serve("m", 8192, 131072).source == "served"  # the next ask puts it back
+    assert windows.serve("m", 8192, 131072) is None  # the same: nothing to save ...
+    windows.learned["m"] = acc.replace(windows.learned["m"], learned_at=windows.learned["m"].learned_at - 7200)
+    assert windows.serve("m", 8192, 131072) is not None  # ... until its row would age out
+    assert windows.serve("m", 0, 131072) is None  # the server said none: the known one stays
+    assert windows.find("m", llamacpp, {}).tokens == 8192
+
+
+def test_a_request_waits_briefly_for_the_first_ask_and_never_for_a_slow_server(monkeypatch):
+    served = {"/props": (200, local.llamacpp_props("m", 8192))}
+    model = {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
+
+    async def connect():
+        return LLAMACPP
+
+    async def run(windows):
+        found = [await windows.for_request(None, "m", model, {}, connect)]
+        await asyncio.sleep(0.3)
+        found.append(await windows.for_request(None, "m", model, {}, connect))
+        return found
+
+    quick = acc.ModelWindow()
+    quick.server.get = _Server(served)
+    assert [w.tokens for w in asyncio.run(run(quick))] == [8192, 8192]  # the first request fits already
+    monkeypatch.setattr(acc, "SERVED_WAIT", 0.1)
+    slow = acc.ModelWindow()
+    slow.server.get = _Server(served, delay=0.2)  # answers after the request went on
+    assert [w.tokens for w in asyncio.run(run(slow))] == [131072, 8192]  # the next one fits
+    assert len(slow.server.get.asked) == 1
+
+
+def test_an_answer_is_shared_with_every_worker_through_the_store():
+    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+    one.server.get = _Server({"/api/ps": (200, {"models": [local.ollama_ps_entry("llama3:latest", 4096)]})})
+
+    async def connect():
+        return OLLAMA
+
+    async def run():
+        await one.for_request(store, "llama3:latest", None, {}, connect)
+        await two.refresh_model(store.read_window, "llama3:latest")
+        return two.find("llama3:latest", None, {})
+
+    assert asyncio.run(run()).tokens == 4096 and store.rows["llama3:latest"][1:3] == (4096, "served")
+    assert [n.text("en") for n in acc.window_notes(two.news("m", acc.Window(4096, "served"), "a1"))] == [
+        "window 4.1k, as the model's server serves it"
+    ]
+
+
+# -- Open WebUI's connection for a model --------------------------------------------------------------------------
+
+
+def test_the_connection_open_webui_holds_for_each_kind_of_model(monkeypatch):
+    asked = []
+
+    async def connection(request, kind, index):
+        asked.append((kind, index))
+        return ("http://o:11434", None, {}) if kind == "ollama" else ("http://l:8080/v1", "sk", {"prefix_id": "loc"})
+
+    monkeypatch.setattr(acc, "owui_connection", connection)
+    ollama = {"id": "llama3:latest", "owned_by": "ollama", "ollama": {"model": "llama3:latest", "urls": [1]}}
+    llamacpp = {"id": "loc.m", "urlIdx": 0, "openai": {"id": "loc.m", "meta": {"n_ctx_train": 131072}}}
+    vllm = {"id": "v", "urlIdx": 0, "openai": {"id": "v", "max_model_len": 32768}}
+    custom = {"id": "helper", "info": {"base_model_id": "llama3:latest"}}
+    request = types.SimpleNamespace(
+        app=types.SimpleNamespace(state=types.SimpleNamespace(MODELS={ollama["id"]: ollama}))
+    )
+    found = [asyncio.run(acc.owui_served_server(request, m)) for m in (ollama, llamacpp, vllm, custom, None)]
+    assert found[0] == acc.ServedServer("ollama", "http://o:11434", "", "llama3:latest")
+    assert found[1] == acc.ServedServer("openai", "http://l:8080", "sk", "m")  # Open WebUI's prefix is not its name
+    assert found[2] is None  # vLLM's list publishes what it serves
+    assert found[3] == found[0]  # a workspace model: its base model's server
+    assert found[4] is None
+    assert asked == [("ollama", 1), ("openai", 0), ("ollama", 1)]
+
+
+def test_open_webui_before_0_12_holds_its_connections_in_app_state():
+    config = types.SimpleNamespace(
+        OLLAMA_BASE_URLS=["http://o:11434"],
+        OLLAMA_API_CONFIGS={"0": {"key": "ok"}},
+        OPENAI_API_BASE_URLS=["http://a/v1", "http://l:8080/v1"],
+        OPENAI_API_KEYS=["", "lk"],
+        OPENAI_API_CONFIGS={"http://l:8080/v1": {"prefix_id": "loc"}},  # older rows: by URL
+    )
+    request = types.SimpleNamespace(app=types.SimpleNamespace(state=types.SimpleNamespace(config=config)))
+    assert acc._app_state_connection(request, "ollama", 0) == ("http://o:11434", "ok", {"key": "ok"})
+    assert acc._app_state_connection(request, "openai", 1) == ("http://l:8080/v1", "lk", {"prefix_id": "loc"})
+
+
+# -- Ollama's drop read from the usage ------------------------------------------------------------------------------
+
+
+def test_a_cut_reply_teaches_the_window_and_no_ratio_on_either_path_to_ollama():
+    windows, tokens = acc.ModelWindow(), acc.ModelTokens()
+    tokens.add("q", "exact", 1.15)
+
+    def reply(reply_id, counted, usage):
+        tokens.note_sent(reply_id, "q", True, counted)
+        return asyncio.run(windows.after_reply(tokens, reply_id, usage, None, "c", None))
+
+    assert reply("a1", 3000, {"prompt_eval_count": 3450}) == 0 and "a1" in tokens.counted  # its ratio is learned
+    assert reply("a2", 4000, {"prompt_eval_count": 3100, "prompt_tokens": 3100}) == 3100  # Ollama's own API
+    assert "a2" not in tokens.counted and tokens.learn("a2", {"prompt_eval_count": 3100}) is None
+    assert windows.find("q", None, {}) == acc.replace(windows.learned["q"], tokens=3100, source="cut")
+    # Ollama's /v1 reports prompt_tokens alone: a cut where its /api/ps answered, else a provider that rejects
+    other = acc.ModelWindow()
+    tokens.note_sent("b1", "q", True, 4000)
+    assert asyncio.run(other.after_reply(tokens, "b1", {"prompt_tokens": 3100}, None, "d", None)) == 0
+    other.ollama["q"] = True
+    tokens.note_sent("b2", "q", True, 4000)
+    assert asyncio.run(other.after_reply(tokens, "b2", {"prompt_tokens": 3100}, None, "e", None)) == 3100
+
+
+def _chat(f, spec, turns, model=None, request=None, usage_key="prompt_eval_count", sent=lambda body: None):
+    """inlet, request, outlet of a growing chat against ``spec`` as its server treats a prompt (Ollama: whole messages
+    dropped, see local.ollama_chat_prompt); per turn (model tokens sent, whether the server cut or rejected it)."""
+
+    async def run():
+        out = []
+        stored = [{"role": "system", "content": "Be brief."}]
+        for i in range(turns):
+            stored.append({"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"})
+            meta = {"chat_id": "c1", "message_id": f"a{i}"}
+            body = {"model": model["id"] if model else "llama", "messages": [dict(m) for m in stored]}
+            body = await f.inlet(body, {"id": "u1"}, meta, None, model, request, "c1")
+            body = await f.request(body, {"id": "u1"}, meta, None, model, "c1", request)
+            sent(body)
+            own = model_tokens(body["messages"], None, spec)
+            kept, _ = local.ollama_chat_prompt(body["messages"], lambda k: model_tokens(k, None, spec) <= spec.window)
+            reported = model_tokens(kept, None, spec)
+            stored.append({"id": f"a{i}", "role": "assistant", "content": f"A{i} short."})
+            outlet_messages = [dict(m) for m in stored[1:]]
+            outlet_messages[-1]["usage"] = {usage_key: reported}
+            outlet = {"id": f"a{i}", "chat_id": "c1", "messages": outlet_messages}
+            await f.outlet(outlet, {"id": "u1"}, meta, None, model, request)
+            await f.wait_for_background(10)
+            out.append((own, own > spec.window))
+        return out
+
+    return asyncio.run(run())
+
+
+def _filter():
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    f.valves.summary_model = "none-such"  # summaries fail: only the cap protects
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    return f
+
+
+def test_without_an_answer_ollamas_drop_teaches_the_window_within_a_few_turns():
+    f, spec = _filter(), ollama_spec(4096, ratio=1.3)
+    replies = _chat(f, spec, 34)
+    cut = [n for n, (_, over) in enumerate(replies) if over]
+    assert replies[-1][0] > 2500  # it grew to the window
+    assert cut and len(cut) <= 3 and cut == list(range(cut[0], cut[0] + len(cut))), cut  # then none after
+    assert 3000 < f.windows.find("llama", None, {}).tokens <= 4096  # what Ollama kept: a lower bound of num_ctx
+    assert f.summaries.store.rows["llama"][2] == "cut"
+
+
+@pytest.fixture
+def local_server(monkeypatch):
+    """The fake local servers as a model's connection in Open WebUI (``owui_connection`` reads it)."""
+    servers = []
+
+    def serve(**specs):
+        fake = FakeProvider(chat_models=(), summary_models=(), model_specs=specs).start()
+        servers.append(fake)
+
+        async def connection(request, kind, index):
+            return (fake.root_url if kind == "ollama" else fake.base_url), "", {}
+
+        monkeypatch.setattr(acc, "owui_connection", connection)
+        return fake
+
+    yield serve
+    for fake in servers:
+        fake.stop()
+
+
+def test_a_preloaded_ollama_is_never_cut(local_server):
+    spec = ollama_spec(4096, ratio=1.3, trained=131072, preloaded=True)
+    fake = local_server(**{"llama:8b": spec})
+    f, model = _filter(), {"id": "llama:8b", "owned_by": "ollama", "ollama": {"model": "llama:8b", "urls": [0]}}
+    replies = _chat(f, spec, 34, model=model, request=object())
+    assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
+    assert f.windows.find("llama:8b", model, {}).source == "served"
+    assert [p["path"] for p in fake.probes] == ["/api/ps"]  # once: not again within SERVED_EVERY
+
+
+def test_llama_server_publishing_its_trained_size_is_never_rejected_where_props_answers(local_server):
+    spec = llamacpp_spec(4096, ratio=1.3, trained=131072)
+    local_server(m=spec)
+    f, model = _filter(), {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
+    replies = _chat(f, spec, 34, model=model, request=object(), usage_key="prompt_tokens")
+    assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
+    assert f.windows.find("m", model, {}) == acc.replace(f.windows.learned["m"], tokens=4096, source="served")
+
+
+def test_an_ollama_loaded_by_the_first_request_is_asked_again_after_its_first_reply(local_server):
+    spec = ollama_spec(4096, ratio=1.3, trained=131072)  # /api/ps lists it once a request loaded it
+    fake = local_server(**{"llama:8b": spec})
+    f, model = _filter(), {"id": "llama:8b", "owned_by": "ollama", "ollama": {"model": "llama:8b", "urls": [0]}}
+
+    def load(body):  # the request reaches the server, which loads the model
+        short = {"model": "llama:8b", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        request = urllib.request.Request(f"{fake.root_url}/api/chat", json.dumps(short).encode(), method="POST")
+        urllib.request.urlopen(request, timeout=10).read()
+
+    replies = _chat(f, spec, 34, model=model, request=object(), sent=load)
+    assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
+    assert [(p["path"], p["status"]) for p in fake.probes] == [("/api/ps", 200)] * 2  # before the first reply, after
+    assert f.windows.find("llama:8b", model, {}) == acc.replace(f.windows.learned["llama:8b"], tokens=4096)
+
+
+def test_a_model_known_only_by_its_trained_size_reads_its_row_each_turn():
+    """Another worker's lesson reaches this one at its next turn, not after WINDOWS_REFRESH: llama-server without
+    /props publishes only the size it was trained for (e2e: a second rejection on the other worker)."""
+    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+    reads = []
+    read_window = store.read_window
+
+    async def counted_read(model):
+        reads.append(model)
+        return await read_window(model)
+
+    store.read_window = counted_read
+    llamacpp = {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
+    vllm = {"id": "v", "urlIdx": 0, "openai": {"id": "v", "max_model_len": 32768}}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+
+    async def run():
+        turn = partial(two.for_turn, store, failed_error=None)
+        assert (await turn("m", llamacpp, body)).tokens == 131072
+        one.learn("m", 8192, "error", 131072)
+        one.learn("v", 16384, "error", 32768)
+        await store.save_windows(one.unsaved)
+        return (await turn("m", llamacpp, body)).tokens, (await turn("v", vllm, body)).tokens
+
+    assert asyncio.run(run()) == (8192, 32768)  # vLLM's published window is served: read every WINDOWS_REFRESH
+    assert reads == ["m", "m"]
+
+
+def test_an_ask_over_http_carries_the_key_to_the_server_alone():
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path == "/moved":  # a redirect elsewhere must not take the key along
+                self.send_response(302)
+                self.send_header("Location", "/props")
+                self.end_headers()
+                return
+            body, status = (
+                (b'{"default_generation_settings": {"n_ctx": 8192}}', 200) if self.path == "/props" else (b"no", 404)
+            )
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert acc.http_get_json(root + "/props", "sk-1") == (200, {"default_generation_settings": {"n_ctx": 8192}})
+        assert acc.http_get_json(root + "/api/ps", "") == (404, None)
+        assert acc.http_get_json(root + "/moved", "sk-1")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert acc.http_get_json(root + "/props", "sk-1", timeout=0.5) == (0, None)  # nobody there
+    assert seen == [("/props", "Bearer sk-1"), ("/api/ps", None), ("/moved", "Bearer sk-1"), ("/props", None)]
