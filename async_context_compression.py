@@ -1446,6 +1446,33 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
     return start
 
 
+def typical_turn_tokens(canon: Messages, sizes: list, lo: int, recent: int = 5) -> int:
+    """The median size of the last ``recent`` turns from ``lo`` on (a user message up to the next one), ``sizes``
+    being each message's tokens: what the next turns will about cost."""
+    starts = [i for i in range(lo, len(canon)) if _role(canon[i]) == "user"][-recent:]
+    spans = sorted(sum(sizes[a:b]) for a, b in zip(starts, [*starts[1:], len(canon)]))
+    return spans[len(spans) // 2] if spans else 0
+
+
+def tail_start_within(canon: Messages, sizes: list, target: int, room: int, least_room: int) -> int:
+    """Where the verbatim tail starts when ``keep_last`` yields to a small window (``sizes``: each message's tokens).
+    Invariant: the tail costs at most ``room`` tokens if any user turn's start from ``target`` on allows it (the
+    earliest that does: as much verbatim as fits); else it is the last turn (the reply the next message answers),
+    unless that one alone costs over ``least_room`` (a turn does not fit beside the next): then nothing is kept."""
+    tails, total = {}, 0
+    for i in range(len(canon) - 1, target - 1, -1):
+        total += sizes[i]
+        if i == target or _role(canon[i]) == "user":
+            tails[i] = total
+    if not tails:
+        return target
+    fitting = [i for i, tokens in tails.items() if tokens <= room]
+    if fitting:
+        return min(fitting)
+    last = max(tails)
+    return last if tails[last] <= least_room else len(canon)
+
+
 def strip_builtin_summary(messages: Messages) -> Messages:
     """The messages without Open WebUI's own summary, which the core appends to system texts after
     ``\n[CONVERSATION SUMMARY]\n``: each text cut at the mark, a system message left empty dropped, so this filter's
@@ -4785,6 +4812,7 @@ BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
+TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
 
 
 @dataclass
@@ -4876,6 +4904,13 @@ def fold_deadline(s: Settings) -> int:
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
 
 
+def fold_due(s: Settings, used: int, coming: int) -> bool:
+    """Whether a fold is due after a reply: the next request (``used``, without the next user turn) is over the
+    trigger, or with the next turn (``coming``) it would pass the fold deadline: in a small window one turn may be a
+    large share of the cap, and the summary must be saved before that turn is sent, not after."""
+    return used > s.trigger_tokens or coming > min(fold_deadline(s), s.max_context or coming)
+
+
 def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: int) -> int:
     """Where a fold ends: ``target``, or the branch's end when the verbatim tail from ``target`` holds tool results and
     alone counts (``tail_tokens``) over the trigger. A reply's tool loop is one atomic unit with its answer, so the tail
@@ -4949,9 +4984,10 @@ class BackgroundSummarizer:
         return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """Whether the next request would be over the trigger without any summary: an upper bound of
-        ``plan``'s count, so chats below it cost no database read and no digests."""
-        return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
+        """Whether the next request, with the next user turn, would be over the trigger without any summary: an upper
+        bound of what ``plan`` weighs (``fold_due``), so chats below it cost no database read and no digests."""
+        coming = self.next_request_tokens(ctx, canon) + self._last_turn_tokens(canon, ctx.settings)
+        return coming > ctx.settings.trigger_tokens
 
     def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
         """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
@@ -5060,16 +5096,17 @@ class BackgroundSummarizer:
         head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, canon, previous.summary if previous else None, head, start)
-        if used <= s.trigger_tokens and not ctx.force_summary:
+        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
+        if not fold_due(s, used, coming) and not ctx.force_summary:
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
+        target = self._tail_for_window(ctx, canon, previous, head, start, target)
         tail_tokens = self.next_request_tokens(ctx, canon[target:])
         target = agent_run_target(canon, target, tail_tokens, s.trigger_tokens)
         if target <= start:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
         urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
         if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
@@ -5083,6 +5120,32 @@ class BackgroundSummarizer:
                 target,
             )
         return FoldPlan(previous, head, start, target, ctx.user_instructions)
+
+    def _tail_for_window(
+        self,
+        ctx: RequestContext,
+        canon: Messages,
+        previous: Optional[SummaryRecord],
+        head: int,
+        start: int,
+        target: int,
+    ) -> int:
+        """Where the verbatim tail starts: ``target`` (``keep_last``), unless the window is too small for it. Then
+        ``keep_last`` yields: the fold goes deep enough that after it, the head, the summary (as large as the last one
+        plus a tenth of what it folds, at most ``max_summary_tokens``) and the next user turn leave TURNS_AHEAD of the
+        chat's typical turns below the fold deadline; at least the last turn stays verbatim where it fits beside them
+        under the cap (``tail_start_within``)."""
+        s = ctx.settings
+        sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
+        was = (
+            (previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding))
+            if previous
+            else 0
+        )
+        summary = min(s.max_summary_tokens, was + sum(sizes) // 10)
+        taken = self.next_request_tokens(ctx, canon[:head]) + summary + self._last_turn_tokens(canon, s)
+        low_water = fold_deadline(s) - TURNS_AHEAD * typical_turn_tokens(canon, sizes, start)
+        return tail_start_within(canon, sizes, target, low_water - taken, s.max_context - taken)
 
     def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
         """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
