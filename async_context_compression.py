@@ -924,6 +924,7 @@ class FitReport:
     shortened_messages: int = 0
     dropped_images: int = 0
     over_budget: bool = False
+    turn_over: bool = False  # the user's message alone (with the system prompts) is over the cap, never shortened
 
     def changed(self) -> bool:
         return bool(self.dropped_messages or self.shortened_messages or self.dropped_images)
@@ -932,6 +933,11 @@ class FitReport:
 def _last_user_index(messages: Messages) -> int:
     """The last user message's index (with none: the last message's)."""
     return next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), len(messages) - 1)
+
+
+def _is_prompt(message: Any) -> bool:
+    """A system message that is not this filter's summary: fitting never shortens it."""
+    return _role(message) == "system" and not is_summary_message(message)
 
 
 def _joinable(prev: Any, nxt: Any) -> bool:
@@ -996,6 +1002,8 @@ def fit_to_budget(
     if last_user < len(messages) and _role(messages[last_user]) != "user":
         last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
     head_end = max(0, min(protected_prefix, last_user))
+    never_shortened = (n for i, (m, n) in enumerate(zip(messages, sizes)) if i == last_user or _is_prompt(m))
+    report.turn_over = fixed_tokens + sum(never_shortened) > cap
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
     total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
@@ -1013,6 +1021,7 @@ def fit_to_budget(
             tokens_before=report.tokens_before,
             dropped_messages=keep.count(False),
             dropped_turns=len(_droppable_turns(messages, 0, last_user)),
+            turn_over=report.turn_over,
         )
         total4 = fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
         best = min(
@@ -4739,6 +4748,7 @@ class SentOutcome:
     covered: int = 0
     left_out: int = 0
     over_cap: bool = False
+    turn_over: bool = False  # a single turn does not fit the cap (FitReport.turn_over)
     repaired: bool = False
     fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
@@ -4753,6 +4763,7 @@ class SentOutcome:
             self,
             covered=self.covered or inlet.covered,
             left_out=inlet.left_out + self.left_out,
+            turn_over=self.turn_over or inlet.turn_over,
             repaired=self.repaired or inlet.repaired,
             fault=self.fault or inlet.fault,
             turn=inlet.turn,
@@ -4765,7 +4776,8 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
         (show_usage, "sent", {"used": sent.used, "cap": sent.cap}),
         (sent.covered, "in_summary", {"messages": sent.covered}),
         (sent.left_out, "left_out", {"messages": sent.left_out}),
-        (sent.over_cap, "over_cap", {}),
+        (sent.over_cap and not sent.turn_over, "over_cap", {}),
+        (sent.turn_over, "turn_over", {}),
         (sent.repaired, "repaired", {}),
         (sent.fault and sent.fault.key, "summaries_down", {"reason": sent.fault}),
     ]
@@ -5555,6 +5567,7 @@ class Draft:
             covered=self.record.covered_count - self.record.head_count if self.record else 0,
             left_out=fit.dropped_messages,
             over_cap=fit.over_budget,
+            turn_over=fit.turn_over,
             repaired=self.repair.noticeable(),
             fault=self.fault,
             turn=sum(1 for m in self.messages if isinstance(m, dict) and m.get("role") == "user"),
@@ -5848,6 +5861,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "summary covers {messages}",
         "left_out": "{messages} left out to fit",
         "over_cap": "still over the cap",
+        "turn_over": "a single turn does not fit: this message alone is over the cap",
         "repaired": "tool-call history repaired",
         "summaries_down": "summaries unavailable: {reason}",
         "summarizing": "Summarizing {messages} in the background…",
@@ -5892,6 +5906,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "摘要涵盖 {messages}",
         "left_out": "为适应上限未发送 {messages}",
         "over_cap": "仍超出上限",
+        "turn_over": "单个回合放不下：这条消息本身就超出上限",
         "repaired": "已修复工具调用历史",
         "summaries_down": "摘要不可用：{reason}",
         "summarizing": "正在后台摘要 {messages}…",
@@ -5936,6 +5951,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "要約は {messages}を含む",
         "left_out": "上限に収めるため {messages}を省略",
         "over_cap": "まだ上限を超えています",
+        "turn_over": "1 ターンが収まりません：このメッセージだけで上限を超えています",
         "repaired": "ツール呼び出し履歴を修復しました",
         "summaries_down": "要約を利用できません：{reason}",
         "summarizing": "バックグラウンドで {messages}を要約中…",
@@ -5980,6 +5996,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "요약에 {messages} 포함",
         "left_out": "한도에 맞추려고 {messages} 제외",
         "over_cap": "여전히 한도 초과",
+        "turn_over": "한 턴도 들어가지 않습니다: 이 메시지만으로 한도를 넘습니다",
         "repaired": "도구 호출 기록을 복구했습니다",
         "summaries_down": "요약을 사용할 수 없음: {reason}",
         "summarizing": "백그라운드에서 {messages} 요약 중…",
@@ -6024,6 +6041,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "le résumé couvre {messages}",
         "left_out": "{messages} omis pour tenir",
         "over_cap": "toujours au-dessus de la limite",
+        "turn_over": "un seul tour ne tient pas : ce message dépasse à lui seul la limite",
         "repaired": "historique des appels d'outils réparé",
         "summaries_down": "résumés indisponibles : {reason}",
         "summarizing": "Résumé de {messages} en arrière-plan…",
@@ -6068,6 +6086,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "Zusammenfassung umfasst {messages}",
         "left_out": "{messages} weggelassen, um das Limit einzuhalten",
         "over_cap": "weiterhin über dem Limit",
+        "turn_over": "eine einzelne Runde passt nicht: diese Nachricht allein überschreitet das Limit",
         "repaired": "Verlauf der Tool-Aufrufe repariert",
         "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
         "summarizing": "Fasse {messages} im Hintergrund zusammen…",
@@ -6112,6 +6131,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "el resumen cubre {messages}",
         "left_out": "omitido por el límite: {messages}",
         "over_cap": "todavía por encima del límite",
+        "turn_over": "un solo turno no cabe: este mensaje por sí solo supera el límite",
         "repaired": "historial de llamadas a herramientas reparado",
         "summaries_down": "resúmenes no disponibles: {reason}",
         "summarizing": "Resumiendo {messages} en segundo plano…",
@@ -6156,6 +6176,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "o resumo cobre {messages}",
         "left_out": "omitido pelo limite: {messages}",
         "over_cap": "ainda acima do limite",
+        "turn_over": "um único turno não cabe: esta mensagem sozinha excede o limite",
         "repaired": "histórico de chamadas de ferramentas reparado",
         "summaries_down": "resumos indisponíveis: {reason}",
         "summarizing": "Resumindo {messages} em segundo plano…",
@@ -6200,6 +6221,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "в сводке: {messages}",
         "left_out": "не отправлено ради лимита: {messages}",
         "over_cap": "лимит всё ещё превышен",
+        "turn_over": "один ход не помещается: само это сообщение превышает лимит",
         "repaired": "история вызовов инструментов исправлена",
         "summaries_down": "сводки недоступны: {reason}",
         "summarizing": "Составляется сводка в фоне: {messages}…",
@@ -6244,6 +6266,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "il riepilogo copre {messages}",
         "left_out": "omesso per il limite: {messages}",
         "over_cap": "ancora oltre il limite",
+        "turn_over": "un solo turno non ci sta: questo messaggio da solo supera il limite",
         "repaired": "cronologia delle chiamate agli strumenti riparata",
         "summaries_down": "riepiloghi non disponibili: {reason}",
         "summarizing": "Riepilogo di {messages} in background…",
@@ -6288,6 +6311,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "w podsumowaniu: {messages}",
         "left_out": "pominięto, by zmieścić się w limicie: {messages}",
         "over_cap": "nadal powyżej limitu",
+        "turn_over": "pojedyncza tura się nie mieści: sama ta wiadomość przekracza limit",
         "repaired": "naprawiono historię wywołań narzędzi",
         "summaries_down": "podsumowania niedostępne: {reason}",
         "summarizing": "Podsumowywanie w tle: {messages}…",
