@@ -3193,7 +3193,7 @@ class Valves(_TolerantValves):
     )
     keep_last: int = Field(
         default=6,
-        description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
+        description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn. In a small window (a few turns fill it) it yields to the window: fewer are kept, so that after a summary about three more turns fit before the next one; always the last turn, where it fits beside the next message.",
     )
     summary_model: str = Field(
         default="",
