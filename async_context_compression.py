@@ -5574,12 +5574,16 @@ class Draft:
         )
 
 
+REPLY_WINDOWS = 4096  # replies whose request's own window (its num_ctx) their outlet plans in
+
+
 class RequestPath:
     """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
     before each model call of a tool loop), each calling the steps it takes; after the reply, ``after_reply``."""
 
     def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
         self.summaries, self.tokens, self.windows = summaries, tokens, windows
+        self.sent_in = _BoundedDict(REPLY_WINDOWS)  # reply id -> the window its request's num_ctx set
 
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
         """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
@@ -5591,7 +5595,9 @@ class RequestPath:
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         message_id = str(metadata.get("message_id") or "")
-        window = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata)
+        window = self.reply_window(
+            message_id, await (find_window or self.call_window)(body, model, model_id, chat_id, metadata)
+        )
         entry_of = partial(owui_model_entry, request)
         summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
         reply = reply_room(body, model, window.tokens)
@@ -5614,6 +5620,17 @@ class RequestPath:
             message_id=message_id,
             prompt_bound=bound,
         )
+
+    def reply_window(self, reply_id: str, window: Window) -> Window:
+        """``window``, or the one the request of reply ``reply_id`` set. Open WebUI puts the model's ``num_ctx`` in
+        the request's options (its model entry keeps no params) and gives outlet neither, so the window a request's
+        own settings named is remembered for its reply's outlet (same worker: both run in the request's handler),
+        where the summary is planned: without it a small window's chat would be planned in the 128k fallback."""
+        if window.source == "settings":
+            if reply_id:
+                self.sent_in[reply_id] = window
+            return window
+        return self.sent_in.get(reply_id, window) if reply_id else window
 
     async def call_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict) -> Window:
         return await self.windows.for_request(self.summaries.store, model_id, model, body)

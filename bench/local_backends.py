@@ -7,9 +7,10 @@ Drives the Filter in-process as Open WebUI 0.12.4 calls it (inlet, the request h
 no Open WebUI server: tests/e2e/test_local_backends.py is the same scenario through a real one) with default valves
 except ``summary_model``, against the fake provider over HTTP serving the model as each local server serves it:
 
-* Ollama over its native ``/api/chat``: ``num_ctx`` 4096 or 8192, set in the model's params (Open WebUI then sends
-  it as ``options.num_ctx``); a prompt over it loses whole messages from the front, silently, and
-  ``prompt_eval_count`` reports what was kept;
+* Ollama over its native ``/api/chat``: ``num_ctx`` 4096 or 8192, set in the model's params (Open WebUI 0.12.4 puts
+  it in the request's ``options`` before inlet and keeps no params in the model entry filters get; outlet gets
+  neither); a prompt over it loses whole messages from the front, silently, and ``prompt_eval_count`` reports what
+  was kept;
 * llama-server ``-c 8192`` publishing ``meta.n_ctx_train`` 131072 in ``/v1/models``: a prompt over ``n_ctx`` is
   refused with ``exceed_context_size_error``; the window is learned from that refusal (a failed reply, mirrored as
   Open WebUI keeps it: the user message stays, the next turn's list ends in two user messages).
@@ -142,7 +143,7 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
 
     acc.failed_reply_error = failed_reply_error
     if backend == "ollama":
-        model = {"id": MODEL, "info": {"params": {"num_ctx": window}}, "ollama": {"model": MODEL}}
+        model = {"id": MODEL, "owned_by": "ollama", "ollama": {"model": MODEL}}  # no params: Open WebUI strips them
     else:
         model = {"id": MODEL, "openai": {"id": MODEL, "meta": {"n_ctx_train": TRAINED}}}
     chat_id = f"bench-{backend}-{window}"

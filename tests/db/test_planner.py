@@ -15,6 +15,7 @@ from test_background_summary import (
     SYSTEM,
     FakeSummarizer,
     Worker,
+    as_inlet_sees_it,
     markers,
     stored_chat,
 )
@@ -222,3 +223,20 @@ async def test_a_4k_window_with_long_turns_folds_before_the_next_turn_would_meet
     folded_after, lost = await _small_window_chat(db, cap=4096 - 512, turns=12)
     assert not lost, lost
     assert len(folded_after) >= 8, folded_after  # at 4k, turns of 1.2k need a summary about every turn
+
+
+async def test_outlet_plans_in_the_window_the_replys_request_set_with_num_ctx(db):
+    # Open WebUI 0.12.4 puts a model's num_ctx in the request's options before inlet (its model entry keeps no
+    # params) and gives outlet neither: planned in the 128k fallback, a 4k chat was never summarized, only trimmed
+    w = Worker(db, compression_threshold_tokens=0, keep_last=6, max_summary_tokens=2048)
+    chat = []
+    for i in range(3):
+        chat += [
+            {"id": f"u{i}", "role": "user", "content": f"MK-{i:02d}01 Question {i}. " + FILLER * 32},
+            {"id": f"a{i}", "role": "assistant", "content": f"MK-{i:02d}04 Answer {i}."},
+        ]
+    meta = {"chat_id": "chat-1", "message_id": "a2"}
+    body = {"model": MODEL, "messages": [SYSTEM, *as_inlet_sees_it(chat[:-1])], "options": {"num_ctx": 4096}}
+    await w.filter.inlet(copy.deepcopy(body), __user__=dict(ALICE), __metadata__=meta, __model__={"id": MODEL})
+    await w.outlet(chat, metadata=meta)
+    assert w.summarizer.calls, "outlet planned in another window than its request was sent in"

@@ -19,7 +19,9 @@ What needs part 1 of the issue (the served-window probe: Ollama's ``/api/ps``, l
 PART_1: the Ollama chats whose window is found from the server alone (no ``num_ctx`` in the model's params) are
 ``test_ollama_found_from_the_server``, an expected failure until then; llama-server's strict check (no rejection at
 all where ``/props`` answers) applies once the filter asked ``/props``. Until part 1 lands, the Ollama windows are
-known from ``num_ctx`` in the models' params (set as an admin sets them in Open WebUI, sent as ``options.num_ctx``).
+known from ``num_ctx`` in the models' params (set as an admin sets them in Open WebUI, which puts it in the request's
+``options`` before inlet and sends it on as Ollama's ``options.num_ctx``; outlet gets neither, and plans in the window
+the reply's request was sent in).
 """
 
 from __future__ import annotations
@@ -75,21 +77,12 @@ def stack(owui_python, filter_source):
         ) as (_, client):
             for model in (SET_4K, SET_8K):  # as an admin sets a model's context length in Open WebUI
                 params = {"num_ctx": WINDOWS[model]}
-                client.post("/api/v1/models/create", {"id": model, "name": model, "meta": {}, "params": params})
-            wait_for(lambda: _params_seen(client), deadline=60, what="both workers to list the models' num_ctx")
+                made = client.post("/api/v1/models/create", {"id": model, "name": model, "meta": {}, "params": params})
+                assert made and made["params"]["num_ctx"] == WINDOWS[model], made
             yield client, ollama, openai
     finally:
         ollama.stop()
         openai.stop()
-
-
-def _params_seen(client) -> bool:
-    """Whether the worker that answered lists num_ctx for both models; asked a few times to reach both workers."""
-    for _ in range(6):
-        models = {m["id"]: m.get("info") or {} for m in client.models()}
-        if any((models[m].get("params") or {}).get("num_ctx") != WINDOWS[m] for m in (SET_4K, SET_8K)):
-            return False
-    return True
 
 
 def live_turn(conv: Conversation, summaries: FakeProvider) -> Turn:
