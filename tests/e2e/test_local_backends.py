@@ -55,7 +55,7 @@ SERVED_4K, SERVED_8K = "served-4k:8b", "served-8k:8b"  # PART_1: the window only
 LLAMA = "llama-server-8k"
 WINDOWS = {SET_4K: 4096, SET_8K: 8192, SERVED_4K: 4096, SERVED_8K: 8192, LLAMA: 8192}
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
-WORDS = 880  # per user turn: about 1,200 tokens
+WORDS = 1060  # per user turn: about 1,200 tokens (the reply adds a few dozen)
 GROWTH = 5  # what the user types, in windows
 READING = 1.5  # seconds a user reads a reply; then summaries begun meanwhile finish (summary_settled)
 
