@@ -927,6 +927,7 @@ class FitReport:
     shortened_messages: int = 0
     dropped_images: int = 0
     over_budget: bool = False
+    turn_over: bool = False  # the user's message alone (with the system prompts) is over the cap, never shortened
 
     def changed(self) -> bool:
         return bool(self.dropped_messages or self.shortened_messages or self.dropped_images)
@@ -935,6 +936,11 @@ class FitReport:
 def _last_user_index(messages: Messages) -> int:
     """The last user message's index (with none: the last message's)."""
     return next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), len(messages) - 1)
+
+
+def _is_prompt(message: Any) -> bool:
+    """A system message that is not this filter's summary: fitting never shortens it."""
+    return _role(message) == "system" and not is_summary_message(message)
 
 
 def _joinable(prev: Any, nxt: Any) -> bool:
@@ -999,6 +1005,8 @@ def fit_to_budget(
     if last_user < len(messages) and _role(messages[last_user]) != "user":
         last_user = align_tail_start_to_atomic_boundary(messages, last_user, 0)
     head_end = max(0, min(protected_prefix, last_user))
+    never_shortened = (n for i, (m, n) in enumerate(zip(messages, sizes)) if i == last_user or _is_prompt(m))
+    report.turn_over = fixed_tokens + sum(never_shortened) > cap
     tail_turns = _droppable_turns(messages, head_end, last_user)
     keep = [True] * len(messages)
     total = _drop_turns(messages, sizes, keep, tail_turns, total, cap, report)
@@ -1016,6 +1024,7 @@ def fit_to_budget(
             tokens_before=report.tokens_before,
             dropped_messages=keep.count(False),
             dropped_turns=len(_droppable_turns(messages, 0, last_user)),
+            turn_over=report.turn_over,
         )
         total4 = fixed_tokens + sum(size for size, kept in zip(sizes, keep) if kept)
         best = min(
@@ -1447,6 +1456,33 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
         if _role(canon[i]) == "user":
             return i
     return start
+
+
+def typical_turn_tokens(canon: Messages, sizes: list, lo: int, recent: int = 5) -> int:
+    """The median size of the last ``recent`` turns from ``lo`` on (a user message up to the next one), ``sizes``
+    being each message's tokens: what the next turns will about cost."""
+    starts = [i for i in range(lo, len(canon)) if _role(canon[i]) == "user"][-recent:]
+    spans = sorted(sum(sizes[a:b]) for a, b in zip(starts, [*starts[1:], len(canon)]))
+    return spans[len(spans) // 2] if spans else 0
+
+
+def tail_start_within(canon: Messages, sizes: list, target: int, room: int, least_room: int) -> int:
+    """Where the verbatim tail starts when ``keep_last`` yields to a small window (``sizes``: each message's tokens).
+    Invariant: the tail costs at most ``room`` tokens if any user turn's start from ``target`` on allows it (the
+    earliest that does: as much verbatim as fits); else it is the last turn (the reply the next message answers),
+    unless that one alone costs over ``least_room`` (a turn does not fit beside the next): then nothing is kept."""
+    tails, total = {}, 0
+    for i in range(len(canon) - 1, target - 1, -1):
+        total += sizes[i]
+        if i == target or _role(canon[i]) == "user":
+            tails[i] = total
+    if not tails:
+        return target
+    fitting = [i for i, tokens in tails.items() if tokens <= room]
+    if fitting:
+        return min(fitting)
+    last = max(tails)
+    return last if tails[last] <= least_room else len(canon)
 
 
 def strip_builtin_summary(messages: Messages) -> Messages:
@@ -4840,6 +4876,7 @@ class SentOutcome:
     covered: int = 0
     left_out: int = 0
     over_cap: bool = False
+    turn_over: bool = False  # a single turn does not fit the cap (FitReport.turn_over)
     repaired: bool = False
     fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
@@ -4854,6 +4891,7 @@ class SentOutcome:
             self,
             covered=self.covered or inlet.covered,
             left_out=inlet.left_out + self.left_out,
+            turn_over=self.turn_over or inlet.turn_over,
             repaired=self.repaired or inlet.repaired,
             fault=self.fault or inlet.fault,
             turn=inlet.turn,
@@ -4866,7 +4904,8 @@ def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> st
         (show_usage, "sent", {"used": sent.used, "cap": sent.cap}),
         (sent.covered, "in_summary", {"messages": sent.covered}),
         (sent.left_out, "left_out", {"messages": sent.left_out}),
-        (sent.over_cap, "over_cap", {}),
+        (sent.over_cap and not sent.turn_over, "over_cap", {}),
+        (sent.turn_over, "turn_over", {}),
         (sent.repaired, "repaired", {}),
         (sent.fault and sent.fault.key, "summaries_down", {"reason": sent.fault}),
     ]
@@ -4913,6 +4952,7 @@ BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
+TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
 
 
 @dataclass
@@ -5004,6 +5044,13 @@ def fold_deadline(s: Settings) -> int:
     return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
 
 
+def fold_due(s: Settings, used: int, coming: int) -> bool:
+    """Whether a fold is due after a reply: the next request (``used``, without the next user turn) is over the
+    trigger, or with the next turn (``coming``) it would pass the fold deadline: in a small window one turn may be a
+    large share of the cap, and the summary must be saved before that turn is sent, not after."""
+    return used > s.trigger_tokens or coming > min(fold_deadline(s), s.max_context or coming)
+
+
 def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: int) -> int:
     """Where a fold ends: ``target``, or the branch's end when the verbatim tail from ``target`` holds tool results and
     alone counts (``tail_tokens``) over the trigger. A reply's tool loop is one atomic unit with its answer, so the tail
@@ -5077,9 +5124,10 @@ class BackgroundSummarizer:
         return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """Whether the next request would be over the trigger without any summary: an upper bound of
-        ``plan``'s count, so chats below it cost no database read and no digests."""
-        return self.next_request_tokens(ctx, canon) > ctx.settings.trigger_tokens
+        """Whether the next request, with the next user turn, would be over the trigger without any summary: an upper
+        bound of what ``plan`` weighs (``fold_due``), so chats below it cost no database read and no digests."""
+        coming = self.next_request_tokens(ctx, canon) + self._last_turn_tokens(canon, ctx.settings)
+        return coming > ctx.settings.trigger_tokens
 
     def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
         """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
@@ -5188,16 +5236,17 @@ class BackgroundSummarizer:
         head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
         start = previous.covered_count if previous else head
         used = self.next_request_tokens(ctx, canon, previous.summary if previous else None, head, start)
-        if used <= s.trigger_tokens and not ctx.force_summary:
+        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
+        if not fold_due(s, used, coming) and not ctx.force_summary:
             return None
         target = summary_target(canon, head, s.keep_last, floor=start)
+        target = self._tail_for_window(ctx, canon, previous, head, start, target)
         tail_tokens = self.next_request_tokens(ctx, canon[target:])
         target = agent_run_target(canon, target, tail_tokens, s.trigger_tokens)
         if target <= start:
             return None
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
         urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
         if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
@@ -5211,6 +5260,32 @@ class BackgroundSummarizer:
                 target,
             )
         return FoldPlan(previous, head, start, target, ctx.user_instructions)
+
+    def _tail_for_window(
+        self,
+        ctx: RequestContext,
+        canon: Messages,
+        previous: Optional[SummaryRecord],
+        head: int,
+        start: int,
+        target: int,
+    ) -> int:
+        """Where the verbatim tail starts: ``target`` (``keep_last``), unless the window is too small for it. Then
+        ``keep_last`` yields: the fold goes deep enough that after it, the head, the summary (as large as the last one
+        plus a tenth of what it folds, at most ``max_summary_tokens``) and the next user turn leave TURNS_AHEAD of the
+        chat's typical turns below the fold deadline; at least the last turn stays verbatim where it fits beside them
+        under the cap (``tail_start_within``)."""
+        s = ctx.settings
+        sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
+        was = (
+            (previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding))
+            if previous
+            else 0
+        )
+        summary = min(s.max_summary_tokens, was + sum(sizes) // 10)
+        taken = self.next_request_tokens(ctx, canon[:head]) + summary + self._last_turn_tokens(canon, s)
+        low_water = fold_deadline(s) - TURNS_AHEAD * typical_turn_tokens(canon, sizes, start)
+        return tail_start_within(canon, sizes, target, low_water - taken, s.max_context - taken)
 
     def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
         """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
@@ -5671,10 +5746,14 @@ class Draft:
             covered=self.record.covered_count - self.record.head_count if self.record else 0,
             left_out=fit.dropped_messages,
             over_cap=fit.over_budget,
+            turn_over=fit.turn_over,
             repaired=self.repair.noticeable(),
             fault=self.fault,
             turn=sum(1 for m in self.messages if isinstance(m, dict) and m.get("role") == "user"),
         )
+
+
+REPLY_WINDOWS = 4096  # replies whose request's own window (its num_ctx) their outlet plans in
 
 
 class RequestPath:
@@ -5683,6 +5762,7 @@ class RequestPath:
 
     def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
         self.summaries, self.tokens, self.windows = summaries, tokens, windows
+        self.sent_in = _BoundedDict(REPLY_WINDOWS)  # reply id -> the window its request's num_ctx set
 
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
         """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
@@ -5694,7 +5774,8 @@ class RequestPath:
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         message_id = str(metadata.get("message_id") or "")
-        window = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, request)
+        found = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, request)
+        window = self.reply_window(message_id, found)
         entry_of = partial(owui_model_entry, request)
         summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
         reply = reply_room(body, model, window.tokens)
@@ -5717,6 +5798,17 @@ class RequestPath:
             message_id=message_id,
             prompt_bound=bound,
         )
+
+    def reply_window(self, reply_id: str, window: Window) -> Window:
+        """``window``, or the one the request of reply ``reply_id`` set. Open WebUI puts the model's ``num_ctx`` in
+        the request's options (its model entry keeps no params) and gives outlet neither, so the window a request's
+        own settings named is remembered for its reply's outlet (same worker: both run in the request's handler),
+        where the summary is planned: without it a small window's chat would be planned in the 128k fallback."""
+        if window.source == "settings":
+            if reply_id:
+                self.sent_in[reply_id] = window
+            return window
+        return self.sent_in.get(reply_id, window) if reply_id else window
 
     async def call_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict, request) -> Window:
         connect = partial(owui_served_server, request, model) if request is not None else None
@@ -5869,7 +5961,7 @@ class Filter:
         )
         keep_last: int = Field(
             default=6,
-            description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn.",
+            description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn. In a small window (a few turns fill it) it yields to the window: fewer are kept, so that after a summary about three more turns fit before the next one; always the last turn, where it fits beside the next message.",
         )
         summary_model: str = Field(
             default="",
@@ -6048,6 +6140,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "summary covers {messages}",
         "left_out": "{messages} left out to fit",
         "over_cap": "still over the cap",
+        "turn_over": "a single turn does not fit: this message alone is over the cap",
         "repaired": "tool-call history repaired",
         "summaries_down": "summaries unavailable: {reason}",
         "summarizing": "Summarizing {messages} in the background…",
@@ -6093,6 +6186,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "摘要涵盖 {messages}",
         "left_out": "为适应上限未发送 {messages}",
         "over_cap": "仍超出上限",
+        "turn_over": "单个回合放不下：这条消息本身就超出上限",
         "repaired": "已修复工具调用历史",
         "summaries_down": "摘要不可用：{reason}",
         "summarizing": "正在后台摘要 {messages}…",
@@ -6138,6 +6232,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "要約は {messages}を含む",
         "left_out": "上限に収めるため {messages}を省略",
         "over_cap": "まだ上限を超えています",
+        "turn_over": "1 ターンが収まりません：このメッセージだけで上限を超えています",
         "repaired": "ツール呼び出し履歴を修復しました",
         "summaries_down": "要約を利用できません：{reason}",
         "summarizing": "バックグラウンドで {messages}を要約中…",
@@ -6183,6 +6278,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "요약에 {messages} 포함",
         "left_out": "한도에 맞추려고 {messages} 제외",
         "over_cap": "여전히 한도 초과",
+        "turn_over": "한 턴도 들어가지 않습니다: 이 메시지만으로 한도를 넘습니다",
         "repaired": "도구 호출 기록을 복구했습니다",
         "summaries_down": "요약을 사용할 수 없음: {reason}",
         "summarizing": "백그라운드에서 {messages} 요약 중…",
@@ -6228,6 +6324,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "le résumé couvre {messages}",
         "left_out": "{messages} omis pour tenir",
         "over_cap": "toujours au-dessus de la limite",
+        "turn_over": "un seul tour ne tient pas : ce message dépasse à lui seul la limite",
         "repaired": "historique des appels d'outils réparé",
         "summaries_down": "résumés indisponibles : {reason}",
         "summarizing": "Résumé de {messages} en arrière-plan…",
@@ -6273,6 +6370,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "Zusammenfassung umfasst {messages}",
         "left_out": "{messages} weggelassen, um das Limit einzuhalten",
         "over_cap": "weiterhin über dem Limit",
+        "turn_over": "eine einzelne Runde passt nicht: diese Nachricht allein überschreitet das Limit",
         "repaired": "Verlauf der Tool-Aufrufe repariert",
         "summaries_down": "Zusammenfassungen nicht verfügbar: {reason}",
         "summarizing": "Fasse {messages} im Hintergrund zusammen…",
@@ -6318,6 +6416,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "el resumen cubre {messages}",
         "left_out": "omitido por el límite: {messages}",
         "over_cap": "todavía por encima del límite",
+        "turn_over": "un solo turno no cabe: este mensaje por sí solo supera el límite",
         "repaired": "historial de llamadas a herramientas reparado",
         "summaries_down": "resúmenes no disponibles: {reason}",
         "summarizing": "Resumiendo {messages} en segundo plano…",
@@ -6363,6 +6462,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "o resumo cobre {messages}",
         "left_out": "omitido pelo limite: {messages}",
         "over_cap": "ainda acima do limite",
+        "turn_over": "um único turno não cabe: esta mensagem sozinha excede o limite",
         "repaired": "histórico de chamadas de ferramentas reparado",
         "summaries_down": "resumos indisponíveis: {reason}",
         "summarizing": "Resumindo {messages} em segundo plano…",
@@ -6408,6 +6508,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "в сводке: {messages}",
         "left_out": "не отправлено ради лимита: {messages}",
         "over_cap": "лимит всё ещё превышен",
+        "turn_over": "один ход не помещается: само это сообщение превышает лимит",
         "repaired": "история вызовов инструментов исправлена",
         "summaries_down": "сводки недоступны: {reason}",
         "summarizing": "Составляется сводка в фоне: {messages}…",
@@ -6453,6 +6554,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "il riepilogo copre {messages}",
         "left_out": "omesso per il limite: {messages}",
         "over_cap": "ancora oltre il limite",
+        "turn_over": "un solo turno non ci sta: questo messaggio da solo supera il limite",
         "repaired": "cronologia delle chiamate agli strumenti riparata",
         "summaries_down": "riepiloghi non disponibili: {reason}",
         "summarizing": "Riepilogo di {messages} in background…",
@@ -6498,6 +6600,7 @@ STATUS_TEXTS: dict = {
         "in_summary": "w podsumowaniu: {messages}",
         "left_out": "pominięto, by zmieścić się w limicie: {messages}",
         "over_cap": "nadal powyżej limitu",
+        "turn_over": "pojedyncza tura się nie mieści: sama ta wiadomość przekracza limit",
         "repaired": "naprawiono historię wywołań narzędzi",
         "summaries_down": "podsumowania niedostępne: {reason}",
         "summarizing": "Podsumowywanie w tle: {messages}…",

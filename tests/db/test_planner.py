@@ -6,7 +6,19 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from test_background_summary import ALICE, BOB, FILLER, MODEL, SYSTEM, FakeSummarizer, Worker, stored_chat
+from acc_builders import MARK
+from test_background_summary import (
+    ALICE,
+    BOB,
+    FILLER,
+    MODEL,
+    SYSTEM,
+    FakeSummarizer,
+    Worker,
+    as_inlet_sees_it,
+    markers,
+    stored_chat,
+)
 
 import async_context_compression as acc
 from devkit.probes import messages_tokens
@@ -167,3 +179,64 @@ async def test_past_the_fold_deadline_the_low_water_mark_no_longer_holds_a_summa
     assert worth(s, None, deadline) >= (1 - s.low_water) * s.trigger_tokens
     assert worth(s, None, deadline + 1) < (1 - s.low_water) * s.trigger_tokens
     assert acc.fold_deadline(replace(s, max_context=0)) == 2 * s.trigger_tokens  # still summarized, just later
+
+
+async def _small_window_chat(db, cap: int, turns: int) -> tuple:
+    """A chat of ~1.2k-token turns in a small window's cap (what an 8k or 4k window leaves once the reply has its
+    room), default valves otherwise, one turn at a time as Open WebUI runs it: inlet (the request sent), then outlet
+    and its background summary, saved before the user types on. (The turns after which a summary was written, the
+    turns whose request missed a marker of its branch.)"""
+    w = Worker(db, compression_threshold_tokens=0, max_context_tokens=cap, keep_last=6, max_summary_tokens=2048)
+    chat = [
+        {"id": "u00", "role": "user", "content": "MK-0001 Hello."},
+        {"id": "a00", "role": "assistant", "content": "MK-0004 Hello, noted."},
+    ]
+    folded_after, lost = [], []
+    for i in range(1, turns + 1):
+        question = f"MK-{i:02d}01 Question {i}. " + FILLER * 32
+        sent, view = await w.inlet(chat, new_text=question)
+        if set(markers(sent)) - set(MARK.findall(str(view))):
+            lost.append(i)
+        calls = len(w.summarizer.calls)
+        chat += [
+            {"id": f"u{i:02d}", "role": "user", "content": question},
+            {"id": f"a{i:02d}", "role": "assistant", "content": f"MK-{i:02d}04 Answer {i}. " + FILLER},
+        ]
+        await w.outlet(chat)
+        if len(w.summarizer.calls) > calls:
+            folded_after.append(i)
+    return folded_after, lost
+
+
+async def test_an_8k_window_with_long_turns_gets_a_summary_at_most_every_third_turn_and_trims_no_fact(db):
+    # issue 37: keep_last's six messages of 1.2k tokens filled most of the room under the trigger, so every turn
+    # after the first summary crossed it again and was summarized again; now keep_last yields to the window
+    folded_after, lost = await _small_window_chat(db, cap=8192 - 1024, turns=24)
+    assert not lost, lost
+    assert len(folded_after) >= 4, folded_after
+    assert all(b - a >= 3 for a, b in zip(folded_after, folded_after[1:])), folded_after
+
+
+async def test_a_4k_window_with_long_turns_folds_before_the_next_turn_would_meet_the_cap(db):
+    # issue 37: under the trigger but one turn from the cap, the chat was not folded, and the next request left out
+    # turns no summary held; now a summary is due when the next turn would pass the fold deadline
+    folded_after, lost = await _small_window_chat(db, cap=4096 - 512, turns=12)
+    assert not lost, lost
+    assert len(folded_after) >= 8, folded_after  # at 4k, turns of 1.2k need a summary about every turn
+
+
+async def test_outlet_plans_in_the_window_the_replys_request_set_with_num_ctx(db):
+    # Open WebUI 0.12.4 puts a model's num_ctx in the request's options before inlet (its model entry keeps no
+    # params) and gives outlet neither: planned in the 128k fallback, a 4k chat was never summarized, only trimmed
+    w = Worker(db, compression_threshold_tokens=0, keep_last=6, max_summary_tokens=2048)
+    chat = []
+    for i in range(3):
+        chat += [
+            {"id": f"u{i}", "role": "user", "content": f"MK-{i:02d}01 Question {i}. " + FILLER * 32},
+            {"id": f"a{i}", "role": "assistant", "content": f"MK-{i:02d}04 Answer {i}."},
+        ]
+    meta = {"chat_id": "chat-1", "message_id": "a2"}
+    body = {"model": MODEL, "messages": [SYSTEM, *as_inlet_sees_it(chat[:-1])], "options": {"num_ctx": 4096}}
+    await w.filter.inlet(copy.deepcopy(body), __user__=dict(ALICE), __metadata__=meta, __model__={"id": MODEL})
+    await w.outlet(chat, metadata=meta)
+    assert w.summarizer.calls, "outlet planned in another window than its request was sent in"

@@ -554,10 +554,11 @@ def multi_worker_server(
     env_extra: Optional[dict] = None,
     workers: int = 2,
     timeout: float = 300,
+    ollama_url: Optional[str] = None,
 ):
     """An Open WebUI of the caller's own: ``workers`` uvicorn workers sharing one database, ``admin``@example.com its
     first account, ``models`` served by ``provider``, the filter installed globally with ``valves`` (E2E_VALVES when
-    None) and, with ``pid_probe``, PID_PROBE beside it. Yields (server, client); on leaving the server is stopped
+    None) and, with ``pid_probe``, PID_PROBE beside it; with ``ollama_url``, an Ollama connection too. Yields (server, client); on leaving the server is stopped
     and its data removed (kept with ACC_KEEP_E2E_DATA)."""
     server = OpenWebUIServer(
         python=owui_python,
@@ -565,6 +566,7 @@ def multi_worker_server(
         workers=workers,
         env_extra=env_extra,
         tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
+        ollama_url=ollama_url,
     )
     try:
         server.start(timeout=timeout)

@@ -378,6 +378,49 @@ def test_summary_target(keep_last, head, floor, expected):
     assert acc.summary_target(CANON, head, keep_last, floor) == expected
 
 
+# -- keep_last yields to a small window (issue 37) ---------------------------------------
+
+TURNS = [U("u1"), AS("a1"), U("u2"), A("a"), T("a"), AS("a2"), U("u3"), AS("a3"), U("u4"), AS("a4")]
+#        0        1         2        3       4       5          6        7         8        9
+SIZES = [500, 100, 400, 50, 200, 50, 600, 100, 900, 100]  # turns of 600, 700, 700, 1000 tokens
+
+
+@pytest.mark.parametrize(
+    "target, room, least_room, expected",
+    [
+        (2, 2500, 2500, 2),  # keep_last's tail fits the room: unchanged
+        (2, 1800, 9999, 6),  # the earliest later turn whose tail fits: [u3, a3, u4, a4]
+        (0, 1000, 9999, 8),  # only the last turn fits
+        (2, 500, 1000, 8),  # none fits the room: the last turn still stays verbatim under the cap
+        (2, 500, 999, 10),  # the last turn does not fit beside the next: nothing stays, the summary takes it
+        (10, 0, 0, 10),  # nothing left after the target
+    ],
+)
+def test_the_tail_yields_to_the_window_turn_by_turn_but_keeps_the_last_turn_while_it_fits(
+    target, room, least_room, expected
+):
+    assert acc.tail_start_within(TURNS, SIZES, target, room, least_room) == expected
+
+
+def test_a_chats_typical_turn_is_the_median_of_its_recent_turns():
+    assert acc.typical_turn_tokens(TURNS, SIZES, 0) == 700
+    assert acc.typical_turn_tokens(TURNS, SIZES, 0, recent=2) == 1000  # 700 and 1000: the upper median
+    assert acc.typical_turn_tokens(TURNS, SIZES, 6) == 1000
+    assert acc.typical_turn_tokens(TURNS, SIZES, 10) == 0
+
+
+def test_a_single_turn_over_the_cap_is_told_apart_from_older_turns_over_it():
+    older = [S("s" * 40), U("x" * 4000), AS("y" * 400), U("z" * 400)]  # 1000 + 100 + 100 (+4 each)
+    _, report = fit(older, cap=400)
+    assert report.dropped_messages and not report.turn_over  # older turns went, the latest fits
+    alone = [S("s" * 40), U("x" * 400), AS("y" * 400), U("z" * 4000)]
+    out, report = fit(alone, cap=400)
+    assert report.turn_over and report.over_budget  # the user's message is never shortened: it alone is over
+    summary = acc.build_summary_message("MK-0001 " + "w" * 4000)
+    out, report = fit([S("s" * 40), summary, U("x" * 400), AS("y" * 400), U("z" * 400)], cap=400)
+    assert not report.turn_over and not report.over_budget  # a long summary gives way: the turn fits
+
+
 # -- canonical_digest: inlet view and outlet view agree --------------------------------
 
 

@@ -62,6 +62,16 @@ def test_messages_left_out_by_inlet_and_request_add_up():
     assert acc.status_text("en", "left_out", messages=left_out) in line
 
 
+def test_a_turn_that_alone_does_not_fit_the_cap_is_said_and_older_turns_left_out_are_not_called_so():
+    # issue 37: in a small window the user must learn that the message itself was cut, not only older turns
+    f = make_filter(2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250)
+    _, lines = _hooks(f, _chat(6))
+    assert acc.status_text("en", "turn_over") not in lines[0]  # older turns went, the question fits
+    huge = _chat(1)[:-1] + [{"role": "user", "content": "Read this. " + LONG * 6}]
+    _, lines = _hooks(f, huge)
+    assert acc.status_text("en", "turn_over") in lines[0], lines
+
+
 def test_switched_off_for_the_user_shows_no_line_at_all():
     f = make_filter(2500, counter="exact", store=RecordStore(), compression_threshold_tokens=1250)
     valves = f.UserValves(show_status=False)
