@@ -366,7 +366,14 @@ class Demo:
         instructions = ASK_SUMMARY.split(" ", 1)[1]
         if any(instructions in json.dumps(r["messages"]) for r in reqs if r["kind"] == "chat"):
             problems.append(f"{ASK_SUMMARY!r}: the chat model received the instructions")
-        asked = [r for r in reqs if r["kind"] == "summary" and instructions in json.dumps(r["messages"][:1])]
+        # the user's instructions reach the summarizer as the user's words (its last message), never as its system text
+        asked = [
+            r
+            for r in reqs
+            if r["kind"] == "summary"
+            and instructions in json.dumps(r["messages"][-1:])
+            and instructions not in json.dumps([m for m in r["messages"] if m.get("role") == "system"])
+        ]
         if not asked:
             problems.append(f"{ASK_SUMMARY!r}: no summary request carried the instructions")
         end = time.monotonic() + 30
