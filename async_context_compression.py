@@ -3348,7 +3348,7 @@ class Valves(_TolerantValves):
     )
     erase_stored_data: bool = Field(
         default=False,
-        description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
+        description="Switch on and send one message: every row this filter stored is erased (summaries, leases, ratios, learned windows, records of sent requests), every worker forgets what it kept in memory from before (learned windows and ratios, summaries of temporary chats) at its next read of the learned windows (at most 10 s after its next request), then this switches itself off (see docs/en/data.md).",
     )
 
 

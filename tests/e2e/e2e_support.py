@@ -553,14 +553,17 @@ def multi_worker_server(
     env_extra: Optional[dict] = None,
     workers: int = 2,
     timeout: float = 300,
+    ollama=None,
 ):
     """An Open WebUI of the caller's own: ``workers`` uvicorn workers sharing one database, ``admin``@example.com its
-    first account, ``models`` served by ``provider``, the filter installed globally with ``valves`` (E2E_VALVES when
-    None) and, with ``pid_probe``, PID_PROBE beside it. Yields (server, client); on leaving the server is stopped
-    and its data removed (kept with ACC_KEEP_E2E_DATA)."""
+    first account, ``models`` served by ``provider`` (and by ``ollama``, a second fake as an Ollama connection, when
+    given), the filter installed globally with ``valves`` (E2E_VALVES when None) and, with ``pid_probe``, PID_PROBE
+    beside it. Yields (server, client); on leaving the server is stopped and its data removed (kept with
+    ACC_KEEP_E2E_DATA)."""
     server = OpenWebUIServer(
         python=owui_python,
         provider_url=provider.base_url,
+        ollama_url=ollama.root_url if ollama is not None else None,
         workers=workers,
         env_extra=env_extra,
         tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),

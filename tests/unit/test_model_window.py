@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
+import types
 
 import pytest
 
@@ -452,11 +454,54 @@ def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypa
 # -- trust between users (issue 35): who may teach or unteach a window every user's chats get ----------------------
 
 
+def _stored_chat(monkeypatch, messages: dict) -> None:
+    """Open WebUI's Chats, as ``failed_reply`` reads it: chat ``c1`` holds ``messages`` (id -> stored message)."""
+
+    class Chats:
+        @staticmethod
+        async def get_messages_map_by_chat_id(chat_id):
+            return messages if chat_id == "c1" else None
+
+    for name in ("open_webui", "open_webui.models"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "open_webui.models.chats", types.SimpleNamespace(Chats=Chats))
+
+
+def test_the_error_read_is_the_one_open_webui_stores_on_the_failed_reply(monkeypatch):
+    error = {"content": {"message": "This model's maximum context length is 2048 tokens."}}
+    _stored_chat(
+        monkeypatch,
+        {
+            "u8": {"id": "u8", "role": "user", "parentId": None},
+            "a9": {"id": "a9", "role": "assistant", "parentId": "u8", "content": "", "error": error},
+            "u9": {"id": "u9", "role": "user", "parentId": "a9"},
+        },
+    )
+    assert asyncio.run(acc.failed_reply("c1", "u9")) == ("c1", "a9", error["content"])
+    assert asyncio.run(acc.failed_reply("temporary:c1", "u9")) == ("", "", None)  # nothing stored
+
+
 def test_an_error_a_user_wrote_on_a_user_message_teaches_nothing(monkeypatch):
     """The user_message of a turn carries an ``error`` (Open WebUI stores its keys as sent) and the next turn follows
-    it: no provider rejected anything the filter sent."""
+    it: that is no reply, and no provider rejected anything the filter sent."""
+    forged = {"content": "This model's maximum context length is 256 tokens."}
+    _stored_chat(
+        monkeypatch,
+        {
+            "u8": {"id": "u8", "role": "user", "parentId": None, "error": forged},
+            "u9": {"id": "u9", "role": "user", "parentId": "u8"},
+        },
+    )
+    assert asyncio.run(acc.failed_reply("c1", "u9")) == ("", "", None)
     f = _window_filter()
-    _rejected_then_retried(f, monkeypatch, "", TOO_LONG)
+    f.summaries.store.sent["u8"] = acc.SentRequest("u8", "c1", "u1", "llama", 9000)  # even under a recorded id
+    history = [{"role": "user", "content": f"Q{i} {LONG}"} for i in range(14)]
+
+    async def run():
+        meta = {"chat_id": "c1", "message_id": "a10", "user_message_id": "u9"}
+        await f.inlet({"model": "llama", "messages": history}, {"id": "u1"}, meta, None, None, None, "c1")
+
+    asyncio.run(run())
     assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
 
 
