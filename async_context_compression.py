@@ -17,11 +17,12 @@ requirements: tiktoken
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints, /summarize commands.
 #   2b. Recall: the folded messages' passages, indexed per chat, quoted back when the latest message asks about them.
 #   3. Token accounting: tiktoken (loaded off the request path) and the estimator; per model, its own tokens per
-#      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply and
-#      shared with every worker through the store (SharedThroughStore).
+#      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply (only
+#      from what the filter saw happen: its own request and the provider's answer) and shared with every worker
+#      through the store (SharedThroughStore).
 #   4. Settings: the valves, resolved per model and request, never raising.
 #   5. Summary store: ChatStore (memory for chats Open WebUI never saves, else SummaryStore, the database: summaries,
-#      leases, ratios, windows) and RetentionSweeper (what outlives a deletion).
+#      leases, ratios, windows, requests sent) and RetentionSweeper (what outlives a deletion; the erase).
 #   6. Summarizer: prompt, input rendering, the call, answer cleaning.
 #   7. Status lines: what one request sent (SentOutcome), said in the user's language.
 #   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
@@ -3858,10 +3859,11 @@ class EphemeralSummaries:
 
 
 class SummaryStore:
-    """Summaries, leases, ratios and windows in the host's database through an async SQLAlchemy engine (Open WebUI's
-    own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come out as
-    StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked database
-    is retried a few times first, a dropped connection once. The tables are made by the first call that succeeds."""
+    """Summaries, leases, ratios, windows and requests sent in the host's database through an async SQLAlchemy engine
+    (Open WebUI's own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come
+    out as StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked
+    database is retried a few times first, a dropped connection once. The tables are made by the first call that
+    succeeds."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter

@@ -172,12 +172,13 @@ def test_what_mallory_writes_leaves_bobs_requests_exactly_as_they_were_on_both_w
     assert reqs and reqs[-1]["cut"] and reqs[-1]["reported_prompt"] == 2048, reqs[-1:]  # Ollama kept its last 2048
 
     time.sleep(REFRESH)  # whatever a worker learned, the other has read
-    assert stored_windows(server) == []
     for model, (provider, chat_id, user_id, parent, text, before) in victims.items():
         after = on_both_workers(bob, provider, chat_id, model, user_id, parent, text)
         expected = as_received(next(iter(before.values())))
-        assert all(as_received(req) == expected for req in [*before.values(), *after.values()]), model
+        sizes = {pid: len(as_received(req)) for pid, req in after.items()}
+        assert all(as_received(req) == expected for req in [*before.values(), *after.values()]), (model, sizes)
         print(f"\n[e2e] {model}: Bob's request the same on workers {sorted(after)}: {len(expected)} messages")
+    assert stored_windows(server) == []
 
 
 def test_an_erased_window_is_gone_from_every_worker_within_one_refresh(stack):
