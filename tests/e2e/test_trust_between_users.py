@@ -16,6 +16,7 @@ import random
 import re
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2e_support import (
@@ -23,6 +24,7 @@ from e2e_support import (
     SUMMARY_MODEL,
     Conversation,
     filler,
+    last_user_text,
     multi_worker_server,
     retrying,
     settle,
@@ -86,11 +88,11 @@ def stored_chat(client, provider, model: str, turns: int, words: int, seed: int)
     return conv.store(f"{model} {seed}"), conv.history.current_id
 
 
-def send(client, provider, chat_id, model, parent, text, *, error=None, params=None, regenerate=None) -> tuple:
-    """One turn under ``parent`` (or the reply to ``regenerate``, a user message, made again); (user message id, reply
-    id, the chat requests the provider got for it). ``error``: what the user's message carries under that key."""
+def send(client, provider, chat_id, model, parent, text, *, error=None, params=None) -> tuple:
+    """One turn under ``parent``; (user message id, reply id, the chat requests the provider got for it). ``error``:
+    what the user's message carries under that key; ``params``: the chat's own model parameters."""
     start = len(provider.requests)
-    user_id, reply_id, extra = regenerate or new_id(), new_id(), {}
+    user_id, reply_id, extra = new_id(), new_id(), {}
     if error is not None:
         extra["user_message"] = {"id": user_id, "parentId": parent, "role": "user", "content": text, "error": error}
     if params:
@@ -122,12 +124,25 @@ def as_received(req: dict) -> list:
 
 
 def on_both_workers(client, provider, chat_id, model, user_id, parent, text) -> dict:
-    """worker pid -> the request Bob's ``user_id`` got, answered again until each worker has served it."""
+    """worker pid -> a request Bob's ``user_id`` got, answered again until each worker has served one: a few at once
+    (one after another, one worker may accept every connection)."""
     seen: dict = {}
-    for _ in range(24):
-        *_, requests = send(client, provider, chat_id, model, parent, text, regenerate=user_id)
-        assert requests, "no request reached the provider"
-        seen.setdefault(worker_of(requests[-1]), requests[-1])
+
+    def again(_) -> None:
+        try:
+            client.chat_completion(
+                text, model=model, chat_id=chat_id, parent_id=parent, user_message_id=user_id, timeout=180
+            )
+        except OpenWebUIError:
+            pass  # a rejection
+
+    for _ in range(8):
+        start = len(provider.requests)
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(again, range(3)))
+        for req in settle(provider, start):
+            if req["kind"] == "chat" and req["model"] == model and last_user_text(req) == text:
+                seen.setdefault(worker_of(req), req)
         if len(seen) == 2:
             return seen
     raise AssertionError(f"one worker served every request: {sorted(seen)}")
