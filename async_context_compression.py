@@ -17,11 +17,12 @@ requirements: tiktoken
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints, /summarize commands.
 #   2b. Recall: the folded messages' passages, indexed per chat, quoted back when the latest message asks about them.
 #   3. Token accounting: tiktoken (loaded off the request path) and the estimator; per model, its own tokens per
-#      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply and
-#      shared with every worker through the store (SharedThroughStore).
+#      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply (only
+#      from what the filter saw happen: its own request and the provider's answer) and shared with every worker
+#      through the store (SharedThroughStore).
 #   4. Settings: the valves, resolved per model and request, never raising.
 #   5. Summary store: ChatStore (memory for chats Open WebUI never saves, else SummaryStore, the database: summaries,
-#      leases, ratios, windows) and RetentionSweeper (what outlives a deletion).
+#      leases, ratios, windows, requests sent) and RetentionSweeper (what outlives a deletion; the erase).
 #   6. Summarizer: prompt, input rendering, the call, answer cleaning.
 #   7. Status lines: what one request sent (SentOutcome), said in the user's language.
 #   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
@@ -2345,7 +2346,7 @@ RATIO_CUT_SHARE = 0.98  # a reported prompt this close to the request's own boun
 RATIOS_SETTLE = 5.0  # seconds a sample may take to reach the store (minute E applies those before E - this)
 RATIOS_KEPT_FRESH = 180.0  # seconds the store keeps every sample, beyond each model's newest RATIO_SAMPLES
 RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
-RATIO_PATHS = ("exact", "estimate", "replayed")
+RATIO_PATHS = ("exact", "estimate")  # 1.4's "replayed" ratios came from usage stored on a chat, which users write
 UNSAVED_KEPT = 64  # rows learned here (ratios, windows) a worker keeps for a store that takes none
 
 
@@ -2417,10 +2418,13 @@ def request_prompt_bound(body: Any, model: Any = None) -> int:
 
 
 class SharedThroughStore:
-    """Rows every worker learns and shares through the store: kept for ``flush``; read by one read at a time."""
+    """Rows every worker learns and shares through the store: kept for ``flush``; read by one read at a time. What a
+    read returns replaces what was read before; the rows this worker learned and has not saved yet (``unsaved``),
+    or saved after that read began (``saved``), stay on top of it."""
 
     def __init__(self):
         self.unsaved: list = []
+        self.saved: list = []  # (time.monotonic() when saved, row): a read begun before it may lack them
         self.loading: Optional[asyncio.Task] = None  # the read under way
 
     def keep(self, row: Any) -> None:
@@ -2436,6 +2440,9 @@ class SharedThroughStore:
         except Exception as exc:  # every worker still has its own; tried again with the next row learned
             self.unsaved[:0] = rows[-UNSAVED_KEPT:]
             log.debug("async_context_compression: %s not saved: %s", type(self).__name__, exc)
+            return
+        now = time.monotonic()
+        self.saved = [*self.saved, *((now, row) for row in rows)][-UNSAVED_KEPT:]
 
     async def _applied(self, read: Callable[[], Awaitable], *at: Any) -> bool:  # False: the store was not read
         try:
@@ -2458,7 +2465,11 @@ class ModelTokens(SharedThroughStore):
     """Per worker: the ratios applied per model and path, and what was counted for each reply not yet related to its
     usage (bounded). Minute E applies the store's samples created before E - RATIOS_SETTLE, read once per worker per
     minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
-    calibrates after its first reply."""
+    calibrates after its first reply.
+
+    Shared state is learned only from what the filter saw happen: a ratio relates the usage of a reply to the count of
+    the request this worker sent for it (``note_sent``), never the usage stored on a chat's earlier replies (a chat
+    imported or updated through the API carries whatever its user wrote)."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         super().__init__()
@@ -2468,13 +2479,13 @@ class ModelTokens(SharedThroughStore):
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
         self.minute: Optional[int] = None  # of the snapshot in ``shared``
-        self.replayed = _BoundedDict(replies)  # chats whose earlier replies' usage was replayed
+        self.erased_at = 0.0  # samples learned before the stored data was last erased are not applied
 
     def scale(self, model: str, exact: bool = True) -> Optional[float]:
         """Model tokens per counted token: the path's own ratios, else (the estimator errs high) the exact path's, else
-        those replayed from earlier replies of an existing chat, else None (nothing learned)."""
+        None (nothing learned)."""
         table = self.shared if any((model, path) in self.shared for path in RATIO_PATHS) else self.own
-        for path in ("exact", "replayed") if exact else ("estimate", "exact", "replayed"):
+        for path in ("exact",) if exact else ("estimate", "exact"):
             found = table.get((model, path))
             if found:
                 return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
@@ -2505,22 +2516,11 @@ class ModelTokens(SharedThroughStore):
         self.add(model, path, ratio)
         return model, path, ratio
 
-    def after_reply(self, reply, stored: Messages, chat: str, model_id: str, count, max_counted, save) -> Any:
-        """What a reply teaches, to save in the background (None: nothing): its usage against its request's count; else,
-        once per chat of a model not known yet, its earlier replies' usage (``replayed_samples``; ``count`` exact)."""
+    def after_reply(self, reply: Any, save: Any) -> Any:
+        """What a reply teaches, to save in the background (None: nothing): its usage against its request's count."""
         if reply is not None and self.learn(str(reply.get("id")), reply.get("usage")) is not None:
             return self.flush(save)
-        if self.scale(model_id, exact=False) is not None or count is None:
-            return None  # known already (any path), or earlier replies cannot be counted exactly
-        if chat in self.replayed or not any(isinstance(m, dict) and m.get("usage") for m in stored):
-            return None
-        self.replayed[chat] = True
-        return self._replay(model_id, list(stored), count, max_counted, save)
-
-    async def _replay(self, model_id: str, stored: Messages, count: Callable, max_counted: int, save: Any) -> None:
-        for ratio in await asyncio.to_thread(replayed_samples, stored, count, max_counted):
-            self.add(model_id, "replayed", ratio)
-        await self.flush(save)
+        return None
 
     def add(self, model: str, path: str, ratio: float) -> None:
         self._serial += 1
@@ -2535,7 +2535,7 @@ class ModelTokens(SharedThroughStore):
             return  # a read that outlived its minute
         cutoff, found = minute * 60 - RATIOS_SETTLE, {}
         for _, model, path, ratio, at in rows:
-            if path in RATIO_PATHS and isinstance(ratio, (int, float)) and (at or 0.0) < cutoff:
+            if path in RATIO_PATHS and isinstance(ratio, (int, float)) and self.erased_at <= (at or 0.0) < cutoff:
                 found.setdefault((str(model), path), []).append((float(at or 0.0), float(ratio)))
         self.shared = {key: sorted(samples)[-RATIO_SAMPLES:] for key, samples in found.items()}
         self.minute = minute
@@ -2552,33 +2552,15 @@ class ModelTokens(SharedThroughStore):
         if not await self._applied(read, minute):
             self.minute = max(minute, self.minute or minute)  # tried again next minute
 
-
-def replayed_samples(stored: Messages, count: Callable[[Messages], int], max_counted: int = 0, limit: int = 5) -> list:
-    """Ratios from the usage stored on an existing chat's earlier replies of one model call each: the reported prompt
-    against the count of the conversation before it (without system prompt and tool schemas, so they err high until
-    live ones replace them). Conversations counted over ``max_counted`` (a summary or the cap may have shortened
-    them) are skipped."""
-    expanded, ids = expand_stored_messages(stored)
-    first_at = {stored_id: at for at, stored_id in reversed(list(enumerate(ids)))}  # each id's first place
-    ratios = []
-    for message in reversed(stored):
-        if len(ratios) >= limit:
-            break
-        if not isinstance(message, dict) or message.get("role") != "assistant" or message.get("id") not in first_at:
-            continue
-        output = message.get("output") if isinstance(message.get("output"), list) else []
-        if any(isinstance(item, dict) and item.get("type") == "function_call" for item in output):
-            continue
-        reported = reported_prompt_tokens(message.get("usage"))
-        if reported is None:
-            continue
-        counted = count(expanded[: first_at[message["id"]]])
-        if max_counted and counted > max_counted:
-            continue
-        ratio = sample_ratio(reported[0], counted)
-        if ratio is not None:
-            ratios.append(ratio)
-    return ratios[::-1]
+    def forget_before(self, at: float) -> None:
+        """After an erase at ``at``: the samples learned before it, here or read from the store, are gone."""
+        self.erased_at = max(self.erased_at, at)
+        for table in (self.shared, self.own):
+            for key, samples in list(table.items()):
+                table[key] = [(t, ratio) for t, ratio in samples if t >= at]
+                if not table[key]:
+                    del table[key]
+        self.unsaved = [row for row in self.unsaved if row[4] >= at]
 
 
 # -- The model's window (ModelWindow) ---------------------------------------------------------------------------------
@@ -2617,6 +2599,12 @@ SERVED_WAIT = 1.0  # seconds a request with no served window known waits for an 
 SERVED_SILENT = 3600.0  # seconds a server that has none of the paths (each answered 4xx) is not asked again
 SERVED_RESAVE = 3600.0  # a served window confirmed this much later is saved again (its row would age out)
 SERVED_MAX_BYTES = 1 << 20  # an answer longer than this is not a model list
+WINDOW_FAR_BELOW = 0.5  # a window learned under this share of the best known one is one user's until another's agree
+WINDOW_AGREE = 0.1  # two users' windows this close (a share of the earlier one) show the same
+SENT_RECORD_MIN = 1024  # model tokens: a smaller request is not recorded (it could show no window worth learning)
+SENT_MARGIN = 0.1  # a recorded request's room for its count's error (the count times the learned scale)
+SENT_KEPT = 600.0  # seconds a sent request's record waits for the turn after its failed reply
+ERASED = "erased"  # the source of the window row of model "" that says when the stored data was last erased
 
 # The texts providers reject an over-long request with, each naming the window (from their documentation and issue
 # trackers); tests/unit/test_model_window.py quotes all but the last two (llama.cpp's object gives n_ctx first).
@@ -2888,36 +2876,92 @@ def reply_missing(messages: Messages) -> bool:
     return [_role(m) for m in messages[-2:]] == ["user", "user"]
 
 
+def chat_set_window(body: Any, model: Any) -> bool:
+    """Whether the request's ``num_ctx`` (``options`` or top level) is the chat's own: set where the admin's model
+    settings set none or another. Such a window is that chat's: it teaches and unteaches nothing shared (Ollama cuts
+    the chat's prompt at it, which says nothing of what other chats get)."""
+    info = model.get("info") if isinstance(model, dict) else None
+    params = info.get("params") if isinstance(info, dict) else None
+    asked = settings_window(body)
+    return bool(asked) and asked != (_window_number(params.get("num_ctx")) if isinstance(params, dict) else 0)
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """A request the filter sent, recorded in the store so that the turn after its failed reply may learn from the
+    error stored on it, on any worker: the reply's id (Open WebUI's ``message_id``), its chat, whose request it was,
+    the model, and the most model tokens it can have held (``sent_size``)."""
+
+    reply_id: str
+    chat_id: str
+    user_id: str
+    model: str
+    tokens: int
+    created_at: float = 0.0
+
+
+def sent_size(counted: int, scale: Optional[float]) -> int:
+    """The most model tokens a request counted ``counted`` can have held: its count times the model's learned scale
+    with SENT_MARGIN of room; with none learned yet, times RATIO_CEILING."""
+    return int(counted * (scale * (1 + SENT_MARGIN) if scale else RATIO_CEILING))
+
+
+def window_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id: str, error: Any) -> int:
+    """The window a failed reply's stored error teaches, 0 = none. Open WebUI stores a provider's rejection on the
+    reply the request was for, but a chat's messages are its users' to write (imported, updated, or a
+    ``user_message`` with an ``error`` key, stored as sent): the error is evidence only on a reply the filter recorded
+    sending (``sent``: this chat's, this model's, unanswered, since an answered reply's record goes) larger than the
+    window the error names."""
+    if sent is None or (sent.chat_id, sent.model) != (chat_id, model_id):
+        return 0
+    tokens = window_from_error(error)
+    return tokens if tokens < sent.tokens else 0
+
+
 class ModelWindow(SharedThroughStore):
     """Per worker: the windows served or learned (this worker's, and every worker's as the store had them at the last
-    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), and which
-    windows were told."""
+    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), the requests
+    sent here whose replies may teach, and which windows were told.
 
-    def __init__(self, models: int = 512):
+    Who may teach or unteach a window every user's chats get: only what the filter saw happen. A window is learned
+    from a request the filter sent (``note_sent``, keyed by its reply; recorded in the store when its failed reply's
+    error could teach the next turn, on any worker) and the provider's answer to it: the usage of its reply
+    (``observe``) or the error Open WebUI stored on its failed reply (``window_from_failed_reply``); never from what a
+    chat's messages say of themselves. A request whose ``num_ctx`` is the chat's own (``chat_set_window``) teaches and
+    unteaches nothing. A window far below the best known one applies to the teaching user's chats only until another
+    user's chats show the same (``learn``)."""
+
+    def __init__(self, models: int = 512, replies: int = 4096):
         super().__init__()
-        self.learned = _BoundedDict(models)  # model -> Window, served or learned here, or read from the store
+        self.learned = _BoundedDict(models)  # model -> Window every user's chats use: served, learned here, or read
+        self.pending = _BoundedDict(models * 4)  # (model, user) -> Window far below the best known: that user's only
         self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, counted) of its last uncut reply
         self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
+        self.sent = _BoundedDict(replies)  # reply id -> (user, the chat's own window, recorded) of requests sent here
         self.read_at = 0.0
+        self.erased_at = 0.0  # when the stored data was last erased, as the latest read of the store said
         self.server = ServedProbe()
         self.ollama = _BoundedDict(models)  # models whose server answered Ollama's /api/ps: they cut, not reject
 
-    async def for_request(self, store: Any, model_id: str, model: Any, body: Any, connect=None) -> Window:
-        """The model's window (``find``), after reading the windows every worker learned when due, and asking the
-        model's server (``connect()``: a ServedServer) when due."""
+    async def for_request(
+        self, store: Any, model_id: str, model: Any, body: Any, user: str = "", connect=None
+    ) -> Window:
+        """The model's window for ``user``'s request (``find``), after reading the windows every worker learned when
+        due, and asking the model's server (``connect()``: a ServedServer) when due."""
         await self.refresh(getattr(store, "read_windows", None))
-        window = self.find(model_id, model, body)
+        window = self.find(model_id, model, body, user)
         if connect is None or window.source == "settings":
             return window
         asking = self.server.start_if_due(model_id, partial(self._ask, store, model_id, model, connect))
         if asking is not None and window.source != "served":
             # the first request of a model that a preloaded server serves fits it: the ask takes milliseconds
             await asyncio.wait({asking}, timeout=SERVED_WAIT)
-            window = self.find(model_id, model, body)
+            window = self.find(model_id, model, body, user)
         return window
 
     async def _ask(self, store: Any, model_id: str, model: Any, connect: Callable[[], Awaitable]) -> None:
-        """Asks the model's server (in the background); a served window is saved for every worker."""
+        """Asks the model's server (in the background); a served window is saved for every worker. What the filter
+        asked the server itself is no user's to write, so it is every user's."""
         try:
             tokens, path = await self.server.ask(await connect())
             if path == "/api/ps":
@@ -2928,38 +2972,58 @@ class ModelWindow(SharedThroughStore):
             log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
 
     async def for_turn(
-        self, store: Any, model_id: str, model: Any, body: dict, failed_error: Callable, connect=None
+        self, store: Any, model_id: str, model: Any, body: dict, user: str, failed: Callable, connect=None
     ) -> Window:
-        """A turn's window: a model with none known, or only a trained size, reads its own row (another worker may have
-        just learned it); after a failed reply the window its error names (``failed_error()``) is saved first: this
-        turn fits, on any worker."""
-        window = await self.for_request(store, model_id, model, body, connect)
+        """A turn's window: a model with none known, or only a trained size, reads its own rows (another worker may
+        have just learned it); after a failed reply, the window its stored error names is learned first where it is
+        evidence (``window_from_failed_reply``): this turn fits, on any worker. ``failed()``: (chat id, the failed
+        reply's id, its stored error), ("", "", None) when the turn follows none."""
+        window = await self.for_request(store, model_id, model, body, user, connect)
         if not window.tokens or window.source == "published" and not model_served_published(model):
             await self.refresh_model(getattr(store, "read_window", None), model_id)
-            window = self.find(model_id, model, body)
+            window = self.find(model_id, model, body, user)
         if window.source == "settings" or not reply_missing(body["messages"]):
             return window
         try:
-            error = await asyncio.wait_for(failed_error(), STORE_TIMEOUT)
+            chat_id, reply_id, error = await asyncio.wait_for(failed(), STORE_TIMEOUT)
+            read_sent = getattr(store, "read_sent", None)
+            sent = await asyncio.wait_for(read_sent(reply_id), STORE_TIMEOUT) if reply_id and read_sent else None
         except Exception as exc:
-            log.debug("async_context_compression: the failed reply's error not read: %s", exc)
+            log.debug("async_context_compression: the failed reply or its request not read: %s", exc)
             return window
-        if self.learn(model_id, window_from_error(error), "error", model_published_window(model)):
+        tokens = window_from_failed_reply(sent, chat_id, model_id, error)
+        published, firm = model_published_window(model), model_served_published(model)
+        if tokens and self.learn(model_id, tokens, "error", published, sent.user_id, firm):
             await self.flush(getattr(store, "save_windows", None))
-            window = self.find(model_id, model, body)
+            window = self.find(model_id, model, body, user)
         return window
 
     def for_summary(self, summary_model: str, model_id: str, model: Any, body: Any, entry_of: Callable) -> Window:
         entry = model if summary_model == model_id else entry_of(summary_model)
         return self.find(summary_model, entry, body if entry is model else {})
 
-    async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> int:
-        """A reply's reported prompt against its request's count (``observe``): a cut prompt teaches the window (saved
-        before outlet returns, for the next turn on any worker), and its ratio is not learned (the reply's count is
-        dropped); the cut, 0 = none. The model's first reply here makes its server's next ask due (it is loaded)."""
+    def note_sent(self, request: SentRequest, own_window: bool) -> Optional[SentRequest]:
+        """A request sent for the reply ``request.reply_id`` (each model call of a tool loop again: the last call's
+        size stands, as a failed call ends the loop); the record to save for the next turn's worker, or None: a
+        request of the chat's own window teaches nothing, one without a stored chat (``chat_id`` "") has no stored
+        error, one under SENT_RECORD_MIN model tokens can show no window worth learning."""
+        before = self.sent.get(request.reply_id)
+        recorded = not own_window and bool(request.chat_id) and request.tokens >= SENT_RECORD_MIN
+        self.sent[request.reply_id] = (request.user_id, own_window, recorded or bool(before and before[2]))
+        return request if recorded else None
+
+    async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> tuple:
+        """A reply's reported prompt against the count of the request sent here for it (``observe``), unless its window
+        was the chat's own: a cut prompt teaches the window (saved before outlet returns, for the next turn on any
+        worker), and its ratio is not learned (the reply's count is dropped). (the cut, 0 = none; whether the request
+        was recorded: answered, its record is to go). The model's first reply here makes its server's next ask due."""
+        sent = self.sent.pop(reply_id, None)
+        if sent is None:
+            return 0, False
+        user, own_window, recorded = sent
         counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
-        if counted is None or reported is None or reported[1]:
-            return 0
+        if own_window or counted is None or reported is None or reported[1]:
+            return 0, recorded
         model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
         if self.learned.get(model_id, NO_WINDOW).source != "served":
             self.server.after_first_reply(model_id)
@@ -2967,27 +3031,25 @@ class ModelWindow(SharedThroughStore):
         native = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # Ollama's own API
         cuts = native or model_id in self.ollama  # Ollama drops messages rather than reject (both paths)
         scale = tokens.scale(model_id, path == "exact")
-        cut = self.observe(model_id, reported[0], last, scale, model_published_window(model), chat, cuts)
+        published, firm = model_published_window(model), model_served_published(model)
+        cut = self.observe(model_id, reported[0], last, scale, published, chat, cuts, user, firm)
         if cut:
             tokens.counted.pop(reply_id, None)
         if len(self.unsaved) != before:
             await self.flush(save)
-        return cut
+        return cut, recorded
 
-    def find(self, model_id: str, model: Any, body: Any) -> Window:
-        """The model's window, most trusted first: settings, then the one its server serves, then a learned one (the
-        two share a row: ``learn`` does not put a learned window over a larger served one; either holds only while
-        the provider publishes what it did then: a change means the model was replaced), then the published one."""
+    def find(self, model_id: str, model: Any, body: Any, user: str = "") -> Window:
+        """The model's window for ``user``'s chats, most trusted first: settings, then the one its server serves or a
+        learned one (they share a row: ``learn`` does not put a learned window over a larger served one), the lower of
+        every user's and this user's own, each only while the provider publishes what it did then (a change means the
+        model was replaced), then the published one."""
         if tokens := settings_window(body, model):
             return Window(tokens, "settings")
         published = model_published_window(model)
-        learned = self.learned.get(model_id)
-        if (
-            learned is not None
-            and learned.published == published
-            and time.time() - learned.learned_at < WINDOW_LEARNED_TTL
-        ):
-            return learned
+        held = [w for w in (self.learned.get(model_id), self.pending.get((model_id, user))) if _holds(w, published)]
+        if held:
+            return min(held, key=lambda w: w.tokens)
         return Window(published, "published") if published else NO_WINDOW
 
     def news(self, model_id: str, window: Window, reply_id: str) -> tuple:
@@ -2999,22 +3061,53 @@ class ModelWindow(SharedThroughStore):
             return ()
         return ((model_id, window),)
 
-    def learn(self, model_id: str, tokens: int, source: str, published: int = 0) -> Optional[Window]:
-        """Records a window the provider showed (``source`` "error" or "cut"); the new Window, or None when the same
-        was known already, or the server serves no less."""
+    def learn(
+        self, model_id: str, tokens: int, source: str, published: int = 0, user: str = "", firm: Optional[int] = None
+    ) -> Optional[Window]:
+        """Records a window the provider showed ``user``'s request (``source`` "error" or "cut"); the new Window, or
+        None when the same was known already, or the server serves no less. One user must not shrink every user's
+        window: a window under WINDOW_FAR_BELOW of the best known one (``firm``: what is published as served, by
+        default ``published``; or served, or learned for every user) holds for that user's chats only, until another
+        user's chats show the same within WINDOW_AGREE; then the lower of the two is every user's. llama-server's
+        trained size is not firm: the server runs with less, and its first rejection is every user's news."""
         if not tokens or not model_id:
             return None
-        known = self.learned.get(model_id)
-        if known is not None and known.tokens == tokens and known.published == published:
+        user = user or "anonymous"  # as RequestPath names a request without a user
+        learned = self.learned.get(model_id)
+        best = max(published if firm is None else firm, learned.tokens if _holds(learned, published) else 0)
+        if tokens < WINDOW_FAR_BELOW * best:
+            agree = [
+                key
+                for key, w in self.pending.items()
+                if key[0] == model_id
+                and key[1] != user
+                and _holds(w, published)
+                and abs(w.tokens - tokens) <= WINDOW_AGREE * w.tokens
+            ]
+            if not agree:
+                return self._hold(model_id, user, Window(tokens, source, published, time.time()))
+            tokens = min(tokens, *(self.pending[key].tokens for key in agree))
+            for key in [*agree, (model_id, user)]:  # every user's now: the agreeing users' own rows go
+                if self.pending.pop(key, None) is not None:
+                    self.keep((model_id, key[1], None))
+        if _holds(learned, published) and learned.source == "served" and tokens >= learned.tokens:
+            return None  # the server serves no less: what it said stands
+        return self._hold(model_id, "", Window(tokens, source, published, time.time()))
+
+    def _hold(self, model_id: str, user: str, window: Window) -> Optional[Window]:
+        """``window`` learned for ``user``'s chats alone ("": every user's), kept for the store; None if known
+        already."""
+        table, key = (self.pending, (model_id, user)) if user else (self.learned, model_id)
+        known = table.get(key)
+        if known is not None and known.tokens == window.tokens and known.published == window.published:
             return None
-        if known is not None and known.source == "served" and known.published == published and tokens >= known.tokens:
-            return None
-        window = Window(tokens, source, published, time.time())
-        self.learned[model_id] = window
-        self.keep((model_id, window))
-        how = "error" if source == "error" else "cut of the prompt"
+        table[key] = window
+        self.keep((model_id, user, window))
+        how = "error" if window.source == "error" else "cut of the prompt"
+        whose = f"user {user}'s chats (far below what was known)" if user else "every user's chats"
         log.warning(
-            "async_context_compression: %s's window is %s tokens, learned from the provider's %s", model_id, tokens, how
+            "async_context_compression: %s's window is %s tokens for %s, learned from the provider's %s",
+            *(model_id, window.tokens, whose, how),
         )
         return window
 
@@ -3027,28 +3120,31 @@ class ModelWindow(SharedThroughStore):
         published: int = 0,
         chat: str = "",
         cuts: bool = True,
+        user: str = "",
+        firm: Optional[int] = None,
     ) -> int:
-        """A reply's reported prompt against the count sent (``window_from_usage``; ``chat``: whose previous reply it
-        is compared with): a cut teaches the window, and is returned (0 = none); a prompt larger than a known window
-        shows that the window no longer holds (forgotten)."""
-        known = self.learned.get(model_id)
-        if known is not None and reported > known.tokens:
-            del self.learned[model_id]
-            self.keep((model_id, None))  # forgets it in the store
-            too_many = (model_id, reported, known.tokens)
+        """A reply's reported prompt against the count sent for ``user``'s request (``window_from_usage``; ``chat``:
+        whose previous reply it is compared with): a cut teaches the window, and is returned (0 = none); a prompt
+        larger than a known window (every user's, or any user's own) shows that it no longer holds (forgotten)."""
+        known = [("", self.learned.get(model_id)), *((u, w) for (m, u), w in self.pending.items() if m == model_id)]
+        wrong = [(u, w) for u, w in known if w is not None and reported > w.tokens]
+        for u, window in wrong:
+            del (self.pending if u else self.learned)[(model_id, u) if u else model_id]
+            self.keep((model_id, u, None))  # forgets it in the store
+            too_many = (model_id, reported, window.tokens)
             log.warning(
                 "async_context_compression: %s took %s prompt tokens, over its known window %s: forgotten", *too_many
             )
-        cut = window_from_usage(reported, counted, scale, self.last_usage.get((model_id, chat)), cuts)
+        cut = 0 if wrong else window_from_usage(reported, counted, scale, self.last_usage.get((model_id, chat)), cuts)
         if cut:
-            self.learn(model_id, cut, "cut", published)
+            self.learn(model_id, cut, "cut", published, user, firm)
         else:  # a cut reply's ratio is not the tokenizer's
             self.last_usage[(model_id, chat)] = (reported, counted)
         return cut
 
     def serve(self, model_id: str, tokens: int, published: int = 0) -> Optional[Window]:
-        """Records the window the model's server says it serves; the new Window, or None when the same was known
-        (and saved within SERVED_RESAVE) or the server said none."""
+        """Records the window the model's server says it serves (every user's: the filter asked the server itself);
+        the new Window, or None when the same was known (and saved within SERVED_RESAVE) or the server said none."""
         known = self.learned.get(model_id)
         if not tokens or not model_id:
             return None
@@ -3057,23 +3153,56 @@ class ModelWindow(SharedThroughStore):
             return None
         window = Window(tokens, "served", published, time.time())
         self.learned[model_id] = window
-        self.keep((model_id, window))
+        self.keep((model_id, "", window))
         if not same:
             log.info("async_context_compression: %s's server serves it with a window of %s tokens", model_id, tokens)
         return window
 
-    def snapshot(self, rows: Iterable) -> None:
-        """The store's rows (model, tokens, source, published, learned_at) replace what other workers learned; the
-        newest of a model wins."""
-        for model, tokens, source, published, at in rows:
-            known = self.learned.get(model)
-            if known is None or (at or 0.0) > known.learned_at:
-                self.learned[str(model)] = Window(int(tokens), str(source), int(published or 0), float(at or 0.0))
+    def snapshot(self, rows: Iterable, model: Optional[str] = None, began: float = 0.0) -> None:
+        """The store's rows (model, tokens, source, published, learned_at, user: "" for every user's) replace what was
+        read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this
+        read on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of
+        model "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
+        (``forget_before``), rows saved late by a worker that had not heard of it too."""
+        rows = [
+            (str(m), t, src, pub, float(at or 0.0), str(rest[0]) if rest else "") for m, t, src, pub, at, *rest in rows
+        ]
+        erased = max([self.erased_at, *(at for m, _, src, _, at, _ in rows if not m and src == ERASED)])
+        if erased > self.erased_at:
+            self.forget_before(erased)
+        learned = {k: w for k, w in self.learned.items() if model is not None and k != model}
+        pending = {k: w for k, w in self.pending.items() if model is not None and k[0] != model}
+        for m, tokens, source, published, at, user in rows:
+            if m and at >= self.erased_at:
+                window = Window(int(tokens), str(source), int(published or 0), at)
+                if user:
+                    pending[(m, user)] = window
+                else:
+                    learned[m] = window
+        self.saved = [(t, row) for t, row in self.saved if t >= began]
+        for m, user, window in [row for _, row in self.saved] + self.unsaved:
+            table, key = (pending, (m, user)) if user else (learned, m)
+            if window is None:
+                table.pop(key, None)
+            elif model is None or m == model:
+                table[key] = window
+        self.learned, self.pending = _refilled(self.learned, learned), _refilled(self.pending, pending)
+
+    def forget_before(self, at: float) -> None:
+        """After an erase at ``at``: every window learned before it is gone, and so is what was kept of chats."""
+        self.erased_at = max(self.erased_at, at)
+        for table in (self.learned, self.pending):
+            for key in [key for key, window in table.items() if window.learned_at < at]:
+                del table[key]
+        self.unsaved = [row for row in self.unsaved if row[2] is not None and row[2].learned_at >= at]
+        self.saved = [(t, row) for t, row in self.saved if row[2] is not None and row[2].learned_at >= at]
+        self.last_usage.clear()
 
     async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
-        """The model's own row, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
+        """The model's own rows, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
         if read_one is not None:
-            await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT))
+            began = time.monotonic()
+            await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, began)
 
     async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
@@ -3081,7 +3210,18 @@ class ModelWindow(SharedThroughStore):
         if read is None or now - self.read_at < every:
             return
         self.read_at = now
-        await self._read(partial(self._applied, read))
+        await self._read(partial(self._applied, read, None, now))
+
+
+def _holds(window: Optional[Window], published: int) -> bool:
+    """Whether a learned ``window`` still holds: the provider publishes what it did then, and it is not too old."""
+    return window is not None and window.published == published and time.time() - window.learned_at < WINDOW_LEARNED_TTL
+
+
+def _refilled(table: _BoundedDict, items: dict) -> _BoundedDict:
+    fresh = _BoundedDict(table.limit)
+    fresh.update(items)
+    return fresh
 
 
 # ---------------------------------------------------------------------------
@@ -3536,13 +3676,18 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 # ---------------------------------------------------------------------------
 # Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
 # an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off),
-# ModelTokens' ratios and ModelWindow's windows. Every call goes through the async engine: the event loop never waits
-# on the database.
+# ModelTokens' ratios, ModelWindow's windows (every user's, and one user's alone) and the requests it may learn from
+# after a failed reply. Tables added by a later version are created beside those a deployment has (``create_all``
+# makes only what is missing). Every call goes through the async engine: the event loop never waits on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
 RATIO_TABLE = "acc_model_tokens"  # the ratios of ModelTokens, shared by every worker and replica
 WINDOW_TABLE = "acc_model_window"  # the windows ModelWindow learned, one row per model, shared like the ratios
+USER_WINDOW_TABLE = (
+    "acc_user_window"  # windows far below the best known: one user's chats' alone, until another's agree
+)
+SENT_TABLE = "acc_sent_request"  # requests sent, for the turn after a failed reply on any worker (SENT_KEPT)
 WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
 SUMMARIES_KEPT_PER_CHAT = 8
@@ -3683,7 +3828,28 @@ def _tables(schema: Optional[str] = None) -> dict:
         Column("published", Integer, nullable=False, default=0),
         Column("learned_at", Float, nullable=False),
     )
-    return dict(metadata=metadata, summary=summary, lease=lease, ratio=ratio, window=window)
+    user_window = Table(
+        USER_WINDOW_TABLE,
+        metadata,
+        Column("user_id", String(255), primary_key=True),
+        Column("model", String(255), primary_key=True),
+        Column("tokens", Integer, nullable=False),
+        Column("source", String(16), nullable=False),
+        Column("published", Integer, nullable=False, default=0),
+        Column("learned_at", Float, nullable=False),
+    )
+    sent = Table(
+        SENT_TABLE,
+        metadata,
+        Column("reply_id", String(255), primary_key=True),
+        Column("chat_id", String(255), nullable=False),
+        Column("user_id", String(255), nullable=False),
+        Column("model", String(255), nullable=False),
+        Column("tokens", Integer, nullable=False),
+        Column("created_at", Float, nullable=False),
+    )
+    tables = dict(summary=summary, lease=lease, ratio=ratio, window=window, user_window=user_window, sent=sent)
+    return dict(metadata=metadata, **tables)
 
 
 @lru_cache(maxsize=1)
@@ -3806,6 +3972,15 @@ class EphemeralSummaries:
         self.records.clear()
         self.leases.clear()
 
+    def forget_before(self, at: float) -> None:
+        """After an erase at ``at`` (told by another worker): the summaries saved here before it are gone."""
+        for key, kept in list(self.records.items()):
+            kept = [r for r in kept if r.created_at >= at]
+            if kept:
+                self.records[key] = kept
+            else:
+                del self.records[key]
+
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         kept = self.records.recall((user_id, chat_id), [])
         return sorted(kept, key=lambda r: (-r.covered_count, -(r.id or 0)))[:limit]
@@ -3844,10 +4019,11 @@ class EphemeralSummaries:
 
 
 class SummaryStore:
-    """Summaries, leases, ratios and windows in the host's database through an async SQLAlchemy engine (Open WebUI's
-    own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come out as
-    StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked database
-    is retried a few times first, a dropped connection once. The tables are made by the first call that succeeds."""
+    """Summaries, leases, ratios, windows and requests sent in the host's database through an async SQLAlchemy engine
+    (Open WebUI's own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come
+    out as StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked
+    database is retried a few times first, a dropped connection once. The tables are made by the first call that
+    succeeds."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -4006,37 +4182,79 @@ class SummaryStore:
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
 
     async def save_windows(self, rows: list) -> None:
-        """(model, Window) as learned, or (model, None) to forget one, one transaction; a model keeps one row."""
+        """(model, user, Window) as learned, or (model, user, None) to forget one, one transaction: a model keeps one
+        row of every user's window (user "", WINDOW_TABLE) and one per user whose chats alone a window holds for
+        (USER_WINDOW_TABLE); rows older than WINDOW_LEARNED_TTL go, but the erase's mark (model "")."""
         if not rows:
             return
-        sa, t = await self.table("window")
-        latest = dict(rows)  # the last word on each model
+        sa, shared = await self.table("window")
+        own = self._t["user_window"]
+        latest = {(model[:255], user[:255]): window for model, user, window in rows}  # the last word on each
 
         async def op(conn):
-            await conn.execute(sa.delete(t).where(t.c.model.in_([m[:255] for m in latest])))
-            values = [
-                dict(model=m[:255], tokens=w.tokens, source=w.source, published=w.published, learned_at=w.learned_at)
-                for m, w in latest.items()
-                if w is not None
-            ]
-            if values:
-                await conn.execute(sa.insert(t), values)
-            await conn.execute(sa.delete(t).where(t.c.learned_at < time.time() - WINDOW_LEARNED_TTL))
+            for (model, user), window in latest.items():
+                table, where = (own, [own.c.user_id == user]) if user else (shared, [])
+                await conn.execute(sa.delete(table).where(table.c.model == model, *where))
+                if window is not None:
+                    learned = dict(tokens=window.tokens, source=window.source, published=window.published)
+                    whose = {"user_id": user} if user else {}
+                    await conn.execute(
+                        sa.insert(table).values(model=model, learned_at=window.learned_at, **learned, **whose)
+                    )
+            aged = time.time() - WINDOW_LEARNED_TTL
+            await conn.execute(sa.delete(shared).where(shared.c.learned_at < aged, shared.c.model != ""))
+            await conn.execute(sa.delete(own).where(own.c.learned_at < aged))
 
         await self.run(op)
 
     async def read_window(self, model: str) -> list:
-        """One model's learned window, as ``read_windows`` rows (none or one)."""
+        """One model's learned windows, as ``read_windows`` rows."""
         return await self._window_rows(lambda query, t: query.where(t.c.model == model[:255]))
 
     async def read_windows(self) -> list:
-        """Every worker's learned windows: (model, tokens, source, published, learned_at)."""
-        return await self._window_rows(lambda query, t: query.order_by(t.c.learned_at.desc()).limit(WINDOW_ROWS_READ))
+        """Every worker's learned windows: (model, tokens, source, published, learned_at, user), user "" for every
+        user's; the erase's mark (model "") first."""
+        newest = lambda query, t: query.order_by((t.c.model == "").desc(), t.c.learned_at.desc())  # noqa: E731
+        return await self._window_rows(lambda query, t: newest(query, t).limit(WINDOW_ROWS_READ))
 
     async def _window_rows(self, narrowed: Callable[[Any, Any], Any]) -> list:
-        sa, t = await self.table("window")
-        query = narrowed(sa.select(t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at), t)
-        return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
+        sa, shared = await self.table("window")
+        own = self._t["user_window"]
+        learned = [(t, t.c.model, t.c.tokens, t.c.source, t.c.published, t.c.learned_at) for t in (shared, own)]
+        every, each = (narrowed(sa.select(*columns), t) for t, *columns in learned)
+        each = each.add_columns(own.c.user_id)
+
+        async def op(conn):
+            rows = [(*row, "") for row in (await conn.execute(every)).all()]
+            return rows + [tuple(row) for row in (await conn.execute(each)).all()]
+
+        return await self.run(op)
+
+    # -- the requests sent, for the turn after a failed reply ------------------------------
+    async def record_sent(self, request: SentRequest) -> None:
+        """A request the filter sent (ModelWindow.note_sent), the last word per reply; records older than SENT_KEPT
+        go in the same transaction."""
+        sa, t = await self.table("sent")
+        values = dict(request.__dict__, reply_id=request.reply_id[:255], created_at=request.created_at or time.time())
+
+        async def op(conn):
+            aged = time.time() - SENT_KEPT
+            await conn.execute(sa.delete(t).where(sa.or_(t.c.reply_id == values["reply_id"], t.c.created_at < aged)))
+            await conn.execute(sa.insert(t).values(**values))
+
+        await self.run(op)
+
+    async def read_sent(self, reply_id: str) -> Optional[SentRequest]:
+        """The record of the request sent for ``reply_id``, None when there is none (never sent, answered, or old)."""
+        sa, t = await self.table("sent")
+        query = sa.select(t).where(t.c.reply_id == reply_id[:255], t.c.created_at >= time.time() - SENT_KEPT)
+        row = (await self.run(lambda conn: conn.execute(query))).mappings().first()
+        return SentRequest(**row) if row is not None else None
+
+    async def forget_sent(self, reply_id: str) -> None:
+        """An answered reply's record goes: no error stored on it later is a provider's."""
+        sa, t = await self.table("sent")
+        await self.run(lambda conn: conn.execute(sa.delete(t).where(t.c.reply_id == reply_id[:255])))
 
     # -- leases ----------------------------------------------------------------
     def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
@@ -4188,6 +4406,17 @@ async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str,
     return (rows[-1].scope if len(rows) == batch else None), len(dead)
 
 
+async def _sweep_learning(conn: Any, sa: Any, tables: list, owui: dict) -> int:
+    """Deletes the windows held for the chats of users gone from Open WebUI, and the records of sent requests of users
+    gone or older than SENT_KEPT (small tables: one statement each); the number of rows removed."""
+    (user_window, sent), users = tables, sa.select(owui["user"].c.id)
+    dead = (
+        (user_window, user_window.c.user_id.not_in(users)),
+        (sent, sa.or_(sent.c.user_id.not_in(users), sent.c.created_at < time.time() - SENT_KEPT)),
+    )
+    return sum([(await conn.execute(sa.delete(t).where(where))).rowcount or 0 for t, where in dead])
+
+
 def retention_sweep_every() -> float:
     """Seconds between sweeps: RETENTION_SWEEP_EVERY, or ACC_RETENTION_SWEEP_SECONDS from the environment (tests)."""
     try:
@@ -4248,15 +4477,18 @@ class RetentionSweeper:
                 after, gone = await self.store.run(partial(sweep, sa=sa, owui=owui, after=after, batch=batch))
                 removed += gone
                 await asyncio.sleep(pause)
-        return removed
+        learning = [(await self.store.table(name))[1] for name in ("user_window", "sent")]
+        return removed + await self.store.run(partial(_sweep_learning, sa=sa, tables=learning, owui=owui))
 
     async def erase_all(self) -> None:
         """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
-        forgets this worker's unsaved chats; the tables stay, empty."""
+        forgets this worker's unsaved chats; the tables stay, empty but for the erase's mark: a window row of model ""
+        that every worker acts on at its next read of the windows (RequestPath.forget_erased)."""
         self.store.ephemeral.clear()
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
             await self.store.run(lambda conn, table=table: conn.execute(sa.delete(table)))
+        await self.store.save_windows([("", "", Window(0, ERASED, 0, time.time()))])
 
     def erase(self, done: Callable[[], Awaitable[Any]]) -> None:
         """Erases everything the filter stores in the background, then awaits ``done`` (resets the valve); one erase
@@ -4981,6 +5213,7 @@ class RequestContext:
     request: Any = None
     message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
     prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
+    own_window: bool = False  # the request's num_ctx is the chat's own (chat_set_window): it teaches nothing shared
     force_summary: bool = False  # the user asked for a summary now (/summarize)
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
     user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
@@ -5582,17 +5815,23 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
     await call(Functions.update_function_valves_by_id(function_id, {**valves, name: False}))
 
 
-async def failed_reply_error(chat_id: str, user_message_id: str) -> Any:
-    """The provider's error Open WebUI saved on the reply before the user message ``user_message_id`` (its parent:
-    ``{"error": {"content": <the provider's error text or object>}}``), None when there is none."""
+async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
+    """(chat id, reply id, error) of the failed reply the user message ``user_message_id`` follows (its parent), ("",
+    "", None) when it follows none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request
+    was for (``metadata.message_id``; utils/middleware.py and main.py: ``{"error": {"content": <the provider's error
+    text or object>}}``). An error on a user message is never a provider's: Open WebUI stores every key of a
+    ``user_message`` as sent."""
     if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
-        return None
+        return "", "", None
     from open_webui.models.chats import Chats  # type: ignore
 
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     parent = (stored.get(user_message_id) or {}).get("parentId")
-    error = (stored.get(parent) or {}).get("error") if parent else None
-    return error.get("content", error) if isinstance(error, dict) else error
+    reply = stored.get(parent) if parent else None
+    if not isinstance(reply, dict) or reply.get("role") != "assistant" or not reply.get("error"):
+        return "", "", None
+    error = reply["error"]
+    return chat_id, str(parent), error.get("content", error) if isinstance(error, dict) else error
 
 
 async def _stored_branch(chat_id: str, ids: list) -> Messages:
@@ -5773,9 +6012,10 @@ class RequestPath:
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
-        message_id = str(metadata.get("message_id") or "")
-        found = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, request)
+        message_id, user_id = str(metadata.get("message_id") or ""), str(user.get("id") or "anonymous")
+        found = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, user_id, request)
         window = self.reply_window(message_id, found)
+        self.forget_erased()
         entry_of = partial(owui_model_entry, request)
         summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
         reply = reply_room(body, model, window.tokens)
@@ -5788,7 +6028,7 @@ class RequestPath:
         return RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
-            user_id=str(user.get("id") or "anonymous"),
+            user_id=user_id,
             chat_id=chat_id,
             model_id=model_id,
             language=user_language(metadata, user),
@@ -5797,6 +6037,7 @@ class RequestPath:
             request=request,
             message_id=message_id,
             prompt_bound=bound,
+            own_window=chat_set_window(body, model),
         )
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
@@ -5810,14 +6051,29 @@ class RequestPath:
             return window
         return self.sent_in.get(reply_id, window) if reply_id else window
 
-    async def call_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict, request) -> Window:
+    async def call_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_request(self.summaries.store, model_id, model, body, connect)
+        return await self.windows.for_request(self.summaries.store, model_id, model, body, user_id, connect)
 
-    async def turn_window(self, body: dict, model: Any, model_id: str, chat_id: str, metadata: dict, request) -> Window:
-        failed_error = partial(failed_reply_error, chat_id, str(metadata.get("user_message_id") or ""))
+    async def turn_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
+        failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_turn(self.summaries.store, model_id, model, body, failed_error, connect)
+        return await self.windows.for_turn(self.summaries.store, model_id, model, body, user_id, failed, connect)
+
+    def forget_erased(self) -> None:
+        """Acts on an erase of the stored data, this worker's or another's, once the latest read of the windows told
+        of it (ModelWindow.snapshot; the windows learned before it are forgotten there): the ratios and the summaries
+        of unsaved chats this worker kept from before it go too."""
+        if self.windows.erased_at > self.tokens.erased_at:
+            self.forget_before(self.windows.erased_at)
+
+    def forget_before(self, at: float) -> None:
+        """Forgets what this worker learned or kept before ``at``: windows, ratios, summaries of unsaved chats."""
+        self.windows.forget_before(at)
+        self.tokens.forget_before(at)
+        ephemeral = getattr(self.summaries.store, "ephemeral", None)
+        if ephemeral is not None:
+            ephemeral.forget_before(at)
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
@@ -5909,24 +6165,42 @@ class RequestPath:
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
         exact = self.summaries.counter.is_exact(ctx.settings.encoding)
         self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
+        self._note_for_window(ctx, fit.tokens_after, exact)
         self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
 
+    def _note_for_window(self, ctx: RequestContext, counted: int, exact: bool) -> None:
+        """The request, for what its reply may teach of the window (ModelWindow.note_sent); its record, when its failed
+        reply could teach the next turn on another worker, saved in the background."""
+        if not ctx.message_id:
+            return
+        chat = ctx.chat_id if is_saved_chat_id(ctx.chat_id) else ""  # Open WebUI stores no error of an unsaved chat
+        size = sent_size(counted, self.tokens.scale(ctx.model_id, exact))
+        request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time())
+        record = getattr(self.summaries.store, "record_sent", None)
+        if self.windows.note_sent(request, ctx.own_window) and record is not None:
+            self.summaries.spawn(_stored_quietly(record(request), "a sent request's record"))
+
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
-        """What the reply's usage teaches of the model's window and of its tokens (the latter in the background)."""
-        stored, chat, store, s = body["messages"], ctx.chat_key(), self.summaries.store, ctx.settings
-        counter, reply_id = self.summaries.counter, str(body.get("id") or ctx.message_id or "")
-        reply = next((m for m in reversed(stored) if isinstance(m, dict) and m.get("id") == reply_id), None)
-        if reply is not None:
-            save = getattr(store, "save_windows", None)
-            if await self.windows.after_reply(self.tokens, reply_id, reply.get("usage"), model, chat, save):
-                return  # a cut reply says nothing of the model's tokens, nor do the earlier ones replayed with it
-
-        def count(prefix: Messages) -> int:  # in a worker thread: measure() leaves the cache alone
-            return TOKENS_PER_REQUEST + sum(counter.measure(prefix, s.encoding, True))
-
-        exact, save = count if counter.is_exact(s.encoding) else None, getattr(store, "add_ratios", None)
-        if learning := self.tokens.after_reply(reply, stored, chat, ctx.model_id, exact, s.trigger_tokens, save):
+        """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
+        record of its request goes, answered (no error stored on it later is the provider's)."""
+        store, reply_id = self.summaries.store, str(body.get("id") or ctx.message_id or "")
+        reply = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("id") == reply_id), None)
+        usage, save = reply.get("usage") if reply is not None else None, getattr(store, "save_windows", None)
+        cut, recorded = await self.windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save)
+        if recorded and (forget := getattr(store, "forget_sent", None)) is not None:
+            self.summaries.spawn(_stored_quietly(forget(reply_id), "an answered request's record"))
+        if cut:
+            return  # a cut reply says nothing of the model's tokens
+        if learning := self.tokens.after_reply(reply, getattr(store, "add_ratios", None)):
             self.summaries.spawn(learning)
+
+
+async def _stored_quietly(write: Awaitable, what: str) -> None:
+    """A background write whose failure costs only what it would have taught (the store logs its own faults)."""
+    try:
+        await asyncio.wait_for(write, STORE_TIMEOUT)
+    except Exception as exc:
+        log.debug("async_context_compression: %s not stored: %s", what, exc)
 
 
 # ---------------------------------------------------------------------------
@@ -6009,7 +6283,7 @@ class Filter:
         )
         erase_stored_data: bool = Field(
             default=False,
-            description="Switch on and send one message: every summary and everything else this filter stored is erased, then this switches itself off (see docs/en/data.md).",
+            description="Switch on and send one message: every row this filter stored is erased (summaries, leases, ratios, learned windows, records of sent requests), every worker forgets what it kept in memory from before (learned windows and ratios, summaries of temporary chats) at its next read of the learned windows (at most 10 s after its next request), then this switches itself off (see docs/en/data.md).",
         )
 
     class UserValves(_TolerantValves):
@@ -6055,9 +6329,15 @@ class Filter:
             self.retention.store = self.store
             self.retention.keep_running(_bounded_valve(self.valves, "api_summary_retention_days", []))
             if getattr(self.valves, "erase_stored_data", False) is True:
-                self.retention.erase(partial(switch_valve_off, function_id, "erase_stored_data"))
+                self.retention.erase(partial(self._erased, function_id))
         except Exception:
             log.exception("async_context_compression: retention not started")
+
+    async def _erased(self, function_id: Optional[str]) -> None:
+        """After the erase: this worker forgets at once what it kept (every other worker at its next read of the
+        windows, RequestPath.forget_erased), then the valve switches itself off."""
+        self.path.forget_before(time.time())
+        await switch_valve_off(function_id, "erase_stored_data")
 
     async def request(
         self,

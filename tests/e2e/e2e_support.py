@@ -555,18 +555,20 @@ def multi_worker_server(
     workers: int = 2,
     timeout: float = 300,
     ollama_url: Optional[str] = None,
+    ollama=None,
 ):
     """An Open WebUI of the caller's own: ``workers`` uvicorn workers sharing one database, ``admin``@example.com its
-    first account, ``models`` served by ``provider``, the filter installed globally with ``valves`` (E2E_VALVES when
-    None) and, with ``pid_probe``, PID_PROBE beside it; with ``ollama_url``, an Ollama connection too. Yields (server, client); on leaving the server is stopped
-    and its data removed (kept with ACC_KEEP_E2E_DATA)."""
+    first account, ``models`` served by ``provider`` (and by an Ollama connection to ``ollama_url``, or to ``ollama``,
+    a second fake, when given), the filter installed globally with ``valves`` (E2E_VALVES when None) and, with
+    ``pid_probe``, PID_PROBE beside it. Yields (server, client); on leaving the server is stopped and its data removed
+    (kept with ACC_KEEP_E2E_DATA)."""
     server = OpenWebUIServer(
         python=owui_python,
         provider_url=provider.base_url,
+        ollama_url=ollama_url or (ollama.root_url if ollama is not None else None),
         workers=workers,
         env_extra=env_extra,
         tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
-        ollama_url=ollama_url,
     )
     try:
         server.start(timeout=timeout)

@@ -262,32 +262,33 @@ def test_a_store_that_cannot_be_read_keeps_the_last_snapshot():
     asyncio.run(run())
 
 
-def test_replayed_samples_from_the_usage_stored_on_earlier_replies():
-    counter = acc.TokenCounter()
-    assert probes.wait_ready(counter, "cl100k_base", 60)
-    spec = ModelSpec(ratio=1.3)
-    stored, sent = [], []
+def test_usage_stored_on_a_chats_earlier_replies_teaches_no_ratio():
+    """Issue 35: a chat imported or updated through the API carries whatever usage its user wrote on its replies; the
+    ratios every user's caps follow are learned only from replies to requests the filter sent (1.4 replayed those of
+    a chat's earlier replies for a model not known yet)."""
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    forged = []
     for i in range(4):
-        stored.append({"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"})
-        sent.append({"role": "user", "content": f"Q{i} {LONG}"})
-        usage = {"prompt_tokens": model_tokens(sent, None, spec)}
-        stored.append({"id": f"a{i}", "role": "assistant", "content": f"A{i} {LONG}", "usage": usage})
-        sent.append({"role": "assistant", "content": f"A{i} {LONG}"})
-    tool_reply = {
-        "id": "a9",
-        "role": "assistant",
-        "content": "",
-        "usage": {"prompt_tokens": 1},
-        "output": [{"type": "function_call", "call_id": "c1", "name": "t", "arguments": "{}"}],
-    }
+        forged.append({"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"})
+        forged.append({"id": f"a{i}", "role": "assistant", "content": "A.", "usage": {"prompt_tokens": 999_999}})
 
-    def count(prefix):
-        return acc.TOKENS_PER_REQUEST + sum(counter.measure(prefix, "cl100k_base", True))
+    async def run():
+        meta = {"chat_id": "c1", "message_id": "a9"}  # a reply whose request this worker did not send
+        reply = {"id": "a9", "role": "assistant", "content": "A."}
+        body = {"id": "a9", "model": "llama", "chat_id": "c1", "messages": forged + [reply]}
+        await f.outlet(body, {"id": "u1"}, meta)
+        await f.wait_for_background(10)
 
-    ratios = acc.replayed_samples(stored + [tool_reply], count)
-    assert len(ratios) == 4 and all(r == pytest.approx(1.3, rel=0.01) for r in ratios)
-    assert len(acc.replayed_samples(stored, count, max_counted=count(sent[:3]))) == 2
-    assert acc.replayed_samples([{"role": "assistant", "content": "x"}], count) == []
+    asyncio.run(run())
+    assert f.tokens.scale("llama", exact=False) is None and not f.store.rows
+
+
+def test_ratios_of_1_4s_replayed_path_in_the_store_are_not_applied():
+    t = acc.ModelTokens()
+    t.snapshot([("w:1", "llama", "replayed", 2.5, 0.0)], minute=1)
+    assert t.scale("llama") is None and t.scale("llama", exact=False) is None
 
 
 # -- the Filter: a chat growing past a 1.3x model's window --------------------------

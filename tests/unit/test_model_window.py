@@ -7,7 +7,10 @@ changes; caps, thresholds and the summary model's window derived from it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import sys
 import time
+import types
 
 import pytest
 
@@ -217,21 +220,33 @@ def test_a_summary_models_own_valve_beats_its_found_window():
 
 
 class _Store:
+    """The store's window rows and sent-request records, as SummaryStore keeps them (tests/db checks that one)."""
+
     def __init__(self):
-        self.rows: dict = {}
+        self.rows: dict = {}  # (model, user) -> row
+        self.sent: dict = {}  # reply id -> SentRequest
 
     async def save_windows(self, rows):
-        for model, window in rows:
+        for model, user, window in rows:
             if window is None:
-                self.rows.pop(model, None)
+                self.rows.pop((model, user), None)
             else:
-                self.rows[model] = (model, window.tokens, window.source, window.published, window.learned_at)
+                self.rows[(model, user)] = (model, *dataclasses.astuple(window), user)
 
     async def read_windows(self):
         return list(self.rows.values())
 
     async def read_window(self, model):
-        return [self.rows[model]] if model in self.rows else []
+        return [row for (m, _), row in self.rows.items() if m == model]
+
+    async def record_sent(self, request):
+        self.sent[request.reply_id] = request
+
+    async def read_sent(self, reply_id):
+        return self.sent.get(reply_id)
+
+    async def forget_sent(self, reply_id):
+        self.sent.pop(reply_id, None)
 
     async def find(self, *args, **kwargs):
         return []
@@ -266,7 +281,7 @@ def test_a_prompt_larger_than_a_learned_window_forgets_it():
     windows.learn("q", 16384, "cut")
     windows.unsaved.clear()
     assert windows.observe("q", 20000, 20000) == 0
-    assert windows.find("q", None, {}) == acc.NO_WINDOW and windows.unsaved == [("q", None)]
+    assert windows.find("q", None, {}) == acc.NO_WINDOW and windows.unsaved == [("q", "", None)]
 
 
 def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read():
@@ -314,12 +329,14 @@ def test_the_store_keeps_one_row_per_model_and_forgets(tmp_path):
         store = acc.SummaryStore(lambda: engine, schema=None)
         try:
             now = time.time()
-            await store.save_windows([("q", acc.Window(32768, "cut", 0, now - 5))])
-            await store.save_windows([("q", acc.Window(16384, "error", 0, now)), ("r", acc.Window(4096, "cut"))])
+            await store.save_windows([("q", "", acc.Window(32768, "cut", 0, now - 5))])
+            await store.save_windows(
+                [("q", "", acc.Window(16384, "error", 0, now)), ("r", "", acc.Window(4096, "cut"))]
+            )
             rows = sorted(await store.read_windows())
-            assert [r[:3] for r in rows] == [("q", 16384, "error")]  # "r" learned 1970: aged out
+            assert [(r[:3], r[5]) for r in rows] == [(("q", 16384, "error"), "")]  # "r" learned 1970: aged out
             assert await store.read_window("q") == rows and await store.read_window("r") == []
-            await store.save_windows([("q", None)])
+            await store.save_windows([("q", "", None)])
             assert await store.read_windows() == []
         finally:
             await engine.dispose()
@@ -330,7 +347,7 @@ def test_the_store_keeps_one_row_per_model_and_forgets(tmp_path):
 # -- through the Filter ----------------------------------------------------------------
 
 
-def _chat(f, spec, turns, model=None, usage_key="prompt_eval_count"):
+def _chat(f, spec, turns, model=None, usage_key="prompt_eval_count", body_extra=None):
     """inlet, request, outlet of a growing chat against a model that cuts silently; (model tokens sent, reported)."""
 
     async def run():
@@ -339,7 +356,7 @@ def _chat(f, spec, turns, model=None, usage_key="prompt_eval_count"):
         for i in range(turns):
             stored.append({"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"})
             meta = {"chat_id": "c1", "message_id": f"a{i}"}
-            body = {"model": "llama", "messages": [dict(m) for m in stored]}
+            body = {"model": "llama", "messages": [dict(m) for m in stored], **(body_extra or {})}
             body = await f.inlet(body, {"id": "u1"}, meta, None, model, None, "c1")
             body = await f.request(body, {"id": "u1"}, meta, None, model, "c1")
             own = model_tokens(body["messages"], None, spec)
@@ -369,7 +386,7 @@ def test_default_valves_learn_an_ollama_like_cut_once_and_never_cut_again():
     assert len(cut) <= 2, cut  # the first cut (or two, pinned) teaches the window ...
     assert not [n for n in cut if n > cut[0] + 1]  # ... and none comes after
     assert f.windows.find("llama", None, {}).tokens == 4096
-    assert f.summaries.store.rows["llama"][1:3] == (4096, "cut")  # shared
+    assert f.summaries.store.rows[("llama", "")][1:3] == (4096, "cut")  # shared
 
 
 def test_default_valves_fit_a_published_window_from_the_first_request():
@@ -385,35 +402,320 @@ def test_default_valves_fit_a_published_window_from_the_first_request():
     assert replies[0][0] <= 4096
 
 
-def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypatch):
-    f = acc.Filter()
-    f.summaries.store = _Store()
-    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+def _rejected_then_retried(f, monkeypatch, error_on, error, user="u1", failed_id="a9", model=None):
+    """A chat whose reply ``a9`` (to ``user``'s request, sent by the filter) failed; the next turn follows it. Open WebUI
+    answers ``failed_reply`` with ``error`` on message ``error_on`` ("" = no failed reply under the new turn: the
+    error sits on a user message). Returns the next turn's body."""
     asked = []
 
-    async def failed_reply_error(chat_id, user_message_id):
+    async def failed_reply(chat_id, user_message_id):
         asked.append((chat_id, user_message_id))
-        return {"message": "This model's maximum context length is 2048 tokens. However, you requested 9000 tokens."}
+        return ("c1", failed_id, error) if error_on else ("", "", None)
 
-    monkeypatch.setattr(acc, "failed_reply_error", failed_reply_error)
-    history = [{"role": "user", "content": f"Q{i} {LONG}"} for i in range(2)]  # the reply between them failed
+    monkeypatch.setattr(acc, "failed_reply", failed_reply)
     history = [
         m
         for i in range(12)
         for m in ({"role": "user", "content": f"Q{i} {LONG}"}, {"role": "assistant", "content": "A."})
-    ] + history
-    meta = {"chat_id": "c1", "message_id": "a9", "user_message_id": "u9"}
+    ]
+    first = history + [{"role": "user", "content": f"Q12 {LONG}"}]
 
     async def run():
-        body = await f.inlet({"model": "llama", "messages": history}, {"id": "u1"}, meta, None, None, None, "c1")
+        meta = {"chat_id": "c1", "message_id": failed_id, "user_message_id": "u8"}
+        await f.inlet({"model": "llama", "messages": first}, {"id": user}, meta, None, model, None, "c1")
+        await f.request({"model": "llama", "messages": first}, {"id": user}, meta, None, model, "c1")
+        await f.wait_for_background(10)  # the provider rejects it: no outlet
+        meta = {"chat_id": "c1", "message_id": "a10", "user_message_id": "u9"}
+        retried = first + [{"role": "user", "content": f"Q13 {LONG}"}]  # the reply between them failed
+        body = await f.inlet({"model": "llama", "messages": retried}, {"id": user}, meta, None, model, None, "c1")
         await f.wait_for_background(10)
         return body
 
     body = asyncio.run(run())
     assert asked == [("c1", "u9")]
+    return body
+
+
+def _window_filter():
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    return f
+
+
+TOO_LONG = {"message": "This model's maximum context length is 2048 tokens. However, you requested 9000 tokens."}
+
+
+def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypatch):
+    f = _window_filter()
+    body = _rejected_then_retried(f, monkeypatch, "a9", TOO_LONG)
+    assert f.summaries.store.sent["a9"].tokens > 2048  # the filter recorded what it sent, for any worker
     assert f.windows.find("llama", None, {}).tokens == 2048
-    assert acc.TokenCounter is not None and f.summaries.store.rows["llama"][1:3] == (2048, "error")
+    assert f.summaries.store.rows[("llama", "")][1:3] == (2048, "error")
     assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+
+
+# -- trust between users (issue 35): who may teach or unteach a window every user's chats get ----------------------
+
+
+def _stored_chat(monkeypatch, messages: dict) -> None:
+    """Open WebUI's Chats, as ``failed_reply`` reads it: chat ``c1`` holds ``messages`` (id -> stored message)."""
+
+    class Chats:
+        @staticmethod
+        async def get_messages_map_by_chat_id(chat_id):
+            return messages if chat_id == "c1" else None
+
+    for name in ("open_webui", "open_webui.models"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "open_webui.models.chats", types.SimpleNamespace(Chats=Chats))
+
+
+def test_the_error_read_is_the_one_open_webui_stores_on_the_failed_reply(monkeypatch):
+    error = {"content": {"message": "This model's maximum context length is 2048 tokens."}}
+    _stored_chat(
+        monkeypatch,
+        {
+            "u8": {"id": "u8", "role": "user", "parentId": None},
+            "a9": {"id": "a9", "role": "assistant", "parentId": "u8", "content": "", "error": error},
+            "u9": {"id": "u9", "role": "user", "parentId": "a9"},
+        },
+    )
+    assert asyncio.run(acc.failed_reply("c1", "u9")) == ("c1", "a9", error["content"])
+    assert asyncio.run(acc.failed_reply("temporary:c1", "u9")) == ("", "", None)  # nothing stored
+
+
+def test_an_error_a_user_wrote_on_a_user_message_teaches_nothing(monkeypatch):
+    """The user_message of a turn carries an ``error`` (Open WebUI stores its keys as sent) and the next turn follows
+    it: that is no reply, and no provider rejected anything the filter sent."""
+    forged = {"content": "This model's maximum context length is 256 tokens."}
+    _stored_chat(
+        monkeypatch,
+        {
+            "u8": {"id": "u8", "role": "user", "parentId": None, "error": forged},
+            "u9": {"id": "u9", "role": "user", "parentId": "u8"},
+        },
+    )
+    assert asyncio.run(acc.failed_reply("c1", "u9")) == ("", "", None)
+    f = _window_filter()
+    f.summaries.store.sent["u8"] = acc.SentRequest("u8", "c1", "u1", "llama", 9000)  # even under a recorded id
+    history = [{"role": "user", "content": f"Q{i} {LONG}"} for i in range(14)]
+
+    async def run():
+        meta = {"chat_id": "c1", "message_id": "a10", "user_message_id": "u9"}
+        await f.inlet({"model": "llama", "messages": history}, {"id": "u1"}, meta, None, None, None, "c1")
+
+    asyncio.run(run())
+    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
+
+
+def test_an_error_written_on_an_answered_reply_teaches_nothing(monkeypatch):
+    """A reply the filter sent and saw answered (outlet ran) loses its record: an error its user writes on it later (a
+    chat updated or imported through the API) is not the provider's. (The rejected reply's case is the test above.)"""
+    f = _window_filter()
+    history = [{"role": "user", "content": f"Q{i} {LONG}"} for i in range(14)]
+
+    async def failed_reply(chat_id, user_message_id):
+        return "c1", "a9", TOO_LONG  # the answered reply, its error written by its user
+
+    monkeypatch.setattr(acc, "failed_reply", failed_reply)
+
+    async def run():
+        meta = {"chat_id": "c1", "message_id": "a9"}
+        await f.request({"model": "llama", "messages": history}, {"id": "u1"}, meta, None, None, "c1")
+        await f.wait_for_background(10)
+        assert "a9" in f.summaries.store.sent
+        reply = {"id": "a9", "role": "assistant", "content": "A.", "usage": {"prompt_tokens": 3000}}
+        await f.outlet({"id": "a9", "chat_id": "c1", "messages": history + [reply]}, {"id": "u1"}, meta, None)
+        await f.wait_for_background(10)
+        assert f.summaries.store.sent == {}
+        meta = {"chat_id": "c1", "message_id": "a10", "user_message_id": "u9"}
+        turns = history + [{"role": "user", "content": "Q"}]
+        await f.inlet({"model": "llama", "messages": turns}, {"id": "u1"}, meta, None, None, None, "c1")
+
+    asyncio.run(run())
+    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
+
+
+def test_an_error_naming_a_window_larger_than_what_was_sent_teaches_nothing(monkeypatch):
+    f = _window_filter()
+    large = {"message": "This model's maximum context length is 1000000 tokens."}  # the request was far smaller
+    _rejected_then_retried(f, monkeypatch, "a9", large)
+    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW
+
+
+def test_an_error_of_another_chats_or_models_request_teaches_nothing():
+    sent = acc.SentRequest("a9", "c1", "u1", "llama", 9000)
+    assert acc.window_from_failed_reply(sent, "c1", "llama", TOO_LONG) == 2048
+    assert acc.window_from_failed_reply(sent, "c2", "llama", TOO_LONG) == 0  # copied into another chat
+    assert acc.window_from_failed_reply(sent, "c1", "qwen", TOO_LONG) == 0
+    assert acc.window_from_failed_reply(None, "c1", "llama", TOO_LONG) == 0
+
+
+def test_a_window_far_below_the_known_one_is_one_users_until_another_users_chats_show_it():
+    windows, published = acc.ModelWindow(), {"id": "q", "openai": {"max_model_len": 32768}}
+    assert windows.learn("q", 256, "error", 32768, user="mallory").tokens == 256
+    assert windows.find("q", published, {}, "alice") == acc.Window(32768, "published")  # alice's chats unchanged
+    assert windows.find("q", published, {}, "mallory").tokens == 256  # mallory's own
+    assert windows.learn("q", 8192, "error", 32768, user="alice").tokens == 8192  # another user, another window
+    assert windows.find("q", published, {}, "bob") == acc.Window(32768, "published")
+    assert windows.learn("q", 8000, "cut", 32768, user="bob").tokens == 8000  # a third agrees with alice: shared
+    assert windows.find("q", published, {}, "carol").tokens == 8000
+    assert windows.find("q", published, {}, "mallory").tokens == 256  # the lowest of its own and every user's
+    assert windows.learn("q", 20000, "error", 32768, user="dave").tokens == 20000  # not far below: every user's
+    assert windows.find("q", published, {}, "carol").tokens == 20000
+
+
+def test_one_user_cannot_ratchet_a_learned_window_down():
+    windows = acc.ModelWindow()
+    windows.learn("q", 16384, "error", user="alice")  # nothing known before: every user's
+    assert windows.learn("q", 4096, "error", user="mallory") is not None
+    assert windows.find("q", None, {}, "alice").tokens == 16384
+    assert windows.learn("q", 4000, "error", user="mallory") is not None  # the same user again: still its own
+    assert windows.find("q", None, {}, "bob").tokens == 16384
+
+
+def test_far_below_windows_are_persisted_per_user_and_read_by_every_worker():
+    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+
+    async def run():
+        one.learn("q", 16384, "error", user="alice")
+        one.learn("q", 2048, "error", user="mallory")
+        await one.flush(store.save_windows)
+        await two.refresh(store.read_windows)
+        assert two.find("q", None, {}, "bob").tokens == 16384 and two.find("q", None, {}, "mallory").tokens == 2048
+        assert two.learn("q", 2100, "cut", user="bob").tokens == 2048  # bob's chats agree, on another worker
+        await two.flush(store.save_windows)
+        assert sorted(store.rows) == [("q", "")] and store.rows[("q", "")][1] == 2048
+
+    asyncio.run(run())
+
+
+def test_a_removed_or_replaced_row_is_gone_from_every_worker_at_its_next_read():
+    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+
+    async def run():
+        one.learn("q", 4096, "error", user="mallory")
+        one.learn("r", 8192, "error", user="mallory")
+        await one.flush(store.save_windows)
+        await two.refresh(store.read_windows)
+        assert two.find("q", None, {}).tokens == 4096 and two.find("r", None, {}).tokens == 8192
+        del store.rows[("q", "")]  # forgotten by another worker, or swept
+        store.rows[("r", "")] = ("r", 16384, "error", 0, time.time(), "")  # replaced
+        two.read_at -= acc.WINDOWS_REFRESH
+        await two.refresh(store.read_windows)
+        assert two.find("q", None, {}) == acc.NO_WINDOW and two.find("r", None, {}).tokens == 16384
+        two.learn("s", 2048, "cut")  # this worker's own, not saved yet, stays
+        two.read_at -= acc.WINDOWS_REFRESH
+        await two.refresh(store.read_windows)
+        assert two.find("s", None, {}).tokens == 2048
+
+    asyncio.run(run())
+
+
+def test_an_erase_is_acted_on_by_every_worker_at_its_next_read(monkeypatch):
+    """Worker one erases; worker two, which read the windows and kept ratios and a temporary chat's summary, forgets
+    them at its next read of the windows (within WINDOWS_REFRESH of its next request)."""
+    one, two = acc.Filter(), acc.Filter()
+    store = _Store()
+    one.summaries.store = two.summaries.store = store
+    two.path.tokens.add("llama", "exact", 1.3)
+    two.summaries.store = acc.ChatStore(engine_getter=lambda: None)
+    two.summaries.store.database = store  # its database is the shared stand-in; its memory its own
+
+    async def run():
+        await store.save_windows([("llama", "", acc.Window(2048, "error", 0, time.time() - 1))])
+        record = acc.SummaryRecord("u1", "temporary:t", "", 0, 3, "fp", "summary", created_at=time.time() - 1)
+        await two.summaries.store.save(record)
+        body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+        await two.inlet(dict(body), {"id": "u1"}, {"chat_id": "c1"}, None)
+        assert two.windows.find("llama", None, {}).tokens == 2048
+        store.rows.clear()  # what erase_all does to the tables, then its mark
+        await store.save_windows([("", "", acc.Window(0, acc.ERASED, 0, time.time()))])
+        two.windows.read_at -= acc.WINDOWS_REFRESH
+        await two.inlet(dict(body), {"id": "u1"}, {"chat_id": "c1"}, None)
+        assert two.windows.find("llama", None, {}) == acc.NO_WINDOW
+        assert two.tokens.scale("llama") is None
+        assert await two.summaries.store.find("u1", "temporary:t", "") == []
+
+    asyncio.run(run())
+
+
+def test_the_erasing_worker_forgets_at_once(monkeypatch):
+    switched = []
+
+    async def switch_off(function_id, name):
+        switched.append(name)
+
+    monkeypatch.setattr(acc, "switch_valve_off", switch_off)
+    f = acc.Filter()
+    f.windows.learn("llama", 2048, "error")
+    f.tokens.add("llama", "exact", 1.3)
+    asyncio.run(f._erased("acc"))
+    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and f.tokens.scale("llama") is None
+    assert switched == ["erase_stored_data"]
+
+
+def _ollama_turn(f, reply_id, text, num_ctx, where):
+    """One turn whose request sets ``num_ctx`` (in ``options`` or at the top level, as Open WebUI puts a chat's params
+    for Ollama and OpenAI-compatible models), answered by a model that keeps the last ``num_ctx`` of its tokens."""
+
+    async def run():
+        meta, asked = {"chat_id": "c1", "message_id": reply_id}, {"num_ctx": num_ctx}
+        body = {"model": "llama", "messages": [{"id": "u", "role": "user", "content": text}]}
+        body.update({"options": asked} if where == "options" else asked)
+        sent = await f.request(
+            await f.inlet(dict(body), {"id": "u1"}, meta, None, None, None, "c1"), {"id": "u1"}, meta
+        )
+        reported = min(model_tokens(sent["messages"], None, ModelSpec(ratio=1.3)), num_ctx)
+        reply = {"id": reply_id, "role": "assistant", "content": "A.", "usage": {"prompt_eval_count": reported}}
+        await f.outlet({"id": reply_id, "chat_id": "c1", "messages": [*body["messages"], reply]}, {"id": "u1"}, meta)
+        await f.wait_for_background(10)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("where", ["options", "top"])
+def test_a_chats_own_num_ctx_teaches_nothing_shared(where):
+    """Ollama cuts a chat whose params set num_ctx 2048 at 2048 (its last message alone is over it): that says nothing
+    of other chats' window."""
+    f = _window_filter()
+    _ollama_turn(f, "a1", LONG * 30, 2048, where)
+    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
+
+
+@pytest.mark.parametrize("where", ["options", "top"])
+def test_a_chats_own_larger_num_ctx_makes_no_one_forget_a_window(where):
+    f = _window_filter()
+    f.windows.learn("llama", 4096, "cut", user="u9")
+    _ollama_turn(f, "a1", LONG * 50, 16384, where)  # 6,000 prompt tokens taken, over the learned 4096
+    assert f.windows.find("llama", None, {}).tokens == 4096
+
+
+def test_without_a_chats_own_num_ctx_the_same_turns_teach_and_unteach():
+    """The control of the two above: the same replies, the window not the chat's own, do teach and unteach."""
+    f = _window_filter()
+    model = {"id": "llama", "info": {"params": {"num_ctx": 2048}}}  # the admin's setting is every chat's
+
+    async def run(reply_id, text, reported):
+        meta = {"chat_id": "c1", "message_id": reply_id}
+        body = {"model": "llama", "messages": [{"id": "u", "role": "user", "content": text}]}
+        await f.request(dict(body), {"id": "u1"}, meta, None, model, "c1")
+        reply = {"id": reply_id, "role": "assistant", "content": "A.", "usage": {"prompt_eval_count": reported}}
+        await f.outlet({"id": reply_id, "chat_id": "c1", "messages": [*body["messages"], reply]}, {"id": "u1"}, meta)
+
+    asyncio.run(run("a1", LONG * 30, 2048))
+    assert f.windows.learned["llama"].tokens == 2048
+    asyncio.run(run("a2", LONG * 50, 6000))
+    assert "llama" not in f.windows.learned
+
+
+def test_the_admins_num_ctx_is_no_chats_own():
+    admin = {"id": "llama", "info": {"params": {"num_ctx": 8192}}}
+    assert not acc.chat_set_window({"options": {"num_ctx": 8192}}, admin)
+    assert acc.chat_set_window({"options": {"num_ctx": 2048}}, admin)
+    assert acc.chat_set_window({"num_ctx": 2048}, {"id": "llama"})
+    assert not acc.chat_set_window({}, admin)
 
 
 def test_long_turns_in_a_small_window_get_their_summary_before_the_next_turn_reaches_the_cap():

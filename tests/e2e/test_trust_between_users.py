@@ -1,0 +1,224 @@
+"""Trust between users (issue 35), end to end: one Open WebUI on two workers sharing one database, two plain users.
+
+Mallory tries what the issue names, each on her own chats: an ``error`` naming a 256-token window on her own user
+message (Open WebUI stores every key of a ``user_message``), then a turn under it; an error naming 1024 written
+through the API on a reply of hers that was answered, then a turn under it; and, on an Ollama model, a chat whose
+params set ``num_ctx`` 2048 with a message longer than that (Ollama keeps its last 2048 tokens and says so only in its
+count). Bob's requests, on either worker, must reach the provider exactly as they did before Mallory began, and no
+window may be stored. Then a window the filter did learn, from a rejection of Bob's own request, is erased with the
+valve: within one refresh of the windows, neither worker uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from e2e_support import (
+    FILTER_ID,
+    SUMMARY_MODEL,
+    Conversation,
+    filler,
+    last_user_text,
+    multi_worker_server,
+    retrying,
+    settle,
+    text_of,
+)
+
+from devkit.fake_provider import FakeProvider, ModelSpec, ollama_spec
+from devkit.openwebui import OpenWebUIClient, OpenWebUIError, new_id
+
+pytestmark = pytest.mark.e2e
+
+WIDE = "trust-16k"  # rejects a prompt over 16k with OpenAI's text; publishes no window
+NARROW = "trust-4k"  # the same with 4k: the window the filter learns from a real rejection, then erases
+OLLAMA = "trust-llama:8b"  # an Ollama model whose configured num_ctx is 8192
+REFRESH = 10.0 + 1.5  # ModelWindow's WINDOWS_REFRESH, and a margin: every worker has read the store since
+PASSWORD = "Trust-Passw0rd!"
+
+
+@pytest.fixture(scope="module")
+def providers():
+    specs = {WIDE: ModelSpec(window=16384, error_shape="nested"), NARROW: ModelSpec(window=4096, error_shape="nested")}
+    openai = FakeProvider(chat_models=(), summary_models=(SUMMARY_MODEL,), model_specs=specs).start()
+    ollama = FakeProvider(chat_models=(), summary_models=(), model_specs={OLLAMA: ollama_spec(8192)}).start()
+    yield openai, ollama
+    openai.stop()
+    ollama.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(owui_python, providers, filter_source):
+    openai, ollama = providers
+    env = {"BYPASS_MODEL_ACCESS_CONTROL": "true"}  # plain users may use the connections' models
+    valves = {"summary_model": SUMMARY_MODEL}  # everything else at its default
+    with multi_worker_server(
+        owui_python,
+        openai,
+        filter_source,
+        "trust",
+        valves=valves,
+        models=(WIDE, NARROW, OLLAMA),
+        pid_probe=True,
+        env_extra=env,
+        ollama=ollama,
+    ) as (server, admin):
+        yield server, admin, user(server, admin, "bob"), user(server, admin, "mallory"), openai, ollama
+
+
+def user(server, admin, name: str) -> OpenWebUIClient:
+    email = f"{name}@example.com"
+    account = {"name": name, "email": email, "password": PASSWORD, "role": "user"}
+    retrying(lambda: admin.post("/api/v1/auths/add", account))
+    client = OpenWebUIClient(server.base_url, timeout=180)
+    retrying(lambda: client.signin(email, PASSWORD))
+    return client
+
+
+def stored_chat(client, provider, model: str, turns: int, words: int, seed: int) -> tuple:
+    """(chat id, its last message id): a saved chat of ``turns`` user turns and their replies."""
+    conv = Conversation(client, provider, seed=seed, model=model)
+    conv.add_turns(turns, words=words)
+    return conv.store(f"{model} {seed}"), conv.history.current_id
+
+
+def send(client, provider, chat_id, model, parent, text, *, error=None, params=None) -> tuple:
+    """One turn under ``parent``; (user message id, reply id, the chat requests the provider got for it). ``error``:
+    what the user's message carries under that key; ``params``: the chat's own model parameters."""
+    start = len(provider.requests)
+    user_id, reply_id, extra = new_id(), new_id(), {}
+    if error is not None:
+        extra["user_message"] = {"id": user_id, "parentId": parent, "role": "user", "content": text, "error": error}
+    if params:
+        extra["params"] = params
+    try:
+        client.chat_completion(
+            text,
+            model=model,
+            chat_id=chat_id,
+            parent_id=parent,
+            user_message_id=user_id,
+            assistant_id=reply_id,
+            extra=extra or None,
+            timeout=180,
+        )
+    except OpenWebUIError:
+        pass  # a rejection: Open WebUI keeps it on the reply
+    done = settle(provider, start)
+    return user_id, reply_id, [r for r in done if r["kind"] == "chat" and r["model"] == model]
+
+
+def worker_of(req: dict) -> str:
+    return (re.findall(r"served-by-pid-(\d+)", str(req["messages"])) or ["?"])[0]
+
+
+def as_received(req: dict) -> list:
+    """What the provider received, less the worker probe's line."""
+    return [(m.get("role"), text_of(m.get("content"))) for m in req["messages"] if "served-by-pid-" not in str(m)]
+
+
+def on_both_workers(client, provider, chat_id, model, user_id, parent, text) -> dict:
+    """worker pid -> a request Bob's ``user_id`` got, answered again until each worker has served one: a few at once
+    (one after another, one worker may accept every connection)."""
+    seen: dict = {}
+
+    def again(_) -> None:
+        try:
+            client.chat_completion(
+                text, model=model, chat_id=chat_id, parent_id=parent, user_message_id=user_id, timeout=180
+            )
+        except OpenWebUIError:
+            pass  # a rejection
+
+    for _ in range(8):
+        start = len(provider.requests)
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(again, range(3)))
+        for req in settle(provider, start):
+            if req["kind"] == "chat" and req["model"] == model and last_user_text(req) == text:
+                seen.setdefault(worker_of(req), req)
+        if len(seen) == 2:
+            return seen
+    raise AssertionError(f"one worker served every request: {sorted(seen)}")
+
+
+def stored_windows(server) -> list:
+    """Every window row the filter stored, every user's and one user's (the server's own SQLite database)."""
+    with sqlite3.connect(os.path.join(server.data_dir, "webui.db")) as db:
+        shared = db.execute("SELECT model, tokens, source FROM acc_model_window WHERE model != ''").fetchall()
+        own = db.execute("SELECT model, tokens, source, user_id FROM acc_user_window").fetchall()
+    return [*shared, *own]
+
+
+def test_what_mallory_writes_leaves_bobs_requests_exactly_as_they_were_on_both_workers(stack):
+    server, admin, bob, mallory, openai, ollama = stack
+    rng_text = random.Random(5)
+    victims = {}  # model -> (provider, chat, last user message, its parent, its text, {pid: request})
+    for model, provider, turns in ((WIDE, openai, 21), (OLLAMA, ollama, 12)):  # 42 and 24 messages
+        chat_id, parent = stored_chat(bob, provider, model, turns, words=170, seed=len(model))
+        text = f"Bob asks again. {filler(rng_text, 60)}"
+        user_id, _, first = send(bob, provider, chat_id, model, parent, text)
+        assert first and first[-1]["status"] == 200, first
+        before = on_both_workers(bob, provider, chat_id, model, user_id, parent, text)
+        victims[model] = (provider, chat_id, user_id, parent, text, before)
+
+    # 1. an error on her own user message, then a turn under it
+    chat_id, parent = stored_chat(mallory, openai, WIDE, 6, words=220, seed=1)
+    error = {"content": "This model's maximum context length is 256 tokens."}
+    forged, _, _ = send(mallory, openai, chat_id, WIDE, parent, "Noted?", error=error)
+    _, answered, reqs = send(mallory, openai, chat_id, WIDE, forged, f"And now? {filler(rng_text, 40)}")
+    assert reqs and [m["role"] for m in reqs[-1]["messages"][-2:]] == ["user", "user"], "not a turn under a user's"
+    # 2. the same written through the API on a reply of hers that was answered, then a turn under it
+    chat = mallory.get_chat(chat_id)["chat"]
+    said = {"content": "This model's maximum context length is 1024 tokens."}
+    chat["history"]["messages"][answered].update(content="", output=[], error=said)  # as a failed reply looks
+    mallory.update_chat(chat_id, chat)
+    _, _, reqs = send(mallory, openai, chat_id, WIDE, answered, f"Go on. {filler(rng_text, 40)}")
+    assert reqs and [m["role"] for m in reqs[-1]["messages"][-2:]] == ["user", "user"], "the reply was not left out"
+    # 3. her chat's own num_ctx on the Ollama model, with a message longer than it
+    chat_id, parent = stored_chat(mallory, ollama, OLLAMA, 1, words=30, seed=2)
+    _, _, reqs = send(mallory, ollama, chat_id, OLLAMA, parent, filler(rng_text, 2400), params={"num_ctx": 2048})
+    assert reqs and reqs[-1]["cut"] and reqs[-1]["reported_prompt"] == 2048, reqs[-1:]  # Ollama kept its last 2048
+
+    time.sleep(REFRESH)  # whatever a worker learned, the other has read
+    for model, (provider, chat_id, user_id, parent, text, before) in victims.items():
+        after = on_both_workers(bob, provider, chat_id, model, user_id, parent, text)
+        expected = as_received(next(iter(before.values())))
+        sizes = {pid: len(as_received(req)) for pid, req in after.items()}
+        assert all(as_received(req) == expected for req in [*before.values(), *after.values()]), (model, sizes)
+        print(f"\n[e2e] {model}: Bob's request the same on workers {sorted(after)}: {len(expected)} messages")
+    assert stored_windows(server) == []
+
+
+def test_an_erased_window_is_gone_from_every_worker_within_one_refresh(stack):
+    server, admin, bob, _, openai, _ = stack
+    rng_text = random.Random(9)
+    chat_id, parent = stored_chat(bob, openai, NARROW, 1, words=40, seed=3)
+    _, failed, reqs = send(bob, openai, chat_id, NARROW, parent, filler(rng_text, 4200))  # about 6k tokens
+    assert reqs and reqs[-1]["status"] == 400, reqs[-1:]
+    text = f"Shorter, then. {filler(rng_text, 40)}"
+    user_id, _, reqs = send(bob, openai, chat_id, NARROW, failed, text)  # learns the window its error names
+    assert reqs and reqs[-1]["status"] == 200 and reqs[-1]["model_tokens"] <= 4096, reqs[-1:]
+    assert (NARROW, 4096, "error") in stored_windows(server)
+    time.sleep(REFRESH)
+    learned = on_both_workers(bob, openai, chat_id, NARROW, user_id, failed, text)
+    assert all(r["status"] == 200 and r["model_tokens"] <= 4096 for r in learned.values()), learned
+
+    admin.set_valves(FILTER_ID, {"erase_stored_data": True}, merge=True)
+    admin_chat, admin_parent = stored_chat(admin, openai, WIDE, 1, words=20, seed=4)
+    send(admin, openai, admin_chat, WIDE, admin_parent, "Erase, please.")
+    deadline = time.monotonic() + 60
+    while admin.get_valves(FILTER_ID).get("erase_stored_data") is not False:
+        assert time.monotonic() < deadline, "the erase did not finish"
+        time.sleep(0.5)
+    assert stored_windows(server) == []
+    time.sleep(REFRESH)
+    erased = on_both_workers(bob, openai, chat_id, NARROW, user_id, failed, text)
+    assert all(r["model_tokens"] > 4096 for r in erased.values()), {p: r["model_tokens"] for p, r in erased.items()}
+    print(f"\n[e2e] the learned window went from workers {sorted(erased)} within one refresh")
