@@ -301,22 +301,23 @@ def test_placing_a_block_breaks_no_provider_rule(seed):
     placed = acc.place_recall(copy.deepcopy(chat), block)
     assert check_openai(placed) == [] and violations_added(chat, placed, providers=tuple(CHECKERS)) == []
     assert roles(placed) == roles(chat) and len(placed) == len(chat)
-    assert text_of(placed[-1]["content"]).startswith(acc.RECALL_PREAMBLE)
-    assert text_of(placed[-1]["content"]).endswith(text_of(chat[-1]["content"]))  # the user's words follow, unchanged
+    assert text_of(placed[-1]["content"]).endswith(acc.RECALL_CLOSE)
+    # the user's words come first, unchanged: every token before the block is the next request's too
+    assert text_of(placed[-1]["content"]).startswith(text_of(chat[-1]["content"]) + "\n\n" + acc.RECALL_PREAMBLE)
     assert placed[:-1] == chat[:-1]  # everything before stays the same: the provider's cached prefix holds
 
 
 def test_in_a_tool_loop_the_block_goes_into_the_latest_user_message_not_a_new_one():
     loop = [U("old"), AS("old reply"), U("find the Lisbon code"), A("c1"), T("c1", "nothing")]
     placed = acc.place_recall(loop, "BLOCK")
-    assert placed[2]["content"] == "BLOCK\n\nfind the Lisbon code" and placed[3:] == loop[3:] and placed[:2] == loop[:2]
+    assert placed[2]["content"] == "find the Lisbon code\n\nBLOCK" and placed[3:] == loop[3:] and placed[:2] == loop[:2]
     assert check_openai(placed) == [] and violations_added(loop, placed, providers=tuple(CHECKERS)) == []
 
 
-def test_a_multimodal_user_message_gets_a_text_part_first():
+def test_a_multimodal_user_message_gets_a_text_part_last():
     message = U([TXT("what about this?"), IMG()])
     placed = acc.place_recall([message], "BLOCK")
-    assert placed[0]["content"] == [{"type": "text", "text": "BLOCK"}, TXT("what about this?"), IMG()]
+    assert placed[0]["content"] == [TXT("what about this?"), IMG(), {"type": "text", "text": "BLOCK"}]
     assert acc.place_recall([AS("x")], "BLOCK") == [AS("x")] and acc.place_recall([U("x")], "") == [U("x")]
 
 
@@ -331,3 +332,6 @@ def test_with_recall_quotes_the_relevant_passages_within_budget_or_changes_nothi
     unrelated = [*request[:-1], U("Tell me a joke about cats.")]
     assert acc.with_recall(unrelated, index, allowed, 200, count) == (unrelated, [])
     assert acc.with_recall([], index, allowed, 200, count) == ([], [])
+    # a list that carries a block already (a tool loop's call sends inlet's list) gets no second one
+    assert acc.carries_recall(sent) and not acc.carries_recall(request)
+    assert acc.with_recall(sent, index, allowed, 200, count) == (sent, [])
