@@ -27,12 +27,13 @@ requirements: tiktoken
 #   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
 #      tool loop), what the running Open WebUI offers, and RequestPath: a request's steps from its two entries.
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
-#   Appendix: STATUS_TEXTS and MESSAGE_NOUNS, per UI language.
+#   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
 # A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale)
-# -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), the recall
-# block, fit_request; Open WebUI's request hook (Filter.request -> RequestPath.loop_call) repeats this before every
-# model call of a tool loop, with the loop's own summary (LoopSummaries). After the reply, Filter.outlet ->
+# -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), fit_request,
+# the recall block in the room left (RequestPath._recalled: layer 2b); Open WebUI's request hook (Filter.request ->
+# RequestPath.loop_call) repeats this before every model call of a tool loop, with the loop's own summary
+# (LoopSummaries). After the reply, Filter.outlet ->
 # RequestPath.after_reply (ModelWindow and ModelTokens learn from the usage) -> BackgroundSummarizer.start_if_due ->
 # plan / _fold (summarizer, layer 6) -> ChatStore.save.
 #
@@ -1582,6 +1583,7 @@ RECALL_FLOOR = 0.35  # a hit scores at least this share of a passage holding eac
 # repeats now and then (a greeting, a boilerplate line, a stated fact of the same shape as others) counted as rare,
 # and two ordinary turns in three quoted something (bench/recall.py)
 RECALL_RARE_SHARE = 0.02
+RECALL_RARE_LEAST = 2.0  # ... or in at most this many
 RECALL_COMMON_SHARE = 0.5  # a query term in more than this share of the passages is not searched (it weighs ~0)
 RECALL_QUERY_POSTINGS = 20_000  # postings one search reads at most, its rarest terms first: a long message stays fast
 RECALL_CHAT_PASSAGES = 4_000  # passages one chat's index holds; the earliest-added messages leave first
@@ -1811,7 +1813,7 @@ class RecallIndex:
             count = len(self._passages)
             if not (count and terms and allowed):
                 return []
-            rare = _idf(count, max(2.0, RECALL_RARE_SHARE * count))
+            rare = _idf(count, max(RECALL_RARE_LEAST, RECALL_RARE_SHARE * count))
             spans = self._postings(terms, count)
             # a word the chat never used weighs as a rare one: the query is partly about something else (were it
             # weighed as the rarest, everyday words missing from a young index would silence every question)
@@ -4666,7 +4668,7 @@ async def owui_complete(
 # ---------------------------------------------------------------------------
 # 7. Status lines: what one request sent, said in the user's language (texts in the appendix)
 # ---------------------------------------------------------------------------
-# The texts themselves (STATUS_TEXTS, MESSAGE_NOUNS) are data: they close the file, after the Filter.
+# The texts themselves (STATUS_TEXTS, MESSAGE_NOUNS, PASSAGE_NOUNS) are data: they close the file, after the Filter.
 
 
 def user_language(metadata: Any, user: Any = None) -> str:
@@ -4696,10 +4698,12 @@ def window_notes(news: Iterable) -> tuple:
     return tuple(note(f"w_{window.source}", window=format_tokens(window.tokens), model=m) for m, window in news)
 
 
-def messages_phrase(language: str, n: int) -> str:
-    """``n`` with the word for messages in the right plural form (CLDR's rules for these languages)."""
-    language = language if language in MESSAGE_NOUNS else "en"
-    forms, m = MESSAGE_NOUNS[language], abs(n)
+def messages_phrase(language: str, n: int, nouns: Optional[dict] = None) -> str:
+    """``n`` with the word for messages (or for the ``nouns`` given) in the right plural form (CLDR's rules for these
+    languages)."""
+    nouns = nouns or MESSAGE_NOUNS
+    language = language if language in nouns else "en"
+    forms, m = nouns[language], abs(n)
     if len(forms) == 1:
         form = 0
     elif len(forms) == 2:
@@ -4725,6 +4729,30 @@ def summary_source_event(language: str, messages: int, summary: str, source_id: 
     }
 
 
+def recall_source_event(language: str, passages: Iterable, source_id: str) -> dict:
+    """A source entry ("Recalled from earlier turns (2 passages)") under the reply the passages were quoted for,
+    opening to each passage verbatim under its turn; like the summary's, never sent to the model."""
+    passages = sorted(passages, key=lambda p: p.turn)
+    name = status_text(language, "recall_source", passages=len(passages))
+    return {
+        "type": "source",
+        "data": {
+            "source": {"id": source_id, "name": name},
+            "document": [p.text for p in passages],
+            "metadata": [{"source": source_id, "name": status_text(language, "turn", turn=p.turn)} for p in passages],
+        },
+    }
+
+
+def listed(language: str, items: list) -> str:
+    """``items`` as a list in the user's language: "3", "3 and 7", "3, 5 and 7"."""
+    table, words = STATUS_TEXTS.get(language) or STATUS_TEXTS["en"], [str(i) for i in items]
+    if len(words) < 2:
+        return "".join(words)
+    rest = ("、" if language in ("zh", "ja") else ", ").join(words[:-1])  # the enumeration comma of CJK text
+    return (table.get("list_and") or STATUS_TEXTS["en"]["list_and"]).format(rest=rest, last=words[-1])
+
+
 def status_text(language: str, key: str, **values: Any) -> str:
     """One status text in the UI language (English where one is missing); never raises. ``messages`` is a count
     shown with its noun; ``used`` and ``cap`` are token counts shown as 12k (settings Notes quote the valves exactly;
@@ -4741,6 +4769,10 @@ def status_text(language: str, key: str, **values: Any) -> str:
                 value = value.text(language)
             elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
                 value = messages_phrase(language, value)
+            elif name == "passages" and isinstance(value, int) and not isinstance(value, bool):
+                value = messages_phrase(language, value, PASSAGE_NOUNS)
+            elif name == "turns" and isinstance(value, (list, tuple)):
+                value = listed(language, list(value))
             elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
                 value = format_tokens(value)
             elif name == "reason" and isinstance(value, (Fault, str)):
@@ -4774,6 +4806,7 @@ class SentOutcome:
     fault: Optional[Fault] = None
     notes: tuple = ()  # settings Notes to explain (valves corrected or carried over)
     turn: int = 0  # user messages in the list inlet received: when notes are due
+    recalled: tuple = ()  # the passages of folded turns quoted back (recall, layer 2b)
 
     def after(self, inlet: Optional["SentOutcome"]) -> "SentOutcome":
         """The request hook's outcome completed with what inlet did before it (the summary it applied, the messages
@@ -4787,14 +4820,18 @@ class SentOutcome:
             repaired=self.repaired or inlet.repaired,
             fault=self.fault or inlet.fault,
             turn=inlet.turn,
+            recalled=self.recalled or inlet.recalled,
         )
 
 
 def status_line(language: str, sent: SentOutcome, show_usage: bool = True) -> str:
-    """What was sent, what the summary covers, what was left out, what went wrong; only the usage may be left out."""
+    """What was sent, what the summary covers and what was quoted back from it, what was left out, what went wrong;
+    only the usage may be left out."""
+    turns = sorted({p.turn for p in sent.recalled})
     said = [
         (show_usage, "sent", {"used": sent.used, "cap": sent.cap}),
         (sent.covered, "in_summary", {"messages": sent.covered}),
+        (turns, "recalled" if len(turns) > 1 else "recalled_one", {"passages": len(sent.recalled), "turns": turns}),
         (sent.left_out, "left_out", {"messages": sent.left_out}),
         (sent.over_cap, "over_cap", {}),
         (sent.repaired, "repaired", {}),
@@ -4855,6 +4892,7 @@ class ChatState:
     last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
     line: Optional[asyncio.Task] = None  # the last request's status line being written
     records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
+    recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
 
 
 @dataclass
@@ -4958,6 +4996,7 @@ class BackgroundSummarizer:
         self.lines: set = set()  # status lines being written (at most one per request in flight)
         self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
         self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
+        self.recall = RecallIndexes()  # each chat's folded passages (layer 2b), on this worker
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
@@ -4972,9 +5011,37 @@ class BackgroundSummarizer:
             return
         due = s.warnings if sent.turn % NOTES_EVERY == 1 else ()
         if line := status_line(ctx.language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
-            state.line = task = asyncio.ensure_future(_emit_after(state.line, ctx.emitter, line))
-            self.lines.add(task)
-            task.add_done_callback(self.lines.discard)
+            self._in_order(state, ctx.emitter, line)
+        if sent.recalled and ctx.message_id and state.recall_shown != ctx.message_id:
+            state.recall_shown = ctx.message_id
+            source = recall_source_event(ctx.language, sent.recalled, f"acc-recall-{ctx.message_id}")
+            self._in_order(state, ctx.emitter, source)
+
+    def _in_order(self, state: ChatState, emitter: Optional[Callable], event: Any) -> None:
+        """``event`` emitted after the chat's events before it, in the background."""
+        state.line = task = asyncio.ensure_future(_emit_after(state.line, emitter, event))
+        self.lines.add(task)
+        task.add_done_callback(self.lines.discard)
+
+    async def recall_index(self, key: str, canon: Messages, record: Any, digests: list, allowed: dict) -> RecallIndex:
+        """The chat's recall index holding the folded messages ``allowed`` names (``canon[head:covered]`` of
+        ``record``): those missing (a fold this worker did not make, a restart) are indexed once, in a worker thread."""
+        index = self.recall.get(key)
+        if any(digest not in index for digest in allowed):
+            head, covered = record.head_count, record.covered_count
+            await asyncio.to_thread(lambda: index.extend(recall_passages(canon, head, covered, digests, index)))
+            self.recall.shed()
+        return index
+
+    async def _index_fold(self, ctx: RequestContext, branch: Branch, record: SummaryRecord) -> None:
+        """A saved fold's messages indexed for recall now, so this worker's next request of the chat finds them."""
+        if ctx.settings.recall_share <= 0:
+            return
+        try:
+            allowed = folded_turns(branch.messages, record.head_count, record.covered_count, branch.digests)
+            await self.recall_index(ctx.chat_key(), branch.messages, record, branch.digests, allowed)
+        except Exception:
+            log.exception("async_context_compression: recall index not extended; the next request will")
 
     async def line_written(self, ctx: RequestContext) -> None:
         line = self.chat(ctx).line
@@ -5100,6 +5167,7 @@ class BackgroundSummarizer:
                 if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
                     source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
                     await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
+                await self._index_fold(ctx, branch, record)
             except SummaryError as exc:
                 delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
                 log.warning(
@@ -5528,6 +5596,7 @@ async def _chat_owner_instructions(ctx: RequestContext, ids: list) -> tuple[str,
 
 
 # -- The request path: inlet, and each model call of a tool loop ------------------
+RECALL_SLACK = 8  # tokens kept free of recall under the cap: the join before the block, a merge at its edge
 FIT_LOG = "async_context_compression chat=%s: %s; tokens %s -> %s (cap %s), dropped %s, shortened %s, summary %s"
 
 
@@ -5542,6 +5611,7 @@ class Draft:
     repair: RepairReport
     record: Optional[SummaryRecord] = None
     fault: Optional[Fault] = None  # what kept the stored summaries from being read
+    recalled: tuple = ()  # passages of the folded turns quoted back after the latest user message
 
     def sent(self, s: Settings, fit: FitReport) -> SentOutcome:
         return SentOutcome(
@@ -5553,6 +5623,7 @@ class Draft:
             repaired=self.repair.noticeable(),
             fault=self.fault,
             turn=sum(1 for m in self.messages if isinstance(m, dict) and m.get("role") == "user"),
+            recalled=self.recalled,
         )
 
 
@@ -5608,6 +5679,7 @@ class RequestPath:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
         draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
+        view = await self._recalled(ctx, draft, view, fit)
         if request_hook_follows():
             self.summaries.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
         else:
@@ -5620,6 +5692,7 @@ class RequestPath:
         draft = await self._summarized(body, ctx, partial(builtin_compaction_on, refresh=False), loops.stored_summaries)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
+        view = await self._recalled(ctx, draft, view, fit)  # inlet's block, already in the list, is not searched again
         loops.plan(ctx, draft.view, fit.tokens_before)
         self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
         return {**body, "messages": view}
@@ -5689,6 +5762,30 @@ class RequestPath:
             log.info(FIT_LOG, ctx.chat_id or "api", draft.repair.describe(), *sizes, covered)
         log_notes_once(s.warnings)
         return view, fit
+
+    async def _recalled(self, ctx: RequestContext, draft: Draft, view: Messages, fit: FitReport) -> Messages:
+        """``view`` with the passages of this branch's folded messages that its latest user message is about after
+        that message (layer 2b), within the recall share of the cap and the room fitting left (``fit`` then counts
+        them, ``draft.recalled`` holds them); unchanged without a summary, or when the list carries a block."""
+        s, record, counter = ctx.settings, draft.record, self.summaries.counter
+        room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
+        if record is None or room <= 0 or carries_recall(view):
+            return view
+        canon = canonical_messages(draft.messages)
+        digests = [canonical_digest(m) for m in canon[: record.covered_count]]
+        allowed = folded_turns(canon, record.head_count, record.covered_count, digests)
+        index = await self.summaries.recall_index(ctx.chat_key(), canon, record, digests, allowed)
+        exact = counter.is_exact(s.encoding)
+
+        def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
+            tokens = counter.text_tokens(text, s.encoding, exact)
+            return tokens if exact else _with_margin(tokens)
+
+        view, chosen = with_recall(view, index, allowed, room, count)
+        if chosen:
+            fit.tokens_after += count("\n\n" + recall_block(chosen))
+            draft.recalled = tuple(chosen)
+        return view
 
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
@@ -5841,6 +5938,11 @@ STATUS_TEXTS: dict = {
     "en": {
         "sent": "{used} tokens sent",
         "in_summary": "summary covers {messages}",
+        "recalled": "recalled {passages} from turns {turns}",
+        "recalled_one": "recalled {passages} from turn {turns}",
+        "recall_source": "Recalled from earlier turns ({passages})",
+        "turn": "turn {turn}",
+        "list_and": "{rest} and {last}",
         "left_out": "{messages} left out to fit",
         "over_cap": "still over the cap",
         "repaired": "tool-call history repaired",
@@ -5885,6 +5987,11 @@ STATUS_TEXTS: dict = {
     "zh": {
         "sent": "已发送 {used} tokens",
         "in_summary": "摘要涵盖 {messages}",
+        "recalled": "从第 {turns} 轮召回 {passages}",
+        "recalled_one": "从第 {turns} 轮召回 {passages}",
+        "recall_source": "从早先轮次召回的原文（{passages}）",
+        "turn": "第 {turn} 轮",
+        "list_and": "{rest}和{last}",
         "left_out": "为适应上限未发送 {messages}",
         "over_cap": "仍超出上限",
         "repaired": "已修复工具调用历史",
@@ -5929,6 +6036,11 @@ STATUS_TEXTS: dict = {
     "ja": {
         "sent": "{used} トークン送信",
         "in_summary": "要約は {messages}を含む",
+        "recalled": "ターン {turns} から {passages}を再掲",
+        "recalled_one": "ターン {turns} から {passages}を再掲",
+        "recall_source": "以前のターンから再掲（{passages}）",
+        "turn": "ターン {turn}",
+        "list_and": "{rest}と{last}",
         "left_out": "上限に収めるため {messages}を省略",
         "over_cap": "まだ上限を超えています",
         "repaired": "ツール呼び出し履歴を修復しました",
@@ -5973,6 +6085,11 @@ STATUS_TEXTS: dict = {
     "ko": {
         "sent": "{used} 토큰 전송",
         "in_summary": "요약에 {messages} 포함",
+        "recalled": "턴 {turns}에서 {passages} 다시 가져옴",
+        "recalled_one": "턴 {turns}에서 {passages} 다시 가져옴",
+        "recall_source": "이전 턴에서 다시 가져온 원문 ({passages})",
+        "turn": "턴 {turn}",
+        "list_and": "{rest} 및 {last}",
         "left_out": "한도에 맞추려고 {messages} 제외",
         "over_cap": "여전히 한도 초과",
         "repaired": "도구 호출 기록을 복구했습니다",
@@ -6017,6 +6134,11 @@ STATUS_TEXTS: dict = {
     "fr": {
         "sent": "{used} tokens envoyés",
         "in_summary": "le résumé couvre {messages}",
+        "recalled": "rappel : {passages} des tours {turns}",
+        "recalled_one": "rappel : {passages} du tour {turns}",
+        "recall_source": "Rappels des tours précédents ({passages})",
+        "turn": "tour {turn}",
+        "list_and": "{rest} et {last}",
         "left_out": "{messages} omis pour tenir",
         "over_cap": "toujours au-dessus de la limite",
         "repaired": "historique des appels d'outils réparé",
@@ -6061,6 +6183,11 @@ STATUS_TEXTS: dict = {
     "de": {
         "sent": "{used} Tokens gesendet",
         "in_summary": "Zusammenfassung umfasst {messages}",
+        "recalled": "zurückgeholt: {passages} aus den Runden {turns}",
+        "recalled_one": "zurückgeholt: {passages} aus Runde {turns}",
+        "recall_source": "Aus früheren Runden zurückgeholt ({passages})",
+        "turn": "Runde {turn}",
+        "list_and": "{rest} und {last}",
         "left_out": "{messages} weggelassen, um das Limit einzuhalten",
         "over_cap": "weiterhin über dem Limit",
         "repaired": "Verlauf der Tool-Aufrufe repariert",
@@ -6105,6 +6232,11 @@ STATUS_TEXTS: dict = {
     "es": {
         "sent": "{used} tokens enviados",
         "in_summary": "el resumen cubre {messages}",
+        "recalled": "recuperación: {passages} de los turnos {turns}",
+        "recalled_one": "recuperación: {passages} del turno {turns}",
+        "recall_source": "Recuperado de turnos anteriores ({passages})",
+        "turn": "turno {turn}",
+        "list_and": "{rest} y {last}",
         "left_out": "omitido por el límite: {messages}",
         "over_cap": "todavía por encima del límite",
         "repaired": "historial de llamadas a herramientas reparado",
@@ -6149,6 +6281,11 @@ STATUS_TEXTS: dict = {
     "pt": {
         "sent": "{used} tokens enviados",
         "in_summary": "o resumo cobre {messages}",
+        "recalled": "recuperação: {passages} dos turnos {turns}",
+        "recalled_one": "recuperação: {passages} do turno {turns}",
+        "recall_source": "Recuperado de turnos anteriores ({passages})",
+        "turn": "turno {turn}",
+        "list_and": "{rest} e {last}",
         "left_out": "omitido pelo limite: {messages}",
         "over_cap": "ainda acima do limite",
         "repaired": "histórico de chamadas de ferramentas reparado",
@@ -6193,6 +6330,11 @@ STATUS_TEXTS: dict = {
     "ru": {
         "sent": "отправлено {used} токенов",
         "in_summary": "в сводке: {messages}",
+        "recalled": "восстановлено: {passages} из ходов {turns}",
+        "recalled_one": "восстановлено: {passages} из хода {turns}",
+        "recall_source": "Из прежних ходов ({passages})",
+        "turn": "ход {turn}",
+        "list_and": "{rest} и {last}",
         "left_out": "не отправлено ради лимита: {messages}",
         "over_cap": "лимит всё ещё превышен",
         "repaired": "история вызовов инструментов исправлена",
@@ -6237,6 +6379,11 @@ STATUS_TEXTS: dict = {
     "it": {
         "sent": "{used} token inviati",
         "in_summary": "il riepilogo copre {messages}",
+        "recalled": "richiamo: {passages} dai turni {turns}",
+        "recalled_one": "richiamo: {passages} dal turno {turns}",
+        "recall_source": "Richiamato dai turni precedenti ({passages})",
+        "turn": "turno {turn}",
+        "list_and": "{rest} e {last}",
         "left_out": "omesso per il limite: {messages}",
         "over_cap": "ancora oltre il limite",
         "repaired": "cronologia delle chiamate agli strumenti riparata",
@@ -6281,6 +6428,11 @@ STATUS_TEXTS: dict = {
     "pl": {
         "sent": "wysłano {used} tokenów",
         "in_summary": "w podsumowaniu: {messages}",
+        "recalled": "przywołano: {passages} z tur {turns}",
+        "recalled_one": "przywołano: {passages} z tury {turns}",
+        "recall_source": "Przywołane z wcześniejszych tur ({passages})",
+        "turn": "tura {turn}",
+        "list_and": "{rest} i {last}",
         "left_out": "pominięto, by zmieścić się w limicie: {messages}",
         "over_cap": "nadal powyżej limitu",
         "repaired": "naprawiono historię wywołań narzędzi",
@@ -6338,4 +6490,19 @@ MESSAGE_NOUNS: dict = {
     "zh": ("{n} 条消息",),
     "ja": ("{n} 件のメッセージ",),
     "ko": ("메시지 {n}개",),
+}
+
+# The noun "passage" (a piece of an earlier message quoted back by recall) after a count, in the same forms.
+PASSAGE_NOUNS: dict = {
+    "en": ("{n} passage", "{n} passages"),
+    "fr": ("{n} passage", "{n} passages"),
+    "de": ("{n} Passage", "{n} Passagen"),
+    "es": ("{n} fragmento", "{n} fragmentos"),
+    "pt": ("{n} trecho", "{n} trechos"),
+    "it": ("{n} passaggio", "{n} passaggi"),
+    "ru": ("{n} фрагмент", "{n} фрагмента", "{n} фрагментов"),
+    "pl": ("{n} fragment", "{n} fragmenty", "{n} fragmentów"),
+    "zh": ("{n} 段原文",),
+    "ja": ("{n} 件の箇所",),
+    "ko": ("구절 {n}개",),
 }

@@ -12,7 +12,7 @@ import copy
 import random
 
 import pytest
-from acc_builders import AS, IMG, TXT, A, T, U, roles, text_of
+from acc_builders import AS, CITIES, IMG, TXT, A, T, U, roles, text_of, warehouse_chat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,24 +20,6 @@ import async_context_compression as acc
 from bench.chats import make_chat
 from bench.corpus import make_text
 from devkit.provider_rules import CHECKERS, check_openai, violations_added
-
-CITIES = ("Berlin", "Munich", "Lisbon", "Porto", "Oslo", "Madrid", "Rome", "Vienna", "Dublin", "Prague")
-
-
-def warehouse_chat() -> list:
-    """Ten turns about ten warehouses: each reply names an access code; then a Chinese turn with its own code."""
-    canon = []
-    for i, city in enumerate(CITIES):
-        canon.append(U(f"What should we write down about the {city} warehouse? Please keep it short."))
-        canon.append(
-            AS(
-                f"The access code for the {city} warehouse is BX-{4400 + i}. The loading dock opens at {6 + i} am."
-                f"\n\nShipping from {city} usually takes {i + 2} days, and the team is happy with that."
-            )
-        )
-    canon.append(U("柏林仓库的门禁密码是 ZK-9981，请记住。"))
-    canon.append(AS("好的，我记下了。"))
-    return canon
 
 
 def indexed(canon: list, head: int = 0, covered: int = -1) -> tuple[acc.RecallIndex, dict]:
