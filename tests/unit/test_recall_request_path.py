@@ -181,3 +181,34 @@ def test_the_index_is_built_once_and_extended_only_by_new_folds(monkeypatch):
     f.summaries.store = RecordStore([summarized(longer, covered=COVERED + 4)])
     run(f, request(longer))
     assert len(added) == 2 and 0 < added[1] < added[0]  # only the newly folded messages
+
+
+def test_the_status_line_names_the_passages_and_their_turns_in_every_language():
+    passages = (
+        acc.Passage("a", 7, "user", "x"),
+        acc.Passage("b", 3, "assistant", "y"),
+        acc.Passage("c", 3, "tool", "z"),
+    )
+    line = acc.status_line("en", acc.SentOutcome(used=1000, cap=8000, covered=10, recalled=passages[:2]))
+    assert line == "1.0k / 8.0k tokens sent · summary covers 10 messages · recalled 2 passages from turns 3 and 7"
+    one = acc.status_line("en", acc.SentOutcome(used=1000, cap=8000, recalled=passages[1:]), show_usage=False)
+    assert one == "recalled 2 passages from turn 3"
+    more = (*passages, acc.Passage("d", 5, "user", "w"))
+    assert "recalled 4 passages from turns 3, 5 and 7" in acc.status_line("en", acc.SentOutcome(1, 8, recalled=more))
+    assert "从第 3、5和7 轮召回 4 段原文" in acc.status_line("zh", acc.SentOutcome(1, 8, recalled=more))
+    assert "восстановлено: 4 фрагмента из ходов 3, 5 и 7" in acc.status_line("ru", acc.SentOutcome(1, 8, recalled=more))
+    for language in acc.STATUS_TEXTS:
+        line = acc.status_line(language, acc.SentOutcome(1, 8, recalled=passages[:2]), show_usage=False)
+        assert "3" in line and "7" in line and "{" not in line, language
+        assert language == "en" or "recalled" not in line, language  # translated, not the English text or the key
+        event = acc.recall_source_event(language, passages[:2], "s")
+        assert "2" in event["data"]["source"]["name"] and "recall_source" not in event["data"]["source"]["name"]
+        assert event["data"]["document"] == ["y", "x"]  # in the conversation's order
+        assert [m["name"] for m in event["data"]["metadata"]] != ["turn", "turn"]
+
+
+def test_recall_share_is_a_bounded_valve():
+    settings = acc.resolve_settings(acc.Valves(recall_share=0.9), "m")
+    assert settings.recall_share == 0.5 and any(n.key == "n_valve_invalid" for n in settings.warnings)
+    assert acc.resolve_settings(acc.Valves(), "m").recall_share == acc.RECALL_SHARE == 0.1
+    assert acc.resolve_settings(acc.Valves(recall_share="off?"), "m").recall_share == 0.1
