@@ -1621,18 +1621,19 @@ def recall_terms(text: str) -> list:
     of any script, lowercased (NFKC, so full-width digits are digits), a number without its group commas; an identifier
     (``ORD-4471``, ``flight_budget``, ``v2.3.1``) whole and each part of two or more characters; runs of unspaced
     scripts as character bigrams, and Han characters (words of their own) and runs of one character alone too."""
-    terms = []
+    return [term for group in _term_groups(text) for term in group]
+
+
+def _term_groups(text: str) -> Iterable[tuple]:
+    """``recall_terms`` grouped: an identifier with its parts, ``(ord-4471, ord, 4471)``; any other term alone."""
     for run, word in _TERM_RE.findall(unicodedata.normalize("NFKC", text).casefold()):
         if run:
-            terms.extend(run[i : i + 2] for i in range(len(run) - 1))
-            terms.extend(c for c in run if len(run) == 1 or _HAN_RE.match(c))
+            yield from ((run[i : i + 2],) for i in range(len(run) - 1))
+            yield from ((c,) for c in run if len(run) == 1 or _HAN_RE.match(c))
         else:
             word = word.replace(",", "")  # 1,200 is 1200
-            terms.append(word)
             parts = _TERM_PART_RE.split(word)
-            if len(parts) > 1:
-                terms.extend(p for p in parts if len(p) > 1)
-    return terms
+            yield (word, *(p for p in parts if len(p) > 1)) if len(parts) > 1 else (word,)
 
 
 def _passage_end(text: str, start: int, limit: int) -> int:
@@ -1808,17 +1809,17 @@ class RecallIndex:
         Best first; a hit that matches no query term worth a rare one that the hits before it did not is left out, so
         near-copies of one passage (the same question asked about other things) do not crowd out the passage with
         the detail asked for."""
-        terms = {_term_hash(t) for t in recall_terms(query)}
+        groups = {tuple(_term_hash(t) for t in group) for group in _term_groups(query)}
         with self._lock:
             count = len(self._passages)
-            if not (count and terms and allowed):
+            if not (count and groups and allowed):
                 return []
             rare = _idf(count, max(RECALL_RARE_LEAST, RECALL_RARE_SHARE * count))
-            spans = self._postings(terms, count)
+            spans = self._postings({t for group in groups for t in group}, count)
             # a word the chat never used weighs as a rare one: the query is partly about something else (were it
             # weighed as the rarest, everyday words missing from a young index would silence every question)
             weights = {t: _idf(count, high - low) if high > low else rare for t, (low, high) in spans.items()}
-            scores, matched = self._scores(spans, weights, allowed)
+            scores, matched = self._scores(_without_strays(spans, groups), weights, allowed)
             floor = RECALL_FLOOR * sum(weights.values())  # terms left unread count here: a long message asks more
             hits = [p for p in scores if scores[p] >= floor and max(weights[t] for t in matched[p]) >= rare]
             hits = sorted(hits, key=lambda p: (-scores[p], p))[: 4 * k]
@@ -1826,6 +1827,17 @@ class RecallIndex:
                 replace(self._passages[p][0], turn=allowed[self._passages[p][0].digest])
                 for p in _covering(hits, matched, weights, rare, k)
             ]
+
+
+def _without_strays(spans: dict, groups: set) -> dict:
+    """The query's postings without the parts of an identifier the chat never used: ``FX-007`` names something new,
+    and its ``FX`` would find ``FX-003``, another thing (a part the query also says alone stays). They still weigh in
+    the floor: the query said them."""
+    alone = {group[0] for group in groups if len(group) == 1}
+    unused = {term for term, (low, high) in spans.items() if low == high}
+    unknown = [group for group in groups if len(group) > 1 and group[0] in unused]
+    strays = {part for group in unknown for part in group[1:]} - alone
+    return {term: span for term, span in spans.items() if term not in strays}
 
 
 def _idf(count: int, df: float) -> float:

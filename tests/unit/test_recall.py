@@ -317,3 +317,14 @@ def test_with_recall_quotes_the_relevant_passages_within_budget_or_changes_nothi
     # a list that carries a block already (a tool loop's call sends inlet's list) gets no second one
     assert acc.carries_recall(sent) and not acc.carries_recall(request)
     assert acc.with_recall(sent, index, allowed, 200, count) == (sent, [])
+
+
+def test_an_identifier_the_chat_never_used_finds_nothing_through_its_parts():
+    """FX-007-USS is a new thing: its USS part must not find FX-003-USS (the cache benchmark's user messages)."""
+    rng = random.Random(5)
+    canon = [m for _ in range(40) for m in (U(make_text("english", 200, rng)), AS(make_text("english", 500, rng)))]
+    canon += [U("FX-003-USS The migration keeps the public interface stable."), AS("Noted, thanks.")]
+    index, allowed = indexed(canon)
+    assert index.search("FX-007-USS The team compared the figures.", allowed) == []
+    assert index.search("FX-003-USS?", allowed)  # the identifier itself is found
+    assert index.search("What was USS about?", allowed)  # and a part the question says alone
