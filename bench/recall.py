@@ -317,6 +317,7 @@ class FilterDriver:
         self.inlet_ms: list = []
         self.recall_ms: list = []  # RequestPath._recalled, where a summary applied
         self.extend_ms: list = []  # RecallIndex.extend, in worker threads
+        self.search_ms: list = []  # RecallIndex.search, on the event loop
         recalled = f.path._recalled
 
         async def timed(ctx, draft, view, fit):
@@ -338,6 +339,16 @@ class FilterDriver:
                 self.extend_ms.append((time.perf_counter() - started) * 1000)
 
         self.index_extend = timed_extend
+        search = acc.RecallIndex.search
+
+        def timed_search(index, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return search(index, *args, **kwargs)
+            finally:
+                self.search_ms.append((time.perf_counter() - started) * 1000)
+
+        self.index_search = timed_search
 
     async def _summarize(self, request, user, model, messages, max_tokens, temperature, *args, **kwargs) -> str:
         text = messages[-1]["content"]
@@ -385,11 +396,12 @@ class FilterDriver:
         self.loop.close()
 
     def run(self, work):
-        acc.RecallIndex.extend, extend = self.index_extend, acc.RecallIndex.extend
+        extend, search = acc.RecallIndex.extend, acc.RecallIndex.search
+        acc.RecallIndex.extend, acc.RecallIndex.search = self.index_extend, self.index_search
         try:
             return self.loop.run_until_complete(work)
         finally:
-            acc.RecallIndex.extend = extend
+            acc.RecallIndex.extend, acc.RecallIndex.search = extend, search
 
 
 def _plain(history: list) -> list:
@@ -462,6 +474,7 @@ def run_chat(counter, turns: int, seed: int, share: float, pure: bool = False) -
         driver.replied(history)
     out["recall_ms"], out["extend_ms"] = driver.recall_ms, driver.extend_ms
     out["inlet_ms"] = getattr(driver, "inlet_ms", [])
+    out["search_ms"] = getattr(driver, "search_ms", [])
     out["history"] = history
     if not pure:
         driver.close()
@@ -538,6 +551,10 @@ def main(argv=None) -> int:
                 f"  recall in inlet (index checked, search, budget, placement): ms p50 / p95 {_ms(recall_ms)}, "
                 f"max {max(recall_ms):.2f}"
             )
+            if search_ms := [m for r in results for m in r["search_ms"]]:
+                print(
+                    f"  of which the search (on the event loop): ms p50 / p95 {_ms(search_ms)}, max {max(search_ms):.2f}"
+                )
             extend_ms = [m for r in results for m in r["extend_ms"]]
             print(f"  index extension per fold ({len(extend_ms)}, in a worker thread): ms p50 / p95 {_ms(extend_ms)}")
         if label == "with recall" and reached < GOAL * asked:
