@@ -1583,7 +1583,7 @@ RECALL_FLOOR = 0.35  # a hit scores at least this share of a passage holding eac
 # repeats now and then (a greeting, a boilerplate line, a stated fact of the same shape as others) counted as rare,
 # and two ordinary turns in three quoted something (bench/recall.py)
 RECALL_RARE_SHARE = 0.02
-RECALL_RARE_LEAST = 2.0  # ... or in at most this many
+RECALL_RARE_LEAST = 3.0  # ... or in at most this many (an entity named three times in a young chat is rare enough)
 RECALL_COMMON_SHARE = 0.5  # a query term in more than this share of the passages is not searched (it weighs ~0)
 RECALL_QUERY_POSTINGS = 20_000  # postings one search reads at most, its rarest terms first: a long message stays fast
 RECALL_CHAT_PASSAGES = 4_000  # passages one chat's index holds; the earliest-added messages leave first
