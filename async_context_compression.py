@@ -1806,9 +1806,10 @@ class RecallIndex:
         """Up to ``k`` passages for ``query`` among the messages ``allowed`` maps (digest -> turn on this branch), each
         with its turn there. Nothing below the relevance floor: a hit matches a rare query term and scores
         RECALL_FLOOR of a passage holding each searched term once (a word the chat never used weighs as a rare one).
-        Best first; a hit that matches no query term worth a rare one that the hits before it did not is left out, so
-        near-copies of one passage (the same question asked about other things) do not crowd out the passage with
-        the detail asked for."""
+        Best first, by the query terms one sentence of it holds together, then by score: a passage that says two
+        things, each naming part of the query, comes after the one that says what was asked. A hit that matches no
+        query term worth a rare one that the hits before it did not is left out, so near-copies of one passage (the
+        same question asked about other things) do not crowd out the passage with the detail asked for."""
         groups = {tuple(_term_hash(t) for t in group) for group in _term_groups(query)}
         with self._lock:
             count = len(self._passages)
@@ -1823,10 +1824,17 @@ class RecallIndex:
             floor = RECALL_FLOOR * sum(weights.values())  # terms left unread count here: a long message asks more
             hits = [p for p in scores if scores[p] >= floor and max(weights[t] for t in matched[p]) >= rare]
             hits = sorted(hits, key=lambda p: (-scores[p], p))[: 4 * k]
+            hits.sort(key=lambda p: -_in_one_sentence(self._passages[p][0].text, matched[p], weights))
             return [
                 replace(self._passages[p][0], turn=allowed[self._passages[p][0].digest])
                 for p in _covering(hits, matched, weights, rare, k)
             ]
+
+
+def _in_one_sentence(text: str, matched: set, weights: dict) -> float:
+    """The most weight of the ``matched`` query terms that one sentence (or line) of ``text`` holds."""
+    sentences = (set(map(_term_hash, recall_terms(s))) for s in _PASSAGE_BREAKS[1].split(text))
+    return max((sum(weights[t] for t in matched & terms) for terms in sentences), default=0.0)
 
 
 def _without_strays(spans: dict, groups: set) -> dict:

@@ -4,10 +4,10 @@ A module's own Open WebUI on two workers, the filter with its default valves but
 window the provider publishes (the cap is found from it) and a summary model that keeps only half of the facts it is
 shown (the fake's ``lossy`` summaries, chosen by a hash of each fact's value). A saved chat states 24 facts, talks on
 until a summary covers all of them, then asks about 10 of the facts the summary dropped, in other words than the
-facts': at least 9 must bring their fact to the model verbatim, with the passage's turn on the status line. With
+facts', each question followed by three ordinary turns (which must quote nothing): at least 9 must bring their fact to the model verbatim, with the passage's turn on the status line. With
 ``recall_share`` 0 the same questions bring none. No request goes over the cap, and the prompt-cache share (whole
-messages equal to the previous request's, from the start, as bench/fidelity.py measures it) drops by at most 0.02
-against the same requests without their blocks.
+messages equal to the previous request's, from the start, as bench/fidelity.py measures it, from the first summary
+on) drops by at most 0.02 against the same requests without their blocks.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ TEMPLATES = (
     ("The on-call engineer for {e} wears badge {v} this month.", "Which badge does the {e} on-call engineer wear?"),
 )
 QUESTIONS = 10
+ORDINARY_TURNS = 3  # after each question: questions about dropped details are a part of a chat, not all of it
+RECALL_OPEN = "<recalled_context>"
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +73,9 @@ def make_facts(rng: random.Random) -> list:
     return facts
 
 
-def say(conv: Conversation, text: str) -> tuple[list, str]:
+def say(conv: Conversation, text: str, wait: bool = False) -> tuple[list, str]:
     """One user turn with exactly ``text``: the chat requests it made (the request hook: one per model call) and
-    the reply's id."""
+    the reply's id. ``wait``: until the summary this reply started, if any, is written (the user reads first)."""
     parent, user_id = conv.history.current_id, new_id()
     start = len(conv.provider.requests)
     result = conv.client.chat_completion(
@@ -82,7 +84,8 @@ def say(conv: Conversation, text: str) -> tuple[list, str]:
     conv.history.user(text, parent_id=parent, message_id=user_id)
     reply = result["response"]["choices"][0]["message"]["content"] or ""
     conv.history.assistant(reply, parent_id=user_id, message_id=result["assistant_id"])
-    settle(conv.provider, start)  # the summary this reply started, if any, is written before the user types on
+    if wait:
+        settle(conv.provider, start)
     requests = [r for r in conv.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
     assert requests, f"no chat request for {text[:60]!r}"
     return requests, result["assistant_id"]
@@ -128,51 +131,51 @@ def test_questions_about_dropped_facts_bring_them_back_on_two_workers(stack):
     conv = Conversation(client, provider, seed=36, model=CHAT)
     conv.add_turns(1, words=40)
     conv.store("recall")
-    chat_requests: list = []
+    sent: list = []  # the first chat request of each turn
     said = []
-    for n in range(0, len(facts), 2):  # two facts a turn, in ordinary talk
-        text = f"{filler(rng, 60)} {facts[n][0]} {filler(rng, 40)} {facts[n + 1][0]} {filler(rng, 30)}"
-        chat_requests += say(conv, text)[0][:1]
+    for n in range(0, len(facts), 3):  # three facts a turn, in ordinary talk
+        text = " ".join(f"{filler(rng, 40)} {fact}" for fact, _, _ in facts[n : n + 3])
+        sent += say(conv, text)[0][:1]
         said.append(text)
-    stated = len(chat_requests)
+    stated = len(sent)
     for _ in range(40):  # talk on until a summary stands for every turn that stated a fact
-        chat_requests += say(conv, filler(rng, 220))[0][:1]
-        if folded(chat_requests[-1], said):
+        sent += say(conv, filler(rng, 300), wait=True)[0][:1]
+        if folded(sent[-1], said):
             break
-    assert folded(chat_requests[-1], said), "no summary covered the facts' turns"
-    summary = "\n".join(str(m["content"]) for m in chat_requests[-1]["messages"] if m["role"] == "system")
+    assert folded(sent[-1], said), "no summary covered the facts' turns"
+    summary = "\n".join(str(m["content"]) for m in sent[-1]["messages"] if m["role"] == "system")
     dropped = [f for f in facts if not lossy_keeps(f[2])][:QUESTIONS]
     assert not any(value in summary for _, _, value in dropped) and any(f[2] in summary for f in facts)
-    idle = len(chat_requests)
+    since = len(sent) - 1
 
-    brought, lines = [], []
-    for fact, question, _ in dropped:
+    brought, lines, asked = [], [], []
+    for fact, question, _ in dropped:  # a question now and then, among ordinary turns
         requests, reply_id = say(conv, question)
-        chat_requests.append(requests[0])
-        sent = str(requests[0]["messages"][-1].get("content"))
-        brought.append(sent.startswith(question) and fact in sent.split("<recalled_context>", 1)[-1])
+        asked.append(len(sent))
+        sent.append(requests[0])
+        content = str(requests[0]["messages"][-1].get("content"))
+        brought.append(content.startswith(question) and fact in content.split("<recalled_context>", 1)[-1])
         lines.append(reply_lines(conv, reply_id))
+        for _ in range(ORDINARY_TURNS):
+            sent += say(conv, filler(rng, 300))[0][:1]
     print(f"\n[e2e] recall: {sum(brought)} of {len(brought)} questions brought their fact verbatim")
     assert sum(brought) >= 9, [q for (_, q, _), ok in zip(dropped, brought) if not ok]
-    assert sum("recalled" in line for line in lines) >= 9, lines[-3:]
     assert all(re.search(r"recalled \d+ passages? from turns? \d+", line) for line, ok in zip(lines, brought) if ok)
-    # ordinary turns (the talk between the facts and the questions) quoted nothing
-    quiet = [r for r in chat_requests[stated:idle] if "<recalled_context>" in str(r["messages"][-1].get("content"))]
+    quiet = [i for i, r in enumerate(sent[stated:], stated) if i not in asked and RECALL_OPEN in str(r["messages"][-1])]
     assert not quiet, f"{len(quiet)} ordinary turns recalled something"
 
-    # the provider's cached prefix: the same requests without their blocks would share at most 0.02 more
-    since = next(i for i, r in enumerate(chat_requests) if "<conversation_summary" in str(r["messages"]))
-    with_blocks = [r["messages"] for r in chat_requests[since:]]
-    plain = [without_block(r) for r in chat_requests[since:]]
+    # the provider's cached prefix: the same requests without their blocks, from the first summary on
+    with_blocks = [r["messages"] for r in sent[since:]]
+    plain = [without_block(r) for r in sent[since:]]
     drop = prefix_share(plain) - prefix_share(with_blocks)
-    print(f"[e2e] prefix share {prefix_share(with_blocks):.3f} with recall, {prefix_share(plain):.3f} without")
+    print(
+        f"[e2e] prefix share {prefix_share(with_blocks):.3f} with recall, {prefix_share(plain):.3f} without "
+        f"({len(with_blocks)} requests, {len(asked)} questions)"
+    )
     assert drop <= 0.02, drop
 
     client.set_valves(FILTER_ID, {**VALVES, "recall_share": 0})
-    without = []
-    for _, question, value in dropped:
-        requests, _ = say(conv, question)
-        without.append(value in str(requests[0]["messages"]))
+    without = [value in str(say(conv, question)[0][0]["messages"]) for _, question, value in dropped]
     assert not any(without), "without recall a dropped fact reached the model: the summary kept it"
 
     everything = [r for r in provider.requests if r["kind"] == "chat"]

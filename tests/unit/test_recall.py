@@ -328,3 +328,17 @@ def test_an_identifier_the_chat_never_used_finds_nothing_through_its_parts():
     assert index.search("FX-007-USS The team compared the figures.", allowed) == []
     assert index.search("FX-003-USS?", allowed)  # the identifier itself is found
     assert index.search("What was USS about?", allowed)  # and a part the question says alone
+
+
+def test_the_passage_that_says_what_was_asked_beats_one_that_says_two_things_each_naming_part_of_it():
+    rng = random.Random(9)
+    canon = [m for _ in range(40) for m in (U(make_text("english", 200, rng)), AS(make_text("english", 500, rng)))]
+    canon += [
+        U("The access code for the Prague warehouse is AA-1111. The on-call engineer for Oslo wears badge BB-2222."),
+        AS("Noted both."),
+        U("One more thing for the records, since the rota changed again last week and people keep asking me."),
+        AS(f"{make_text('english', 300, rng)}\n\nThe on-call engineer for Prague wears badge CC-3333 this month."),
+    ]
+    index, allowed = indexed(canon)
+    hits = index.search("Which badge does the Prague on-call engineer wear?", allowed)
+    assert hits and "CC-3333" in hits[0].text
