@@ -342,3 +342,11 @@ def test_the_passage_that_says_what_was_asked_beats_one_that_says_two_things_eac
     index, allowed = indexed(canon)
     hits = index.search("Which badge does the Prague on-call engineer wear?", allowed)
     assert hits and "CC-3333" in hits[0].text
+
+
+def test_a_long_message_is_searched_by_its_start_and_end():
+    text = "Where is the Lisbon code? " + "filler words here. " * 2000 + "And the Oslo one?"
+    query = acc.recall_query(text)
+    assert len(query) <= acc.RECALL_QUERY_CHARS + 1
+    assert query.startswith("Where is the Lisbon code?") and query.endswith("And the Oslo one?")
+    assert acc.recall_query("short question?") == "short question?"
