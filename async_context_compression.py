@@ -1585,11 +1585,12 @@ RECALL_FLOOR = 0.35  # a hit scores at least this share of a passage holding eac
 RECALL_RARE_SHARE = 0.02
 RECALL_RARE_LEAST = 3.0  # ... or in at most this many (an entity named three times in a young chat is rare enough)
 RECALL_COMMON_SHARE = 0.5  # a query term in more than this share of the passages is not searched (it weighs ~0)
-RECALL_QUERY_POSTINGS = 5_000  # postings one search reads at most, its rarest terms first: a long message stays fast
+RECALL_QUERY_POSTINGS = 1_000  # postings one search reads at most, its rarest terms first: a long message stays fast
 RECALL_QUERY_CHARS = 2_000  # of a longer message, its start and end are searched (a question opens or closes a paste)
 RECALL_CHAT_PASSAGES = 4_000  # passages one chat's index holds; the earliest-added messages leave first
 RECALL_TOTAL_PASSAGES = 40_000  # passages all chats' indexes hold together on one worker (~1.2 KB each)
 RECALL_CHATS = 512  # chats whose index one worker keeps
+RECALL_BRANCHES = 2  # summaries (branches) of one chat whose folded messages an index remembers
 RECALL_SHARE = 0.1  # the recall_share valve's default: a tenth of the cap, of which RECALL_K passages take ~1k tokens
 _PASSAGE_IDS = 1 << 24  # passage ids an index hands out in its life (a key holds 24 bits of one)
 
@@ -1726,10 +1727,17 @@ class RecallIndex:
         self._next_id = 0
         self._total_length = 0
         # messages that left to keep the bound: still "in" (indexing them again would push out others, every request)
-        self._left = _BoundedDict(limit)
+        self._left = _BoundedDict(max(1, limit // 4))
+        # (a summary's fingerprint, its head) -> the folded messages it stands for (``folded_turns``), which that
+        # fingerprint fixes: a request with the same summary finds them here instead of digesting the branch again
+        self.folded = _BoundedDict(RECALL_BRANCHES)
 
     def __len__(self) -> int:
         return len(self._passages)
+
+    def held(self) -> int:
+        """What it holds, in entries: passages, messages that left, and the summaries' folded messages."""
+        return len(self._passages) + len(self._left) + sum(len(folded) for folded in self.folded.values())
 
     def __contains__(self, digest: str) -> bool:
         """Whether the message was indexed (it may have left since, to keep the bound)."""
@@ -1739,8 +1747,11 @@ class RecallIndex:
         """Indexes the passages of messages not indexed yet: a message already in (by digest) is not added again.
         Returns how many passages were added."""
         with self._extending:  # only extensions write what is read unlocked here
-            new = [(p, Counter(recall_terms(p.text))) for p in passages if p.digest not in self]
-            new = new[-self.limit :][: _PASSAGE_IDS - self._next_id]
+            fresh = [p for p in passages if p.digest not in self]
+            kept = fresh[-self.limit :][: _PASSAGE_IDS - self._next_id]  # past the bound, the latest messages
+            for passage in fresh[: len(fresh) - len(kept)]:
+                self._left[passage.digest] = None
+            new = [(p, Counter(recall_terms(p.text))) for p in kept]
             first = self._next_id
             keys = sorted(
                 _term_hash(t) << 32 | pid << 8 | min(n, 255)
@@ -1891,10 +1902,10 @@ class RecallIndexes:
         return added
 
     def shed(self) -> None:
-        """Least recently used chats leave until all indexes together hold at most ``total`` passages."""
-        held = sum(len(index) for index in self.indexes.values())
+        """Least recently used chats leave until all indexes together hold at most ``total`` entries (``held``)."""
+        held = sum(index.held() for index in self.indexes.values())
         while held > self.total and len(self.indexes) > 1:
-            held -= len(self.indexes.popitem(last=False)[1])
+            held -= self.indexes.popitem(last=False)[1].held()
 
     def passages(self) -> int:
         return sum(len(index) for index in self.indexes.values())
@@ -5050,23 +5061,27 @@ class BackgroundSummarizer:
         self.lines.add(task)
         task.add_done_callback(self.lines.discard)
 
-    async def recall_index(self, key: str, canon: Messages, record: Any, digests: list, allowed: dict) -> RecallIndex:
-        """The chat's recall index holding the folded messages ``allowed`` names (``canon[head:covered]`` of
-        ``record``): those missing (a fold this worker did not make, a restart) are indexed once, in a worker thread."""
-        index = self.recall.get(key)
-        if any(digest not in index for digest in allowed):
+    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
+        """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
+        (its fingerprint fixes them): the messages digested, and those the index lacks (a fold this worker did not
+        make, a restart) indexed, in a worker thread."""
+        index, at = self.recall.get(key), (record.fingerprint, record.head_count)
+        if (allowed := index.folded.recall(at)) is None:
             head, covered = record.head_count, record.covered_count
-            await asyncio.to_thread(lambda: index.extend(recall_passages(canon, head, covered, digests, index)))
+            digests = digests or [canonical_digest(m) for m in canon[:covered]]
+            allowed = folded_turns(canon, head, covered, digests)
+            if any(digest not in index for digest in allowed):
+                await asyncio.to_thread(lambda: index.extend(recall_passages(canon, head, covered, digests, index)))
+            index.folded[at] = allowed
             self.recall.shed()
-        return index
+        return index, allowed
 
     async def _index_fold(self, ctx: RequestContext, branch: Branch, record: SummaryRecord) -> None:
         """A saved fold's messages indexed for recall now, so this worker's next request of the chat finds them."""
         if ctx.settings.recall_share <= 0:
             return
         try:
-            allowed = folded_turns(branch.messages, record.head_count, record.covered_count, branch.digests)
-            await self.recall_index(ctx.chat_key(), branch.messages, record, branch.digests, allowed)
+            await self.recall_index(ctx.chat_key(), branch.messages, record, branch.digests)
         except Exception:
             log.exception("async_context_compression: recall index not extended; the next request will")
 
@@ -5798,10 +5813,7 @@ class RequestPath:
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
             return view
-        canon = canonical_messages(draft.messages)
-        digests = [canonical_digest(m) for m in canon[: record.covered_count]]
-        allowed = folded_turns(canon, record.head_count, record.covered_count, digests)
-        index = await self.summaries.recall_index(ctx.chat_key(), canon, record, digests, allowed)
+        index, allowed = await self.summaries.recall_index(ctx.chat_key(), canonical_messages(draft.messages), record)
         exact = counter.is_exact(s.encoding)
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
