@@ -1,7 +1,8 @@
 """Recall benchmark (issue 36): do details a summary dropped reach the model again?
 
-    python bench/recall.py            # 12 chats of 140 turns
+    python bench/recall.py            # 12 chats of 140 turns, through Filter.inlet / request / outlet
     python bench/recall.py --quick    # 4 chats of 100 turns
+    python bench/recall.py --pure     # the layer-2b functions alone (phase 1's driver)
 
 Generated chats mix the corpus's languages (``bench.corpus``: English, Chinese, Japanese, Korean, code, JSON) with
 facts: an attribute of an entity with a distinctive value ("The access code for the Lisbon warehouse is QK-4471.",
@@ -15,7 +16,10 @@ half is fixed by each value's hash, so every run and every driver drops the same
 about dropped facts.
 
 Each request is what the model would receive: the system prompt, the summary, the kept turns and the new user
-message, with recall when the driver recalls. Printed, with recall and without:
+message, with recall when the driver recalls. By default the chats go through the Filter the way Open WebUI drives
+it (``FilterDriver``: inlet, then the request hook, then outlet after each reply, ``LossySummarizer`` answering the
+summary calls; a temporary chat, so its summaries live in memory; default valves but the cap), with the
+``recall_share`` valve at its default and at 0. Printed, with recall and without:
 
 * the share of questions whose fact value reaches the model (the whole fact sentence, verbatim, in brackets);
 * recall tokens per request (over all requests with a summary, and over those that recalled), and the share of
@@ -23,13 +27,13 @@ message, with recall when the driver recalls. Printed, with recall and without:
 * requests over the cap;
 * the prefix share as in the cache benchmark (bench/fidelity.py): prompt tokens in whole messages equal to the
   previous request's, from the start, over the request's tokens, from the first summary on;
-* the time recall adds to inlet (search, budget and placement, ms p50 / p95), the time of each fold's index
-  extension, and of indexing a whole chat at once (a worker that restarted);
+* inlet's time (inlet and the request hook, ms p50 / p95), and the part of it recall takes (the index checked,
+  searched, the block placed); the time of each fold's index extension (in a worker thread, off the event loop), and
+  of indexing a whole chat at once (a worker that restarted);
 * the index's memory (tracemalloc) per chat and per passage, and what RECALL_TOTAL_PASSAGES would hold.
 
-Phase 1 drives the pure functions (``PureDriver``). The chats, the summarizer and the scoring do not depend on it: a
-driver that goes through ``Filter.inlet`` / ``outlet`` (with ``LossySummarizer`` as its summary model) only has to
-offer the same two methods, ``request`` and ``replied``.
+``--pure`` drives the pure functions instead (``PureDriver``, phase 1's), with the same chats, summarizer and
+scoring: both drivers offer ``request``, ``replied`` and ``covered``.
 
 Exits 1 when with recall fewer than 9 in 10 questions bring their fact, any question does without recall, or a
 request goes over the cap.
@@ -53,6 +57,8 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+import asyncio  # noqa: E402
+
 from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
 
 ensure_offline_cl100k()
@@ -67,7 +73,8 @@ CAP = 16_000
 TRIGGER = int(CAP * 0.75)
 LOW_WATER = int(TRIGGER * 0.5)
 KEEP_FIRST, KEEP_LAST = 1, 6
-RECALL_BUDGET = CAP // 16  # a sixteenth of the cap: the share phase 2 would offer as the valve's default
+MODEL = "bench-model"  # cl100k_base, as ENCODING
+USER = {"id": "bench-user", "name": "Bench", "role": "user"}
 ASK_AFTER = (20, 60)  # a question comes this many turns after its fact
 GOAL = 0.9
 
@@ -295,6 +302,113 @@ class PureDriver:
         self.covered = target
 
 
+class FilterDriver:
+    """A temporary chat through a Filter: inlet, then the request hook (Open WebUI 0.11.2+), for each request; outlet
+    after each reply, then the summary it started. ``LossySummarizer`` answers the summary calls."""
+
+    def __init__(self, summarizer: LossySummarizer, share: float, chat: str):
+        self.summarizer, self.chat = summarizer, f"temporary:{chat}"
+        self.filter = f = acc.Filter()
+        f.valves.max_context_tokens, f.valves.keep_first, f.valves.keep_last = CAP, KEEP_FIRST, KEEP_LAST
+        f.valves.recall_share, f.valves.show_status = share, False
+        f.summaries.complete = self._summarize
+        self.loop = asyncio.new_event_loop()
+        self.counter, self.covered, self.turn = f.counter, 0, 0
+        self.inlet_ms: list = []
+        self.recall_ms: list = []  # RequestPath._recalled, where a summary applied
+        self.extend_ms: list = []  # RecallIndex.extend, in worker threads
+        self.search_ms: list = []  # RecallIndex.search, on the event loop
+        recalled = f.path._recalled
+
+        async def timed(ctx, draft, view, fit):
+            started = time.perf_counter()
+            try:
+                return await recalled(ctx, draft, view, fit)
+            finally:
+                if draft.record is not None and ctx.settings.recall_share > 0:
+                    self.recall_ms.append((time.perf_counter() - started) * 1000)
+
+        f.path._recalled = timed
+        extend = acc.RecallIndex.extend
+
+        def timed_extend(index, passages):
+            started = time.perf_counter()
+            try:
+                return extend(index, passages)
+            finally:
+                self.extend_ms.append((time.perf_counter() - started) * 1000)
+
+        self.index_extend = timed_extend
+        search = acc.RecallIndex.search
+
+        def timed_search(index, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return search(index, *args, **kwargs)
+            finally:
+                self.search_ms.append((time.perf_counter() - started) * 1000)
+
+        self.index_search = timed_search
+
+    async def _summarize(self, request, user, model, messages, max_tokens, temperature, *args, **kwargs) -> str:
+        text = messages[-1]["content"]
+        previous, _, new = text.partition("New messages to fold in:\n")
+        previous = previous.split("Previous summary:\n", 1)[-1]
+        return self.summarizer.summarize(previous, new)
+
+    @property
+    def meta(self) -> dict:
+        return {"chat_id": self.chat, "message_id": f"r{self.turn}"}
+
+    def request(self, history: list, user_text: str) -> tuple[list, list]:
+        """What the model receives for the next user message, and the passages recalled (parsed from the block)."""
+        self.turn += 1
+        body = {"model": MODEL, "messages": [SYSTEM, *_plain(history), {"role": "user", "content": user_text}]}
+
+        async def send() -> list:
+            out = await self.filter.inlet(body, __user__=dict(USER), __metadata__=self.meta, __model__={"id": MODEL})
+            out = await self.filter.request(out, __user__=dict(USER), __metadata__=self.meta, __model__={"id": MODEL})
+            return out["messages"]
+
+        started = time.perf_counter()
+        sent = self.run(send())
+        self.inlet_ms.append((time.perf_counter() - started) * 1000)
+        last = acc._text_of(sent[-1].get("content"))
+        return sent, ([last[len(user_text) :]] if last.endswith(acc.RECALL_CLOSE) else [])
+
+    def replied(self, history: list) -> None:
+        body = {"model": MODEL, "chat_id": self.chat, "id": history[-1]["id"], "messages": history}
+
+        async def after() -> int:
+            await self.filter.outlet(body, __user__=dict(USER), __metadata__=self.meta, __model__={"id": MODEL})
+            await self.filter.wait_for_background()
+            records = await self.filter.store.find(USER["id"], self.chat, "")
+            return max((r.covered_count for r in records), default=0)
+
+        self.covered = self.run(after())
+
+    def close(self) -> None:
+        """Stops what the Filter keeps running in the background (the retention sweeps), then the loop."""
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.close()
+
+    def run(self, work):
+        extend, search = acc.RecallIndex.extend, acc.RecallIndex.search
+        acc.RecallIndex.extend, acc.RecallIndex.search = self.index_extend, self.index_search
+        try:
+            return self.loop.run_until_complete(work)
+        finally:
+            acc.RecallIndex.extend, acc.RecallIndex.search = extend, search
+
+
+def _plain(history: list) -> list:
+    """The messages as inlet receives them (no ids)."""
+    return [{"role": m["role"], "content": m["content"]} for m in history]
+
+
 # -- The run ------------------------------------------------------------------------------------------------------
 
 
@@ -305,10 +419,13 @@ def common_prefix_tokens(counter, request: list, before: list) -> int:
     return sum(message_tokens(counter, m, ENCODING) for m in request[:same])
 
 
-def run_chat(counter, turns: int, seed: int, budget: int) -> dict:
+def run_chat(counter, turns: int, seed: int, share: float, pure: bool = False) -> dict:
     plan, facts = make_chat(turns, seed)
     summarizer = LossySummarizer(facts)
-    driver = PureDriver(counter, summarizer, budget)
+    if pure:
+        driver = PureDriver(counter, summarizer, int(CAP * share))
+    else:
+        driver = FilterDriver(summarizer, share, f"{seed}-{share}")
     history: list = []
     out = {
         "asked": 0,
@@ -332,8 +449,8 @@ def run_chat(counter, turns: int, seed: int, budget: int) -> dict:
         out["over_cap"] += tokens > CAP
         if driver.covered:
             out["requests"] += 1
-            block = acc.recall_block(chosen)
-            out["recall_tokens"].append(driver.count(block) if block else 0)
+            block = acc.recall_block(chosen) if pure else "".join(chosen)
+            out["recall_tokens"].append(counter.text_tokens(block, ENCODING) if block else 0)
             out["sent"] += tokens
             out["cached"] += common_prefix_tokens(counter, sent, previous)
             if fact is None:
@@ -348,10 +465,19 @@ def run_chat(counter, turns: int, seed: int, budget: int) -> dict:
                 out["reached"] += fact.value in text
                 out["verbatim"] += json.dumps(fact.sentence, ensure_ascii=False)[1:-1] in text
             out["kept_by_summary"] += folded and summarizer.keeps(fact)
-        history = [*history, {"role": "user", "content": user_text}, {"role": "assistant", "content": reply_text}]
+        t = len(history) // 2 + 1
+        history = [
+            *history,
+            {"id": f"u{t}", "role": "user", "content": user_text},
+            {"id": f"a{t}", "role": "assistant", "content": reply_text},
+        ]
         driver.replied(history)
-    out["recall_ms"], out["extend_ms"], out["index"] = driver.recall_ms, driver.extend_ms, driver.index
+    out["recall_ms"], out["extend_ms"] = driver.recall_ms, driver.extend_ms
+    out["inlet_ms"] = getattr(driver, "inlet_ms", [])
+    out["search_ms"] = getattr(driver, "search_ms", [])
     out["history"] = history
+    if not pure:
+        driver.close()
     return out
 
 
@@ -380,18 +506,20 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--chats", type=int, default=0)
     parser.add_argument("--turns", type=int, default=0)
+    parser.add_argument("--pure", action="store_true", help="drive the layer-2b functions, not the Filter")
     args = parser.parse_args(argv)
     chats = args.chats or (4 if args.quick else 12)
     turns = args.turns or (100 if args.quick else 140)
     counter = acc.TokenCounter()
     assert wait_ready(counter, ENCODING, 60), "tiktoken's cl100k file is missing"
     print(
-        f"{chats} chats of {turns} turns; cap {CAP}, trigger {TRIGGER}, low water {LOW_WATER}, "
-        f"keep_first {KEEP_FIRST}, keep_last {KEEP_LAST}; recall budget {RECALL_BUDGET} tokens, k {acc.RECALL_K}"
+        f"{chats} chats of {turns} turns, {'the layer-2b functions' if args.pure else 'through the Filter'}; "
+        f"cap {CAP}, trigger {TRIGGER}, low water {LOW_WATER}, keep_first {KEEP_FIRST}, keep_last {KEEP_LAST}; "
+        f"recall_share {acc.RECALL_SHARE} ({int(CAP * acc.RECALL_SHARE)} tokens), k {acc.RECALL_K}"
     )
     runs = {}
-    for label, budget in (("without recall", 0), ("with recall", RECALL_BUDGET)):
-        runs[label] = [run_chat(counter, turns, seed, budget) for seed in range(chats)]
+    for label, share in (("without recall", 0.0), ("with recall", acc.RECALL_SHARE)):
+        runs[label] = [run_chat(counter, turns, seed, share, args.pure) for seed in range(chats)]
     failed = []
     for label, results in runs.items():
         asked = sum(r["asked"] for r in results)
@@ -416,12 +544,19 @@ def main(argv=None) -> int:
             f"  requests over the cap: {sum(r['over_cap'] for r in results)}; largest "
             f"{max(r['max_tokens'] for r in results)} tokens; prefix share {share:.3f}"
         )
-        if budget_ms := [m for r in results for m in r["recall_ms"]]:
+        if inlet_ms := [m for r in results for m in r["inlet_ms"]]:
+            print(f"  inlet + request hook: ms p50 / p95 {_ms(inlet_ms)}, max {max(inlet_ms):.2f}")
+        if recall_ms := [m for r in results for m in r["recall_ms"]]:
             print(
-                f"  recall in inlet (search, budget, placement): ms p50 / p95 {_ms(budget_ms)}, "
-                f"max {max(budget_ms):.2f}"
+                f"  recall in inlet (index checked, search, budget, placement): ms p50 / p95 {_ms(recall_ms)}, "
+                f"max {max(recall_ms):.2f}"
             )
-            print(f"  index extension per fold: ms p50 / p95 {_ms([m for r in results for m in r['extend_ms']])}")
+            if search_ms := [m for r in results for m in r["search_ms"]]:
+                print(
+                    f"  of which the search (on the event loop): ms p50 / p95 {_ms(search_ms)}, max {max(search_ms):.2f}"
+                )
+            extend_ms = [m for r in results for m in r["extend_ms"]]
+            print(f"  index extension per fold ({len(extend_ms)}, in a worker thread): ms p50 / p95 {_ms(extend_ms)}")
         if label == "with recall" and reached < GOAL * asked:
             failed.append(f"with recall only {reached} of {asked} questions brought their fact (goal {GOAL:.0%})")
         if label == "without recall" and reached:

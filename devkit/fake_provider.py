@@ -62,7 +62,9 @@ repeats every ``MK-<alnum>`` marker of the input, first seen first; in
 friendly mode (the demo's) an extractive one, a numbered line per message it
 covers with that message's first sentence, names and numbers, carried forward
 from round to round, plus the sentences the user's ``/summarize`` instructions
-name (``summary_format`` switches either way).  Chat requests get a
+name (``summary_format`` switches either way; ``"lossy"`` keeps only half of the
+facts it is shown, the sentences naming a value like ``QK-4471``, chosen by a
+hash of the value: see :func:`lossy_summary`).  Chat requests get a
 deterministic echo of the message count and of the markers found in system
 messages holding ``<conversation_summary``; ``CALL_TOOL:<name>`` in the last
 user message of a request with ``tools`` yields a tool call; ``CALL_TOOL_ROUNDS:<name>:<n>`` there makes an agent that
@@ -77,6 +79,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import hashlib
 import itertools
 import json
 import os
@@ -112,6 +115,9 @@ __all__ = [
     "token_counter_name",
     "find_markers",
     "extractive_summary",
+    "lossy_summary",
+    "lossy_keeps",
+    "FACT_VALUE_RE",
     "MARKER_RE",
 ]
 
@@ -423,7 +429,7 @@ def _summary_text(messages: list, mode: str) -> str:
 
 # -- the extractive summary (the demo's): what a reader can check line by line ------------------
 
-SUMMARY_FORMATS = ("markers", "extractive")
+SUMMARY_FORMATS = ("markers", "extractive", "lossy")
 # the filter's summarizer prompt (async_context_compression.build_summarizer_messages): previous summary, new blocks,
 # then the user's instructions
 _PREVIOUS = "Previous summary:\n"
@@ -561,6 +567,29 @@ def extractive_summary(messages: list, max_tokens: int = 0) -> str:
             break
     unseen = [m for m in markers if m not in text]
     return text + ("\nMarkers: " + " ".join(unseen) if unseen else "")
+
+
+# -- the lossy summary: a summarizer that keeps only part of what it reads, as real ones do ------------------------
+
+FACT_VALUE_RE = re.compile(r"\b[A-Z]{2}-\d{4}\b")  # a fact's value: QK-4471 (an MK- marker has hex after the dash)
+
+
+def lossy_keeps(value: str) -> bool:
+    """Whether the lossy summary keeps a fact holding ``value``: half of all values, fixed by a hash of the value."""
+    return hashlib.blake2b(value.encode(), digest_size=2).digest()[0] % 2 == 0
+
+
+def lossy_summary(messages: list) -> str:
+    """A summary that keeps only the facts (sentences naming a value like QK-4471) whose values ``lossy_keeps``, with
+    the facts of the previous summary; the rest of what it read is one line of topics."""
+    previous, blocks, _ = _summary_request(messages)
+    kept = [line for line in previous.splitlines() if line.startswith("- ")]
+    for _, _, text in blocks:
+        for sentence in _sentences(text):
+            values, line = FACT_VALUE_RE.findall(sentence), f"- {sentence}"
+            if values and all(lossy_keeps(v) for v in values) and line not in kept:
+                kept.append(line)
+    return "\n".join(["Summary: the team went over operations, travel and suppliers.", *kept])
 
 
 def _chat_text(messages: list, mode: str) -> str:
@@ -904,8 +933,9 @@ class FakeProvider:
         summary_fail: None, "500", "timeout", "empty" or "reasoning".
         context_window: max prompt tokens, None for unlimited.
         reply_text: fixed content for chat replies, None for the default echo.
-        summary_format: "markers" (every marker seen; strict mode's default) or "extractive" (a line per message
-        folded, see ``extractive_summary``; friendly mode's default); None for the mode's default.
+        summary_format: "markers" (every marker seen; strict mode's default), "extractive" (a line per message
+        folded, see ``extractive_summary``; friendly mode's default) or "lossy" (only half of the facts it is shown,
+        see ``lossy_summary``); None for the mode's default.
         probes_off: paths of :data:`PROBES` answered 404 as by a server without them, or "all" for every one that
         tells a window (all but ``/api/tags`` and ``/api/version``, which Open WebUI needs to list Ollama models).
         """
@@ -1239,6 +1269,8 @@ class FakeProvider:
                 content = "<think>I should summarize the conversation so far.</think>"
             elif (cfg["summary_format"] or self.default_summary_format) == "extractive":
                 content = extractive_summary(messages, body.get("max_tokens") or 0)
+            elif cfg["summary_format"] == "lossy":
+                content = lossy_summary(messages)
             else:
                 content = _summary_text(messages, self.mode)
         else:

@@ -116,6 +116,27 @@ def request_context(valves: Any, chat_id: str = "c", user_id: str = "u", model_i
     )
 
 
+# -- a chat for recall (issue 36): facts a summary may drop
+
+CITIES = ("Berlin", "Munich", "Lisbon", "Porto", "Oslo", "Madrid", "Rome", "Vienna", "Dublin", "Prague")
+
+
+def warehouse_chat() -> list:
+    """Ten turns about ten warehouses: each reply names an access code; then a Chinese turn with its own code."""
+    canon = []
+    for i, city in enumerate(CITIES):
+        canon.append(U(f"What should we write down about the {city} warehouse? Please keep it short."))
+        canon.append(
+            AS(
+                f"The access code for the {city} warehouse is BX-{4400 + i}. The loading dock opens at {6 + i} am."
+                f"\n\nShipping from {city} usually takes {i + 2} days, and the team is happy with that."
+            )
+        )
+    canon.append(U("柏林仓库的门禁密码是 ZK-9981，请记住。"))
+    canon.append(AS("好的，我记下了。"))
+    return canon
+
+
 # -- fakes --------------------------------------------------------------------------
 
 

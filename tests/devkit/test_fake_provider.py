@@ -673,3 +673,27 @@ def test_model_rules_from_the_command_line():
     finally:
         FakeProvider.__init__ = original
     assert parsed["model_rules"] == {"fake-claude": ("anthropic", "moonshot")}
+
+
+def test_lossy_summary_keeps_half_of_the_facts_it_is_shown_and_carries_them_forward():
+    from devkit.fake_provider import lossy_keeps
+
+    values = [f"QK-{1000 + i}" for i in range(40)]
+    kept = [v for v in values if lossy_keeps(v)]
+    assert 12 <= len(kept) <= 28 and [v for v in values if lossy_keeps(v)] == kept  # about half, always the same
+    import async_context_compression as acc
+
+    said = [
+        {"role": "user", "content": f"Note this. The code of room {i} is {v}. Thanks."} for i, v in enumerate(values)
+    ]
+    blocks = acc.render_for_summary(said[:20], [f"m{i}" for i in range(20)])
+    with FakeProvider() as p:
+        p.configure(summary_format="lossy")
+        _, body = chat(p, acc.build_summarizer_messages("", blocks, 600), model="fake-summary")
+        first = body["choices"][0]["message"]["content"]
+        assert {v for v in values[:20] if v in first} == {v for v in values[:20] if lossy_keeps(v)}
+        assert "Note this" not in first and "Thanks" not in first  # only facts, the rest as one line of topics
+        blocks = acc.render_for_summary(said[20:], [f"m{i}" for i in range(20, 40)])
+        _, body = chat(p, acc.build_summarizer_messages(first, blocks, 600), model="fake-summary")
+        second = body["choices"][0]["message"]["content"]
+        assert {v for v in values if v in second} == set(kept)  # the previous summary's facts stay

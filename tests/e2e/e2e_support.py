@@ -131,10 +131,14 @@ def has_summary(req: dict) -> bool:
     return bool(summary_text(req))
 
 
+RECALL_CUT = "\n\nPassages of earlier turns of this conversation, folded into its summary"  # the filter's recall block
+
+
 def last_user_text(req: dict) -> Optional[str]:
+    """What the user typed last: the last user message's text without a recall block the filter put after it."""
     for m in reversed(req.get("messages") or []):
         if isinstance(m, dict) and m.get("role") == "user":
-            return text_of(m.get("content"))
+            return text_of(m.get("content")).split(RECALL_CUT, 1)[0]
     return None
 
 

@@ -21,6 +21,19 @@ def layer_heads(lines: list) -> list:
     return heads
 
 
+def local_names(node: ast.AST) -> set:
+    """Names a definition binds itself (parameters, assignments inside it): they shadow the module's."""
+    names = {
+        a.arg
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.arguments)
+        for a in (*sub.posonlyargs, *sub.args, *sub.kwonlyargs, *(x for x in (sub.vararg, sub.kwarg) if x))
+    }
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        names |= {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)}
+    return names
+
+
 def upward_references(source: str) -> list:
     """(definition, its layer, the name it uses, that name's layer) for every module-level name a definition uses
     from a layer further down the file."""
@@ -49,8 +62,9 @@ def upward_references(source: str) -> list:
         mine = layer_of(node.lineno)
         if mine is None:
             continue
+        local = local_names(node)
         for sub in ast.walk(node):
-            other = defined.get(sub.id) if isinstance(sub, ast.Name) else None
+            other = defined.get(sub.id) if isinstance(sub, ast.Name) and sub.id not in local else None
             if other not in (None, "appendix") and rank[other] > rank[mine]:
                 found.add((getattr(node, "name", f"line {node.lineno}"), mine, sub.id, other))
     return sorted(found)
@@ -63,6 +77,11 @@ def test_the_file_has_its_layers_in_order():
 
 def test_no_definition_names_one_further_down_the_layers():
     assert upward_references(SOURCE) == []
+
+
+def test_a_parameter_named_like_a_lower_definition_is_no_reference():
+    lines = [RULE, "# 1. Low", RULE, "def low(high):", "    return high", "", RULE, "# 2. High", RULE, "def high():"]
+    assert upward_references("\n".join(lines) + "\n    return 1\n") == []
 
 
 def test_an_upward_reference_is_found():

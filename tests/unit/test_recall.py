@@ -12,7 +12,7 @@ import copy
 import random
 
 import pytest
-from acc_builders import AS, IMG, TXT, A, T, U, roles, text_of
+from acc_builders import AS, CITIES, IMG, TXT, A, T, U, roles, text_of, warehouse_chat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,24 +20,6 @@ import async_context_compression as acc
 from bench.chats import make_chat
 from bench.corpus import make_text
 from devkit.provider_rules import CHECKERS, check_openai, violations_added
-
-CITIES = ("Berlin", "Munich", "Lisbon", "Porto", "Oslo", "Madrid", "Rome", "Vienna", "Dublin", "Prague")
-
-
-def warehouse_chat() -> list:
-    """Ten turns about ten warehouses: each reply names an access code; then a Chinese turn with its own code."""
-    canon = []
-    for i, city in enumerate(CITIES):
-        canon.append(U(f"What should we write down about the {city} warehouse? Please keep it short."))
-        canon.append(
-            AS(
-                f"The access code for the {city} warehouse is BX-{4400 + i}. The loading dock opens at {6 + i} am."
-                f"\n\nShipping from {city} usually takes {i + 2} days, and the team is happy with that."
-            )
-        )
-    canon.append(U("柏林仓库的门禁密码是 ZK-9981，请记住。"))
-    canon.append(AS("好的，我记下了。"))
-    return canon
 
 
 def indexed(canon: list, head: int = 0, covered: int = -1) -> tuple[acc.RecallIndex, dict]:
@@ -301,22 +283,23 @@ def test_placing_a_block_breaks_no_provider_rule(seed):
     placed = acc.place_recall(copy.deepcopy(chat), block)
     assert check_openai(placed) == [] and violations_added(chat, placed, providers=tuple(CHECKERS)) == []
     assert roles(placed) == roles(chat) and len(placed) == len(chat)
-    assert text_of(placed[-1]["content"]).startswith(acc.RECALL_PREAMBLE)
-    assert text_of(placed[-1]["content"]).endswith(text_of(chat[-1]["content"]))  # the user's words follow, unchanged
+    assert text_of(placed[-1]["content"]).endswith(acc.RECALL_CLOSE)
+    # the user's words come first, unchanged: every token before the block is the next request's too
+    assert text_of(placed[-1]["content"]).startswith(text_of(chat[-1]["content"]) + "\n\n" + acc.RECALL_PREAMBLE)
     assert placed[:-1] == chat[:-1]  # everything before stays the same: the provider's cached prefix holds
 
 
 def test_in_a_tool_loop_the_block_goes_into_the_latest_user_message_not_a_new_one():
     loop = [U("old"), AS("old reply"), U("find the Lisbon code"), A("c1"), T("c1", "nothing")]
     placed = acc.place_recall(loop, "BLOCK")
-    assert placed[2]["content"] == "BLOCK\n\nfind the Lisbon code" and placed[3:] == loop[3:] and placed[:2] == loop[:2]
+    assert placed[2]["content"] == "find the Lisbon code\n\nBLOCK" and placed[3:] == loop[3:] and placed[:2] == loop[:2]
     assert check_openai(placed) == [] and violations_added(loop, placed, providers=tuple(CHECKERS)) == []
 
 
-def test_a_multimodal_user_message_gets_a_text_part_first():
+def test_a_multimodal_user_message_gets_a_text_part_last():
     message = U([TXT("what about this?"), IMG()])
     placed = acc.place_recall([message], "BLOCK")
-    assert placed[0]["content"] == [{"type": "text", "text": "BLOCK"}, TXT("what about this?"), IMG()]
+    assert placed[0]["content"] == [TXT("what about this?"), IMG(), {"type": "text", "text": "BLOCK"}]
     assert acc.place_recall([AS("x")], "BLOCK") == [AS("x")] and acc.place_recall([U("x")], "") == [U("x")]
 
 
@@ -331,3 +314,39 @@ def test_with_recall_quotes_the_relevant_passages_within_budget_or_changes_nothi
     unrelated = [*request[:-1], U("Tell me a joke about cats.")]
     assert acc.with_recall(unrelated, index, allowed, 200, count) == (unrelated, [])
     assert acc.with_recall([], index, allowed, 200, count) == ([], [])
+    # a list that carries a block already (a tool loop's call sends inlet's list) gets no second one
+    assert acc.carries_recall(sent) and not acc.carries_recall(request)
+    assert acc.with_recall(sent, index, allowed, 200, count) == (sent, [])
+
+
+def test_an_identifier_the_chat_never_used_finds_nothing_through_its_parts():
+    """FX-007-USS is a new thing: its USS part must not find FX-003-USS (the cache benchmark's user messages)."""
+    rng = random.Random(5)
+    canon = [m for _ in range(40) for m in (U(make_text("english", 200, rng)), AS(make_text("english", 500, rng)))]
+    canon += [U("FX-003-USS The migration keeps the public interface stable."), AS("Noted, thanks.")]
+    index, allowed = indexed(canon)
+    assert index.search("FX-007-USS The team compared the figures.", allowed) == []
+    assert index.search("FX-003-USS?", allowed)  # the identifier itself is found
+    assert index.search("What was USS about?", allowed)  # and a part the question says alone
+
+
+def test_the_passage_that_says_what_was_asked_beats_one_that_says_two_things_each_naming_part_of_it():
+    rng = random.Random(9)
+    canon = [m for _ in range(40) for m in (U(make_text("english", 200, rng)), AS(make_text("english", 500, rng)))]
+    canon += [
+        U("The access code for the Prague warehouse is AA-1111. The on-call engineer for Oslo wears badge BB-2222."),
+        AS("Noted both."),
+        U("One more thing for the records, since the rota changed again last week and people keep asking me."),
+        AS(f"{make_text('english', 300, rng)}\n\nThe on-call engineer for Prague wears badge CC-3333 this month."),
+    ]
+    index, allowed = indexed(canon)
+    hits = index.search("Which badge does the Prague on-call engineer wear?", allowed)
+    assert hits and "CC-3333" in hits[0].text
+
+
+def test_a_long_message_is_searched_by_its_start_and_end():
+    text = "Where is the Lisbon code? " + "filler words here. " * 2000 + "And the Oslo one?"
+    query = acc.recall_query(text)
+    assert len(query) <= acc.RECALL_QUERY_CHARS + 1
+    assert query.startswith("Where is the Lisbon code?") and query.endswith("And the Oslo one?")
+    assert acc.recall_query("short question?") == "short question?"
