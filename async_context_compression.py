@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import importlib
 import inspect
 import json
 import logging
@@ -126,6 +127,15 @@ def format_chat_key(user_id: str, chat_id: str, anchor: str) -> str:
 def parse_chat_key(key: str) -> tuple[str, str]:
     """(user id, chat part) of a ``format_chat_key`` key; a key without ':' (the sweep's lease) has no chat part."""
     return key.partition(":")[::2]
+
+
+def owui_module(name: str) -> Any:
+    """Open WebUI's module ``name``; ImportError where it cannot be had. Outside its server Open WebUI's env module
+    raises SystemExit on import, which must end neither a request nor the event loop a background task runs on."""
+    try:
+        return importlib.import_module(name)
+    except (Exception, SystemExit) as exc:
+        raise ImportError(f"{name} cannot be imported here: {type(exc).__name__}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------
@@ -1373,7 +1383,7 @@ def expand_output_items(output: list) -> Messages:
 def _owui_output_converter() -> Optional[Callable]:
     """Open WebUI's own converter (None outside its server), looked up once."""
     try:
-        from open_webui.utils.misc import convert_output_to_messages  # type: ignore
+        convert_output_to_messages = owui_module("open_webui.utils.misc").convert_output_to_messages
     except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
         return None
     return lambda output: convert_output_to_messages(output, raw=True, flatten_tool_images=True)
@@ -3950,7 +3960,7 @@ def _tables(schema: Optional[str] = None) -> dict:
 def _owui_async_engine() -> Any:
     """Open WebUI's async engine (None outside it), looked up once: a failed import is slow."""
     try:
-        from open_webui.internal.db import async_engine  # type: ignore
+        async_engine = owui_module("open_webui.internal.db").async_engine
     except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
         return None
     return async_engine
@@ -5070,8 +5080,8 @@ async def owui_complete(
 ) -> str:
     """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
     try:
-        from open_webui.models.users import Users  # type: ignore
-        from open_webui.utils.chat import generate_chat_completion  # type: ignore
+        Users = owui_module("open_webui.models.users").Users
+        generate_chat_completion = owui_module("open_webui.utils.chat").generate_chat_completion
     except Exception:
         raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
     if request is None:
@@ -5944,7 +5954,7 @@ async def builtin_compaction_on(refresh: bool = True) -> bool:
     if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
         if not _OWUI_CONFIG:
             try:
-                from open_webui.models.config import Config  # type: ignore
+                Config = owui_module("open_webui.models.config").Config
             except (Exception, SystemExit):
                 Config = None
             _OWUI_CONFIG.append(Config)
@@ -5960,7 +5970,7 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
     """Turns the filter's valve ``name`` off in Open WebUI's stored valves: a one-shot action the admin switched on
     (``erase_stored_data``) does not run again on the next request."""
     try:
-        from open_webui.models.functions import Functions  # type: ignore
+        Functions = owui_module("open_webui.models.functions").Functions
     except (Exception, SystemExit):
         return
     if not function_id:
@@ -5987,7 +5997,7 @@ async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
     ``user_message`` as sent."""
     if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
         return "", "", None
-    from open_webui.models.chats import Chats  # type: ignore
+    Chats = owui_module("open_webui.models.chats").Chats
 
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     parent = (stored.get(user_message_id) or {}).get("parentId")
@@ -6003,7 +6013,7 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
     compaction saves, which outlet's body lacks)."""
     if not chat_id:
         return []
-    from open_webui.models.chats import Chats  # type: ignore
+    Chats = owui_module("open_webui.models.chats").Chats
 
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
@@ -6014,8 +6024,8 @@ async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
     them: anyone with BYPASS_MODEL_ACCESS_CONTROL, an admin with BYPASS_ADMIN_ACCESS_CONTROL, else its
     ``check_model_access``, which raises to deny. The summary call itself bypasses that check (it is the admin's
     model, serving every chat), so this one decides whether a user's instructions may steer it."""
-    from open_webui.env import BYPASS_MODEL_ACCESS_CONTROL  # type: ignore
-    from open_webui.utils.models import check_model_access  # type: ignore
+    BYPASS_MODEL_ACCESS_CONTROL = owui_module("open_webui.env").BYPASS_MODEL_ACCESS_CONTROL
+    check_model_access = owui_module("open_webui.utils.models").check_model_access
 
     admins_bypass = getattr(sys.modules.get("open_webui.config"), "BYPASS_ADMIN_ACCESS_CONTROL", True)
     if BYPASS_MODEL_ACCESS_CONTROL or (getattr(account, "role", None) == "admin" and admins_bypass):
@@ -6060,11 +6070,11 @@ async def owui_connection(request: Any, kind: str, index: int) -> tuple:
     it may ask Redis)."""
     try:
         if kind == "ollama":
-            from open_webui.routers.ollama import get_ollama_connection  # type: ignore
+            get_ollama_connection = owui_module("open_webui.routers.ollama").get_ollama_connection
 
             url, config, key = await get_ollama_connection(index)
             return url, key, config
-        from open_webui.routers.openai import get_openai_connection  # type: ignore
+        get_openai_connection = owui_module("open_webui.routers.openai").get_openai_connection
 
         return await get_openai_connection(index)
     except (ImportError, AttributeError):  # 0.9 .. 0.11
@@ -6098,7 +6108,7 @@ async def owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool
 
 
 async def _owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
-    from open_webui.models.users import Users  # type: ignore
+    Users = owui_module("open_webui.models.users").Users
 
     owner, said = await _chat_owner_instructions(ctx, ids)
     if not said:
@@ -6116,7 +6126,7 @@ async def _chat_owner_instructions(ctx: RequestContext, ids: list) -> tuple[str,
     call) has one writer, the requester."""
     if not (ctx.chat_id and is_saved_chat_id(ctx.chat_id)):
         return ctx.user_id, ctx.user_instructions
-    from open_webui.models.chats import Chats  # type: ignore
+    Chats = owui_module("open_webui.models.chats").Chats
 
     chat = await Chats.get_chat_by_id(ctx.chat_id)
     if chat is None:
