@@ -211,6 +211,7 @@ class Worker:
             __chat_id__=chat_id or None,
         )
         await lines_written(self.filter)
+        await self.filter.wait_for_background()  # nothing of this turn may outlive the test's database
         return sent, result["messages"]
 
     async def records(self, stored, chat_id="chat-1", user=ALICE) -> list:
