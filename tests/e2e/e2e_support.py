@@ -386,6 +386,33 @@ class Conversation:
             ]
         return turn
 
+    def turn_maybe_rejected(self, words: int, timeout: float = 180.0) -> Turn:
+        """One user turn the provider may reject (a window test's over-window request), mirrored as Open WebUI keeps
+        it: an empty reply under the user message. Nothing waits for summaries: the caller knows what to wait for."""
+        parent, marker, user_id, reply_id = self.history.current_id, new_marker(), new_id(), new_id()
+        text = user_text(marker, self.rng, words)
+        start = len(self.provider.requests)
+        reply = ""
+        try:
+            result = self.client.chat_completion(
+                text,
+                model=self.model,
+                chat_id=self.chat_id,
+                parent_id=parent,
+                user_message_id=user_id,
+                assistant_id=reply_id,
+                system=self.system,
+                timeout=timeout,
+            )
+            reply = result["response"]["choices"][0]["message"]["content"] or ""
+        except OpenWebUIError:
+            pass
+        self.history.user(text, parent_id=parent, message_id=user_id)
+        self.marker_of[user_id] = {marker}
+        self.history.assistant(reply, parent_id=user_id, message_id=reply_id)
+        reqs = [r for r in self.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
+        return Turn(marker, text, user_id, reply_id, 0.0, None, reqs, self.branch_markers(user_id), set())
+
 
 # ---------------------------------------------------------------------------
 # checks

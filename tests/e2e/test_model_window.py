@@ -26,18 +26,13 @@ from e2e_support import (
     Conversation,
     Turn,
     has_summary,
-    last_user_text,
     multi_worker_server,
-    new_marker,
     request_markers,
     status_lines,
-    user_text,
     wait_for,
 )
 
 from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, ollama_spec
-from devkit.openwebui import new_id
-from devkit.owui_client import OpenWebUIError
 
 pytestmark = pytest.mark.e2e
 
@@ -86,32 +81,13 @@ def stack(owui_python, windows_provider, filter_source):
 
 
 def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
-    """One user turn; a rejected one is mirrored as Open WebUI keeps it (an empty reply under the user message)."""
-    parent, marker, user_id, reply_id = conv.history.current_id, new_marker(), new_id(), new_id()
-    text = user_text(marker, conv.rng, words)
-    start = len(conv.provider.requests)
-    reply = ""
-    try:
-        result = conv.client.chat_completion(
-            text,
-            model=conv.model,
-            chat_id=conv.chat_id,
-            parent_id=parent,
-            user_message_id=user_id,
-            assistant_id=reply_id,
-            system=conv.system,
-            timeout=180,
-        )
-        reply = result["response"]["choices"][0]["message"]["content"] or ""
-    except OpenWebUIError:
-        pass
-    conv.history.user(text, parent_id=parent, message_id=user_id)
-    conv.marker_of[user_id] = {marker}
-    conv.history.assistant(reply, parent_id=user_id, message_id=reply_id)
-    reqs = [r for r in conv.provider.requests[start:] if r["kind"] == "chat" and last_user_text(r) == text]
+    """One user turn, then the reading pause and the summary it started, saved."""
+    turn = conv.turn_maybe_rejected(words)
     reading(conv.provider)
-    wait_for(lambda: summary_settled(conv, reply_id), deadline=90, what="the summary this reply started to be saved")
-    return Turn(marker, text, user_id, reply_id, 0.0, None, reqs, conv.branch_markers(user_id), set())
+    wait_for(
+        lambda: summary_settled(conv, turn.assistant_id), deadline=90, what="the summary this reply started to be saved"
+    )
+    return turn
 
 
 def reading(provider, seconds: float = READING) -> None:

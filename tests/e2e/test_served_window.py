@@ -16,11 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from e2e_support import Conversation, multi_worker_server, new_marker, status_lines, user_text
+from e2e_support import Conversation, multi_worker_server, status_lines
 
 from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, llamacpp_spec, ollama_spec
-from devkit.openwebui import new_id
-from devkit.owui_client import OpenWebUIError
 
 pytestmark = pytest.mark.e2e
 
@@ -75,26 +73,8 @@ def words_per_turn(model: str) -> int:
 
 
 def turn(conv: Conversation, words: int) -> str:
-    """One user turn; a rejected one is kept as Open WebUI keeps it (an empty reply under the user message)."""
-    parent, user_id, reply_id = conv.history.current_id, new_id(), new_id()
-    text = user_text(new_marker(), conv.rng, words)
-    reply = ""
-    try:
-        result = conv.client.chat_completion(
-            text,
-            model=conv.model,
-            chat_id=conv.chat_id,
-            parent_id=parent,
-            user_message_id=user_id,
-            assistant_id=reply_id,
-            system=conv.system,
-            timeout=180,
-        )
-        reply = result["response"]["choices"][0]["message"]["content"] or ""
-    except OpenWebUIError:
-        pass
-    conv.history.user(text, parent_id=parent, message_id=user_id)
-    conv.history.assistant(reply, parent_id=user_id, message_id=reply_id)
+    """One user turn and the reading pause after it; returns what the user wrote."""
+    text = conv.turn_maybe_rejected(words).text
     time.sleep(READING)
     return text
 
