@@ -61,7 +61,8 @@ SPECS = {
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 WORDS = 1400  # per user turn: about 2,000 of the models' tokens
 TURNS = 26  # a little over 3x the window in all
-READING = 2.5  # seconds a user reads a reply (CI at 1.0: a loaded machine once planned a due fold after it)
+READING = 4.0  # seconds a user reads a reply: on a loaded machine a due fold was planned after 1.0, and once after 2.5
+# (nine chats at once on two workers: turn 7 of one went out trimmed, its summary came with turn 8)
 QUIET = 1.5  # seconds without a new summary call before the user types on
 
 
