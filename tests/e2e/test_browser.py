@@ -28,6 +28,8 @@ import os
 import random
 import re
 import secrets
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -401,7 +403,17 @@ def first_marker(req: dict) -> str:
     return text_of(req["messages"][-1]["content"]).split()[0]
 
 
+def has_chinese_font() -> bool:
+    found = shutil.which("fc-list") and subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True)
+    return bool(found and found.stdout.strip())
+
+
 def shot(chat: ChatPage, name: str) -> None:
+    """The page as the docs show it; a Chinese page only where a Chinese font is installed (without one, Chromium
+    draws every character as a box, and the committed image stays)."""
+    if chat.lang == "zh" and not has_chinese_font():
+        print(f"screenshot {name} ({chat.lang}) not taken: no Chinese font here (Debian: fonts-wqy-microhei)")
+        return
     path = os.path.join(REPO, "docs", chat.lang, "img", name)
     chat.page.screenshot(path=path)
     print(f"screenshot {path}")
@@ -413,6 +425,7 @@ def folded_markers(summary_req: dict) -> set:
 
 
 def test_browser_summary_is_shown_under_its_reply(chromium, demo, provider, owui_server, web_user):
+    provider.configure(summary_format="extractive")  # the demo's summarizer: the guide shows this page
     start = len(provider.requests)
     chat = ChatPage(chromium, owui_server.base_url, web_user, provider)
     try:
@@ -430,6 +443,7 @@ def test_browser_summary_is_shown_under_its_reply(chromium, demo, provider, owui
         name = SUMMARY_ENTRY["en"].search(text)
         assert name, text[:300]
         assert name.group(1) == StatusText.UPDATED["en"].search(updated[-1]).group(1)
+        assert f"Summary of {name.group(1)} messages." in text, text[:300]  # what the title counts, the text holds
         missing = folded_markers(made[-1]) - set(re.findall(r"\bMK-[A-Za-z0-9]+\b", text))
         assert not missing, f"facts the summary folded are not readable on the page: {sorted(missing)[:5]}"
         # ... and what the page shows never reaches the model
@@ -437,11 +451,13 @@ def test_browser_summary_is_shown_under_its_reply(chromium, demo, provider, owui
         req = chat.send()
         assert not SUMMARY_ENTRY["en"].search(json.dumps(req["messages"], ensure_ascii=False))
     finally:
+        provider.configure(summary_format=None)
         chat.close()
 
 
 def test_browser_summarize_command_in_chinese(chromium, demo, provider, owui_server, web_user):
     """/summarize asks for a summary now, below every threshold; the zh UI shows it in Chinese."""
+    provider.configure(summary_format="extractive")  # the demo's summarizer: the guide shows this page
     chat = ChatPage(chromium, owui_server.base_url, web_user, provider, locale="zh-CN")
     try:
         chat.send(words=60)
@@ -470,6 +486,7 @@ def test_browser_summarize_command_in_chinese(chromium, demo, provider, owui_ser
         missing = folded_markers(made[-1]) - set(re.findall(r"\bMK-[A-Za-z0-9]+\b", text))
         assert not missing, sorted(missing)[:5]
     finally:
+        provider.configure(summary_format=None)
         chat.close()
 
 
