@@ -89,7 +89,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
@@ -971,14 +971,6 @@ class FakeProvider:
             updates["reply_text"] = str(updates["reply_text"])
         with self._lock:
             self._cfg.update(updates)
-
-    def respec(self, model: str, **changes: Any) -> "ModelSpec":
-        """Serve ``model`` from now on as its server restarted with ``changes`` (e.g. a larger ``window``) would;
-        returns the spec it had, to put back."""
-        with self._lock:
-            before = self.model_specs[model]
-            self.model_specs = {**self.model_specs, model: replace(before, **changes)}
-        return before
 
     @property
     def config(self) -> dict:

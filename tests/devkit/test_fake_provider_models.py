@@ -68,17 +68,6 @@ def test_vllm_like_rejects_over_the_window_counting_max_tokens(provider):
     assert entry["status"] == 400 and entry["over_window"] is True and entry["cut"] is False
 
 
-def test_respec_serves_the_model_as_restarted_and_returns_the_spec_to_put_back(provider):
-    msgs = [U(words(2000))]
-    assert chat(provider, msgs, model="vllm-13")[0] == 400
-    before = provider.respec("vllm-13", window=8000)
-    assert before == VLLM
-    assert chat(provider, msgs, model="vllm-13")[0] == 200
-    assert provider.requests[-1]["window"] == 8000
-    provider.respec("vllm-13", window=before.window)
-    assert chat(provider, msgs, model="vllm-13")[0] == 400
-
-
 def test_ollama_like_cuts_silently_and_reports_what_it_kept(provider):
     msgs = [U(words(2000))]
     own = model_tokens(msgs, None, OLLAMA)
