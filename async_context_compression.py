@@ -2554,8 +2554,19 @@ class SharedThroughStore:
             return False
 
     async def _read(self, load: Callable[[], Awaitable[Any]]) -> None:  # or the read under way on this loop
-        if self.loading is None or self.loading.done() or self.loading.get_loop() is not asyncio.get_running_loop():
+        if not self._reading():
             self.loading = asyncio.ensure_future(load())
+        await self._read_under_way()
+
+    def _reading(self) -> bool:
+        loading = self.loading
+        return loading is not None and not loading.done() and loading.get_loop() is asyncio.get_running_loop()
+
+    async def _read_under_way(self) -> None:
+        """Awaits the read under way on this loop, if any (at most STORE_TIMEOUT): a request that comes while it runs
+        goes out on what it reads, as the request that began it does."""
+        if not self._reading():
+            return
         try:
             await asyncio.wait_for(asyncio.shield(self.loading), STORE_TIMEOUT)
         except Exception as exc:  # too slow: the rows read before stay
@@ -3306,9 +3317,13 @@ class ModelWindow(SharedThroughStore):
             await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, began)
 
     async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
-        """At most every ``every`` seconds one read of the shared windows (awaited at most STORE_TIMEOUT)."""
+        """At most every ``every`` seconds one read of the shared windows, awaited (at most STORE_TIMEOUT) by every
+        request that comes while it runs: none goes out on what the read replaces (an erase, a forgotten window)."""
         now = time.monotonic()
-        if read is None or now - self.read_at < every:
+        if read is None:
+            return
+        if now - self.read_at < every:
+            await self._read_under_way()
             return
         self.read_at = now
         await self._read(partial(self._applied, read, None, now))

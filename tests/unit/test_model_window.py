@@ -303,6 +303,38 @@ def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read()
     asyncio.run(run())
 
 
+def test_a_request_that_comes_while_a_read_runs_goes_out_on_what_it_reads():
+    """Two requests at once on one worker after an erase on another: the second must not go out on the window the
+    read under way is about to forget (in a clean-clone run, it did: the first request began the read, the second
+    skipped it and sent the chat trimmed to the erased 4k)."""
+    store, two = _Store(), acc.ModelWindow()
+    release = None
+
+    async def slow_read():
+        await release.wait()
+        return await store.read_windows()
+
+    async def run():
+        nonlocal release
+        release = asyncio.Event()
+        two.learn("q", 4096, "error")
+        await two.flush(store.save_windows)
+        store.rows.clear()
+        await store.save_windows([("", "", acc.Window(0, acc.ERASED, 0, time.time()))])
+        two.read_at -= acc.WINDOWS_REFRESH
+        first = asyncio.ensure_future(two.refresh(slow_read))
+        await asyncio.sleep(0)  # the first request has begun the read
+        second = asyncio.ensure_future(two.refresh(slow_read))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # waits for the read under way
+        release.set()
+        await asyncio.gather(first, second)
+        assert two.find("q", None, {}) == acc.NO_WINDOW
+        await two.refresh(slow_read)  # no read under way: nothing to wait for
+
+    asyncio.run(run())
+
+
 def test_a_window_is_told_once_for_the_reply_that_found_it():
     windows, window = acc.ModelWindow(), acc.Window(16384, "published")
     first = acc.window_notes(windows.news("q", window, "a1"))
