@@ -5372,6 +5372,7 @@ class RequestContext:
     force_summary: bool = False  # the user asked for a summary now (/summarize)
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
     user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
+    budgets: Optional[Settings] = None  # ``settings`` before in_counted_units: in the model's own tokens
 
     def chat_key(self) -> str:
         return format_chat_key(self.user_id, self.chat_id, self.anchor)
@@ -6225,12 +6226,23 @@ class RequestPath:
             model_id=model_id,
             language=user_language(metadata, user),
             settings=in_counted_units(settings, scale, bound),
+            budgets=settings,
             emitter=emitter,
             request=request,
             message_id=message_id,
             prompt_bound=bound,
             own_window=chat_set_window(body, model),
         )
+
+    def rescaled(self, ctx: RequestContext) -> RequestContext:
+        """``ctx`` with its budgets counted at the model's ratio as known now. Its reply may just have taught it (the
+        model's first reply on this worker): the summary outlet plans must weigh the next request as the next inlet
+        will, not at the 1:1 its request was fitted at (a 1.3x model's chat then planned no summary and was trimmed
+        at its next turn, on a worker that knew the ratio)."""
+        if ctx.budgets is None:
+            return ctx
+        scale = self.tokens.scale(ctx.model_id, self.summaries.counter.is_exact(ctx.budgets.encoding))
+        return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
         """``window``, or the one the request of reply ``reply_id`` set. Open WebUI puts the model's ``num_ctx`` in
@@ -6618,7 +6630,7 @@ class Filter:
                 return body
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
             await self.path.after_reply(ctx, body, __model__)
-            self.summaries.start_if_due(ctx, body["messages"])
+            self.summaries.start_if_due(self.path.rescaled(ctx), body["messages"])
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body

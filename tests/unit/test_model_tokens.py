@@ -404,3 +404,40 @@ def test_ratios_stored_by_another_worker_are_used_without_a_reply_here():
 
     asyncio.run(run())
     assert f.tokens.scale("llama") == pytest.approx(1.3)
+
+
+def test_a_workers_first_reply_of_a_model_plans_the_summary_at_the_ratio_it_just_taught():
+    """CI, 1.5.0: on two workers, one's first reply of a 1.3x model came at a chat's sixth turn. Its outlet planned at
+    the 1:1 its request had been fitted at, found no summary due, and the next turn, on the other worker (which knew
+    the ratio), went out trimmed to the cap: a fact was missing until the summary came a turn late."""
+    f = acc.Filter()
+    f.summaries.store = _Store()
+    f.valves.max_context_tokens = 9000
+    assert probes.wait_ready(f.counter, "cl100k_base", 60)
+    started, spec = [], ModelSpec(ratio=1.3)
+    ratio = f.valves.summary_trigger_ratio
+
+    async def fold(ctx, branch):
+        started.append(ctx.settings.scale)
+
+    f.summaries.run = fold
+
+    async def reply(turns: int) -> dict:
+        """Outlet of a reply at the chat's turn ``turns``, the model's first on this worker."""
+        stored = []
+        for i in range(turns):
+            stored += [{"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"}]
+            stored += [{"id": f"a{i}", "role": "assistant", "content": f"A{i} {LONG}"}] if i < turns - 1 else []
+        meta = {"chat_id": "c1", "message_id": f"a{turns - 1}"}
+        body = await f.request({"model": "llama", "messages": [dict(m) for m in stored]}, {"id": "u1"}, meta, None)
+        sent = model_tokens(body["messages"], None, spec)
+        stored.append({"id": f"a{turns - 1}", "role": "assistant", "content": "A.", "usage": {"prompt_tokens": sent}})
+        outlet_body = {"id": f"a{turns - 1}", "model": "llama", "chat_id": "c1", "messages": stored}  # as 0.12.4's
+        await f.outlet(outlet_body, {"id": "u1"}, meta)
+        return {"sent": sent, "counted": sent / spec.ratio}
+
+    # a chat whose next request is over the trigger in the model's tokens, not at 1:1
+    turns = next(n for n in range(2, 60) if (n + 1) * 2 * 130 * 1.3 > 9000 * ratio)
+    figures = asyncio.run(reply(turns))
+    assert figures["counted"] + 300 < 9000 * ratio < figures["sent"] + 300 * 1.3, (turns, figures)
+    assert started and started[0] == pytest.approx(1.3, rel=0.01), (turns, figures, started)
