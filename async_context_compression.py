@@ -6214,31 +6214,30 @@ class RequestPath:
         reply = reply_room(body, model, window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
-        # budgets in the model's own tokens -> counted tokens (one place, see in_counted_units)
-        bound, exact = request_prompt_bound(body, model), self.summaries.counter.is_exact(settings.encoding)
         await self.tokens.refresh(getattr(self.summaries.store, "read_ratios", None))
-        scale = self.tokens.scale(model_id, exact)
-        return RequestContext(
+        ctx = RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
             user_id=user_id,
             chat_id=chat_id,
             model_id=model_id,
             language=user_language(metadata, user),
-            settings=in_counted_units(settings, scale, bound),
+            settings=settings,
             budgets=settings,
             emitter=emitter,
             request=request,
             message_id=message_id,
-            prompt_bound=bound,
+            prompt_bound=request_prompt_bound(body, model),
             own_window=chat_set_window(body, model),
         )
+        return self.rescaled(ctx)
 
     def rescaled(self, ctx: RequestContext) -> RequestContext:
-        """``ctx`` with its budgets counted at the model's ratio as known now. Its reply may just have taught it (the
-        model's first reply on this worker): the summary outlet plans must weigh the next request as the next inlet
-        will, not at the 1:1 its request was fitted at (a 1.3x model's chat then planned no summary and was trimmed
-        at its next turn, on a worker that knew the ratio)."""
+        """``ctx`` with its budgets turned from the model's own tokens into counted ones at the model's ratio as known
+        now (the one place, see in_counted_units). Outlet asks again after its reply taught the ratio (the model's
+        first reply on this worker): the summary it plans must weigh the next request as the next inlet will, not at
+        the 1:1 its request was fitted at (a 1.3x model's chat then planned no summary and was trimmed at its next
+        turn, on a worker that knew the ratio)."""
         if ctx.budgets is None:
             return ctx
         scale = self.tokens.scale(ctx.model_id, self.summaries.counter.is_exact(ctx.budgets.encoding))
