@@ -1324,22 +1324,27 @@ def _with_text(message: Message, text: str) -> Message:
 # count of canonical messages plus a fingerprint of exactly that prefix.
 
 # A model's reasoning in its text: from each opening to the first closing of its kind after it (ASCII case ignored)
-_REASONING_BLOCKS = (
-    ("<think>", "</think>"),
-    ("<thinking>", "</thinking>"),
-    ("<reasoning>", "</reasoning>"),
-    ('<details type="reasoning"', "</details>"),
+_REASONING_BLOCKS = tuple(
+    (opening.encode(), closing.encode())
+    for opening, closing in (
+        ("<think>", "</think>"),
+        ("<thinking>", "</thinking>"),
+        ("<reasoning>", "</reasoning>"),
+        ('<details type="reasoning"', "</details>"),
+    )
 )
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
 
 
 def strip_reasoning_blocks(text: str) -> str:
     """Invariant: ``text`` without its reasoning blocks (``_REASONING_BLOCKS``; the earliest opening that has a
     closing after it first, an unclosed one kept). A scan in linear time: message text is hostile, and the lazy
-    pattern this replaces was quadratic on an opening repeated without its closing (``"<think>" * 20000``: 15 s)."""
+    pattern this replaces was quadratic on an opening repeated without its closing (``"<think>" * 20000``: 15 s).
+    It runs on the UTF-8 bytes, whose ``lower`` folds ASCII only and keeps every offset (the tags are ASCII, and no
+    ASCII byte is part of another character's bytes)."""
     if "<" not in text:
         return text
-    lower = text.translate(_ASCII_LOWER)
+    raw = text.encode("utf-8", "surrogatepass")
+    lower = raw.lower()
     kinds = [(opening, closing, lower.find(opening)) for opening, closing in _REASONING_BLOCKS]
     kept, at = [], 0
     while True:
@@ -1352,10 +1357,12 @@ def strip_reasoning_blocks(text: str) -> str:
         if end < 0:  # no closing after this opening, so none after any later one of its kind: drop the kind
             kinds = [kind for kind in kinds if kind[0] != opening]
             continue
-        kept.append(text[at:start])
+        kept.append(raw[at:start])
         at = end + len(closing)
-    kept.append(text[at:])
-    return "".join(kept)
+    if not kept:
+        return text
+    kept.append(raw[at:])
+    return b"".join(kept).decode("utf-8", "surrogatepass")
 
 
 _MODEL_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
