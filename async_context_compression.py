@@ -1455,20 +1455,41 @@ def expand_stored_messages(messages: Messages) -> tuple[Messages, list]:
     return out, ids
 
 
+def _call_arguments(call: Any) -> tuple:
+    """(name, arguments text) of a tool call, whatever its shape."""
+    function = _function_of(call) if isinstance(call, dict) else {}
+    arguments = function.get("arguments", "")
+    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True, default=str)
+    return str(function.get("name", "")), arguments
+
+
+def _call_identity(name: str, arguments: str) -> str:
+    """A tool call as its branch's digest sees it: the tool's name and its arguments, JSON in one spelling (the two
+    views may space it differently). Calls that differ only in their arguments are two branches (issue 42)."""
+    try:
+        arguments = json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        pass  # not JSON: as sent
+    return f"{name}\x1e{arguments}"
+
+
 def canonical_digest(message: Message) -> str:
     """What identifies a message across inlet and outlet: its role and visible text (reasoning blocks and image parts
-    excluded, since the two views render them differently), plus the names of the tools it calls."""
+    excluded, since the two views render them differently), plus the tools it calls with their arguments (ids are
+    left out, as in 1.5.0: the two views need not carry the same ones). A message without calls keeps 1.5.0's digest."""
     role, content = message.get("role"), message.get("content")
-    names = ",".join(str((c.get("function") or {}).get("name", "")) for c in _tool_calls(message))
+    called = [_call_arguments(c) for c in _tool_calls(message)]
+    calls = tuple((name, hash(arguments), len(arguments)) for name, arguments in called)  # the cache keeps no text
     key = None  # each text as its hash and length; other contents and roles are not cached
     if isinstance(role, str) and isinstance(content, str):
-        key = (role, hash(content), len(content), names)
+        key = (role, hash(content), len(content), calls)
     elif isinstance(role, str) and isinstance(content, list):
-        key = (role, tuple((hash(t), len(t)) for t in _texts(content)), names)
+        key = (role, tuple((hash(t), len(t)) for t in _texts(content)), calls)
     digest = _DIGESTS.recall(key) if key is not None else None
     if digest is None:
         text = _text_of(content)
         text = strip_reasoning_blocks(text)
+        names = ",".join(_call_identity(*call) for call in called)
         payload = f"{role}\x1f{text.strip()}\x1f{names}"
         digest = hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
         if key is not None:
