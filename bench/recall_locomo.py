@@ -2,6 +2,7 @@
 
     python bench/recall_locomo.py ../shared/data/locomo-dev            # every conversation in the folder
     python bench/recall_locomo.py ../shared/data/locomo-dev/26.json    # one
+    python bench/recall_locomo.py ../shared/data/locomo-dev/26.json --repeat 3   # inlet at 1,000+ folded messages
 
 LoCoMo ("Evaluating Very Long-Term Conversational Memory of LLM Agents", Maharana et al., ACL 2024) is published in
 the public repository snap-research/locomo (``data/locomo10.zip``): ten conversations between two people over 19-32
@@ -212,10 +213,17 @@ def _text(messages: list) -> str:
     return "\n".join(acc._text_of(m.get("content")) for m in messages)
 
 
-def evaluate(path: str, share: float | None = None, questions: int = 0) -> dict:
-    """Replays one conversation and asks its questions (the first ``questions``, 0: all)."""
+def evaluate(path: str, share: float | None = None, questions: int = 0, repeat: int = 1) -> dict:
+    """Replays one conversation and asks its questions (the first ``questions``, 0: all). ``repeat``: the conversation
+    told that many times over (each retelling's messages marked apart), for inlet's time at 1,000 folded messages and
+    more; its shares then count evidence found in any retelling."""
     conv = load(path)
     messages, turn_text, _ = replay_messages(conv)
+    messages = [
+        {**m, "content": f"(retelling {r + 1}) {m['content']}" if r else m["content"]}
+        for r in range(max(1, repeat))
+        for m in messages
+    ]
     replay = Replay(conv, share, os.path.basename(path))
     counter = replay.filter.counter
     wait_ready(counter, ENCODING)
@@ -257,6 +265,8 @@ def evaluate(path: str, share: float | None = None, questions: int = 0) -> dict:
             out["max_tokens"] = max(out["max_tokens"], tokens)
             off, block = split_block(sent)
             off_text = _text(off)
+            kept = sum(1 for m in off if m.get("role") != "system" and not acc.is_summary_message(m)) - 1
+            out["folded_messages"] = max(out.get("folded_messages", 0), len(history) - kept)
             if all(e in off_text for e in evidence):
                 continue  # nothing of its evidence was folded
             cat = q.get("category", 0)
@@ -323,7 +333,8 @@ def report(name: str, results: list) -> None:
     print(
         f"  over the cap: {sum(r['over_cap'] for r in results)} (largest request {max(r['max_tokens'] for r in results)})"
         f"; inlet + request hook ms p50 / p95: ordinary turns {_ms([t for r in results for t in r['ordinary_ms']])}, "
-        f"questions {_ms([t for r in results for t in r['question_ms']])}"
+        f"questions {_ms([t for r in results for t in r['question_ms']])}; "
+        f"folded messages at the questions: {', '.join(str(r.get('folded_messages', 0)) for r in results)}"
     )
 
 
@@ -331,12 +342,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", help="a LoCoMo conversation (.json) or a folder of them")
     parser.add_argument("--share", type=float, default=None, help="recall_share valve (default: the valve's default)")
+    parser.add_argument("--repeat", type=int, default=1, help="tell each conversation this many times (inlet time)")
     args = parser.parse_args(argv)
     paths = sorted(glob.glob(os.path.join(args.data, "*.json"))) if os.path.isdir(args.data) else [args.data]
     results = []
     for path in paths:
         started = time.perf_counter()
-        results.append(evaluate(path, args.share))
+        results.append(evaluate(path, args.share, repeat=args.repeat))
         report(os.path.basename(path) + f" ({time.perf_counter() - started:.1f} s)", results[-1:])
     if len(results) > 1:
         report("all", results)
