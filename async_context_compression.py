@@ -1688,6 +1688,8 @@ RECALL_PREAMBLE = (
 )
 _ROLE_LABELS = {"user": "user", "assistant": "assistant", "tool": "tool output", "system": "system"}
 # What in a passage could pass for a passage's header: a bracket opening "turn" (bounded: it reads at most 200 chars)
+_QUERY_WORD_RE = re.compile(r"[^\W_]+")  # a query's words, for the names and numbers it says
+_ROLE_JUNK_RE = re.compile(r"[^\w-]")  # what an unknown role's label may not carry
 _HEADER_LIKE_RE = re.compile(r"\[\s*turn\b[^\]\n]{0,200}\]", re.IGNORECASE)
 _QUOTED_TAG_RE = re.compile(r"<\s*(?:/\s*)?(?:recalled_context|conversation_summary)(?:[^<>]*>)?", re.IGNORECASE)
 PASSAGE_BYTES = 600  # a passage's most UTF-8 bytes: ~130 tokens of English, ~200 of Chinese
@@ -2034,7 +2036,7 @@ class RecallIndex:
 def _named_terms(query: str) -> set:
     """The term hashes of the names and numbers a query says: a capitalised word not opening a sentence, a number."""
     named = set()
-    for i, word in enumerate(re.findall(r"[^\W_]+", query[:RECALL_QUERY_CHARS])):
+    for i, word in enumerate(_QUERY_WORD_RE.findall(query[:RECALL_QUERY_CHARS])):
         if word[0].isdigit() or (i and word[0].isupper() and word.casefold() not in _STOP_WORDS):
             named.add(_term_hash(_word_form(unicodedata.normalize("NFKC", word).casefold())))
     return named
@@ -2158,7 +2160,7 @@ def recall_block(passages: list) -> str:
 def _quoted(passage: Passage) -> str:
     """One passage as the block quotes it: under its header (turn, who said it, when), its text with anything that
     looks like a header or a block's tag defused, so a passage can neither close the block nor pose as another turn."""
-    said = _ROLE_LABELS.get(passage.role, "quoted " + re.sub(r"[^\w-]", "", str(passage.role))[:20])
+    said = _ROLE_LABELS.get(passage.role, "quoted " + _ROLE_JUNK_RE.sub("", str(passage.role))[:20])
     when = f", {passage.when}" if passage.when else ""
     text = _QUOTED_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), passage.text)
     return f"[turn {passage.turn}, {said}{when}]\n" + _HEADER_LIKE_RE.sub(lambda m: "(" + m.group(0)[1:-1] + ")", text)
