@@ -1,8 +1,9 @@
 """Fixtures of the end-to-end suite: ONE strict fake provider and ONE real
 Open WebUI (from the cached venv, started as a subprocess) for the whole
 session, with the filter installed from the repo file through the REST API;
-and ``two_workers``: a module's own Open WebUI on two uvicorn workers (the
-modules that need other options call ``e2e_support.multi_worker_server``).
+and ``two_workers``: the session's one Open WebUI on two uvicorn workers,
+shared by every module that uses it (the modules that need another deployment
+call ``e2e_support.multi_worker_server``).
 
 ``ACC_SKIP_E2E=1`` skips the suite. Without it, an Open WebUI that cannot be
 found or started is an error, never a skip.
@@ -29,6 +30,7 @@ from e2e_support import (
     MODEL_SPECS,
     SUMMARY_MODEL,
     multi_worker_server,
+    retrying,
 )
 
 from devkit.fake_provider import FakeProvider
@@ -130,12 +132,27 @@ def installed_filter(admin, filter_source):
     return function
 
 
-@pytest.fixture(scope="module")
-def two_workers(owui_python, provider, filter_source):
-    """(server, client): an Open WebUI of the module's own, two uvicorn workers sharing one database, on the
-    session's provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it."""
+@pytest.fixture(scope="session")
+def shared_two_workers(owui_python, provider, filter_source):
+    """(server, client): the session's Open WebUI on two uvicorn workers sharing one database, on the session's
+    provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it. Started once (a
+    start is 20-25 s of CPU); every test on it uses its own chats, so none sees another's state."""
     with multi_worker_server(owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def two_workers(shared_two_workers, provider):
+    """(server, client): the session's two-worker Open WebUI, as each module finds it when it starts: the filter
+    with the e2e valves, the worker probe on, the provider in its default behaviour (a module before may have
+    changed any of them, or killed a worker, which uvicorn restarts)."""
+    server, client = shared_two_workers
+    retrying(lambda: client.set_function_state(FILTER_ID, active=True, is_global=True))
+    retrying(lambda: client.set_valves(FILTER_ID, dict(E2E_VALVES)))
+    retrying(lambda: client.set_function_state("worker_probe", active=True, is_global=True))
+    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    yield server, client
+    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
 
 
 @pytest.fixture
