@@ -29,6 +29,7 @@ from e2e_support import (
     MODEL_RULES,
     MODEL_SPECS,
     SUMMARY_MODEL,
+    brief,
     multi_worker_server,
     retrying,
 )
@@ -163,6 +164,21 @@ def acc(admin, installed_filter, provider, owui_server):
     provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
     yield admin
     provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+
+
+@pytest.fixture(autouse=True)
+def no_provider_400(request):
+    """Every e2e test on the session's provider, in any order of files: the strict provider answered no 400 to what
+    the test sent through the filter (a run without the filter, under ``rejections_expected``, is left out). Once
+    the whole run's last test (tests/e2e/test_scenarios.py's ``test_zz_...``), which had to run last."""
+    if "provider" not in request.fixturenames:
+        yield
+        return
+    provider = request.getfixturevalue("provider")
+    start = len(provider.requests)
+    yield
+    bad = [r for r in provider.requests[start:] if r["status"] == 400 and not r["control"]]
+    assert not bad, f"{len(bad)} request(s) answered 400:\n" + "\n".join(brief(r) for r in bad[:3])
 
 
 @pytest.fixture
