@@ -137,7 +137,14 @@ def installed_filter(admin, filter_source):
 def shared_two_workers(owui_python, provider, filter_source):
     """(server, client): the session's Open WebUI on two uvicorn workers sharing one database, on the session's
     provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it. Started once (a
-    start is 20-25 s of CPU); every test on it uses its own chats, so none sees another's state."""
+    start is 20-25 s of CPU); every test on it uses its own chats, so none sees another's state. The models of the
+    modules that run on it are listed from the start: each worker resolves a chat's model from the list it read
+    (a model added later is "not found" on the worker that has not read the list since)."""
+    import test_model_window
+    import test_recall
+
+    for module in (test_model_window, test_recall):
+        provider.respec(module.SPECS, summary_models=(module.SUMMARIZER,))
     with multi_worker_server(owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600) as started:
         yield started
 

@@ -27,16 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2e_support import (
+    E2E_VALVES,
+    FILTER_ID,
     Conversation,
     Turn,
     has_summary,
-    multi_worker_server,
     request_markers,
+    retrying,
     status_lines,
     wait_for,
 )
 
-from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, ollama_spec
+from devkit.fake_provider import ModelSpec, count_tokens, ollama_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -72,18 +74,26 @@ QUIET = 1.5  # seconds without a new summary call before the user types on
 
 
 @pytest.fixture(scope="module")
-def windows_provider():
-    provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARIZER,), model_specs=SPECS).start()
-    yield provider
-    provider.stop()
+def stack(two_workers, provider):
+    """The session's two-worker Open WebUI and provider, serving this module's models, the filter at its DEFAULT
+    valves but the summary model; the provider's log from here on is this module's."""
+    server, client = two_workers  # its models are listed from its start (conftest's shared_two_workers)
+    retrying(lambda: client.wait_for_models(list(SPECS), timeout=90))
+    client.set_valves(FILTER_ID, dict(VALVES))
+    yield server, client, ModuleLog(provider, len(provider.requests))
+    client.set_valves(FILTER_ID, dict(E2E_VALVES))
 
 
-@pytest.fixture(scope="module")
-def stack(owui_python, windows_provider, filter_source):
-    with multi_worker_server(
-        owui_python, windows_provider, filter_source, "windows", valves=VALVES, models=tuple(SPECS), pid_probe=True
-    ) as (server, client):
-        yield server, client, windows_provider
+class ModuleLog:
+    """The provider as this module sees it: only the requests made since the module began (the session's provider
+    serves every module; a Conversation reads ``requests`` by index from its turn's start, which stays right)."""
+
+    def __init__(self, provider, start: int) -> None:
+        self.provider, self.start = provider, start
+
+    @property
+    def requests(self) -> list:
+        return self.provider.requests[self.start :]
 
 
 def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
