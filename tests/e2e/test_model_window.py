@@ -163,6 +163,7 @@ def faults(turns: list) -> dict:
     return found
 
 
+@pytest.mark.provider_rejects  # one rejection, the first ever, for the model published nowhere
 def test_default_valves_find_every_models_window_on_two_workers(stack):
     server, client, provider = stack
     with ThreadPoolExecutor(len(GROWN)) as pool:
