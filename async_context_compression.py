@@ -2905,8 +2905,20 @@ PUBLISHED_WINDOW_FIELDS = tuple(
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
-WINDOWS_REFRESH = 10.0  # seconds between reads of the learned windows every worker shares (a model with none known
-# here reads its own row in every inlet: another worker may have just learned it from a rejection)
+
+
+def period_from_env(name: str, default: float) -> float:
+    """A period in seconds, or ACC_TEST_<name> from the environment, which only tests set to wait less (read once,
+    at import; never under 0.5 s; a value that is not a number keeps the default)."""
+    try:
+        return max(0.5, float(os.environ.get(f"ACC_TEST_{name}") or default))
+    except ValueError:
+        return default
+
+
+# seconds between reads of the learned windows every worker shares (a model with none known here reads its own row
+# in every inlet: another worker may have just learned it from a rejection)
+WINDOWS_REFRESH = period_from_env("WINDOWS_REFRESH", 10.0)
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
@@ -2915,7 +2927,8 @@ CUT_SHARE_MODEL = 0.7  # ... or of the model's (chats differ by language: Llama 
 CUT_SCALE_UNKNOWN = 0.8  # the ratio taken before any is learned: about the lowest of local tokenizers vs cl100k
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
-SERVED_EVERY = 300.0  # seconds between asks of a model's server (a model may be reloaded with another context)
+# seconds between asks of a model's server (a model may be reloaded with another context)
+SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)
 SERVED_TIMEOUT = 2.0  # seconds one ask may take (a local server answers at once, or is busy loading)
 SERVED_WAIT = 1.0  # seconds a request with no served window known waits for an ask under way
 SERVED_SILENT = 3600.0  # seconds a server that has none of the paths (each answered 4xx) is not asked again

@@ -864,6 +864,18 @@ class FakeProvider:
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
+    def respec(self, model_specs: dict, summary_models: tuple = ()) -> "FakeProvider":
+        """Serve more models from now on (a test module's own, on the session's provider and server): ``model_specs``
+        as the constructor takes them, ``summary_models`` among the summarizers. Open WebUI lists them at its next
+        read of ``/v1/models`` (its model cache lasts a second)."""
+        specs = {n: s if isinstance(s, ModelSpec) else ModelSpec(**s) for n, s in model_specs.items()}
+        with self._lock:
+            self.model_specs = {**self.model_specs, **specs}
+            self.chat_models = tuple(dict.fromkeys(self.chat_models + tuple(specs)))
+            self.summary_models = tuple(dict.fromkeys(self.summary_models + tuple(summary_models)))
+            self._loaded.update({n: s.num_ctx() for n, s in specs.items() if s.preloaded and s.backend})
+        return self
+
     # -- lifecycle -------------------------------------------------------
     def start(self) -> "FakeProvider":
         if self._server is not None:

@@ -33,6 +33,18 @@ def test_spec_models_are_listed_after_the_plain_ones(provider):
     assert [m["id"] for m in body["data"]] == ["fake-chat", "vllm-13", "ollama-13", "slim", "fake-summary"]
 
 
+def test_respec_serves_a_modules_own_models_on_a_running_provider(provider):
+    provider.respec({"win-8k": {"ratio": 1.3, "window": 8000}}, summary_models=("win-summary",))
+    _, body = http("GET", provider.base_url + "/models")
+    assert [m["id"] for m in body["data"]][-3:] == ["win-8k", "fake-summary", "win-summary"]
+    msgs = [U(words(200))]
+    status, body = chat(provider, msgs, model="win-8k")
+    assert status == 200 and body["usage"]["prompt_tokens"] == model_tokens(msgs, None, ModelSpec(ratio=1.3))
+    assert [r["kind"] for r in provider.requests[-1:]] == ["chat"]
+    assert chat(provider, msgs, model="win-summary")[0] == 200
+    assert [r["kind"] for r in provider.requests[-1:]] == ["summary"]
+
+
 def test_model_tokens_scale_the_cl100k_count_with_tools():
     msgs = [U(words(300))]
     base = count_tokens(msgs) + tools_tokens(TOOLS)

@@ -1,8 +1,9 @@
 """Fixtures of the end-to-end suite: ONE strict fake provider and ONE real
 Open WebUI (from the cached venv, started as a subprocess) for the whole
 session, with the filter installed from the repo file through the REST API;
-and ``two_workers``: a module's own Open WebUI on two uvicorn workers (the
-modules that need other options call ``e2e_support.multi_worker_server``).
+and ``two_workers``: the session's one Open WebUI on two uvicorn workers,
+shared by every module that uses it (the modules that need another deployment
+call ``e2e_support.multi_worker_server``).
 
 ``ACC_SKIP_E2E=1`` skips the suite. Without it, an Open WebUI that cannot be
 found or started is an error, never a skip.
@@ -28,7 +29,9 @@ from e2e_support import (
     MODEL_RULES,
     MODEL_SPECS,
     SUMMARY_MODEL,
+    brief,
     multi_worker_server,
+    retrying,
 )
 
 from devkit.fake_provider import FakeProvider
@@ -130,12 +133,34 @@ def installed_filter(admin, filter_source):
     return function
 
 
-@pytest.fixture(scope="module")
-def two_workers(owui_python, provider, filter_source):
-    """(server, client): an Open WebUI of the module's own, two uvicorn workers sharing one database, on the
-    session's provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it."""
+@pytest.fixture(scope="session")
+def shared_two_workers(owui_python, provider, filter_source):
+    """(server, client): the session's Open WebUI on two uvicorn workers sharing one database, on the session's
+    provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it. Started once (a
+    start is 20-25 s of CPU); every test on it uses its own chats, so none sees another's state. The models of the
+    modules that run on it are listed from the start: each worker resolves a chat's model from the list it read
+    (a model added later is "not found" on the worker that has not read the list since)."""
+    import test_model_window
+    import test_recall
+
+    for module in (test_model_window, test_recall):
+        provider.respec(module.SPECS, summary_models=(module.SUMMARIZER,))
     with multi_worker_server(owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def two_workers(shared_two_workers, provider):
+    """(server, client): the session's two-worker Open WebUI, as each module finds it when it starts: the filter
+    with the e2e valves, the worker probe on, the provider in its default behaviour (a module before may have
+    changed any of them, or killed a worker, which uvicorn restarts)."""
+    server, client = shared_two_workers
+    retrying(lambda: client.set_function_state(FILTER_ID, active=True, is_global=True))
+    retrying(lambda: client.set_valves(FILTER_ID, dict(E2E_VALVES)))
+    retrying(lambda: client.set_function_state("worker_probe", active=True, is_global=True))
+    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    yield server, client
+    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
 
 
 @pytest.fixture
@@ -146,6 +171,22 @@ def acc(admin, installed_filter, provider, owui_server):
     provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
     yield admin
     provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+
+
+@pytest.fixture(autouse=True)
+def no_provider_400(request):
+    """Every e2e test on the session's provider, in any order of files: the strict provider answered no 400 to what
+    the test sent through the filter (a run without the filter, under ``rejections_expected``, is left out; a test
+    marked ``provider_rejects`` counts the rejections it allows itself). Once the whole run's last test
+    (tests/e2e/test_scenarios.py's ``test_zz_...``), which had to run last."""
+    if "provider" not in request.fixturenames or request.node.get_closest_marker("provider_rejects"):
+        yield
+        return
+    provider = request.getfixturevalue("provider")
+    start = len(provider.requests)
+    yield
+    bad = [r for r in provider.requests[start:] if r["status"] == 400 and not r["control"]]
+    assert not bad, f"{len(bad)} request(s) answered 400:\n" + "\n".join(brief(r) for r in bad[:3])
 
 
 @pytest.fixture

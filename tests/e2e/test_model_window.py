@@ -6,13 +6,17 @@ as OpenAI and current vLLM send it), or served by Ollama through its
 OpenAI-compatible ``/v1`` (whole messages dropped silently over its num_ctx,
 which only its ``/api/ps`` tells); the summary model's window is 8k.
 
-Every chat grows to three times its model's window. Allowed: one rejection,
-the first ever, for the model published nowhere; one silent cut, the first
-ever, for the Ollama model (its ``/api/ps`` lists it once its first request
-loaded it). Nothing else is rejected, cut or sent over a window; every user message's marker
-reaches the model verbatim or through a summary (summaries are made before the
-cap trims); and once a window was learned, new chats of that model on either
-worker fit from their first request.
+One chat per backend (published, rejected, Ollama-like) grows to three times
+its model's window, each turn typed once the reply's outlet and the summary it
+started have ended (events, not a reading time). Allowed: one rejection, the first ever, for the model
+published nowhere; one silent cut, the first ever, for the Ollama model (its
+``/api/ps`` lists it once its first request loaded it). Nothing else is
+rejected, cut or sent over a window; every user message's marker reaches the
+model verbatim or through a summary; every other provider's field is read from
+Open WebUI's real model entry (a chat grown just past the window fits); and once a window was learned, new chats of that
+model on either worker fit from their first request. Growing every published
+field's chat too is in-process arithmetic: tests/unit/test_model_window.py
+(issue 45).
 """
 
 from __future__ import annotations
@@ -23,16 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2e_support import (
+    E2E_VALVES,
+    FILTER_ID,
     Conversation,
     Turn,
     has_summary,
-    multi_worker_server,
     request_markers,
+    retrying,
     status_lines,
     wait_for,
 )
 
-from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, ollama_spec
+from devkit.fake_provider import ModelSpec, count_tokens, ollama_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -60,47 +66,76 @@ SPECS = {
 }
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 WORDS = 1400  # per user turn: about 2,000 of the models' tokens
-TURNS = 26  # a little over 3x the window in all
-READING = 4.0  # seconds a user reads a reply: on a loaded machine a due fold was planned after 1.0, and once after 2.5
-# (nine chats at once on two workers: turn 7 of one went out trimmed, its summary came with turn 8)
+TURNS = 26  # live turns: a little over 3x the window in all
+PAST = 10  # turns of a stored chat already past the window (the fresh chats)
+PAST_TURNS = 9  # live turns that take a chat just past the window (each other published field)
+GROWN = ("win-vllm", SILENT, OLLAMA_LIKE)  # one chat per backend grows
 QUIET = 1.5  # seconds without a new summary call before the user types on
 
 
 @pytest.fixture(scope="module")
-def windows_provider():
-    provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARIZER,), model_specs=SPECS).start()
-    yield provider
-    provider.stop()
+def stack(two_workers, provider):
+    """The session's two-worker Open WebUI and provider, serving this module's models, the filter at its DEFAULT
+    valves but the summary model; the provider's log from here on is this module's."""
+    server, client = two_workers  # its models are listed from its start (conftest's shared_two_workers)
+    retrying(lambda: client.wait_for_models(list(SPECS), timeout=90))
+    client.set_valves(FILTER_ID, dict(VALVES))
+    yield server, client, ModuleLog(provider, len(provider.requests))
+    client.set_valves(FILTER_ID, dict(E2E_VALVES))
 
 
-@pytest.fixture(scope="module")
-def stack(owui_python, windows_provider, filter_source):
-    with multi_worker_server(
-        owui_python, windows_provider, filter_source, "windows", valves=VALVES, models=tuple(SPECS), pid_probe=True
-    ) as (server, client):
-        yield server, client, windows_provider
+class ModuleLog:
+    """The provider as this module sees it: only the requests made since the module began (the session's provider
+    serves every module; a Conversation reads ``requests`` by index from its turn's start, which stays right)."""
+
+    def __init__(self, provider, start: int) -> None:
+        self.provider, self.start = provider, start
+
+    @property
+    def requests(self) -> list:
+        return self.provider.requests[self.start :]
 
 
 def live_turn(conv: Conversation, words: int = WORDS) -> Turn:
-    """One user turn, then the reading pause and the summary it started, saved."""
+    """One user turn, then (as a user reading the reply) its outlet's end and the summary it started, saved."""
     turn = conv.turn_maybe_rejected(words)
-    reading(conv.provider)
+    wait_for(lambda: reply_ended(conv, turn), deadline=90, what="the reply's status line (its outlet ran)")
+    wait_for(lambda: lines_settled(conv, turn), deadline=90, what="the reply's status lines to settle")
+    wait_for(lambda: quiet(conv.provider), deadline=90, what="summaries in flight to finish")
     wait_for(
         lambda: summary_settled(conv, turn.assistant_id), deadline=90, what="the summary this reply started to be saved"
     )
     return turn
 
 
-def reading(provider, seconds: float = READING) -> None:
-    """The user reads the reply before typing the next turn: summaries started meanwhile finish (the cap trims only
-    what a summary could not cover in time; with turns fired back to back, a slow machine decides which)."""
-    time.sleep(seconds)
+def reply_ended(conv: Conversation, turn: Turn) -> bool:
+    """A rejected reply has no outlet: it has ended once Open WebUI stored the provider's error on it (the next turn
+    learns the window from that error, and the store may write it after the user's request returned); an answered
+    one shows its line once the request it answered was told (outlet awaits that line before it plans a summary,
+    inline in the user's request)."""
+    message = conv.client.get_chat(conv.chat_id)["chat"]["history"]["messages"].get(turn.assistant_id) or {}
+    if any(r["status"] != 200 for r in turn.requests):
+        return bool(message.get("error"))
+    return bool(message.get("statusHistory"))
 
-    def quiet() -> bool:  # no summary call running or begun in the last moment (a summary folds in several rounds)
-        calls = [r for r in provider.requests if r["kind"] == "summary"]
-        return not any(r["status"] is None or time.time() - r["time"] < QUIET for r in calls)
 
-    wait_for(quiet, deadline=90, what="summaries in flight to finish")
+def lines_settled(conv: Conversation, turn: Turn) -> bool:
+    """The reply's stored status lines are the same QUIET seconds apart: a summary outlet planned has shown its
+    "Summarizing" line (written in the background, after the reply's own)."""
+
+    def lines() -> list:
+        message = conv.client.get_chat(conv.chat_id)["chat"]["history"]["messages"].get(turn.assistant_id) or {}
+        return message.get("statusHistory") or []
+
+    before = lines()
+    time.sleep(QUIET)
+    return lines() == before
+
+
+def quiet(provider) -> bool:
+    """No summary call running or begun in the last moment (a summary folds in several rounds)."""
+    calls = [r for r in provider.requests if r["kind"] == "summary"]
+    return not any(r["status"] is None or time.time() - r["time"] < QUIET for r in calls)
 
 
 SUMMARY_ENDS = ("Summary updated", "Summary failed", "Nothing to summarize")
@@ -116,11 +151,19 @@ def summary_settled(conv: Conversation, reply_id: str) -> bool:
     return not started or any(end in line for line in lines[started[-1] :] for end in SUMMARY_ENDS)
 
 
-def grow(client, provider, model: str, seed: int) -> tuple:
+def grow(client, provider, model: str, seed: int, turns: int = TURNS) -> tuple:
     conv = Conversation(client, provider, seed=seed, model=model)
     conv.add_turns(1, words=40)
     conv.store(f"window {model}")
-    return conv, [live_turn(conv) for _ in range(TURNS)]
+    return conv, [live_turn(conv) for _ in range(turns)]
+
+
+def past_the_window(client, provider, model: str, seed: int) -> tuple:
+    """A stored chat already past the window, and one live turn."""
+    conv = Conversation(client, provider, seed=seed, model=model)
+    conv.add_turns(PAST, words=WORDS)
+    conv.store(f"past {model} {seed}")
+    return conv, live_turn(conv)
 
 
 def faults(turns: list) -> dict:
@@ -136,11 +179,11 @@ def faults(turns: list) -> dict:
     return found
 
 
+@pytest.mark.provider_rejects  # one rejection, the first ever, for the model published nowhere
 def test_default_valves_find_every_models_window_on_two_workers(stack):
     server, client, provider = stack
-    models = [*PUBLISHED, SILENT, OLLAMA_LIKE]
-    with ThreadPoolExecutor(len(models)) as pool:
-        chats = dict(zip(models, pool.map(lambda m: grow(client, provider, m, seed=len(m)), models)))
+    with ThreadPoolExecutor(len(GROWN)) as pool:
+        chats = dict(zip(GROWN, pool.map(lambda m: grow(client, provider, m, seed=len(m)), GROWN)))
     for model, (_, turns) in chats.items():  # all first, to see the whole picture when one fails
         sizes = [r["model_tokens"] for t in turns for r in t.requests]
         print(f"\n[e2e] {model}: {faults(turns)}; model tokens sent per request {sizes}")
@@ -155,7 +198,8 @@ def test_default_valves_find_every_models_window_on_two_workers(stack):
         assert any("Summarizing " in line for line in lines), f"{model}: no summary seen starting (summary_settled)"
         found = faults(turns)
         sent = sum(r["model_tokens"] or 0 for t in turns for r in t.requests[-1:])
-        grown = count_tokens([{"role": "user", "content": t.text} for t in turns]) * SPECS[model].ratio
+        branch = conv.history.branch(conv.history.current_id)
+        grown = count_tokens([m for m in branch if m["role"] == "user"]) * SPECS[model].ratio
         report.append(f"{model}: {found}, the user typed {grown / WINDOW:.1f}x the window, {sent} tokens sent in all")
         assert grown > 3 * WINDOW, report[-1]
         first = {SILENT: "rejected", OLLAMA_LIKE: "cut"}.get(model)  # the window's only witness: one, the first
@@ -169,20 +213,31 @@ def test_default_valves_find_every_models_window_on_two_workers(stack):
         lines = " | ".join(status_lines(client, conv.chat_id))
         source = {SILENT: "learned from the provider's error", OLLAMA_LIKE: "as the model's server serves it"}
         assert f"window 16.4k, {source.get(model, 'from the provider')}" in lines, (model, lines[-600:])
+    print("\n[e2e] " + "\n[e2e] ".join(report))
+
+    # every other provider's field, read from Open WebUI's real model entry: a chat grown just past the window
+    # (its first turns teach the model's ratio) is never rejected, cut or sent over it, and says where its window
+    # came from
+    others = [m for m in PUBLISHED if m not in GROWN]
+    with ThreadPoolExecutor(len(others)) as pool:
+        published = dict(zip(others, pool.map(lambda m: grow(client, provider, m, len(m), PAST_TURNS), others)))
+    for model, (conv, turns) in published.items():
+        found = faults(turns)
+        assert not (found["rejected"] or found["cut"] or found["over"] or found["lost"]), (model, found)
+        lines = " | ".join(status_lines(client, conv.chat_id))
+        assert "window 16.4k, from the provider" in lines, (model, lines[-600:])
+
     summaries = [r for r in provider.requests if r["kind"] == "summary"]
     assert summaries and all(r["status"] == 200 and not r["over_window"] for r in summaries), [
         (r["status"], r["model_tokens"]) for r in summaries if r["status"] != 200
     ][:5]
-    print("\n[e2e] " + "\n[e2e] ".join(report))
 
     # new chats of the models whose windows were learned, already past the window when they start: on whichever
     # worker they land, their first request fits (the window is shared through the database)
-    fresh = []
-    for n, model in enumerate([SILENT, SILENT, SILENT, OLLAMA_LIKE, OLLAMA_LIKE, OLLAMA_LIKE]):
-        conv = Conversation(client, provider, seed=100 + n, model=model)
-        conv.add_turns(10, words=WORDS)
-        conv.store(f"fresh {model} {n}")
-        fresh.append((model, live_turn(conv)))
+    fresh = [
+        (model, past_the_window(client, provider, model, seed=100 + n)[1])
+        for n, model in enumerate([SILENT, SILENT, SILENT, OLLAMA_LIKE, OLLAMA_LIKE, OLLAMA_LIKE])
+    ]
     for model, turn in fresh:
         found = faults([turn])  # markers may be left out: no summary of these stored chats exists yet
         assert not (found["rejected"] or found["cut"] or found["over"]), (model, found)

@@ -1,6 +1,6 @@
 """Recall end to end (issue 36): facts a summary dropped reach the model again when the user asks about them.
 
-A module's own Open WebUI on two workers, the filter with its default valves but ``summary_model``, a chat model whose
+The session's Open WebUI on two workers, the filter with its default valves but ``summary_model``, a chat model whose
 window the provider publishes (the cap is found from it) and a summary model that keeps only half of the facts it is
 shown (the fake's ``lossy`` summaries, chosen by a hash of each fact's value). A saved chat states 24 facts, talks on
 until a summary covers all of them, then asks about 10 of the facts the summary dropped, in other words than the
@@ -16,9 +16,9 @@ import random
 import re
 
 import pytest
-from e2e_support import FILTER_ID, Conversation, filler, last_user_text, multi_worker_server, settle
+from e2e_support import E2E_VALVES, FILTER_ID, Conversation, filler, last_user_text, retrying, settle
 
-from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, lossy_keeps
+from devkit.fake_provider import ModelSpec, count_tokens, lossy_keeps
 from devkit.openwebui import new_id
 
 pytestmark = pytest.mark.e2e
@@ -45,19 +45,16 @@ RECALL_OPEN = "<recalled_context>"
 
 
 @pytest.fixture(scope="module")
-def recall_provider():
-    provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARIZER,), model_specs=SPECS).start()
+def stack(two_workers, provider):
+    """The session's two-worker Open WebUI and provider (this module's models listed from its start: conftest's
+    shared_two_workers), lossy summaries, the filter at its default valves but the summary model."""
+    server, client = two_workers
+    retrying(lambda: client.wait_for_models(list(SPECS), timeout=90))
+    client.set_valves(FILTER_ID, dict(VALVES))
     provider.configure(summary_format="lossy")
-    yield provider
-    provider.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(owui_python, recall_provider, filter_source):
-    with multi_worker_server(
-        owui_python, recall_provider, filter_source, "recall", valves=VALVES, models=tuple(SPECS)
-    ) as (server, client):
-        yield server, client, recall_provider
+    yield server, client, provider
+    provider.configure(summary_format=None)
+    client.set_valves(FILTER_ID, dict(E2E_VALVES))
 
 
 def make_facts(rng: random.Random) -> list:
@@ -126,6 +123,7 @@ def prefix_share(requests: list) -> float:
 
 def test_questions_about_dropped_facts_bring_them_back_on_two_workers(stack):
     server, client, provider = stack
+    start = len(provider.requests)  # the session's provider: this test's requests are the ones from here on
     rng = random.Random(36)
     facts = make_facts(rng)
     conv = Conversation(client, provider, seed=36, model=CHAT)
@@ -179,7 +177,7 @@ def test_questions_about_dropped_facts_bring_them_back_on_two_workers(stack):
     without = [value in str(say(conv, question)[0][0]["messages"]) for _, question, value in dropped]
     assert not any(without), "without recall a dropped fact reached the model: the summary kept it"
 
-    everything = [r for r in provider.requests if r["kind"] == "chat"]
+    everything = [r for r in provider.requests[start:] if r["kind"] == "chat"]
     assert all(r["status"] == 200 for r in everything), [r.get("error") for r in everything if r["status"] != 200]
     over = [r["model_tokens"] for r in everything if (r["model_tokens"] or 0) > CAP]
     assert not over, f"requests over the cap {CAP}: {over}"

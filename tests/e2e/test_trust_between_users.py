@@ -39,7 +39,8 @@ pytestmark = pytest.mark.e2e
 WIDE = "trust-16k"  # rejects a prompt over 16k with OpenAI's text; publishes no window
 NARROW = "trust-4k"  # the same with 4k: the window the filter learns from a real rejection, then erases
 OLLAMA = "trust-llama:8b"  # an Ollama model whose configured num_ctx is 8192
-REFRESH = 10.0 + 1.5  # ModelWindow's WINDOWS_REFRESH, and a margin: every worker has read the store since
+WINDOWS_REFRESH = 2.0  # the product's WINDOWS_REFRESH (10 s), shortened for this server (ACC_TEST_WINDOWS_REFRESH)
+REFRESH = WINDOWS_REFRESH + 1.5  # and a margin: every worker has read the store since
 PASSWORD = "Trust-Passw0rd!"
 
 
@@ -56,7 +57,8 @@ def providers():
 @pytest.fixture(scope="module")
 def stack(owui_python, providers, filter_source):
     openai, ollama = providers
-    env = {"BYPASS_MODEL_ACCESS_CONTROL": "true"}  # plain users may use the connections' models
+    # plain users may use the connections' models; the workers read the shared windows every WINDOWS_REFRESH
+    env = {"BYPASS_MODEL_ACCESS_CONTROL": "true", "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH)}
     valves = {"summary_model": SUMMARY_MODEL}  # everything else at its default
     with multi_worker_server(
         owui_python,

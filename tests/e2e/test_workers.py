@@ -1,6 +1,6 @@
 """Several uvicorn workers sharing one database (UVICORN_WORKERS=2, no Redis).
 
-A second Open WebUI, started for this module only (the ``two_workers``
+The session's two-worker Open WebUI (the ``two_workers``
 fixture of conftest.py), with the filter installed and a probe filter that
 stamps each request with the pid of the worker that served it. The chat must
 behave as with one worker: no 400, summaries made and used, and no span
