@@ -57,6 +57,7 @@ import asyncio
 import base64
 import hashlib
 import heapq
+import http.client
 import importlib
 import inspect
 import json
@@ -65,6 +66,7 @@ import math
 import os
 import random
 import re
+import socket
 import struct
 import sys
 import threading
@@ -79,6 +81,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property, lru_cache, partial
@@ -2929,7 +2932,8 @@ CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for pro
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
 # seconds between asks of a model's server (a model may be reloaded with another context)
 SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)
-SERVED_TIMEOUT = 2.0  # seconds one ask may take (a local server answers at once, or is busy loading)
+SERVED_TIMEOUT = 2.0  # seconds one ask may take in all, body included (a local server answers at once, or is loading)
+SERVED_THREADS = 2  # threads of a worker's asks (its own pool: a hanging server never holds Open WebUI's threads)
 SERVED_WAIT = 1.0  # seconds a request with no served window known waits for an ask under way
 SERVED_SILENT = 3600.0  # seconds a server that has none of the paths (each answered 4xx) is not asked again
 SERVED_RESAVE = 3600.0  # a served window confirmed this much later is saved again (its row would age out)
@@ -3109,28 +3113,80 @@ def served_window(path: str, answer: Any, name: str) -> Optional[int]:
     return next((_window_number(e.get(field_name)) for e in found), 0)
 
 
+class _DeadlineSocket(socket.socket):
+    """A socket whose every read ends by one ``deadline`` (time.monotonic()): a server that sends a byte a second
+    meets no per-read timeout, but meets this."""
+
+    deadline = math.inf
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the ask's deadline passed")
+        self.settimeout(left)
+        return super().recv_into(buffer, nbytes, flags)
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    def __init__(self, *args, deadline: float = math.inf, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def connect(self):
+        super().connect()
+        plain = self.sock
+        self.sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        self.sock.deadline = self.deadline
+
+
+class _DeadlineHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: float):
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_DeadlineConnection, req, deadline=self.deadline)
+
+
+def _read_bounded(response: Any, deadline: float) -> bytes:
+    """The body, read by ``deadline``; ValueError past SERVED_MAX_BYTES (no model list is that long)."""
+    chunks, size = [], 0
+    while chunk := response.read1(1 << 16):
+        size += len(chunk)
+        if size > SERVED_MAX_BYTES:
+            raise ValueError("longer than any model list")
+        if time.monotonic() > deadline:  # HTTPS: its reads meet only the per-read timeout
+            raise TimeoutError("the ask's deadline passed")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def http_get_json(url: str, key: str = "", timeout: float = SERVED_TIMEOUT) -> tuple[int, Any]:
-    """(HTTP status, the JSON answer or None) of a GET, status 0 when the server did not answer. Blocking: for a
-    worker thread."""
+    """(HTTP status, the JSON answer or None) of a GET that takes ``timeout`` seconds at most in all (connecting,
+    headers and body: a plain-HTTP server trickling bytes is cut off at it), status 0 when the server did not answer
+    in time. Blocking: for ServedProbe's own threads."""
+    deadline = time.monotonic() + timeout
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if key:  # not carried over a redirect: the key is for this server only
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read(SERVED_MAX_BYTES))
+        with urllib.request.build_opener(_DeadlineHandler(deadline)).open(request, timeout=timeout) as response:
+            return response.status, json.loads(_read_bounded(response, deadline))
     except urllib.error.HTTPError as exc:
         return exc.code, None
-    except (OSError, ValueError):  # refused, timed out, not JSON (or longer than any model list)
+    except (OSError, ValueError, http.client.HTTPException):  # refused, too slow, not JSON, or too long
         return 0, None
 
 
 class ServedProbe:
-    """Per worker: asks a model's server what window it serves (SERVED_PATHS by connection type, each in a thread
-    within SERVED_TIMEOUT), one ask in flight per model, again every SERVED_EVERY and once after the model's first
-    reply here (it was just loaded); a server that has none of the paths is left alone for SERVED_SILENT."""
+    """Per worker: asks a model's server what window it serves (SERVED_PATHS by connection type, each on the probe's
+    own SERVED_THREADS threads within SERVED_TIMEOUT in all), one ask in flight per model, again every SERVED_EVERY
+    and once after the model's first reply here (it was just loaded); a server that has none of the paths is left
+    alone for SERVED_SILENT. A hanging server holds at most these threads, never Open WebUI's (the default pool)."""
 
     def __init__(self, get: Callable[[str, str], tuple] = http_get_json, models: int = 512):
         self.get = get
+        self.pool = ThreadPoolExecutor(SERVED_THREADS, thread_name_prefix="acc-served")  # threads start when used
         self.running = _BoundedDict(models)  # model -> its ask under way
         self.asked_at = _BoundedDict(models)  # model -> when (monotonic) its last ask began
         self.replied = _BoundedDict(models)  # models asked again after their first reply
@@ -3167,7 +3223,7 @@ class ServedProbe:
         known = self.answering.pop(server.root, None)
         transient = False
         for path in (known,) if known in paths else paths:
-            status, answer = await asyncio.to_thread(self.get, server.url(path), server.key)
+            status, answer = await self._get(server.url(path), server.key)
             tokens = served_window(path, answer, server.name) if status == 200 else None
             if tokens is not None:
                 self.answering[server.root] = path
@@ -3176,6 +3232,14 @@ class ServedProbe:
         if not transient and known is None:
             self.silent[server.root] = now
         return 0, ""
+
+    async def _get(self, url: str, key: str) -> tuple[int, Any]:
+        """``get`` on the probe's threads, given up at SERVED_TIMEOUT (waiting for a thread included)."""
+        asked = asyncio.get_running_loop().run_in_executor(self.pool, self.get, url, key)
+        try:
+            return await asyncio.wait_for(asked, SERVED_TIMEOUT + 0.5)  # http_get_json itself ends at SERVED_TIMEOUT
+        except TimeoutError:
+            return 0, None
 
 
 def model_published_window(model: Any) -> int:

@@ -12,8 +12,9 @@ except ``summary_model``, against the fake provider over HTTP serving the model 
   neither); a prompt over it loses whole messages from the front, silently, and ``prompt_eval_count`` reports what
   was kept;
 * llama-server ``-c 8192`` publishing ``meta.n_ctx_train`` 131072 in ``/v1/models``: a prompt over ``n_ctx`` is
-  refused with ``exceed_context_size_error``; the window is learned from that refusal (a failed reply, mirrored as
-  Open WebUI keeps it: the user message stays, the next turn's list ends in two user messages).
+  refused with ``exceed_context_size_error``; the window is learned from that refusal as the product learns it: Open
+  WebUI's stored chat (a stand-in for its ``Chats``) keeps the provider's error on the failed reply, the user message
+  stays, the next turn's list ends in two user messages, and the store holds the filter's record of what it sent.
 
 Each chat opens with a short greeting, then turns of about ``--turn-tokens`` tokens (a user message carrying one
 distinct fact, ``MK-<n>``, and a short reply) until what the user typed reaches ``--growth`` times the window. The
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import sys
+import types
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -76,10 +78,42 @@ def user_text(n: int, tokens: int) -> str:
 
 
 class MemoryStore(acc.EphemeralSummaries):
-    """Summaries and leases in memory, with the lease protocol of the filter's own store."""
+    """Summaries and leases in memory, with the lease protocol of the filter's own store, and its records of the
+    requests sent (a failed reply's error teaches only where the filter recorded sending it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent: dict = {}
 
     def hold(self, scope, holder, ttl=acc.LEASE_TTL, renew_every=acc.LEASE_RENEW):
         return acc.LeaseHold(self, scope, holder, ttl, renew_every)
+
+    async def record_sent(self, request) -> None:
+        self.sent[request.reply_id] = request
+
+    async def read_sent(self, reply_id: str):
+        return self.sent.get(reply_id)
+
+    async def forget_sent(self, reply_id: str) -> None:
+        self.sent.pop(reply_id, None)
+
+
+def open_webui_chats(chats: dict) -> None:
+    """Open WebUI's ``Chats`` as ``acc.failed_reply`` reads it: each chat's messages by id, each the next one's
+    parent, a failed reply holding the provider's error as Open WebUI saves it (``{"error": {"content": ...}}``)."""
+
+    class Chats:
+        @staticmethod
+        async def get_messages_map_by_chat_id(chat_id):
+            stored, parent, kept = chats.get(chat_id) or [], None, {}
+            for message in stored:
+                kept[message["id"]] = {**message, "parentId": parent}
+                parent = message["id"]
+            return kept
+
+    for name in ("open_webui", "open_webui.models"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules["open_webui.models.chats"] = types.SimpleNamespace(Chats=Chats)
 
 
 class Summarizer:
@@ -136,12 +170,6 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
     f.summaries.complete = summarizer = Summarizer()
     if not wait_ready(f.counter, "cl100k_base", 60):
         raise SystemExit("cl100k_base could not be loaded offline")
-    errors: dict = {}
-
-    async def failed_reply_error(chat_id, user_message_id):  # what Open WebUI saved on the failed reply
-        return errors.get(user_message_id)
-
-    acc.failed_reply_error = failed_reply_error
     if backend == "ollama":
         model = {"id": MODEL, "owned_by": "ollama", "ollama": {"model": MODEL}}  # no params: Open WebUI strips them
     else:
@@ -159,6 +187,7 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
         {"id": "u0", "role": "user", "content": "Hello! MK-0 is the project's name."},
         {"id": "a0", "role": "assistant", "content": "Hello, noted."},
     ]
+    open_webui_chats({chat_id: stored})
     typed, n = 0, 0
     while typed < growth * window:
         n += 1
@@ -186,8 +215,8 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
         if expected - carried:
             out.lost.append(n)
         if status != 200:
-            errors[f"u{n + 1}"] = answer.get("error", answer)  # the next user message's parent failed
-            stored.append({"id": f"a{n}", "role": "assistant", "content": "", "failed": True})
+            error = {"content": answer.get("error", answer)}  # as Open WebUI saves the provider's rejection
+            stored.append({"id": f"a{n}", "role": "assistant", "content": "", "failed": True, "error": error})
             continue
         if backend == "ollama":
             reply, reported = answer["message"]["content"], answer["prompt_eval_count"]

@@ -1,0 +1,35 @@
+"""Benchmarks cannot rot (issue 44): ``bench/local_backends.py`` runs as the product runs (the provider's rejection
+read where Open WebUI stores it, against the filter's record of what it sent), and its figures hold here, at settings
+small enough for CI. On main before this test, llama-server at 8192 printed 29 of 35 requests rejected and no
+summary: the benchmark still handed the filter the error through a hook the filter no longer read, and no test ran
+it. Not timed: the thresholds are the benchmark's figures (requests cut or rejected, facts seen, folds per turn)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench import local_backends
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _run(backend: str, window: int, growth: float) -> local_backends.Outcome:
+    return asyncio.run(local_backends.run_case(backend, window, 1200, growth))
+
+
+def test_llama_server_is_rejected_once_then_learns_the_window_from_the_stored_error():
+    out = _run("llamacpp", 8192, 2.5)
+    assert len(out.cut) <= 1  # the first request over the window; never again (1.5.0's bench: every later one)
+    assert len(out.lost) <= 1  # every request carries every fact but the one the rejected turn could not
+    assert out.summaries >= 2  # folds happen (none where every request was rejected)
+    assert out.summaries / out.turns <= 0.4  # about one per three turns at 8k with 1.2k-token turns
+
+
+@pytest.mark.parametrize("window", [4096, 8192])
+def test_ollama_is_never_cut_and_every_fact_reaches_the_model(window):
+    out = _run("ollama", window, 2.5)
+    assert not out.cut and not out.lost
+    assert out.summaries >= 2
+    assert out.summaries / out.turns <= (1.0 if window == 4096 else 0.4)
