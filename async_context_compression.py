@@ -3,7 +3,7 @@ title: Async Context Compression
 id: async_context_compression
 author: Async Context Compression team
 author_url: https://github.com/async-context-compression
-version: 1.5.0
+version: 1.6.0
 required_open_webui_version: 0.9.0
 license: MIT
 description: Keeps long chats inside the model's context window without ever breaking them: tool-call-safe trimming under a hard token cap, and summaries of older turns made in the background.
@@ -1480,7 +1480,7 @@ def _call_identity(name: str, arguments: str) -> str:
 def canonical_digest(message: Message) -> str:
     """What identifies a message across inlet and outlet: its role and visible text (reasoning blocks and image parts
     excluded, since the two views render them differently), plus the tools it calls with their arguments (ids are
-    left out, as in 1.5.0: the two views need not carry the same ones). A message without calls keeps 1.5.0's digest."""
+    left out, as in 1.5: the two views need not carry the same ones). A message without calls keeps 1.5's digest."""
     role, content = message.get("role"), message.get("content")
     called = [_call_arguments(c) for c in _tool_calls(message)]
     calls = tuple((name, hash(arguments), len(arguments)) for name, arguments in called)  # the cache keeps no text
