@@ -5940,7 +5940,9 @@ class BackgroundSummarizer:
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
-        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s, plan.user_instructions)
+        previous = plan.previous.summary_tokens if plan.previous else 0
+        fold = (branch, plan.start, plan.target, s, plan.user_instructions, previous)
+        rounds = await asyncio.to_thread(self._rounds, *fold)
         record, at_coverage = None, True
         for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
@@ -5987,19 +5989,24 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
         return clean_summary_answer(answer)
 
-    def _rounds(self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "") -> list:
-        """canon[start:target] rendered and cut into rounds that fit the summary model's window with room for the
-        longest summary; coverage stops only at an atomic unit's end (a call and its results together)."""
+    def _rounds(
+        self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "", previous: int = 0
+    ) -> list:
+        """canon[start:target] rendered as one summarizer call where the summary model's window holds it beside the
+        ``previous`` summary (its tokens) and the longest answer; else cut into rounds that fit with room for the
+        longest summary carried from round to round. Coverage stops only at an atomic unit's end (a call and its
+        results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
         budget = summary_round_budget(
             s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
         )
-        budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
-        return plan_rounds(blocks, budget, count, stops)
+        if previous < s.max_summary_tokens and len(one := plan_rounds(blocks, budget - previous, count, stops)) == 1:
+            return one
+        return plan_rounds(blocks, max(200, budget - s.max_summary_tokens), count, stops)
 
 
 # -- Summaries inside one reply's tool loop --------------------------------------
