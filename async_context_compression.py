@@ -2785,7 +2785,10 @@ CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a 
 SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)
 SERVED_TIMEOUT = 2.0  # seconds one ask may take in all, body included (a local server answers at once, or is loading)
 SERVED_THREADS = 2  # threads of a worker's asks (its own pool: a hanging server never holds Open WebUI's threads)
-SERVED_WAIT = 1.0  # seconds a request with no served window known waits for an ask under way
+SERVED_WAIT = 1.0  # seconds a request with no firm window known waits for an ask under way
+# Ollama loads a model with its Modelfile's num_ctx, else the server's default (OLLAMA_CONTEXT_LENGTH, or by memory:
+# 4k under 24 GiB of VRAM, more above): before the model is loaded, the smallest default is the only safe guess.
+OLLAMA_DEFAULT_WINDOW = 4096
 SERVED_SILENT = 3600.0  # seconds a server that has none of the paths (each answered 4xx) is not asked again
 SERVED_RESAVE = 3600.0  # a served window confirmed this much later is saved again (its row would age out)
 SERVED_MAX_BYTES = 1 << 20  # an answer longer than this is not a model list
@@ -2817,8 +2820,8 @@ _WINDOW_ERROR_PATTERNS = tuple(
 class Window:
     """A model's window in its own tokens (0 = unknown) and where it was found: "settings" (``num_ctx`` of the request
     or of the model's settings in Open WebUI), "served" (the model's server said it), "published" (the provider's
-    model list), "error" (a rejection named it), "cut" (what a reply's cut prompt kept); ``published`` is what the
-    model list said when it was learned."""
+    model list), "error" (a rejection named it), "cut" (what a reply's cut prompt kept), "guessed" (Ollama's smallest
+    default, for a model not loaded yet); ``published`` is what the model list said when it was learned."""
 
     tokens: int = 0
     source: str = ""
@@ -2964,6 +2967,25 @@ def served_window(path: str, answer: Any, name: str) -> Optional[int]:
     return next((_window_number(e.get(field_name)) for e in found), 0)
 
 
+def ollama_load_window(answer: Any) -> tuple[int, bool]:
+    """(the window Ollama will load a model with, as its ``/api/show`` answer says: the Modelfile's ``num_ctx``;
+    else OLLAMA_DEFAULT_WINDOW, never over the trained size; whether that is only a guess)."""
+    if not isinstance(answer, dict):
+        return OLLAMA_DEFAULT_WINDOW, True
+    parameters = answer.get("parameters")
+    for line in parameters.splitlines() if isinstance(parameters, str) else ():
+        name, _, value = line.strip().partition(" ")
+        if name == "num_ctx" and (tokens := _window_number(value.strip())):
+            return tokens, False
+    info = answer.get("model_info")
+    trained = (
+        [_window_number(v) for k, v in info.items() if str(k).endswith(".context_length")]
+        if isinstance(info, dict)
+        else []
+    )
+    return min([OLLAMA_DEFAULT_WINDOW, *(t for t in trained if t)]), True
+
+
 class _DeadlineSocket(socket.socket):
     """A socket whose every read ends by one ``deadline`` (time.monotonic()): a server that sends a byte a second
     meets no per-read timeout, but meets this."""
@@ -3012,12 +3034,15 @@ def _read_bounded(response: Any, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def http_get_json(url: str, key: str = "", timeout: float = SERVED_TIMEOUT) -> tuple[int, Any]:
-    """(HTTP status, the JSON answer or None) of a GET that takes ``timeout`` seconds at most in all (connecting,
-    headers and body: a plain-HTTP server trickling bytes is cut off at it), status 0 when the server did not answer
-    in time. Blocking: for ServedProbe's own threads."""
+def http_get_json(url: str, key: str = "", payload: Any = None, timeout: float = SERVED_TIMEOUT) -> tuple[int, Any]:
+    """(HTTP status, the JSON answer or None) of a GET (a POST of the JSON ``payload`` where one is given: Ollama's
+    ``/api/show``) that takes ``timeout`` seconds at most in all (connecting, headers and body: a plain-HTTP server
+    trickling bytes is cut off at it), status 0 when the server did not answer in time. Blocking: for ServedProbe's
+    own threads."""
     deadline = time.monotonic() + timeout
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    data = None if payload is None else json.dumps(payload).encode()
+    headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if data else {})}
+    request = urllib.request.Request(url, data=data, headers=headers)
     if key:  # not carried over a redirect: the key is for this server only
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
@@ -3078,19 +3103,35 @@ class ServedProbe:
             tokens = served_window(path, answer, server.name) if status == 200 else None
             if tokens is not None:
                 self.answering[server.root] = path
-                return tokens, path
+                return (tokens, path) if tokens or path != "/api/ps" else await self._not_loaded(server)
             transient = transient or not 400 <= status < 500  # down, loading, or a path it has that failed
         if not transient and known is None:
             self.silent[server.root] = now
         return 0, ""
 
-    async def _get(self, url: str, key: str) -> tuple[int, Any]:
+    async def _not_loaded(self, server: ServedServer) -> tuple[int, str]:
+        """An Ollama model not loaded yet (or unloaded after each request, ``keep_alive`` 0): the window it will be
+        loaded with, as ``/api/show`` says (``ollama_load_window``): (tokens, "/api/show"), or (tokens, "guess")."""
+        status, answer = await self._get(server.root + "/api/show", server.key, {"model": server.name})
+        tokens, guessed = ollama_load_window(answer if status == 200 else None)
+        return tokens, "guess" if guessed else "/api/show"
+
+    async def _get(self, url: str, key: str, payload: Any = None) -> tuple[int, Any]:
         """``get`` on the probe's threads, given up at SERVED_TIMEOUT (waiting for a thread included)."""
-        asked = asyncio.get_running_loop().run_in_executor(self.pool, self.get, url, key)
+        call = (url, key) if payload is None else (url, key, payload)
+        asked = asyncio.get_running_loop().run_in_executor(self.pool, self.get, *call)
         try:
             return await asyncio.wait_for(asked, SERVED_TIMEOUT + 0.5)  # http_get_json itself ends at SERVED_TIMEOUT
         except TimeoutError:
             return 0, None
+
+
+def firm_window(window: Window, model: Any) -> bool:
+    """Whether ``window`` is known well enough that a request need not wait for the server's answer: set, served,
+    learned, or published as served (not only llama-server's trained size), never a guess."""
+    if window.source == "published":
+        return bool(model_served_published(model))
+    return bool(window.tokens) and window.source != "guessed"
 
 
 def model_published_window(model: Any) -> int:
@@ -3192,6 +3233,7 @@ class ModelWindow(SharedThroughStore):
         self.erased_at = 0.0  # when the stored data was last erased, as the latest read of the store said
         self.server = ServedProbe()
         self.ollama = _BoundedDict(models)  # models whose server answered Ollama's /api/ps: they cut, not reject
+        self.guessed = _BoundedDict(models)  # model -> the window guessed before it was loaded (until its first reply)
 
     async def for_request(
         self, store: Any, model_id: str, model: Any, body: Any, user: str = "", connect=None
@@ -3203,8 +3245,9 @@ class ModelWindow(SharedThroughStore):
         if connect is None or window.source == "settings":
             return window
         asking = self.server.start_if_due(model_id, partial(self._ask, store, model_id, model, connect))
-        if asking is not None and window.source != "served":
-            # the first request of a model that a preloaded server serves fits it: the ask takes milliseconds
+        if asking is not None and not firm_window(window, model):
+            # nothing firm known: the first request fits what a local server says (the ask takes milliseconds);
+            # otherwise the ask runs in the background and the request does not wait for it
             await asyncio.wait({asking}, timeout=SERVED_WAIT)
             window = self.find(model_id, model, body, user)
         return window
@@ -3214,9 +3257,12 @@ class ModelWindow(SharedThroughStore):
         asked the server itself is no user's to write, so it is every user's."""
         try:
             tokens, path = await self.server.ask(await connect())
-            if path == "/api/ps":
+            if path in ("/api/ps", "/api/show", "guess"):
                 self.ollama[model_id] = True
-            if self.serve(model_id, tokens, model_published_window(model)):
+            if path == "guess":  # not evidence of what it serves: this worker's, until the model's first reply
+                if model_id not in self.server.replied:
+                    self.guessed[model_id] = tokens
+            elif self.serve(model_id, tokens, model_published_window(model)):
                 await self.flush(getattr(store, "save_windows", None))
         except Exception as exc:  # the windows known stay
             log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
@@ -3277,6 +3323,7 @@ class ModelWindow(SharedThroughStore):
         model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
         if self.learned.get(model_id, NO_WINDOW).source != "served":
             self.server.after_first_reply(model_id)
+        self.guessed.pop(model_id, None)  # loaded now (its server says so) or never listed: usage teaches from here
         before = len(self.unsaved)
         native = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # Ollama's own API
         cuts = native or model_id in self.ollama  # Ollama drops messages rather than reject (both paths)
@@ -3300,6 +3347,8 @@ class ModelWindow(SharedThroughStore):
         held = [w for w in (self.learned.get(model_id), self.pending.get((model_id, user))) if _holds(w, published)]
         if held:
             return min(held, key=lambda w: w.tokens)
+        if (guess := self.guessed.get(model_id, 0)) and (not published or guess < published):
+            return Window(guess, "guessed")
         return Window(published, "published") if published else NO_WINDOW
 
     def news(self, model_id: str, window: Window, reply_id: str) -> tuple:
@@ -3403,6 +3452,7 @@ class ModelWindow(SharedThroughStore):
             return None
         window = Window(tokens, "served", published, time.time())
         self.learned[model_id] = window
+        self.guessed.pop(model_id, None)
         self.keep((model_id, "", window))
         if not same:
             log.info("async_context_compression: %s's server serves it with a window of %s tokens", model_id, tokens)
@@ -5890,7 +5940,9 @@ class BackgroundSummarizer:
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
-        rounds = await asyncio.to_thread(self._rounds, branch, plan.start, plan.target, s, plan.user_instructions)
+        previous = plan.previous.summary_tokens if plan.previous else 0
+        fold = (branch, plan.start, plan.target, s, plan.user_instructions, previous)
+        rounds = await asyncio.to_thread(self._rounds, *fold)
         record, at_coverage = None, True
         for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
@@ -5937,19 +5989,24 @@ class BackgroundSummarizer:
             raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
         return clean_summary_answer(answer)
 
-    def _rounds(self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "") -> list:
-        """canon[start:target] rendered and cut into rounds that fit the summary model's window with room for the
-        longest summary; coverage stops only at an atomic unit's end (a call and its results together)."""
+    def _rounds(
+        self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "", previous: int = 0
+    ) -> list:
+        """canon[start:target] rendered as one summarizer call where the summary model's window holds it beside the
+        ``previous`` summary (its tokens) and the longest answer; else cut into rounds that fit with room for the
+        longest summary carried from round to round. Coverage stops only at an atomic unit's end (a call and its
+        results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
         budget = summary_round_budget(
             s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
         )
-        budget = max(200, budget - s.max_summary_tokens)  # the previous summary it carries
         # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
         stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
-        return plan_rounds(blocks, budget, count, stops)
+        if previous < s.max_summary_tokens and len(one := plan_rounds(blocks, budget - previous, count, stops)) == 1:
+            return one
+        return plan_rounds(blocks, max(200, budget - s.max_summary_tokens), count, stops)
 
 
 # -- Summaries inside one reply's tool loop --------------------------------------
@@ -6849,6 +6906,7 @@ STATUS_TEXTS: dict = {
         "w_error": "window {window}, learned from the provider's error",
         "w_cut": "window {window}, learned from the model's usage (it cut the prompt)",
         "w_served": "window {window}, as the model's server serves it",
+        "w_guessed": "window {window} assumed: Ollama's smallest default (the model is not loaded yet)",
     },
     "zh": {
         "sent": "已发送 {used} tokens",
@@ -6900,6 +6958,7 @@ STATUS_TEXTS: dict = {
         "w_error": "上下文窗口 {window}，从服务商的报错中得知",
         "w_cut": "上下文窗口 {window}，从模型报告的用量得知（它截断了提示）",
         "w_served": "上下文窗口 {window}，来自模型服务器的实际配置",
+        "w_guessed": "上下文窗口暂按 {window} 估计：Ollama 的最小默认值（模型尚未加载）",
     },
     "ja": {
         "sent": "{used} トークン送信",
@@ -6951,6 +7010,7 @@ STATUS_TEXTS: dict = {
         "w_error": "コンテキストウィンドウ {window}（プロバイダーのエラーから学習）",
         "w_cut": "コンテキストウィンドウ {window}（モデルの使用量から学習：プロンプトが切り詰められました）",
         "w_served": "コンテキストウィンドウ {window}（モデルのサーバーが提供している値）",
+        "w_guessed": "コンテキストウィンドウを {window} と仮定（Ollama の最小の既定値、モデルはまだ読み込まれていません）",
     },
     "ko": {
         "sent": "{used} 토큰 전송",
@@ -7002,6 +7062,7 @@ STATUS_TEXTS: dict = {
         "w_error": "컨텍스트 창 {window}, 제공자의 오류에서 학습",
         "w_cut": "컨텍스트 창 {window}, 모델의 사용량에서 학습(프롬프트가 잘림)",
         "w_served": "컨텍스트 창 {window}, 모델 서버가 제공하는 값",
+        "w_guessed": "컨텍스트 창을 {window}(으)로 가정: Ollama의 가장 작은 기본값 (모델이 아직 로드되지 않음)",
     },
     "fr": {
         "sent": "{used} tokens envoyés",
@@ -7053,6 +7114,7 @@ STATUS_TEXTS: dict = {
         "w_error": "fenêtre de {window}, apprise de l'erreur du fournisseur",
         "w_cut": "fenêtre de {window}, apprise de l'usage rapporté par le modèle (il a tronqué le prompt)",
         "w_served": "fenêtre de {window}, telle que le serveur du modèle la sert",
+        "w_guessed": "fenêtre de {window} supposée : la plus petite valeur par défaut d'Ollama (le modèle n'est pas encore chargé)",
     },
     "de": {
         "sent": "{used} Tokens gesendet",
@@ -7104,6 +7166,7 @@ STATUS_TEXTS: dict = {
         "w_error": "Fenster {window}, aus dem Fehler des Anbieters gelernt",
         "w_cut": "Fenster {window}, aus der gemeldeten Nutzung gelernt (das Modell hat den Prompt gekürzt)",
         "w_served": "Fenster {window}, wie der Server des Modells es bereitstellt",
+        "w_guessed": "Fenster {window} angenommen: Ollamas kleinster Standardwert (das Modell ist noch nicht geladen)",
     },
     "es": {
         "sent": "{used} tokens enviados",
@@ -7155,6 +7218,7 @@ STATUS_TEXTS: dict = {
         "w_error": "ventana de {window}, aprendida del error del proveedor",
         "w_cut": "ventana de {window}, aprendida del uso que informó el modelo (recortó el prompt)",
         "w_served": "ventana de {window}, tal como la sirve el servidor del modelo",
+        "w_guessed": "ventana de {window} supuesta: el menor valor predeterminado de Ollama (el modelo aún no está cargado)",
     },
     "pt": {
         "sent": "{used} tokens enviados",
@@ -7206,6 +7270,7 @@ STATUS_TEXTS: dict = {
         "w_error": "janela de {window}, aprendida com o erro do provedor",
         "w_cut": "janela de {window}, aprendida com o uso informado pelo modelo (ele cortou o prompt)",
         "w_served": "janela de {window}, como o servidor do modelo a serve",
+        "w_guessed": "janela de {window} presumida: o menor padrão do Ollama (o modelo ainda não foi carregado)",
     },
     "ru": {
         "sent": "отправлено {used} токенов",
@@ -7257,6 +7322,7 @@ STATUS_TEXTS: dict = {
         "w_error": "окно {window}, узнано из ошибки провайдера",
         "w_cut": "окно {window}, узнано из отчёта модели об использовании (она обрезала запрос)",
         "w_served": "окно {window}, как его обслуживает сервер модели",
+        "w_guessed": "окно {window} предположено: наименьшее значение Ollama по умолчанию (модель ещё не загружена)",
     },
     "it": {
         "sent": "{used} token inviati",
@@ -7308,6 +7374,7 @@ STATUS_TEXTS: dict = {
         "w_error": "finestra di {window}, appresa dall'errore del fornitore",
         "w_cut": "finestra di {window}, appresa dall'uso riportato dal modello (ha troncato il prompt)",
         "w_served": "finestra di {window}, come la serve il server del modello",
+        "w_guessed": "finestra di {window} presunta: il minimo predefinito di Ollama (il modello non è ancora caricato)",
     },
     "pl": {
         "sent": "wysłano {used} tokenów",
@@ -7359,6 +7426,7 @@ STATUS_TEXTS: dict = {
         "w_error": "okno {window}, poznane z błędu dostawcy",
         "w_cut": "okno {window}, poznane z użycia zgłoszonego przez model (obciął prompt)",
         "w_served": "okno {window}, tak jak serwer modelu je udostępnia",
+        "w_guessed": "przyjęto okno {window}: najmniejsza domyślna wartość Ollamy (model nie jest jeszcze załadowany)",
     },
 }
 

@@ -60,6 +60,9 @@ USER = {"id": "bench-user", "name": "Bench", "role": "user"}
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
 FACT = re.compile(r"\bMK-\d+\b")
 CASES = (("ollama", 4096), ("ollama", 8192), ("llamacpp", 8192))
+# Issue 44's cases: the window found as the product finds it (asked of the server, not set in the request)
+FOUND_CASES = (("ollama", 8192, "served"), ("ollama", 4096, "served"), ("ollama", 8192, "unlisted"))
+FOUND_CASES += (("llamacpp", 8192, "unlisted"),)
 TRAINED = 131072
 _WORDS = (
     "alpha budget cache deploy engine filter gateway handler index journal kernel ledger metric network option "
@@ -138,6 +141,7 @@ class Outcome:
     lost: list = field(default_factory=list)  # turns whose request missed a fact of its branch
     summaries: int = 0  # summaries written (a fold may take several summarizer calls)
     calls: int = 0  # summarizer calls
+    calls_per_turn: list = field(default_factory=list)  # summarizer calls after each turn's reply
     saved_after: list = field(default_factory=list)  # the turn after which each summary was saved
     largest: int = 0  # the largest prompt in the model's tokens
     lines: list = field(default_factory=list)  # status lines said
@@ -153,27 +157,55 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-async def run_case(backend: str, window: int, turn_tokens: int, growth: float) -> Outcome:
-    spec = ollama_spec(window, trained=TRAINED) if backend == "ollama" else llamacpp_spec(window, trained=TRAINED)
+@dataclass(frozen=True)
+class Scenario:
+    """How the model counts and where its window is found: ``found`` "settings" (``num_ctx`` in the request, as Open
+    WebUI sends a model's params), "served" (asked of the server: Ollama lists the model in ``/api/ps`` once loaded),
+    "unlisted" (the server answers none of the asks: Ollama with ``keep_alive`` 0, llama-server without ``/props``);
+    ``saved``: turns stored before the filter first sees the chat."""
+
+    ratio: float = 1.0
+    per_message: int = 0
+    found: str = "settings"
+    saved: int = 0
+
+
+async def run_case(
+    backend: str, window: int, turn_tokens: int, growth: float, scenario: Scenario = Scenario()
+) -> Outcome:
+    counting = dict(trained=TRAINED, ratio=scenario.ratio, per_message=scenario.per_message)
+    spec = ollama_spec(window, **counting) if backend == "ollama" else llamacpp_spec(window, **counting)
     provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARY_MODEL,), model_specs={MODEL: spec})
     provider.start()
+    if scenario.found == "unlisted":
+        provider.configure(probes_off="all")
+    connection = acc.owui_connection
+
+    async def fake_connection(request, kind, index):  # the connection Open WebUI holds for the model
+        return (provider.root_url if kind == "ollama" else provider.base_url), "", {}
+
+    acc.owui_connection = fake_connection
     try:
-        return await _chat(provider, backend, window, turn_tokens, growth)
+        return await _chat(provider, backend, window, turn_tokens, growth, scenario)
     finally:
+        acc.owui_connection = connection
         provider.stop()
 
 
-async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: int, growth: float) -> Outcome:
+async def _chat(
+    provider: FakeProvider, backend: str, window: int, turn_tokens: int, growth: float, scenario: Scenario
+) -> Outcome:
     f = acc.Filter()
     f.valves.summary_model = SUMMARY_MODEL
     f.summaries.store = MemoryStore()
     f.summaries.complete = summarizer = Summarizer()
     if not wait_ready(f.counter, "cl100k_base", 60):
         raise SystemExit("cl100k_base could not be loaded offline")
-    if backend == "ollama":
-        model = {"id": MODEL, "owned_by": "ollama", "ollama": {"model": MODEL}}  # no params: Open WebUI strips them
+    if backend == "ollama":  # no params: Open WebUI strips them
+        model = {"id": MODEL, "owned_by": "ollama", "ollama": {"model": MODEL, "urls": [0]}}
     else:
-        model = {"id": MODEL, "openai": {"id": MODEL, "meta": {"n_ctx_train": TRAINED}}}
+        model = {"id": MODEL, "urlIdx": 0, "openai": {"id": MODEL, "meta": {"n_ctx_train": TRAINED}}}
+    asks = scenario.found != "settings"  # the filter may ask the model's server through Open WebUI's connection
     chat_id = f"bench-{backend}-{window}"
     meta_base = {"chat_id": chat_id}
     out = Outcome(backend, window)
@@ -187,6 +219,11 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
         {"id": "u0", "role": "user", "content": "Hello! MK-0 is the project's name."},
         {"id": "a0", "role": "assistant", "content": "Hello, noted."},
     ]
+    for k in range(1, scenario.saved + 1):  # the chat as it was before the filter was installed
+        stored += [
+            {"id": f"su{k}", "role": "user", "content": user_text(1000 + k, turn_tokens)},
+            {"id": f"sa{k}", "role": "assistant", "content": "Noted."},
+        ]
     open_webui_chats({chat_id: stored})
     typed, n = 0, 0
     while typed < growth * window:
@@ -197,9 +234,11 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
         sent = [SYSTEM] + [{"role": m["role"], "content": m["content"]} for m in stored if not m.get("failed")]
         meta = {**meta_base, "message_id": f"a{n}", "user_message_id": f"u{n}"}
         body = {"model": MODEL, "messages": sent, "stream": False}
-        if backend == "ollama":
+        if backend == "ollama" and not asks:
             body["options"] = {"num_ctx": window}
         hooks = dict(__user__=dict(USER), __metadata__=meta, __event_emitter__=emit, __model__=model)
+        if asks:
+            hooks["__request__"] = object()
         body = await f.inlet(body, **hooks, __chat_id__=chat_id)
         body = await f.request(body, **hooks, __chat_id__=chat_id)
         await f.wait_for_background(10)
@@ -232,6 +271,7 @@ async def _chat(provider: FakeProvider, backend: str, window: int, turn_tokens: 
         outlet = {"id": f"a{n}", "chat_id": chat_id, "model": MODEL, "messages": [dict(m) for m in stored]}
         await f.outlet(outlet, **hooks)
         await f.wait_for_background(30)  # the user reads the reply: a summary it started is saved first
+        out.calls_per_turn.append(summarizer.calls - before)
         if summarizer.calls > before:
             out.saved_after.append(n)
     out.turns, out.summaries, out.calls, out.lines = n, len(out.saved_after), summarizer.calls, events
@@ -243,27 +283,47 @@ def _shortest_gap(saved_after: list, turns: int) -> int:
     return min((b - a for a, b in zip(saved_after, saved_after[1:])), default=turns)
 
 
+def calls_per_turn_from(out: Outcome, turn: int = 8) -> float:
+    """Summarizer calls per turn from the ``turn``-th on (issue 44: the cadence once the chat runs at its window)."""
+    later = out.calls_per_turn[turn - 1 :]
+    return sum(later) / len(later) if later else 0.0
+
+
+def _print_table(cases, args, scenario_of) -> bool:
+    head = f"{'backend':<10}{'window':>7}{'found':>10}{'turns':>6}{'cut/rej':>8}{'after 1st':>10}{'facts seen':>12}"
+    print(head + f"{'summaries/turn':>15}{'calls/turn 8+':>14}{'min gap':>8}{'largest':>9}")
+    lost = False
+    for backend, window, *found in cases:
+        scenario = scenario_of(found[0] if found else "settings")
+        out = asyncio.run(run_case(backend, window, args.turn_tokens, args.growth, scenario))
+        later = [t for t in out.cut if t > 1]
+        seen = f"{out.requests - len(out.lost)}/{out.requests}"
+        row = f"{out.backend:<10}{out.window:>7}{scenario.found:>10}{out.turns:>6}{len(out.cut):>8}{len(later):>10}"
+        gap = _shortest_gap(out.saved_after, out.turns)
+        row += f"{seen:>12}{out.summaries / out.turns:>15.2f}{calls_per_turn_from(out):>14.2f}"
+        print(row + f"{gap:>8}{out.largest:>9}")
+        if args.lines:
+            print("    " + "\n    ".join(out.lines))
+        lost |= bool([t for t in out.lost if t > 1])
+    return lost
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turn-tokens", type=int, default=1200, help="tokens per user turn (default 1200)")
     ap.add_argument("--growth", type=float, default=5.0, help="what the user types, in windows (default 5)")
+    ap.add_argument("--ratio", type=float, default=1.1, help="the model's tokens per cl100k token (default 1.1)")
+    ap.add_argument("--per-message", type=int, default=4, help="its template's tokens per message (default 4)")
+    ap.add_argument("--saved", type=int, default=4, help="turns saved before the filter saw the chat (default 4)")
     ap.add_argument("--lines", action="store_true", help="print the status lines of each chat")
     args = ap.parse_args(argv)
     print(f"turns of ~{args.turn_tokens} tokens, chats growing to {args.growth:g}x the window; default valves")
-    head = f"{'backend':<10}{'window':>7}{'turns':>6}{'cut/rej':>8}{'after 1st':>10}{'facts seen':>12}"
-    print(head + f"{'summaries/turn':>15}{'min gap':>8}{'largest':>9}")
-    failed = False
-    for backend, window in CASES:
-        out = asyncio.run(run_case(backend, window, args.turn_tokens, args.growth))
-        later = [t for t in out.cut if t > 1]
-        seen = f"{out.requests - len(out.lost)}/{out.requests}"
-        row = f"{out.backend:<10}{out.window:>7}{out.turns:>6}{len(out.cut):>8}{len(later):>10}{seen:>12}"
-        gap = _shortest_gap(out.saved_after, out.turns)
-        print(row + f"{out.summaries / out.turns:>15.2f}{gap:>8}{out.largest:>9}")
-        if args.lines:
-            print("    " + "\n    ".join(out.lines))
-        failed |= bool(out.lost)
-    return 1 if failed else 0
+    print("\n1. num_ctx set in the model's params (Open WebUI sends it), the fake's tokenizer, no saved turns")
+    lost = _print_table(CASES, args, lambda found: Scenario())
+    counting = f"{args.ratio:g}x cl100k + {args.per_message} per message, {args.saved} saved turns"
+    print(f"\n2. the window found as the product finds it (issue 44): {counting}")
+    lost |= _print_table(FOUND_CASES, args, lambda found: Scenario(args.ratio, args.per_message, found, args.saved))
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":

@@ -346,7 +346,7 @@ def test_a_window_is_told_once_for_the_reply_that_found_it():
     assert windows.news("q", acc.Window(8192, "settings"), "a4") == ()  # the admin's own setting
 
 
-@pytest.mark.parametrize("key", ["w_published", "w_error", "w_cut", "w_served"])
+@pytest.mark.parametrize("key", ["w_published", "w_error", "w_cut", "w_served", "w_guessed"])
 def test_window_texts_exist_in_every_language(key):
     for language, table in acc.STATUS_TEXTS.items():
         assert "{window}" in table[key], language

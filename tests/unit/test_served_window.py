@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import types
 import urllib.request
 from functools import partial
@@ -203,6 +204,26 @@ def test_a_request_waits_briefly_for_the_first_ask_and_never_for_a_slow_server(m
     assert len(slow.server.get.asked) == 1
 
 
+@pytest.mark.parametrize("known", [acc.Window(8192, "error"), acc.Window(8192, "served"), acc.Window(4096, "cut")])
+def test_a_request_never_waits_for_an_ask_where_a_window_is_known(known):
+    """Issue 44: the ask (due again every SERVED_EVERY) runs in the background behind a learned or served window."""
+    model = {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
+
+    async def connect():
+        return LLAMACPP
+
+    async def run(windows):
+        began = time.monotonic()
+        window = await windows.for_request(None, "m", model, {}, connect=connect)
+        return window, time.monotonic() - began, windows.server.running["m"]
+
+    windows = acc.ModelWindow()
+    windows.learned["m"] = acc.replace(known, published=131072, learned_at=time.time())
+    windows.server.get = _Server({"/props": (200, local.llamacpp_props("m", 8192))}, delay=0.5)
+    window, waited, asking = asyncio.run(run(windows))
+    assert window.tokens == known.tokens and waited < 0.4 and asking is not None  # asked, not awaited
+
+
 def test_an_answer_is_shared_with_every_worker_through_the_store():
     store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
     one.server.get = _Server({"/api/ps": (200, {"models": [local.ollama_ps_entry("llama3:latest", 4096)]})})
@@ -284,13 +305,16 @@ def test_a_cut_reply_teaches_the_window_and_no_ratio_on_either_path_to_ollama():
     assert reply("b2", 4000, {"prompt_tokens": 3100}, other, "e") == 3100
 
 
-def _chat(f, spec, turns, model=None, request=None, usage_key="prompt_eval_count", sent=lambda body: None):
+def _chat(f, spec, turns, model=None, request=None, usage_key="prompt_eval_count", sent=lambda body: None, saved=0):
     """inlet, request, outlet of a growing chat against ``spec`` as its server treats a prompt (Ollama: whole messages
-    dropped, see local.ollama_chat_prompt); per turn (model tokens sent, whether the server cut or rejected it)."""
+    dropped, see local.ollama_chat_prompt), after ``saved`` turns stored before the filter saw the chat; per turn
+    (model tokens sent, whether the server cut or rejected it)."""
 
     async def run():
         out = []
         stored = [{"role": "system", "content": "Be brief."}]
+        for i in range(saved):
+            stored += [{"role": "user", "content": f"S{i} {LONG}"}, {"role": "assistant", "content": f"R{i} {LONG}"}]
         for i in range(turns):
             stored.append({"id": f"u{i}", "role": "user", "content": f"Q{i} {LONG}"})
             meta = {"chat_id": "c1", "message_id": f"a{i}"}
@@ -382,8 +406,49 @@ def test_an_ollama_loaded_by_the_first_request_is_asked_again_after_its_first_re
 
     replies = _chat(f, spec, 34, model=model, request=object(), sent=load)
     assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
-    assert [(p["path"], p["status"]) for p in fake.probes] == [("/api/ps", 200)] * 2  # before the first reply, after
+    before_reply = [("/api/ps", 200), ("/api/show", 200)]  # not loaded yet: the window it will be loaded with
+    assert [(p["path"], p["status"]) for p in fake.probes] == [*before_reply, ("/api/ps", 200)]  # then loaded
     assert f.windows.find("llama:8b", model, {}) == acc.replace(f.windows.learned["llama:8b"], tokens=4096)
+
+
+@pytest.mark.parametrize("in_modelfile", [False, True])
+def test_the_first_request_of_a_long_chat_fits_an_ollama_model_not_loaded_yet(local_server, in_modelfile):
+    """Issue 44: /api/ps lists no model before its first request. The Modelfile's num_ctx (/api/show) is the window
+    it will be loaded with; without one, Ollama's smallest default is assumed (and said) until the first reply."""
+    spec = ollama_spec(8192, ratio=1.1, per_message=4, trained=131072, in_modelfile=in_modelfile)
+    local_server(**{"llama:8b": spec})
+    f, model = _filter(), {"id": "llama:8b", "owned_by": "ollama", "ollama": {"model": "llama:8b", "urls": [0]}}
+    first = _chat(f, spec, 1, model=model, request=object(), saved=12)[0]
+    assert first[1] is False and first[0] > 2500, first  # over the window as stored: trimmed, not cut by the server
+    assert (f.windows.learned.get("llama:8b") or acc.NO_WINDOW).source == ("served" if in_modelfile else "")
+    assert bool(f.windows.guessed) is False  # a guess lasts until the model's first reply: here it replied
+
+
+def test_a_guess_is_assumed_only_while_nothing_firm_is_known_and_a_request_waits_only_then():
+    windows, model = acc.ModelWindow(), {"id": "m", "ollama": {"model": "m"}}
+    windows.guessed["m"] = 4096
+    assert windows.find("m", model, {}) == acc.Window(4096, "guessed")
+    told = acc.window_notes(windows.news("m", windows.find("m", model, {}), "a1"))
+    assert [n.text("en") for n in told] == [
+        "window 4.1k assumed: Ollama's smallest default (the model is not loaded yet)"
+    ]
+    assert not acc.firm_window(windows.find("m", model, {}), model)
+    windows.serve("m", 8192)
+    assert windows.find("m", model, {}).tokens == 8192 and not windows.guessed
+    assert acc.firm_window(windows.find("m", model, {}), model)
+    trained_only = {"id": "l", "openai": {"id": "l", "meta": {"n_ctx_train": 131072}}}
+    assert not acc.firm_window(acc.Window(131072, "published"), trained_only)
+    assert acc.firm_window(acc.Window(32768, "published"), {"openai": {"id": "v", "max_model_len": 32768}})
+    assert acc.firm_window(acc.Window(8192, "error"), {}) and not acc.firm_window(acc.NO_WINDOW, {})
+
+
+def test_ollamas_load_window_comes_from_the_modelfile_else_the_smallest_default_under_the_trained_size():
+    assert acc.ollama_load_window(local.ollama_show("m", 131072, 8192)) == (8192, False)
+    assert acc.ollama_load_window(local.ollama_show("m", 131072, None)) == (acc.OLLAMA_DEFAULT_WINDOW, True)
+    assert acc.ollama_load_window(local.ollama_show("m", 2048, None)) == (2048, True)
+    assert acc.ollama_load_window({"parameters": "num_ctx banana\nnum_ctx 16384"}) == (16384, False)
+    assert acc.ollama_load_window(None) == (acc.OLLAMA_DEFAULT_WINDOW, True)
+    assert acc.ollama_load_window({"parameters": 7, "model_info": ["x"]}) == (acc.OLLAMA_DEFAULT_WINDOW, True)
 
 
 def test_a_model_known_only_by_its_trained_size_reads_its_row_each_turn():

@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import types
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -511,3 +512,28 @@ async def test_owui_complete_reads_a_stream_and_fails_on_reasoning(fake_owui):
     assert info.value.fault is acc.Fault.REASONING_ONLY
     with pytest.raises(acc.SummaryError, match="user not found"):
         await acc.owui_complete(REQUEST, {"id": "mallory"}, "m", MESSAGES, 256, 0.1)
+
+
+def _turns(n: int, words: int = 700) -> list:
+    text = " ".join(f"w{i % 97}" for i in range(words))
+    return [
+        m
+        for k in range(n)
+        for m in ({"role": "user", "content": f"T{k} {text}"}, {"role": "assistant", "content": "ok"})
+    ]
+
+
+@pytest.mark.parametrize("previous, calls", [(300, 1), (2048, 2)])
+def test_a_fold_is_one_call_where_the_window_holds_it_beside_the_summary_it_has(previous, calls):
+    """Issue 44: room for the previous summary is what it takes, not max_summary_tokens, when one call holds the
+    fold (two calls of one turn each made every fold at 8k); rounds only where it cannot."""
+    f = acc.Filter()
+    assert wait_ready(f.counter, "cl100k_base", 60)
+    s = acc.resolve_settings(f.valves, "m", window=acc.Window(8192, "served"), summary_window=0)
+    canon = _turns(3)  # three turns of ~1.2k tokens: the fold of a chat at 8k, in a summarizer as small
+    branch = acc.Branch.of(canon, [f"m{i}" for i in range(len(canon))])
+    rounds = f.summaries._rounds(branch, 0, len(canon), s, "", previous)
+    assert len(rounds) == calls
+    count = partial(f.counter.text_tokens, encoding="cl100k_base")
+    budget = acc.summary_round_budget(s.summary_window, s.max_summary_tokens, count)
+    assert budget - 300 > sum(count(t) for r in rounds for t in r.texts()) > budget - s.max_summary_tokens
