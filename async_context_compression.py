@@ -20,7 +20,7 @@ requirements: tiktoken
 #      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply (only
 #      from what the filter saw happen: its own request and the provider's answer) and shared with every worker
 #      through the store (SharedThroughStore).
-#   4. Settings: the valves, resolved per model and request, never raising.
+#   4. Settings: the valves (their fields: AdminValves, ChatUserValves), resolved per model and request, never raising.
 #   5. Summary store: ChatStore (memory for chats Open WebUI never saves, else SummaryStore, the database: summaries,
 #      leases, ratios, windows, requests sent) and RetentionSweeper (what outlives a deletion; the erase).
 #   6. Summarizer: prompt, input rendering, the call, answer cleaning.
@@ -3596,11 +3596,18 @@ class Note:
 
     key: str
     values: tuple = ()
-    # Layer 7 puts its ``status_text`` here once defined: the texts are its concern, and no layer names one above it.
-    say: ClassVar[Callable[..., str]] = staticmethod(lambda language, key, **values: key)
 
     def text(self, language: str = "en") -> str:
-        return Note.say(language, self.key, **dict(self.values))
+        """The note in ``language`` (English where its text is missing or broken); never raises. A note's values are
+        numbers and short texts (``note``): filled in as they are, with none of a status line's formatting."""
+        values = dict(self.values)
+        english = STATUS_TEXTS["en"]
+        for template in ((STATUS_TEXTS.get(language) or english).get(self.key), english.get(self.key)):
+            try:
+                return template.format_map(defaultdict(lambda: "?", values))
+            except (IndexError, ValueError, AttributeError, TypeError):  # no template, or a broken translation
+                continue
+        return " ".join([self.key, *(f"{k}={v}" for k, v in values.items())])
 
     __str__ = text  # English, for the log
 
@@ -3823,8 +3830,6 @@ class _TolerantValves(BaseModel):
     """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
 
     _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
-    # the Filter's Valves (it sets this after its class): the defaults of a valves object lacking some
-    admin: ClassVar[type] = BaseModel
 
     @model_validator(mode="wrap")
     @classmethod
@@ -3832,10 +3837,101 @@ class _TolerantValves(BaseModel):
         return validate_valves(cls, data, handler)
 
 
+class AdminValves(_TolerantValves):
+    """The admin's valves (Open WebUI's ``Filter.Valves``): every field, its default and its help text."""
+
+    priority: int = Field(
+        default=10,
+        description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
+    )
+    compression_threshold_tokens: int = Field(
+        default=0,
+        description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
+    )
+    max_context_tokens: int = Field(
+        default=0,
+        description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
+    )
+    summary_trigger_ratio: float = Field(
+        default=0.75,
+        description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
+    )
+    summary_low_water: float = Field(
+        default=0.5,
+        description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
+    )
+    keep_first: int = Field(
+        default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
+    )
+    keep_last: int = Field(
+        default=6,
+        description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn. In a small window (a few turns fill it) it yields to the window: fewer are kept, so that after a summary about three more turns fit before the next one; always the last turn, where it fits beside the next message.",
+    )
+    summary_model: str = Field(
+        default="",
+        description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
+    )
+    summary_model_max_context: int = Field(
+        default=0,
+        description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
+    )
+    max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
+    summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
+    summary_timeout_seconds: int = Field(
+        default=120,
+        description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
+    )
+    summary_style: str = Field(
+        default="balanced",
+        description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
+    )
+    summary_prompt: str = Field(
+        default="",
+        description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
+    )
+    summary_model_params: str = Field(
+        default="",
+        description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
+    )
+    model_thresholds: str = Field(
+        default="",
+        description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
+    )
+    show_status: bool = Field(
+        default=True, description="Show context usage and summary progress in the chat's status line."
+    )
+    status_usage_threshold: float = Field(
+        default=0.0,
+        description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
+    )
+    debug: bool = Field(
+        default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
+    )
+    recall_share: float = Field(
+        default=RECALL_SHARE,
+        description="When a chat has a summary, passages of the turns it folded that the latest message asks about are quoted back verbatim after that message, taking at most this share of the cap (0-0.5). 0 = off.",
+    )
+    api_summary_retention_days: int = Field(
+        default=API_RETENTION_DAYS,
+        description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
+    )
+    erase_stored_data: bool = Field(
+        default=False,
+        description="Switch on and send one message: every row this filter stored is erased (summaries, leases, ratios, learned windows, records of sent requests), every worker forgets what it kept in memory from before (learned windows and ratios, summaries of temporary chats) at its next read of the learned windows (at most 10 s after its next request), then this switches itself off (see docs/en/data.md).",
+    )
+
+
+class ChatUserValves(_TolerantValves):
+    """A user's own valves (Open WebUI's ``Filter.UserValves``)."""
+
+    enabled: bool = Field(default=True, description="Compress the context of my chats.")
+    show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
+
+
 @lru_cache(maxsize=64)
 def _valve_defaults(cls: type) -> dict:
-    """The valves' defaults (the filter's Valves' for objects that lack some)."""
-    fields = {**_TolerantValves.admin.model_fields, **(getattr(cls, "model_fields", None) or {})}
+    """The valves' defaults (the admin's valves' for objects that lack some)."""
+    fields = {**AdminValves.model_fields, **(getattr(cls, "model_fields", None) or {})}
     return {n: f.default for n, f in fields.items()}
 
 
@@ -5444,9 +5540,6 @@ def status_text(language: str, key: str, **values: Any) -> str:
         return str(key)
 
 
-Note.say = staticmethod(status_text)  # layer 4's notes are said in the user's language with these texts
-
-
 @dataclass(frozen=True)
 class SentOutcome:
     """What one request sent, as its status line states it."""
@@ -6646,90 +6739,11 @@ async def _stored_quietly(write: Awaitable, what: str) -> None:
 
 
 class Filter:
-    class Valves(_TolerantValves):
-        priority: int = Field(
-            default=10,
-            description="Order among filters (lower runs first). Keep it after filters that add content, before ones that need the final list.",
-        )
-        compression_threshold_tokens: int = Field(
-            default=0,
-            description="Start summarizing older messages in the background when the context the next request would send exceeds this many tokens. 0 = at summary_trigger_ratio of the cap (found from the model's window).",
-        )
-        max_context_tokens: int = Field(
-            default=0,
-            description="Hard cap on the tokens sent to the model, tool schemas included (Open WebUI's built-in tools alone take several thousand). Over it, the oldest whole turns are dropped (tool calls never split). 0 = found: the model's window (from its settings, the provider's model list, or learned from the provider) less the reply's room; 128000 where no window is known. A value set here is kept but never exceeds a known window.",
-        )
-        summary_trigger_ratio: float = Field(
-            default=0.75,
-            description="Summarize at the latest when the context reaches this share of max_context_tokens (0.1-1.0), so the summary is ready before the cap forces trimming.",
-        )
-        summary_low_water: float = Field(
-            default=0.5,
-            description="After a summary is rewritten, the next request should be down to this share of the trigger (0.1-0.9): a rewrite waits until it can fold that much (at most until halfway to the cap), so rewrites come many turns apart and the provider's prompt cache stays warm between them. Lower = rarer rewrites.",
-        )
-        keep_first: int = Field(
-            default=1, description="Leading non-system messages always kept verbatim (the chat's opening)."
-        )
-        keep_last: int = Field(
-            default=6,
-            description="Trailing messages never summarized, extended to whole tool-call chains and to the start of their user turn. In a small window (a few turns fill it) it yields to the window: fewer are kept, so that after a summary about three more turns fit before the next one; always the last turn, where it fits beside the next message.",
-        )
-        summary_model: str = Field(
-            default="",
-            description="Model that writes summaries (a cheap, fast one is best). Empty = the chat's own model.",
-        )
-        summary_model_max_context: int = Field(
-            default=0,
-            description="Context window of the summary model in tokens. 0 = found: from model_thresholds, else the summary model's window found like the chat model's, else the chat's cap.",
-        )
-        max_summary_tokens: int = Field(default=2048, description="Longest summary, in tokens (at least 64).")
-        summary_temperature: float = Field(default=0.1, description="Sampling temperature of the summary model (0-2).")
-        summary_timeout_seconds: int = Field(
-            default=120,
-            description="Give up on a summary after this many seconds (at least 5); later turns retry with growing back-off.",
-        )
-        summary_style: str = Field(
-            default="balanced",
-            description="How summaries are written: concise (only what later turns need), balanced, or faithful (keeps nuance, reasoning and open alternatives; longer).",
-        )
-        summary_prompt: str = Field(
-            default="",
-            description="Your own instructions for the summary model, replacing the built-in ones. Empty = built-in instructions.",
-        )
-        summary_model_params: str = Field(
-            default="",
-            description='Extra parameters of the summary call as a JSON object, e.g. {"chat_template_kwargs": {"enable_thinking": false}} to turn off a model\'s thinking. Empty = none.',
-        )
-        model_thresholds: str = Field(
-            default="",
-            description='Per-model overrides as JSON, e.g. {"gpt-4o": {"compression_threshold_tokens": 90000, "max_context_tokens": 120000}, "llama3*": {"max_context_tokens": 7000, "encoding": "cl100k_base"}}. The older filter\'s list "gpt-4:8000:32000,gpt-4o:90000:120000" (model:threshold:cap) is read too.',
-        )
-        show_status: bool = Field(
-            default=True, description="Show context usage and summary progress in the chat's status line."
-        )
-        status_usage_threshold: float = Field(
-            default=0.0,
-            description="Show the context usage only from this share of max_context_tokens (0-1, e.g. 0.8); 0 = under every reply. Summaries, trims, repairs and faults are always shown.",
-        )
-        debug: bool = Field(
-            default=False, description="Log every decision (context sizes, summaries chosen, trims) at INFO level."
-        )
-        recall_share: float = Field(
-            default=RECALL_SHARE,
-            description="When a chat has a summary, passages of the turns it folded that the latest message asks about are quoted back verbatim after that message, taking at most this share of the cap (0-0.5). 0 = off.",
-        )
-        api_summary_retention_days: int = Field(
-            default=API_RETENTION_DAYS,
-            description="Days the summaries of API conversations (requests without a chat) are kept; 0 = until the next sweep. Summaries of chats go when the chat or its user is deleted, those of temporary chats are never stored.",
-        )
-        erase_stored_data: bool = Field(
-            default=False,
-            description="Switch on and send one message: every row this filter stored is erased (summaries, leases, ratios, learned windows, records of sent requests), every worker forgets what it kept in memory from before (learned windows and ratios, summaries of temporary chats) at its next read of the learned windows (at most 10 s after its next request), then this switches itself off (see docs/en/data.md).",
-        )
+    class Valves(AdminValves):
+        """What Open WebUI shows the admin (fields: AdminValves, layer 4)."""
 
-    class UserValves(_TolerantValves):
-        enabled: bool = Field(default=True, description="Compress the context of my chats.")
-        show_status: bool = Field(default=True, description="Show context usage in my chats' status line.")
+    class UserValves(ChatUserValves):
+        """What Open WebUI shows each user (fields: ChatUserValves, layer 4)."""
 
     def __init__(self):
         self.valves = self.Valves()
@@ -6847,9 +6861,6 @@ class Filter:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
         if self.summaries.tasks or self.summaries.lines:
             await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
-
-
-_TolerantValves.admin = Filter.Valves  # layer 4 reads the valves' defaults from here, never naming the Filter
 
 
 # ---------------------------------------------------------------------------

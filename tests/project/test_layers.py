@@ -64,10 +64,41 @@ def upward_references(source: str) -> list:
             continue
         local = local_names(node)
         for sub in ast.walk(node):
-            other = defined.get(sub.id) if isinstance(sub, ast.Name) and sub.id not in local else None
-            if other not in (None, "appendix") and rank[other] > rank[mine]:
-                found.add((getattr(node, "name", f"line {node.lineno}"), mine, sub.id, other))
+            for name in named(sub, local):
+                other = defined.get(name)
+                if other not in (None, "appendix") and rank[other] > rank[mine]:
+                    found.add((getattr(node, "name", f"line {node.lineno}"), mine, name, other))
+            for name in patched(sub, local):  # a lower layer setting an attribute of a higher one's definition
+                other = defined.get(name)
+                if other not in (None, "appendix") and rank[other] < rank[mine]:
+                    found.add((getattr(node, "name", f"line {node.lineno}"), mine, f"{name}.<set>", other))
     return sorted(found)
+
+
+_BY_STRING = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def named(node: ast.AST, local: set) -> list:
+    """The module-level names ``node`` may reach: a bare name, an attribute's name (``x.RequestPath``), or a constant
+    string handed to getattr and its kind (``getattr(x, "RequestPath")``)."""
+    if isinstance(node, ast.Name) and node.id not in local:
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _BY_STRING:
+        return [a.value for a in node.args[1:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return []
+
+
+def patched(node: ast.AST, local: set) -> list:
+    """Module-level names whose attributes ``node`` sets: ``Upper.attr = ...`` or ``setattr(Upper, ...)``."""
+    targets = []
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        targets = [t.value for t in targets if isinstance(t, ast.Attribute)]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+        targets = node.args[:1]
+    return [t.id for t in targets if isinstance(t, ast.Name) and t.id not in local]
 
 
 def test_the_file_has_its_layers_in_order():
@@ -87,3 +118,24 @@ def test_a_parameter_named_like_a_lower_definition_is_no_reference():
 def test_an_upward_reference_is_found():
     lines = [RULE, "# 1. Low", RULE, "def low():", "    return high()", "", RULE, "# 2. High", RULE, "def high():"]
     assert upward_references("\n".join(lines) + "\n    return 1\n") == [("low", "1", "high", "2")]
+
+
+def _layers(*bodies: str) -> str:
+    """A file of layers 1, 2, ... with these bodies."""
+    return "\n".join(f"{RULE}\n# {k}. Layer\n{RULE}\n{body}\n" for k, body in enumerate(bodies, 1))
+
+
+def test_a_lower_layer_feeding_a_higher_one_at_run_time_is_found():
+    """Issue 46: 1.6's ``_TolerantValves.admin = Filter.Valves`` (layer 9 setting what layer 4 reads) passed the
+    bare-name check; the shape is caught now."""
+    high = "class _TolerantValves:\n    admin = None\n\ndef defaults():\n    return _TolerantValves.admin"
+    low = "class Filter:\n    class Valves(_TolerantValves):\n        pass\n\n_TolerantValves.admin = Filter.Valves"
+    assert upward_references(_layers(high, low)) == [("line 17", "2", "_TolerantValves.<set>", "1")]
+    via_setattr = low.replace("_TolerantValves.admin = Filter.Valves", "setattr(_TolerantValves, 'admin', Filter)")
+    assert upward_references(_layers(high, via_setattr)) == [("line 17", "2", "_TolerantValves.<set>", "1")]
+
+
+def test_an_attribute_or_a_getattr_string_naming_a_lower_definition_is_a_reference():
+    high = "def low(x):\n    return x.Lower, getattr(x, 'Lower2', None)"
+    low = "class Lower:\n    pass\n\nclass Lower2:\n    pass"
+    assert upward_references(_layers(high, low)) == [("low", "1", "Lower", "2"), ("low", "1", "Lower2", "2")]
