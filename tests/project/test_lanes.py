@@ -1,0 +1,47 @@
+"""scripts/test.sh runs the whole suite in two lanes at once (issue 45): the e2e modules listed in its
+OWN_DEPLOYMENTS run beside the unit and database tests, away from the session's Open WebUIs. A module listed there
+must exist and start its own deployment: one that asked for a session server would start another Open WebUI in the
+second lane (20-25 s of CPU each) instead of using the first lane's."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSION_SERVERS = {
+    "acc",
+    "admin",
+    "owui_server",
+    "owui_version",
+    "installed_filter",
+    "two_workers",
+    "shared_two_workers",
+}
+
+
+def own_deployments() -> list:
+    script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
+    block = re.search(r"^OWN_DEPLOYMENTS=\(\n(.*?)^\)", script, re.M | re.S)
+    assert block, "scripts/test.sh no longer lists OWN_DEPLOYMENTS"
+    return block.group(1).split()
+
+
+def fixtures_asked(path: Path) -> set:
+    """The arguments of the module's tests and fixtures (the fixtures pytest gives them)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        arg.arg
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (node.name.startswith("test_") or any("fixture" in ast.unparse(d) for d in node.decorator_list))
+        for arg in node.args.args
+    }
+
+
+def test_every_module_of_the_second_lane_exists_and_starts_its_own_deployment():
+    modules = own_deployments()
+    assert modules
+    for module in modules:
+        path = ROOT / module
+        assert path.is_file() and module.startswith("tests/e2e/test_"), module
+        assert not fixtures_asked(path) & SESSION_SERVERS, f"{module} asks for a session server"
