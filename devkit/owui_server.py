@@ -265,7 +265,7 @@ class OpenWebUIServer:
         return [python, "-c", "import sys; from open_webui import app; sys.argv[0] = 'open-webui'; app()", *args]
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self, timeout: float = 240) -> "OpenWebUIServer":
+    def start(self, timeout: float = 600) -> "OpenWebUIServer":
         if self.proc is not None and self.proc.poll() is None:
             return self
         self.launch(timeout)
@@ -305,7 +305,7 @@ class OpenWebUIServer:
             self._atexit_registered = True
         return self
 
-    def wait_healthy(self, timeout: float = 240) -> "OpenWebUIServer":
+    def wait_healthy(self, timeout: float = 600) -> "OpenWebUIServer":
         """Poll ``/health`` until it answers; stop and raise with the log's tail
         when the process exits or ``timeout`` passes."""
         deadline = time.monotonic() + timeout

@@ -80,7 +80,7 @@ def owui_server(owui_python, provider, request):
     tiktoken_dir = ensure_offline_tiktoken(owui_python)
     server = OpenWebUIServer(python=owui_python, provider_url=provider.base_url, tiktoken_cache_dir=tiktoken_dir)
     started = time.monotonic()
-    server.start(timeout=240)
+    server.start(timeout=600)
     print(
         f"\n[e2e] Open WebUI ({owui_python}) up at {server.base_url} in {time.monotonic() - started:.1f}s; log {server.log_path}"
     )

@@ -584,7 +584,7 @@ def multi_worker_server(
     pid_probe: bool = False,
     env_extra: Optional[dict] = None,
     workers: int = 2,
-    timeout: float = 300,
+    timeout: float = 600,
     ollama_url: Optional[str] = None,
     ollama=None,
 ):

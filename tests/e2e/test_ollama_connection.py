@@ -29,7 +29,7 @@ def ollama_side(owui_python):
         ollama_url=fake.root_url,
         tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
     )
-    server.start(timeout=300)
+    server.start(timeout=600)
     try:
         client = OpenWebUIClient(server.base_url, timeout=120)
         client.signup("ollama@example.com", "Ollama-Passw0rd!", "Ollama Admin")
