@@ -1704,6 +1704,10 @@ RECALL_FILL = 0.3  # the hits after it score at least this share of the best
 RECALL_PROXIMITY = 0.5  # a hit's score rises by up to this share when one sentence holds all the terms it matches
 RECALL_NAME_WEIGHT = 1.5  # a name or number the query says weighs this much more than its IDF
 RECALL_SPREAD = 0.8  # a hit's score, for ordering, times this for each hit of the same day placed before it
+RECALL_QUESTION_K = 40  # hits searched for a short question, which may fill the room left under the cap
+RECALL_QUESTION_CHARS = 300  # a message longer than this is not one short question
+RECALL_FOLLOW_UP = 0.5  # a question whose words are this share in the message before it asks about that message
+RECALL_NEIGHBOUR = 0.7  # a hit's neighbours (the question it answers, the answer it got) rank at this share of it
 # A word the chat never used weighs as one in this share of its passages (or in three): rare, not the rarest
 RECALL_RARE_SHARE = 0.02
 RECALL_RARE_LEAST = 3.0
@@ -1996,14 +2000,16 @@ class RecallIndex:
                     matched[pid].add(term)
         return scores, matched
 
-    def search(self, query: str, allowed: dict, k: int = RECALL_K) -> list:
+    def search(self, query: str, allowed: dict, k: int = RECALL_K, question: bool = False) -> list:
         """Passages for ``query`` among the messages ``allowed`` maps (digest -> turn on this branch), each with its turn
-        there, best first: up to ``k`` hits, each followed by its neighbours (the passages just before and after it:
-        the question it answers, the answer it got). Nothing when the best hit scores under RECALL_FLOOR of a passage
-        holding each searched term once (the message is not about anything folded); after it, the hits scoring at
-        least RECALL_FILL of it. A hit's score is BM25 (function words not searched, names and numbers weighed
-        more), raised by the query terms one sentence of it holds together; among hits that score alike, one from a
-        day (or turn) not quoted yet comes first, so an answer spread over sessions is found whole."""
+        there, best first: up to ``k`` hits, for a ``question`` each with its neighbours (the passages just before and
+        after it: the question it answers, the answer it got) ranked at RECALL_NEIGHBOUR of it. Nothing when the best
+        hit scores under RECALL_FLOOR of a passage holding each searched term once (the message is not about anything
+        folded); after it, the hits scoring at least RECALL_FILL of it, and for a message that is not a question only
+        those matching a rare term (ordinary talk shares the chat's common words with every passage). A hit's score
+        is BM25 (function words not searched, names and numbers weighed more), raised by the query terms one sentence
+        of it holds together; among hits that score alike, one from a day (or turn) not quoted yet comes first, so an
+        answer spread over sessions is found whole."""
         groups = {tuple(_term_hash(t) for t in group) for group in _term_groups(query) if group[0] not in _STOP_TERMS}
         with self._lock:
             count = len(self._passages)
@@ -2025,15 +2031,19 @@ class RecallIndex:
             best = max((scores[p] for p in hits), default=0.0)
             if best < RECALL_FLOOR * sum(weights.values()):  # terms left unread count here: a long message asks more
                 return []
-            hits = sorted((p for p in hits if scores[p] >= RECALL_FILL * best), key=lambda p: (-scores[p], p))
-            chosen = _spread(hits[: 4 * k], scores, lambda p: self._passages[p][0].when or self._passages[p][0].turn)
-            out: list = []
-            for pid in chosen[:k]:
-                near = [n for n in (pid - 1, pid + 1) if n in self._passages and self._passages[n][0].digest in allowed]
-                out += [pid, *sorted(near, key=lambda n: -scores.get(n, 0.0))]
-            return [
-                replace(self._passages[p][0], turn=allowed[self._passages[p][0].digest]) for p in dict.fromkeys(out)
-            ]
+            hits = [p for p in hits if scores[p] >= RECALL_FILL * best]
+            if not question:
+                hits = [p for p in hits if max(weights[t] for t in matched[p]) >= rare]
+            hits.sort(key=lambda p: (-scores[p], p))
+            ranked = _spread(hits[: 4 * k], scores, lambda p: self._passages[p][0].when or self._passages[p][0].turn)
+            out: dict = {}
+            for pid, value in ranked[:k]:
+                out[pid] = max(out.get(pid, 0.0), value)
+                for n in (pid - 1, pid + 1) if question else ():
+                    if n in self._passages and self._passages[n][0].digest in allowed:
+                        out[n] = max(out.get(n, 0.0), RECALL_NEIGHBOUR * value)
+            order = sorted(out, key=lambda p: (-out[p], p))
+            return [replace(self._passages[p][0], turn=allowed[self._passages[p][0].digest]) for p in order]
 
 
 def _named_terms(query: str) -> set:
@@ -2046,17 +2056,14 @@ def _named_terms(query: str) -> set:
 
 
 def _spread(hits: list, scores: dict, day: Callable) -> list:
-    """Invariant: ``hits`` reordered, best first by score discounted by RECALL_SPREAD for each hit of the same day (or
-    turn) placed before it: of two that score alike, the one from a day not quoted yet comes first."""
-    out: list = []
+    """Invariant: ``hits`` reordered as (hit, its score discounted by RECALL_SPREAD for each hit of the same day (or
+    turn) placed before it), best first: of two that score alike, the one from a day not quoted yet comes first."""
     seen: Counter = Counter()
-    left = list(hits)
-    while left:
-        pick = max(left, key=lambda p: (scores[p] * RECALL_SPREAD ** seen[day(p)], -p))
-        left.remove(pick)
-        seen[day(pick)] += 1
-        out.append(pick)
-    return out
+    out = []
+    for p in sorted(hits, key=lambda p: (-scores[p], p)):  # a day's n-th best is discounted n times, whatever comes
+        out.append((p, scores[p] * RECALL_SPREAD ** seen[day(p)]))
+        seen[day(p)] += 1
+    return sorted(out, key=lambda item: (-item[1], item[0]))
 
 
 def _sentence_terms(text: str) -> array:
@@ -2230,15 +2237,42 @@ async def _digests_yielding(messages: Messages) -> list:
     return out
 
 
+def asks_a_question(text: str) -> bool:
+    """Whether a message is one short question ("When did Caroline go to the support group?", "柏林的密码是多少？"):
+    what a user asking about the past writes, unlike the long turns of ordinary talk."""
+    text = text.strip()
+    if not text or len(text) > RECALL_QUESTION_CHARS or _SENTENCE_END_RE.search(text[:-1]):
+        return False
+    first = _QUERY_WORD_RE.match(text)
+    return text[-1] in "?？" or bool(first and first.group(0).casefold() in _ASKING_WORDS)
+
+
+def _follows_up(question: str, before: str) -> bool:
+    """Whether most of what ``question`` asks about (its words but function words) is in ``before``, the message it
+    answers: a question about what was just said, not about the past."""
+    asked = {t for t in recall_terms(question) if t not in _STOP_TERMS}
+    said = set(recall_terms(before[-RECALL_QUERY_CHARS:]))
+    return bool(asked) and len(asked & said) >= RECALL_FOLLOW_UP * len(asked)
+
+
+_SENTENCE_END_RE = re.compile(r"[.!?。！？](?:\s|$)|[。！？]")  # one sentence: none ends before its last character
+_ASKING_WORDS = frozenset("what when where which who whom whose why how remind recall remember".split())
+
+
 def with_recall(
-    messages: Messages, index: RecallIndex, allowed: dict, budget: int, count: Callable[[str], int]
+    messages: Messages, index: RecallIndex, allowed: dict, budget: int, count: Callable[[str], int], free: int = 0
 ) -> tuple[Messages, list]:
     """The request with the passages of the ``allowed`` folded messages that its latest user message is about quoted
-    after that message's text, their block counting at most ``budget``; and those passages (none: the list itself)."""
+    after that message's text, their block counting at most ``budget``, or at most ``free`` (the room left under the
+    cap) when the message is one short question; and those passages (none: the list itself)."""
     i = _last_user_index(messages)
     if budget <= 0 or not allowed or not messages or _role(messages[i]) != "user" or carries_recall(messages):
         return messages, []
-    chosen = pick_passages(index.search(recall_query(_text_of(messages[i].get("content"))), allowed), budget, count)
+    text = _text_of(messages[i].get("content"))
+    before = _text_of(messages[i - 1].get("content")) if i > 0 and isinstance(messages[i - 1], dict) else ""
+    about_past = asks_a_question(text) and not _follows_up(text, before)
+    room, k = (max(budget, free), RECALL_QUESTION_K) if about_past else (budget, RECALL_K)
+    chosen = pick_passages(index.search(recall_query(text), allowed, k, about_past), room, count)
     return (place_recall(messages, recall_block(chosen)), chosen) if chosen else (messages, [])
 
 
@@ -6684,7 +6718,8 @@ class RequestPath:
             tokens = counter.text_tokens(text, s.encoding, exact)
             return tokens if exact else _with_margin(tokens)
 
-        view, chosen = with_recall(view, index, allowed, room, count)
+        free = s.max_context - fit.tokens_after - RECALL_SLACK
+        view, chosen = with_recall(view, index, allowed, room, count, free)
         if chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))
             draft.recalled = tuple(chosen)

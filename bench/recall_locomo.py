@@ -59,7 +59,7 @@ MODEL = "bench-model"
 USER = {"id": "bench-user", "name": "Bench", "role": "user"}
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-METHODS = ("recall", "off", "truncation", "bm25")
+METHODS = ("recall", "off", "truncation", "bm25", "bm25 free")
 
 
 # -- The conversation ---------------------------------------------------------------------------------------------
@@ -281,6 +281,9 @@ def evaluate(path: str, share: float | None = None, questions: int = 0, repeat: 
             room = min(int(share * CAP), CAP - messages_tokens(counter, off, ENCODING) - acc.RECALL_SLACK)
             chosen = "\n".join(bm25_fill(folded, question, room, count))
             out["got"]["bm25"][cat] += all(e in off_text or e in chosen for e in evidence)
+            free = CAP - messages_tokens(counter, off, ENCODING) - acc.RECALL_SLACK
+            chosen = "\n".join(bm25_fill(folded, question, max(room, free), count))
+            out["got"]["bm25 free"][cat] += all(e in off_text or e in chosen for e in evidence)
         out["ordinary_ms"], out["question_ms"] = ordinary_ms, replay.inlet_ms[len(ordinary_ms) :]
     finally:
         replay.close()
