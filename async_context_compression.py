@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import heapq
 import http.client
 import importlib
 import inspect
@@ -80,7 +79,7 @@ import weakref
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -1704,6 +1703,7 @@ RECALL_FILL = 0.3  # the hits after it score at least this share of the best
 RECALL_PROXIMITY = 0.5  # a hit's score rises by up to this share when one sentence holds all the terms it matches
 RECALL_NAME_WEIGHT = 1.5  # a name or number the query says weighs this much more than its IDF
 RECALL_SPREAD = 0.8  # a hit's score, for ordering, times this for each hit of the same day placed before it
+RECALL_QUESTION_SHARE = 0.3  # of the cap, what a short question about the past may take where the request leaves room
 RECALL_QUESTION_K = 40  # hits searched for a short question, which may fill the room left under the cap
 RECALL_QUESTION_CHARS = 300  # a message longer than this is not one short question
 RECALL_FOLLOW_UP = 0.5  # a question whose words are this share in the message before it asks about that message
@@ -1721,7 +1721,8 @@ RECALL_BRANCHES = 2  # summaries (branches) of one chat whose folded messages an
 RECALL_SHARE = 0.1  # the recall_share valve's default: a tenth of the cap, of which RECALL_K passages take ~1k tokens
 _PASSAGE_IDS = 1 << 24  # passage ids an index hands out in its life (a key holds 24 bits of one)
 RECALL_SLICE = 0.01  # seconds of index work on the event loop before it yields (digests of a chat seen first)
-RECALL_SORT_RUN = 8_192  # keys one sort holds the GIL for when an index grows (a worker thread's sort stalls the loop)
+RECALL_SORT_RUN = 8_192  # keys one step of an index's extension sorts or merges (~1 ms)
+RECALL_STEP_PASSAGES = 16  # passages one step of an index's extension tokenizes (~1 ms)
 
 # Scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, Hangul, kana, Han): character bigrams
 _UNSPACED = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u1100-\u11ff\u3130-\u318f\uac00-\ud7af\u3040-\u30ff\u31f0-\u31ff"
@@ -1855,8 +1856,15 @@ def recall_passages(
     message's digest, turn and role, a message said twice only once; a summarize command (nothing worth recalling)
     has none, nor has a message whose digest is in ``known`` (indexed already). ``digests``: the canonical digests of
     ``canon`` if already made (then nothing shared is touched: it may run in a worker thread)."""
+    return list(iter_passages(canon, head_count, covered_count, digests, known))
+
+
+def iter_passages(
+    canon: Messages, head_count: int, covered_count: int, digests: Optional[list] = None, known: Any = ()
+) -> Iterator[Passage]:
+    """``recall_passages`` one at a time, as an index's extension reads them between its yields."""
     turns = folded_turns(canon, head_count, covered_count, digests)
-    out, seen, dated = [], set(), ""
+    seen, dated = set(), ""
     for i in range(0, max(0, min(covered_count, len(canon)))):
         message, role = canon[i], _role(canon[i])
         when = said_when(message, dated)
@@ -1869,9 +1877,8 @@ def recall_passages(
         if digest in seen or digest in known:  # a message said twice is quoted once, under its first turn
             continue
         seen.add(digest)
-        texts = split_passages(_quotable_text(message))
-        out.extend(Passage(digest, turns[digest], role, text, when) for text in texts)
-    return out
+        for text in split_passages(_quotable_text(message)):
+            yield Passage(digest, turns[digest], role, text, when)
 
 
 _MONTHS = "jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?"
@@ -1905,7 +1912,7 @@ class RecallIndex:
     def __init__(self, limit: int = RECALL_CHAT_PASSAGES):
         self.limit = limit
         self._lock = threading.Lock()  # held by a search, and by an extension only to swap its new state in
-        self._extending = threading.Lock()
+        self.building: Optional[asyncio.Future] = None  # the extension running on the event loop, if any
         self._messages: OrderedDict = OrderedDict()  # digest -> its passages' ids, earliest added first
         self._passages: dict = {}  # id -> (Passage, length in terms)
         self._keys = array("Q")  # sorted: term hash << 32 | passage id << 8 | term frequency (at most 255)
@@ -1930,36 +1937,61 @@ class RecallIndex:
 
     def extend(self, passages: Iterable[Passage]) -> int:
         """Indexes the passages of messages not indexed yet: a message already in (by digest) is not added again.
-        Returns how many passages were added."""
-        with self._extending:  # only extensions write what is read unlocked here
-            fresh = [p for p in passages if p.digest not in self]
-            kept = fresh[-self.limit :][: _PASSAGE_IDS - self._next_id]  # past the bound, the latest messages
-            for passage in fresh[: len(fresh) - len(kept)]:
-                self._left[passage.digest] = None
-            new = [(p, Counter(recall_terms(p.text)), _sentence_terms(p.text)) for p in kept]
-            first = self._next_id
-            keys = _sorted_in_runs(
-                [
-                    _term_hash(t) << 32 | pid << 8 | min(n, 255)
-                    for pid, (_, terms, _) in enumerate(new, first)
-                    for t, n in terms.items()
-                ]
-            )
-            gone = self._overflow(len(new))
-            dropped = {pid for digest in gone for pid in self._messages[digest]}
-            merged = _merged(self._keys, keys)
-            if dropped:
-                merged = array("Q", (k for k in merged if (k >> 8) & (_PASSAGE_IDS - 1) not in dropped))
-            with self._lock:
-                for pid, (passage, terms, sentences) in enumerate(new, first):
-                    self._messages.setdefault(passage.digest, []).append(pid)
-                    self._passages[pid] = (passage, sum(terms.values()), sentences)
-                    self._total_length += sum(terms.values())
-                for digest in gone:
-                    self._left[digest] = None
-                    for pid in self._messages.pop(digest):
-                        self._total_length -= self._passages.pop(pid)[1]
-                self._keys, self._next_id = merged, first + len(new)
+        Returns how many passages were added. All at once: ``extend_yielding`` is the event loop's way."""
+        steps = self.extend_steps(passages)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def extend_steps(self, passages: Iterable[Passage]) -> Iterator[None]:
+        """``extend`` as steps of bounded work (a few passages tokenized, one run of keys sorted, one slice merged),
+        yielding between them and returning how many passages were added. The new state is swapped in at the end,
+        in one step: a search between steps reads the index as it was. One extension at a time (``building``)."""
+        fresh = []
+        for n, passage in enumerate(passages):
+            if passage.digest not in self:
+                fresh.append(passage)
+            if n % RECALL_STEP_PASSAGES == 0:
+                yield
+        kept = fresh[-self.limit :][: _PASSAGE_IDS - self._next_id]  # past the bound, the latest messages
+        for passage in fresh[: len(fresh) - len(kept)]:
+            self._left[passage.digest] = None
+        new, keys, first = [], [], self._next_id
+        for pid, p in enumerate(kept, first):
+            terms = Counter(recall_terms(p.text))
+            new.append((p, sum(terms.values()), _sentence_terms(p.text)))
+            keys.extend(_term_hash(t) << 32 | pid << 8 | min(n, 255) for t, n in terms.items())
+            if pid % RECALL_STEP_PASSAGES == 0:
+                yield
+        runs = []
+        for i in range(0, len(keys), RECALL_SORT_RUN):
+            runs.append(sorted(keys[i : i + RECALL_SORT_RUN]))
+            yield
+        merged = self._keys
+        for run in runs:  # each run merged in as its own slices: no step reads more than 2 * RECALL_SORT_RUN keys
+            merged = yield from _merged(merged, run)
+        gone = self._overflow(len(new))
+        dropped = {pid for digest in gone for pid in self._messages[digest]}
+        if dropped:
+            kept_keys = array("Q")
+            for i in range(0, len(merged), RECALL_SORT_RUN):
+                kept_keys.extend(
+                    k for k in merged[i : i + RECALL_SORT_RUN] if (k >> 8) & (_PASSAGE_IDS - 1) not in dropped
+                )
+                yield
+            merged = kept_keys
+        with self._lock:
+            for pid, (passage, length, sentences) in enumerate(new, first):
+                self._messages.setdefault(passage.digest, []).append(pid)
+                self._passages[pid] = (passage, length, sentences)
+                self._total_length += length
+            for digest in gone:
+                self._left[digest] = None
+                for pid in self._messages.pop(digest):
+                    self._total_length -= self._passages.pop(pid)[1]
+            self._keys, self._next_id = merged, first + len(new)
         return len(new)
 
     def _overflow(self, adding: int) -> list:
@@ -2102,17 +2134,10 @@ def _idf(count: int, df: float) -> float:
     return math.log(1 + (count - df + 0.5) / (df + 0.5))
 
 
-def _sorted_in_runs(keys: list) -> list:
-    """Invariant: ``keys`` sorted, by sorts of at most RECALL_SORT_RUN keys merged in Python: one sort of a chat's
-    150,000 keys held the GIL (so the event loop, though it ran in a worker thread) for ~100 ms."""
-    runs = [sorted(keys[i : i + RECALL_SORT_RUN]) for i in range(0, len(keys), RECALL_SORT_RUN)]
-    return (runs[0] if runs else []) if len(runs) < 2 else list(heapq.merge(*runs))
-
-
-def _merged(old: array, run: list) -> array:
-    """Invariant: the keys of sorted ``old`` and sorted ``run`` together, sorted, merged slice by slice with no call
-    reading more than 2 * RECALL_SORT_RUN keys: one merge of a chat's 250,000 keys, and the array made of it, held
-    the GIL (so the event loop, though it ran in a worker thread) for ~0.5 s."""
+def _merged(old: array, run: list) -> Iterator[None]:
+    """Invariant: returns the keys of sorted ``old`` and sorted ``run`` together, sorted, merged slice by slice, yielding
+    after each: no step reads more than 2 * RECALL_SORT_RUN keys (one merge of a chat's 250,000 keys, and the array
+    made of it, held the GIL for ~0.5 s)."""
     out, i, j = array("Q"), 0, 0
     while i < len(old) or j < len(run):
         a, b = old[i : i + RECALL_SORT_RUN], run[j : j + RECALL_SORT_RUN]
@@ -2120,6 +2145,7 @@ def _merged(old: array, run: list) -> array:
         na, nb = bisect_right(a, limit), bisect_right(b, limit)
         out.extend(sorted(chain(a[:na], b[:nb])))
         i, j = i + na, j + nb
+        yield
     return out
 
 
@@ -2222,6 +2248,28 @@ def recall_query(text: str, limit: int = RECALL_QUERY_CHARS) -> str:
     """Invariant: what of a message is searched: all of it up to ``limit`` characters, else its first and last
     ``limit // 2`` (a 20,000-character Chinese paste held the event loop 45 ms; its start and end, 9)."""
     return text if len(text) <= limit else f"{text[: limit // 2]}\n{text[-(limit // 2) :]}"
+
+
+async def extend_yielding(index: RecallIndex, passages: Iterable[Passage]) -> int:
+    """``index.extend(passages)`` on the event loop in slices of at most RECALL_SLICE seconds, each followed by a yield
+    (a worker thread does not help: it holds the GIL as long; a 4,000-passage index stalled the loop 571 ms); one
+    extension of an index at a time, a second waiting for the first."""
+    while index.building is not None:
+        await asyncio.shield(index.building)
+    index.building = asyncio.get_running_loop().create_future()
+    try:
+        steps, started = index.extend_steps(passages), time.perf_counter()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            if time.perf_counter() - started > RECALL_SLICE:
+                await asyncio.sleep(0)
+                started = time.perf_counter()
+    finally:
+        index.building.set_result(None)
+        index.building = None
 
 
 async def _digests_yielding(messages: Messages) -> list:
@@ -5833,7 +5881,7 @@ class BackgroundSummarizer:
             digests = digests or await _digests_yielding(canon[:covered])
             allowed = folded_turns(canon, head, covered, digests)
             if any(digest not in index for digest in allowed):
-                await asyncio.to_thread(lambda: index.extend(recall_passages(canon, head, covered, digests, index)))
+                await extend_yielding(index, iter_passages(canon, head, covered, digests, index))
             index.folded[at] = allowed
             self.recall.shed()
         return index, allowed
@@ -6705,8 +6753,9 @@ class RequestPath:
 
     async def _recalled(self, ctx: RequestContext, draft: Draft, view: Messages, fit: FitReport) -> Messages:
         """``view`` with the passages of this branch's folded messages that its latest user message is about after
-        that message (layer 2b), within the recall share of the cap and the room fitting left (``fit`` then counts
-        them, ``draft.recalled`` holds them); unchanged without a summary, or when the list carries a block."""
+        that message (layer 2b), within the recall share of the cap (a short question: RECALL_QUESTION_SHARE) and the
+        room fitting left (``fit`` then counts them, ``draft.recalled`` holds them); unchanged without a summary, or
+        when the list carries a block."""
         s, record, counter = ctx.settings, draft.record, self.summaries.counter
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
@@ -6718,7 +6767,7 @@ class RequestPath:
             tokens = counter.text_tokens(text, s.encoding, exact)
             return tokens if exact else _with_margin(tokens)
 
-        free = s.max_context - fit.tokens_after - RECALL_SLACK
+        free = min(int(RECALL_QUESTION_SHARE * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         view, chosen = with_recall(view, index, allowed, room, count, free)
         if chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))

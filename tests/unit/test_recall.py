@@ -165,11 +165,13 @@ def test_earlier_questions_of_the_same_shape_do_not_crowd_out_the_fact():
 
 def test_a_question_that_singles_out_no_passage_fills_the_room_with_what_it_matches():
     """Issue 43: no rare-term gate. Every warehouse has an access code: a vague question gets them best first (the
-    room takes what fits); one that names the city puts that warehouse first."""
+    room takes what fits); one that names the city puts that warehouse first. Ordinary talk (no question) that shares
+    only the chat's common words recalls nothing."""
     index, allowed = indexed(warehouse_chat())
-    hits = index.search("The access code?", allowed)
+    hits = index.search("The access code?", allowed, question=True)
     assert hits and "access code" in hits[0].text
-    assert "Berlin" in index.search("What about Berlin?", allowed)[0].text  # one rare word is enough
+    assert "Berlin" in index.search("What about Berlin?", allowed, question=True)[0].text  # one rare word is enough
+    assert index.search("The access code works fine.", allowed) == []
 
 
 def test_one_shared_word_in_a_question_about_something_else_recalls_nothing():

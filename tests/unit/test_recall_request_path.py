@@ -172,8 +172,13 @@ def test_recall_never_takes_a_request_over_the_cap_and_uses_the_room_left(room):
 def test_the_index_is_built_once_and_extended_only_by_new_folds(monkeypatch):
     canon = chat()
     added = []
-    extend = acc.RecallIndex.extend
-    monkeypatch.setattr(acc.RecallIndex, "extend", lambda self, p: added.append(extend(self, p)) or added[-1])
+    extend = acc.extend_yielding
+
+    async def counted(index, passages):
+        added.append(await extend(index, passages))
+        return added[-1]
+
+    monkeypatch.setattr(acc, "extend_yielding", counted)
     f = recall_filter(records=[summarized(canon)])
     for _ in range(3):
         run(f, request(canon))
