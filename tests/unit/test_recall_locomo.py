@@ -17,7 +17,7 @@ from bench import recall_locomo
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "..", "shared", "data", "locomo-dev")
 CONVERSATION = os.path.join(DATA, "30.json")  # the shortest of the five: the whole replay in seconds
-FLOOR = 0.55  # 1.5.0: 26.9% on this conversation; plain BM25 in the same room 60.2% (benchmarks.md)
+FLOOR = 0.68  # measured 75.3% (benchmarks.md); 1.5: 26.9%; plain BM25 in 800 tokens 60.2%, in the room left 72.0%
 
 
 def test_recall_brings_the_evidence_of_most_folded_questions_of_a_real_conversation():
@@ -35,4 +35,4 @@ def test_recall_brings_the_evidence_of_most_folded_questions_of_a_real_conversat
     assert recall_locomo.share_of(result["got"]["off"], asked) == 0  # the block is what brings it
     assert result["over_cap"] == 0
     ordinary = statistics.mean(result["ordinary_tokens"])
-    assert ordinary <= 0.05 * recall_locomo.CAP, f"ordinary turns recalled {ordinary:.0f} tokens on average"
+    assert ordinary <= 0.03 * recall_locomo.CAP, f"ordinary turns recalled {ordinary:.0f} tokens on average"
