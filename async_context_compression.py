@@ -1704,6 +1704,7 @@ RECALL_PROXIMITY = 0.5  # a hit's score rises by up to this share when one sente
 RECALL_NAME_WEIGHT = 1.5  # a name or number the query says weighs this much more than its IDF
 RECALL_SPREAD = 0.8  # a hit's score, for ordering, times this for each hit of the same day placed before it
 RECALL_QUESTION_SHARE = 0.3  # of the cap, what a short question about the past may take where the request leaves room
+RECALL_LEAST_PASSAGE = 16  # tokens a quoted passage takes at least (its header): less room left takes no more
 RECALL_QUESTION_K = 40  # hits searched for a short question, which may fill the room left under the cap
 RECALL_QUESTION_CHARS = 300  # a message longer than this is not one short question
 RECALL_FOLLOW_UP = 0.5  # a question whose words are this share in the message before it asks about that message
@@ -1717,6 +1718,7 @@ RECALL_QUERY_CHARS = 2_000  # of a longer message, its start and end are searche
 RECALL_CHAT_PASSAGES = 4_000  # passages one chat's index holds; the earliest-added messages leave first
 RECALL_TOTAL_PASSAGES = 40_000  # passages all chats' indexes hold together on one worker (~1.2 KB each)
 RECALL_CHATS = 512  # chats whose index one worker keeps
+RECALL_COUNTED = 8_192  # quoted passages' token counts one worker remembers (~6 MB at most)
 RECALL_BRANCHES = 2  # summaries (branches) of one chat whose folded messages an index remembers
 RECALL_SHARE = 0.1  # the recall_share valve's default: a tenth of the cap, of which RECALL_K passages take ~1k tokens
 _PASSAGE_IDS = 1 << 24  # passage ids an index hands out in its life (a key holds 24 bits of one)
@@ -2160,6 +2162,7 @@ class RecallIndexes:
 
     def __init__(self, chats: int = RECALL_CHATS, total: int = RECALL_TOTAL_PASSAGES, per_chat: int = 0):
         self.indexes = _BoundedDict(chats)
+        self.tokens = _BoundedDict(RECALL_COUNTED)  # (encoding, exact, a quoted passage) -> its tokens
         self.total = total
         self.per_chat = per_chat or min(RECALL_CHAT_PASSAGES, total)
 
@@ -2196,18 +2199,29 @@ def recall_block(passages: list) -> str:
 def _quoted(passage: Passage) -> str:
     """One passage as the block quotes it: under its header (turn, who said it, when), its text with anything that
     looks like a header or a block's tag defused, so a passage can neither close the block nor pose as another turn."""
+    return _header(passage) + _defused(passage.text)
+
+
+def _header(passage: Passage) -> str:
     said = _ROLE_LABELS.get(passage.role, "quoted " + _ROLE_JUNK_RE.sub("", str(passage.role))[:20])
     when = f", {passage.when}" if passage.when else ""
-    text = _QUOTED_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), passage.text)
-    return f"[turn {passage.turn}, {said}{when}]\n" + _HEADER_LIKE_RE.sub(lambda m: "(" + m.group(0)[1:-1] + ")", text)
+    return f"[turn {passage.turn}, {said}{when}]\n"
+
+
+def _defused(text: str) -> str:
+    text = _QUOTED_TAG_RE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
+    return _HEADER_LIKE_RE.sub(lambda m: "(" + m.group(0)[1:-1] + ")", text)
 
 
 def pick_passages(hits: list, budget: int, count: Callable[[str], int]) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each one taken in turn when
-    the block still fits with it, skipped otherwise."""
+    the block still fits with it, skipped otherwise, until no passage could fit (``count`` may remember a passage
+    counted by an earlier request)."""
     chosen: list = []
     used = count(recall_block([hits[0]])) - count(_quoted(hits[0])) if hits else 0  # the frame: preamble, tags
     for hit in hits:
+        if budget - used < RECALL_LEAST_PASSAGE:
+            break
         cost = count(_quoted(hit)) + 2 * bool(chosen)  # the passage, and the blank line joining it to the one before
         if used + cost <= budget:
             chosen.append(hit)
@@ -6659,6 +6673,7 @@ class RequestPath:
         self.windows.forget_before(at)
         self.tokens.forget_before(at)
         self.summaries.recall.indexes.clear()
+        self.summaries.recall.tokens.clear()
         ephemeral = getattr(self.summaries.store, "ephemeral", None)
         if ephemeral is not None:
             ephemeral.forget_before(at)
@@ -6763,9 +6778,16 @@ class RequestPath:
         index, allowed = await self.summaries.recall_index(ctx.chat_key(), canonical_messages(draft.messages), record)
         exact = counter.is_exact(s.encoding)
 
+        known = self.summaries.recall.tokens
+
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
-            tokens = counter.text_tokens(text, s.encoding, exact)
-            return tokens if exact else _with_margin(tokens)
+            key = (s.encoding, exact, text)
+            if (tokens := known.recall(key)) is None:
+                tokens = counter.text_tokens(text, s.encoding, exact)
+                tokens = tokens if exact else _with_margin(tokens)
+                if len(text) <= 2 * PASSAGE_BYTES:  # a quoted passage, counted again by later questions
+                    known[key] = tokens
+            return tokens
 
         free = min(int(RECALL_QUESTION_SHARE * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         view, chosen = with_recall(view, index, allowed, room, count, free)
