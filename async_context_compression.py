@@ -1705,6 +1705,7 @@ RECALL_NAME_WEIGHT = 1.5  # a name or number the query says weighs this much mor
 RECALL_SPREAD = 0.8  # a hit's score, for ordering, times this for each hit of the same day placed before it
 RECALL_QUESTION_SHARE = 0.3  # of the cap, what a short question about the past may take where the request leaves room
 RECALL_LEAST_PASSAGE = 16  # tokens a quoted passage takes at least (its header): less room left takes no more
+RECALL_MISSES = 4  # passages in a row that do not fit the room left: it is full
 RECALL_QUESTION_K = 40  # hits searched for a short question, which may fill the room left under the cap
 RECALL_QUESTION_CHARS = 300  # a message longer than this is not one short question
 RECALL_FOLLOW_UP = 0.5  # a question whose words are this share in the message before it asks about that message
@@ -2215,17 +2216,20 @@ def _defused(text: str) -> str:
 
 def pick_passages(hits: list, budget: int, count: Callable[[str], int]) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each one taken in turn when
-    the block still fits with it, skipped otherwise, until no passage could fit (``count`` may remember a passage
-    counted by an earlier request)."""
+    the block still fits with it, skipped otherwise, until no passage could fit or RECALL_MISSES in a row did not
+    (each is counted: ``count`` may remember a passage counted by an earlier request)."""
     chosen: list = []
     used = count(recall_block([hits[0]])) - count(_quoted(hits[0])) if hits else 0  # the frame: preamble, tags
+    misses = 0
     for hit in hits:
-        if budget - used < RECALL_LEAST_PASSAGE:
+        if budget - used < RECALL_LEAST_PASSAGE or misses >= RECALL_MISSES:
             break
         cost = count(_quoted(hit)) + 2 * bool(chosen)  # the passage, and the blank line joining it to the one before
-        if used + cost <= budget:
+        fits = used + cost <= budget
+        if fits:
             chosen.append(hit)
             used += cost
+        misses = 0 if fits else misses + 1
     while chosen and count(recall_block(chosen)) > budget:  # joins counted apart may differ by a token
         chosen.pop()
     return chosen
