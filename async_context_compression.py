@@ -2059,13 +2059,15 @@ class RecallIndex:
             }
             scores, matched = self._scores(_without_strays(spans, groups), weights, allowed)
             hits = sorted(scores, key=lambda p: (-scores[p], p))[: 3 * k]  # proximity only where it may matter
-            # the floor is BM25's own: proximity orders hits, it does not make a message about the past
-            if not hits or scores[hits[0]] < RECALL_FLOOR * sum(weights.values()):  # unread terms count: a long
-                return []  # message asks more
+            floor = RECALL_FLOOR * sum(weights.values())  # terms left unread count here: a long message asks more
+            if not hits or (not question and scores[hits[0]] < floor):  # ordinary talk: BM25's own score, before
+                return []  # proximity raises it
             for p in hits:
                 near = _in_one_sentence(self._passages[p][2], matched[p], weights)
                 scores[p] *= 1 + RECALL_PROXIMITY * near / max(sum(weights[t] for t in matched[p]), 1e-9)
             best = max(scores[p] for p in hits)
+            if best < floor:
+                return []
             hits = [p for p in hits if scores[p] >= RECALL_FILL * best]
             if not question:
                 hits = [p for p in hits if max(weights[t] for t in matched[p]) >= rare]
