@@ -17,7 +17,7 @@ from bench import recall_locomo
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "..", "shared", "data", "locomo-dev")
 CONVERSATION = os.path.join(DATA, "30.json")  # the shortest of the five: the whole replay in seconds
-FLOOR = 0.68  # measured 75.3% (benchmarks.md); 1.5: 26.9%; plain BM25 in 800 tokens 60.2%, in the room left 72.0%
+FLOOR = 0.70  # measured 76.3% at ed2c4a3 (benchmarks.md); 1.5: 26.9%; plain BM25 in 800 tokens 60.2%, room left 72.0%
 
 
 def test_recall_brings_the_evidence_of_most_folded_questions_of_a_real_conversation():
