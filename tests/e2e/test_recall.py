@@ -5,9 +5,10 @@ window the provider publishes (the cap is found from it) and a summary model tha
 shown (the fake's ``lossy`` summaries, chosen by a hash of each fact's value). A saved chat states 24 facts, talks on
 until a summary covers all of them, then asks about 10 of the facts the summary dropped, in other words than the
 facts', each question followed by three ordinary turns (which must quote nothing): at least 9 must bring their fact to the model verbatim, with the passage's turn on the status line. With
-``recall_share`` 0 the same questions bring none. No request goes over the cap, and the prompt-cache share (whole
+``recall_share`` 0 the same questions bring none. No request goes over the cap, and the prompt-cache prefix (whole
 messages equal to the previous request's, from the start, as bench/fidelity.py measures it, from the first summary
-on) drops by at most 0.02 against the same requests without their blocks.
+on) keeps at least 98% of its tokens against the same requests without their blocks (issue 43 lets a question fill
+the room left, so the share of a larger request falls with no cached token lost).
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def without_block(request: dict) -> list:
     return messages
 
 
-def prefix_share(requests: list) -> float:
-    """Tokens in whole messages equal to the previous request's, from the start, over the requests' tokens."""
+def cached_prefix(requests: list) -> tuple[int, int]:
+    """(tokens in whole messages equal to the previous request's, from the start: what a provider's cache serves;
+    the requests' tokens)."""
     same_tokens = total = 0
     for before, now in zip(requests, requests[1:]):
         same = 0
@@ -118,6 +120,12 @@ def prefix_share(requests: list) -> float:
             same += 1
         same_tokens += count_tokens(now[:same])
         total += count_tokens(now)
+    return same_tokens, total
+
+
+def prefix_share(requests: list) -> float:
+    """The cached prefix over the requests' tokens."""
+    same_tokens, total = cached_prefix(requests)
     return same_tokens / max(1, total)
 
 
@@ -171,7 +179,13 @@ def test_questions_about_dropped_facts_bring_them_back_on_two_workers(stack):
         f"[e2e] prefix share {prefix_share(with_blocks):.3f} with recall, {prefix_share(plain):.3f} without "
         f"({len(with_blocks)} requests, {len(asked)} questions)"
     )
-    assert drop <= 0.02, drop
+    # issue 43: a question may fill the room left under the cap, so its request is larger and the share falls with
+    # no cached token lost; what must hold is the cache itself: the tokens served from the previous request's prefix
+    assert cached_prefix(with_blocks)[0] >= 0.98 * cached_prefix(plain)[0], (
+        drop,
+        cached_prefix(with_blocks),
+        cached_prefix(plain),
+    )
 
     client.set_valves(FILTER_ID, {**VALVES, "recall_share": 0})
     without = [value in str(say(conv, question)[0][0]["messages"]) for _, question, value in dropped]
