@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 
 import async_context_compression as acc
@@ -117,7 +118,9 @@ async def _forged(f, user: str, n: int, usage) -> None:
     await _outlet(f, user, f"c-{user}", reply_id, usage(counted))
 
 
-def test_a_forged_cut_changes_no_other_users_window():
+def test_a_forged_cut_changes_no_other_users_window(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "MODEL", {"id": "llama"})  # nothing published: the cut was news
+
     async def forge(one, two, forging):
         if forging:
             await _forged(one, "mallory", 1, lambda counted: {"prompt_eval_count": 2100})
