@@ -13,8 +13,8 @@ import async_context_compression as acc
 from devkit import probes
 
 
-def rows(model="llama", path="exact", n=3, ratio=1.3, worker="w1"):
-    return [(f"{worker}:{i}", model, path, ratio + i / 1000, float(i)) for i in range(n)]
+def rows(model="llama", path="exact", n=3, ratio=1.3, worker="w1", user="u1"):
+    return [(f"{worker}:{i}", model, path, ratio + i / 1000, float(i), user) for i in range(n)]
 
 
 async def test_ratios_saved_by_one_worker_are_read_by_another(db):
@@ -24,8 +24,8 @@ async def test_ratios_saved_by_one_worker_are_read_by_another(db):
     assert sorted(r[0] for r in read) == ["w1:0", "w1:1", "w1:2"]
     tokens = acc.ModelTokens()
     tokens.snapshot(read, minute=1)
-    assert tokens.scale("llama") == pytest.approx(1.301)
-    assert tokens.scale("qwen") is None
+    assert tokens.scale("llama", True, "u1") == pytest.approx(1.301)
+    assert tokens.scale("qwen", True, "u1") is None and tokens.scale("llama", True, "u2") is None  # one user's
 
 
 async def test_each_model_and_path_keeps_its_newest_samples(db):
@@ -64,6 +64,7 @@ async def test_the_filter_saves_and_refreshes_through_the_store(db):
     other = acc.Filter()  # another worker: applies it from the next minute's snapshot on, as every worker does
     other.summaries.store = db.store(db.engine())
     await other.inlet({"model": "llama", "messages": msgs}, {"id": "u2"}, {}, None)
-    assert other.tokens.scale("llama") is None  # this minute's snapshot predates the sample
+    assert other.tokens.scale("llama", True, "u1") is None  # this minute's snapshot predates the sample
     await other.tokens.refresh(other.store.read_ratios, time.time() + 60 + acc.RATIOS_SETTLE)
-    assert other.tokens.scale("llama") == pytest.approx(1.4, rel=0.01)
+    assert other.tokens.scale("llama", True, "u1") == pytest.approx(1.4, rel=0.01)
+    assert other.tokens.scale("llama", True, "u2") is None  # usage is the user's to write: u1's alone (issue 42)

@@ -76,7 +76,7 @@ async def test_erase_all_leaves_only_its_mark_and_every_worker_forgets_at_its_ne
     one, two = db.store(engine), db.store(db.engine())
     await one.save_windows([("q", "", window(4096, at=time.time() - 1)), ("q", "mallory", window(256))])
     await one.record_sent(acc.SentRequest("a9", "c1", "alice", "llama", 9000, time.time()))
-    await one.add_ratios([("w:1", "q", "exact", 1.3, time.time() - 1)])
+    await one.add_ratios([("w:1", "q", "exact", 1.3, time.time() - 1, "u1")])
     other = acc.ModelWindow()  # another worker, which read the windows before the erase
     other.snapshot(await two.read_windows())
     assert other.find("q", None, {}).tokens == 4096
