@@ -3433,7 +3433,8 @@ class ModelWindow(SharedThroughStore):
         read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this
         read on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of
         model "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
-        (``forget_before``), rows saved late by a worker that had not heard of it too."""
+        (``forget_before``), rows saved late by a worker that had not heard of it too. A cut of every user's is not
+        applied: only an earlier version saved one, learned from usage a client can write (outlet's body)."""
         rows = [
             (str(m), t, src, pub, float(at or 0.0), str(rest[0]) if rest else "") for m, t, src, pub, at, *rest in rows
         ]
@@ -3447,7 +3448,7 @@ class ModelWindow(SharedThroughStore):
                 window = Window(int(tokens), str(source), int(published or 0), at)
                 if user:
                     pending[(m, user)] = window
-                else:
+                elif source != "cut":  # every user's cut: saved by an earlier version, from usage a client wrote
                     learned[m] = window
         self.saved = [(t, row) for t, row in self.saved if t >= began]
         for m, user, window in [row for _, row in self.saved] + self.unsaved:

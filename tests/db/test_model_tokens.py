@@ -68,3 +68,33 @@ async def test_the_filter_saves_and_refreshes_through_the_store(db):
     await other.tokens.refresh(other.store.read_ratios, time.time() + 60 + acc.RATIOS_SETTLE)
     assert other.tokens.scale("llama", True, "u1") == pytest.approx(1.4, rel=0.01)
     assert other.tokens.scale("llama", True, "u2") is None  # usage is the user's to write: u1's alone (issue 42)
+
+
+async def test_a_database_of_the_previous_version_upgrades_keeping_what_is_still_trustworthy(db):
+    """The previous version's every-user ratios (``acc_model_tokens``) and every-user cut, both read from usage a client
+    can write, are not carried over; its windows from a rejection are. Nothing fails on the way."""
+    import sqlalchemy as sa
+
+    engine = db.engine()
+    old = sa.MetaData()
+    ratios = sa.Table(
+        "acc_model_tokens",
+        old,
+        *(sa.Column("id", sa.Integer, primary_key=True), sa.Column("key", sa.String(64))),
+        *(sa.Column("model", sa.String(255)), sa.Column("path", sa.String(16))),
+        *(sa.Column("ratio", sa.Float), sa.Column("created_at", sa.Float)),
+    )
+    async with engine.begin() as conn:
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(ratios), [dict(key="w:1", model="llama", path="exact", ratio=2.5, created_at=1.0)])
+    store = db.store(engine)
+    now = time.time()
+    await store.save_windows(
+        [("llama", "", acc.Window(2100, "cut", 0, now)), ("qwen", "", acc.Window(8192, "error", 0, now))]
+    )
+    await store.add_ratios(rows(n=1, user="u1"))
+    tokens, windows = acc.ModelTokens(), acc.ModelWindow()
+    tokens.snapshot(await store.read_ratios(), minute=1)
+    windows.snapshot(await store.read_windows())
+    assert tokens.scale("llama", True, "") is None and tokens.scale("llama", True, "u1") == pytest.approx(1.3)
+    assert "llama" not in windows.learned and windows.learned["qwen"].tokens == 8192

@@ -190,3 +190,13 @@ def test_a_replayed_outlet_teaches_nothing():
 
     scale, window = asyncio.run(run())
     assert scale == 1.0 and window == acc.Window(32768, "published")
+
+
+def test_a_cut_an_earlier_version_saved_for_every_user_is_not_applied():
+    """An earlier version saved a cut read from usage (which a client writes) as every user's window: after the
+    upgrade it is not read as one; a rejection's row beside it still is."""
+    at = time.time()
+    rows = [("llama", 2100, "cut", 0, at, ""), ("qwen", 8192, "error", 0, at, "")]
+    windows = acc.ModelWindow()
+    windows.snapshot(rows)
+    assert "llama" not in windows.learned and windows.learned["qwen"].tokens == 8192
