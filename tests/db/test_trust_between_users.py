@@ -22,8 +22,8 @@ async def test_windows_of_every_users_chats_and_of_one_users_are_read_by_another
     rows = sorted(await two.read_windows(), key=lambda r: (r[0], r[5]))
     assert [(r[0], r[1], r[5]) for r in rows] == [("q", 16384, ""), ("q", 256, "mallory"), ("r", 2048, "alice")]
     assert sorted(r[5] for r in await two.read_window("q")) == ["", "mallory"]
-    await one.save_windows([("q", "mallory", None), ("q", "", window(8192, "cut"))])  # forgotten, replaced
-    assert [(r[0], r[1], r[2], r[5]) for r in await two.read_window("q")] == [("q", 8192, "cut", "")]
+    await one.save_windows([("q", "mallory", None), ("q", "", window(8192, "served"))])  # forgotten, replaced
+    assert [(r[0], r[1], r[2], r[5]) for r in await two.read_window("q")] == [("q", 8192, "served", "")]
     worker = acc.ModelWindow()
     worker.snapshot(await two.read_windows())
     assert worker.find("q", None, {}, "mallory").tokens == 8192 and worker.find("r", None, {}, "alice").tokens == 2048
