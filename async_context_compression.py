@@ -2894,76 +2894,85 @@ class ModelTokens(SharedThroughStore):
     minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
     calibrates after its first reply.
 
-    Shared state is learned only from what the filter saw happen: a ratio relates the usage of a reply to the count of
-    the request this worker sent for it (``note_sent``), never the usage stored on a chat's earlier replies (a chat
-    imported or updated through the API carries whatever its user wrote)."""
+    Learned only from what the filter saw happen: a ratio relates the usage of a reply to the count of the request this
+    worker sent for it (``note_sent``), never the usage stored on a chat's earlier replies (a chat imported or updated
+    through the API carries whatever its user wrote). Even the reply's usage is the client's to write (outlet runs on
+    the body a client posts to ``/api/chat/completed``): a ratio is that user's alone (keyed by user, shared by every
+    worker for that user's requests only), learned once per reply sent, from the outlet of the user it was sent for."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         super().__init__()
-        self.shared: dict = {}  # (model, path) -> [(created_at, ratio)] of the minute's snapshot
-        self.own = _BoundedDict(models)  # (model, path) -> [(created_at, ratio)] learned on this worker
-        self.counted = _BoundedDict(replies)  # reply message id -> (model, path, last count, total count, bound)
+        self.shared: dict = {}  # (model, path, user) -> [(created_at, ratio)] of the minute's snapshot
+        self.own = _BoundedDict(models * 8)  # (model, path, user) -> [(created_at, ratio)] learned on this worker
+        self.counted = _BoundedDict(replies)  # reply id -> (model, path, last count, total count, bound, user)
         self.worker = uuid.uuid4().hex[:10]
         self._serial = 0
         self.minute: Optional[int] = None  # of the snapshot in ``shared``
         self.erased_at = 0.0  # samples learned before the stored data was last erased are not applied
 
-    def scale(self, model: str, exact: bool = True) -> Optional[float]:
-        """Model tokens per counted token: the path's own ratios, else (the estimator errs high) the exact path's, else
-        None (nothing learned)."""
-        table = self.shared if any((model, path) in self.shared for path in RATIO_PATHS) else self.own
+    def scale(self, model: str, exact: bool = True, user: str = "") -> Optional[float]:
+        """Model tokens per counted token for ``user``'s requests: the path's own ratios, else (the estimator errs
+        high) the exact path's, else None (nothing learned from this user's replies)."""
+        table = self.shared if any((model, path, user) in self.shared for path in RATIO_PATHS) else self.own
         for path in ("exact",) if exact else ("estimate", "exact"):
-            found = table.get((model, path))
+            found = table.get((model, path, user))
             if found:
                 return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
         return None
 
-    def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0) -> None:
-        """The request hook's count for the reply ``message_id`` (added up over a tool loop's calls; the last apart)."""
+    def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0, user: str = "") -> None:
+        """The request hook's count for ``user``'s reply ``message_id`` (added up over a tool loop's calls; the last
+        apart)."""
         if not message_id or tokens <= 0:
             return
         path = "exact" if exact else "estimate"
         before = self.counted.get(message_id)
-        same_call = before is not None and before[:2] == (model, path)  # the same reply's tool loop
-        self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound)
+        same_call = before is not None and (before[:2], before[5]) == ((model, path), user)  # the reply's tool loop
+        self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound, user)
 
-    def learn(self, message_id: str, usage: Any) -> Optional[tuple]:
-        """Relates the reply's usage to what was counted for it; the new sample (model, path, ratio), or None."""
-        counted = self.counted.pop(message_id, None) if message_id else None
+    def learn(self, message_id: str, usage: Any, user: str = "") -> Optional[tuple]:
+        """Relates the reply's usage, as ``user``'s outlet reads it, to what was counted for that user's request; the
+        new sample (model, path, ratio) of that user's, or None. Once per reply: its count goes."""
+        counted = self.counted.get(message_id) if message_id else None
+        if counted is None or counted[5] != user:
+            return None  # no request sent here for this user's reply: nothing to relate, and the count stays
+        del self.counted[message_id]
         reported = reported_prompt_tokens(usage)
-        if counted is None or reported is None:
+        if reported is None:
             return None
-        model, path, last, total, bound = counted
+        model, path, last, total, bound, _ = counted
         tokens, cumulative = reported
         if bound and tokens >= bound * RATIO_CUT_SHARE:
             return None  # at the request's own bound: may have been cut (Ollama), says nothing
         ratio = sample_ratio(tokens, total if cumulative else last)
         if ratio is None:
             return None
-        self.add(model, path, ratio)
+        self.add(model, path, ratio, user)
         return model, path, ratio
 
-    def after_reply(self, reply: Any, save: Any) -> Any:
-        """What a reply teaches, to save in the background (None: nothing): its usage against its request's count."""
-        if reply is not None and self.learn(str(reply.get("id")), reply.get("usage")) is not None:
+    def after_reply(self, reply: Any, save: Any, user: str = "") -> Any:
+        """What a reply teaches ``user``'s requests, to save in the background (None: nothing): its usage against its
+        request's count."""
+        if reply is not None and self.learn(str(reply.get("id")), reply.get("usage"), user) is not None:
             return self.flush(save)
         return None
 
-    def add(self, model: str, path: str, ratio: float) -> None:
+    def add(self, model: str, path: str, ratio: float, user: str = "") -> None:
         self._serial += 1
-        now = time.time()
-        self.own[(model, path)] = [*(self.own.get((model, path)) or ()), (now, float(ratio))][-RATIO_SAMPLES:]
-        self.keep((f"{self.worker}:{self._serial}", model, path, ratio, now))
+        now, key = time.time(), (model, path, user)
+        self.own[key] = [*(self.own.get(key) or ()), (now, float(ratio))][-RATIO_SAMPLES:]
+        self.keep((f"{self.worker}:{self._serial}", model, path, ratio, now, user))
 
     def snapshot(self, rows: Iterable, minute: int) -> None:
-        """The store's rows (key, model, path, ratio, created_at) as applied during ``minute``: those created before it
-        less RATIOS_SETTLE, the newest RATIO_SAMPLES per model and path."""
+        """The store's rows (key, model, path, ratio, created_at, user) as applied during ``minute``: those created
+        before it less RATIOS_SETTLE, the newest RATIO_SAMPLES per model, path and user."""
         if self.minute is not None and minute < self.minute:
             return  # a read that outlived its minute
         cutoff, found = minute * 60 - RATIOS_SETTLE, {}
-        for _, model, path, ratio, at in rows:
+        for _, model, path, ratio, at, *user in rows:
             if path in RATIO_PATHS and isinstance(ratio, (int, float)) and self.erased_at <= (at or 0.0) < cutoff:
-                found.setdefault((str(model), path), []).append((float(at or 0.0), float(ratio)))
+                key = (str(model), path, str(user[0]) if user else "")
+                found.setdefault(key, []).append((float(at or 0.0), float(ratio)))
         self.shared = {key: sorted(samples)[-RATIO_SAMPLES:] for key, samples in found.items()}
         self.minute = minute
 
@@ -3559,15 +3568,19 @@ class ModelWindow(SharedThroughStore):
         self.sent[request.reply_id] = (request.user_id, own_window, recorded or bool(before and before[2]))
         return request if recorded else None
 
-    async def after_reply(self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save) -> tuple:
-        """A reply's reported prompt against the count of the request sent here for it (``observe``), unless its window
-        was the chat's own: a cut prompt teaches the window (saved before outlet returns, for the next turn on any
-        worker), and its ratio is not learned (the reply's count is dropped). (the cut, 0 = none; whether the request
-        was recorded: answered, its record is to go). The model's first reply here makes its server's next ask due."""
-        sent = self.sent.pop(reply_id, None)
-        if sent is None:
-            return 0, False
-        user, own_window, recorded = sent
+    async def after_reply(
+        self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save, user: str = ""
+    ) -> tuple:
+        """A reply's reported prompt, as ``user``'s outlet reads it, against the count of the request sent here for that
+        user's reply (``observe``), unless its window was the chat's own: a cut prompt teaches the window of that
+        user's chats (saved before outlet returns, for the next turn on any worker), and its ratio is not learned (the
+        reply's count is dropped). Once per reply: its record here goes. (the cut, 0 = none; whether the request was
+        recorded: answered, its record is to go). The model's first reply here makes its server's next ask due."""
+        sent = self.sent.get(reply_id)
+        if sent is None or sent[0] != (user or "anonymous"):
+            return 0, False  # no request sent here for this user's reply
+        del self.sent[reply_id]
+        _, own_window, recorded = sent
         counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
         if own_window or counted is None or reported is None or reported[1]:
             return 0, recorded
@@ -3578,9 +3591,9 @@ class ModelWindow(SharedThroughStore):
         before = len(self.unsaved)
         native = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # Ollama's own API
         cuts = native or model_id in self.ollama  # Ollama drops messages rather than reject (both paths)
-        scale = tokens.scale(model_id, path == "exact")
+        scale = tokens.scale(model_id, path == "exact", user)
         published, firm = model_published_window(model), model_served_published(model)
-        cut = self.observe(model_id, reported[0], last, scale, published, chat, cuts, user, firm)
+        cut = self.observe(model_id, reported[0], last, scale, published, chat, cuts, user or "anonymous", firm)
         if cut:
             tokens.counted.pop(reply_id, None)
         if len(self.unsaved) != before:
@@ -3615,15 +3628,20 @@ class ModelWindow(SharedThroughStore):
         self, model_id: str, tokens: int, source: str, published: int = 0, user: str = "", firm: Optional[int] = None
     ) -> Optional[Window]:
         """Records a window the provider showed ``user``'s request (``source`` "error" or "cut"); the new Window, or
-        None when the same was known already, or the server serves no less. One user must not shrink every user's
-        window: a window under WINDOW_FAR_BELOW of the best known one (``firm``: what is published as served, by
-        default ``published``; or served, or learned for every user) holds for that user's chats only, until another
-        user's chats show the same within WINDOW_AGREE; then the lower of the two is every user's. llama-server's
-        trained size is not firm: the server runs with less, and its first rejection is every user's news."""
+        None when the same was known already, or the server serves no less. A cut is read from a reply's usage, which
+        the user can write (outlet's body): it holds for that user's chats only, always. One user must not shrink
+        every user's window: a rejection's window under WINDOW_FAR_BELOW of the best known one (``firm``: what is
+        published as served, by default ``published``; or served, or learned for every user) holds for that user's
+        chats only, until another user's chats show the same within WINDOW_AGREE; then the lower of the two is every
+        user's. llama-server's trained size is not firm: the server runs with less, and its first rejection is every
+        user's news."""
         if not tokens or not model_id:
             return None
         user = user or "anonymous"  # as RequestPath names a request without a user
         learned = self.learned.get(model_id)
+        if source == "cut":
+            served = _holds(learned, published) and learned.source == "served" and tokens >= learned.tokens
+            return None if served else self._hold(model_id, user, Window(tokens, source, published, time.time()))
         best = max(published if firm is None else firm, learned.tokens if _holds(learned, published) else 0)
         if tokens < WINDOW_FAR_BELOW * best:
             agree = [
@@ -3654,7 +3672,7 @@ class ModelWindow(SharedThroughStore):
         table[key] = window
         self.keep((model_id, user, window))
         how = "error" if window.source == "error" else "cut of the prompt"
-        whose = f"user {user}'s chats (far below what was known)" if user else "every user's chats"
+        whose = f"user {user}'s chats alone" if user else "every user's chats"
         log.warning(
             "async_context_compression: %s's window is %s tokens for %s, learned from the provider's %s",
             *(model_id, window.tokens, whose, how),
@@ -3674,9 +3692,11 @@ class ModelWindow(SharedThroughStore):
         firm: Optional[int] = None,
     ) -> int:
         """A reply's reported prompt against the count sent for ``user``'s request (``window_from_usage``; ``chat``:
-        whose previous reply it is compared with): a cut teaches the window, and is returned (0 = none); a prompt
-        larger than a known window (every user's, or any user's own) shows that it no longer holds (forgotten)."""
-        known = [("", self.learned.get(model_id)), *((u, w) for (m, u), w in self.pending.items() if m == model_id)]
+        whose previous reply it is compared with): a cut teaches the window of that user's chats, and is returned (0 =
+        none); a prompt larger than that user's own window shows that it no longer holds (forgotten). The usage is the
+        user's to write (outlet's body): it unteaches no window other users' chats get."""
+        user = user or "anonymous"
+        known = [(user, self.pending.get((model_id, user)))]
         wrong = [(u, w) for u, w in known if w is not None and reported > w.tokens]
         for u, window in wrong:
             del (self.pending if u else self.learned)[(model_id, u) if u else model_id]
@@ -3714,7 +3734,8 @@ class ModelWindow(SharedThroughStore):
         read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this
         read on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of
         model "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
-        (``forget_before``), rows saved late by a worker that had not heard of it too."""
+        (``forget_before``), rows saved late by a worker that had not heard of it too. A cut of every user's is not
+        applied: only an earlier version saved one, learned from usage a client can write (outlet's body)."""
         rows = [
             (str(m), t, src, pub, float(at or 0.0), str(rest[0]) if rest else "") for m, t, src, pub, at, *rest in rows
         ]
@@ -3728,7 +3749,7 @@ class ModelWindow(SharedThroughStore):
                 window = Window(int(tokens), str(source), int(published or 0), at)
                 if user:
                     pending[(m, user)] = window
-                else:
+                elif source != "cut":  # every user's cut: saved by an earlier version, from usage a client wrote
                     learned[m] = window
         self.saved = [(t, row) for t, row in self.saved if t >= began]
         for m, user, window in [row for _, row in self.saved] + self.unsaved:
@@ -4344,7 +4365,7 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
-RATIO_TABLE = "acc_model_tokens"  # the ratios of ModelTokens, shared by every worker and replica
+RATIO_TABLE = "acc_user_tokens"  # the ratios of ModelTokens, each one user's, shared by every worker and replica
 WINDOW_TABLE = "acc_model_window"  # the windows ModelWindow learned, one row per model, shared like the ratios
 USER_WINDOW_TABLE = (
     "acc_user_window"  # windows far below the best known: one user's chats' alone, until another's agree
@@ -4479,7 +4500,8 @@ def _tables(schema: Optional[str] = None) -> dict:
         Column("path", String(16), nullable=False),
         Column("ratio", Float, nullable=False),
         Column("created_at", Float, nullable=False),
-        Index("ix_acc_model_tokens_model_path", "model", "path"),
+        Column("user_id", String(255), nullable=False, default=""),
+        Index("ix_acc_user_tokens_model_path_user", "model", "path", "user_id"),
     )
     window = Table(
         WINDOW_TABLE,
@@ -4821,26 +4843,30 @@ class SummaryStore:
 
     # -- what ModelTokens and ModelWindow learned, shared by every worker ----------
     async def add_ratios(self, rows: list) -> None:
-        """Samples (key, model, path, ratio, created_at), one transaction; each model and path keeps its
+        """Samples (key, model, path, ratio, created_at, user), one transaction; each model, path and user keeps its
         RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
         if not rows:
             return
         sa, t = await self.table("ratio")
-        values = [dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at)) for k, m, p, r, at in rows]
+        values = [
+            dict(key=k, model=m[:255], path=p, ratio=float(r), created_at=float(at), user_id=str(u)[:255])
+            for k, m, p, r, at, u in rows
+        ]
         settled = time.time() - RATIOS_KEPT_FRESH  # younger rows stay: a minute's snapshot may hold them
 
         async def op(conn):
             await conn.execute(sa.insert(t), values)
-            for model, path in {(v["model"], v["path"]) for v in values}:
-                same = (t.c.model == model, t.c.path == path, t.c.created_at < settled)
+            for model, path, user in {(v["model"], v["path"], v["user_id"]) for v in values}:
+                same = (t.c.model == model, t.c.path == path, t.c.user_id == user, t.c.created_at < settled)
                 await _keep_newest(conn, sa, t, same, RATIO_SAMPLES)
 
         await self.run(op)
 
     async def read_ratios(self) -> list:
-        """Every worker's newest samples: (key, model, path, ratio, created_at)."""
+        """Every worker's newest samples: (key, model, path, ratio, created_at, user)."""
         sa, t = await self.table("ratio")
-        query = sa.select(t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at).order_by(t.c.id.desc())
+        columns = (t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at, t.c.user_id)
+        query = sa.select(*columns).order_by(t.c.id.desc())
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
 
     async def save_windows(self, rows: list) -> None:
@@ -5069,11 +5095,12 @@ async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str,
 
 
 async def _sweep_learning(conn: Any, sa: Any, tables: list, owui: dict) -> int:
-    """Deletes the windows held for the chats of users gone from Open WebUI, and the records of sent requests of users
-    gone or older than SENT_KEPT (small tables: one statement each); the number of rows removed."""
-    (user_window, sent), users = tables, sa.select(owui["user"].c.id)
+    """Deletes the windows and ratios held for the chats of users gone from Open WebUI, and the records of sent
+    requests of users gone or older than SENT_KEPT (small tables: one statement each); the number of rows removed."""
+    (user_window, sent, ratio), users = tables, sa.select(owui["user"].c.id)
     dead = (
         (user_window, user_window.c.user_id.not_in(users)),
+        (ratio, ratio.c.user_id.not_in(users)),
         (sent, sa.or_(sent.c.user_id.not_in(users), sent.c.created_at < time.time() - SENT_KEPT)),
     )
     return sum([(await conn.execute(sa.delete(t).where(where))).rowcount or 0 for t, where in dead])
@@ -5139,7 +5166,7 @@ class RetentionSweeper:
                 after, gone = await self.store.run(partial(sweep, sa=sa, owui=owui, after=after, batch=batch))
                 removed += gone
                 await asyncio.sleep(pause)
-        learning = [(await self.store.table(name))[1] for name in ("user_window", "sent")]
+        learning = [(await self.store.table(name))[1] for name in ("user_window", "sent", "ratio")]
         return removed + await self.store.run(partial(_sweep_learning, sa=sa, tables=learning, owui=owui))
 
     async def erase_all(self) -> None:
@@ -6793,7 +6820,7 @@ class RequestPath:
         turn, on a worker that knew the ratio)."""
         if ctx.budgets is None:
             return ctx
-        scale = self.tokens.scale(ctx.model_id, self.summaries.counter.is_exact(ctx.budgets.encoding))
+        scale = self.tokens.scale(ctx.model_id, self.summaries.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
         return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
@@ -6955,7 +6982,7 @@ class RequestPath:
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
         exact = self.summaries.counter.is_exact(ctx.settings.encoding)
-        self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound)
+        self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound, ctx.user_id)
         self._note_for_window(ctx, fit.tokens_after, exact)
         self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
 
@@ -6965,7 +6992,7 @@ class RequestPath:
         if not ctx.message_id:
             return
         chat = ctx.chat_id if is_saved_chat_id(ctx.chat_id) else ""  # Open WebUI stores no error of an unsaved chat
-        size = sent_size(counted, self.tokens.scale(ctx.model_id, exact))
+        size = sent_size(counted, self.tokens.scale(ctx.model_id, exact, ctx.user_id))
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time())
         record = getattr(self.summaries.store, "record_sent", None)
         if self.windows.note_sent(request, ctx.own_window) and record is not None:
@@ -6977,12 +7004,13 @@ class RequestPath:
         store, reply_id = self.summaries.store, str(body.get("id") or ctx.message_id or "")
         reply = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("id") == reply_id), None)
         usage, save = reply.get("usage") if reply is not None else None, getattr(store, "save_windows", None)
-        cut, recorded = await self.windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save)
+        windows, user = self.windows, ctx.user_id
+        cut, recorded = await windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save, user)
         if recorded and (forget := getattr(store, "forget_sent", None)) is not None:
             self.summaries.spawn(_stored_quietly(forget(reply_id), "an answered request's record"))
         if cut:
             return  # a cut reply says nothing of the model's tokens
-        if learning := self.tokens.after_reply(reply, getattr(store, "add_ratios", None)):
+        if learning := self.tokens.after_reply(reply, getattr(store, "add_ratios", None), user):
             self.summaries.spawn(learning)
 
 

@@ -13,8 +13,8 @@ import async_context_compression as acc
 from devkit import probes
 
 
-def rows(model="llama", path="exact", n=3, ratio=1.3, worker="w1"):
-    return [(f"{worker}:{i}", model, path, ratio + i / 1000, float(i)) for i in range(n)]
+def rows(model="llama", path="exact", n=3, ratio=1.3, worker="w1", user="u1"):
+    return [(f"{worker}:{i}", model, path, ratio + i / 1000, float(i), user) for i in range(n)]
 
 
 async def test_ratios_saved_by_one_worker_are_read_by_another(db):
@@ -24,8 +24,8 @@ async def test_ratios_saved_by_one_worker_are_read_by_another(db):
     assert sorted(r[0] for r in read) == ["w1:0", "w1:1", "w1:2"]
     tokens = acc.ModelTokens()
     tokens.snapshot(read, minute=1)
-    assert tokens.scale("llama") == pytest.approx(1.301)
-    assert tokens.scale("qwen") is None
+    assert tokens.scale("llama", True, "u1") == pytest.approx(1.301)
+    assert tokens.scale("qwen", True, "u1") is None and tokens.scale("llama", True, "u2") is None  # one user's
 
 
 async def test_each_model_and_path_keeps_its_newest_samples(db):
@@ -64,6 +64,37 @@ async def test_the_filter_saves_and_refreshes_through_the_store(db):
     other = acc.Filter()  # another worker: applies it from the next minute's snapshot on, as every worker does
     other.summaries.store = db.store(db.engine())
     await other.inlet({"model": "llama", "messages": msgs}, {"id": "u2"}, {}, None)
-    assert other.tokens.scale("llama") is None  # this minute's snapshot predates the sample
+    assert other.tokens.scale("llama", True, "u1") is None  # this minute's snapshot predates the sample
     await other.tokens.refresh(other.store.read_ratios, time.time() + 60 + acc.RATIOS_SETTLE)
-    assert other.tokens.scale("llama") == pytest.approx(1.4, rel=0.01)
+    assert other.tokens.scale("llama", True, "u1") == pytest.approx(1.4, rel=0.01)
+    assert other.tokens.scale("llama", True, "u2") is None  # usage is the user's to write: u1's alone (issue 42)
+
+
+async def test_a_database_of_the_previous_version_upgrades_keeping_what_is_still_trustworthy(db):
+    """The previous version's every-user ratios (``acc_model_tokens``) and every-user cut, both read from usage a client
+    can write, are not carried over; its windows from a rejection are. Nothing fails on the way."""
+    import sqlalchemy as sa
+
+    engine = db.engine()
+    old = sa.MetaData()
+    ratios = sa.Table(
+        "acc_model_tokens",
+        old,
+        *(sa.Column("id", sa.Integer, primary_key=True), sa.Column("key", sa.String(64))),
+        *(sa.Column("model", sa.String(255)), sa.Column("path", sa.String(16))),
+        *(sa.Column("ratio", sa.Float), sa.Column("created_at", sa.Float)),
+    )
+    async with engine.begin() as conn:
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(ratios), [dict(key="w:1", model="llama", path="exact", ratio=2.5, created_at=1.0)])
+    store = db.store(engine)
+    now = time.time()
+    await store.save_windows(
+        [("llama", "", acc.Window(2100, "cut", 0, now)), ("qwen", "", acc.Window(8192, "error", 0, now))]
+    )
+    await store.add_ratios(rows(n=1, user="u1"))
+    tokens, windows = acc.ModelTokens(), acc.ModelWindow()
+    tokens.snapshot(await store.read_ratios(), minute=1)
+    windows.snapshot(await store.read_windows())
+    assert tokens.scale("llama", True, "") is None and tokens.scale("llama", True, "u1") == pytest.approx(1.3)
+    assert "llama" not in windows.learned and windows.learned["qwen"].tokens == 8192

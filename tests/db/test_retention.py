@@ -211,7 +211,7 @@ async def test_erase_all_empties_every_table_of_the_filter_but_its_mark_and_its_
     await store.save(record("alice", "chat"))
     await store.save(record("alice", "temporary:t1"))  # memory only
     assert await store.try_claim("alice:chat", "w", ttl=60)
-    await store.add_ratios([("k", "m", "exact", 1.1, time.time())])
+    await store.add_ratios([("k", "m", "exact", 1.1, time.time(), "u1")])
 
     await acc.RetentionSweeper(store).erase_all()
 

@@ -22,8 +22,8 @@ async def test_windows_of_every_users_chats_and_of_one_users_are_read_by_another
     rows = sorted(await two.read_windows(), key=lambda r: (r[0], r[5]))
     assert [(r[0], r[1], r[5]) for r in rows] == [("q", 16384, ""), ("q", 256, "mallory"), ("r", 2048, "alice")]
     assert sorted(r[5] for r in await two.read_window("q")) == ["", "mallory"]
-    await one.save_windows([("q", "mallory", None), ("q", "", window(8192, "cut"))])  # forgotten, replaced
-    assert [(r[0], r[1], r[2], r[5]) for r in await two.read_window("q")] == [("q", 8192, "cut", "")]
+    await one.save_windows([("q", "mallory", None), ("q", "", window(8192, "served"))])  # forgotten, replaced
+    assert [(r[0], r[1], r[2], r[5]) for r in await two.read_window("q")] == [("q", 8192, "served", "")]
     worker = acc.ModelWindow()
     worker.snapshot(await two.read_windows())
     assert worker.find("q", None, {}, "mallory").tokens == 8192 and worker.find("r", None, {}, "alice").tokens == 2048
@@ -76,7 +76,7 @@ async def test_erase_all_leaves_only_its_mark_and_every_worker_forgets_at_its_ne
     one, two = db.store(engine), db.store(db.engine())
     await one.save_windows([("q", "", window(4096, at=time.time() - 1)), ("q", "mallory", window(256))])
     await one.record_sent(acc.SentRequest("a9", "c1", "alice", "llama", 9000, time.time()))
-    await one.add_ratios([("w:1", "q", "exact", 1.3, time.time() - 1)])
+    await one.add_ratios([("w:1", "q", "exact", 1.3, time.time() - 1, "u1")])
     other = acc.ModelWindow()  # another worker, which read the windows before the erase
     other.snapshot(await two.read_windows())
     assert other.find("q", None, {}).tokens == 4096

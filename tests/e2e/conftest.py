@@ -140,12 +140,17 @@ def shared_two_workers(owui_python, provider, filter_source):
     start is 20-25 s of CPU); every test on it uses its own chats, so none sees another's state. The models of the
     modules that run on it are listed from the start: each worker resolves a chat's model from the list it read
     (a model added later is "not found" on the worker that has not read the list since)."""
+    import test_forged_usage
     import test_model_window
     import test_recall
 
     for module in (test_model_window, test_recall):
         provider.respec(module.SPECS, summary_models=(module.SUMMARIZER,))
-    with multi_worker_server(owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600) as started:
+    provider.respec(test_forged_usage.SPECS)
+    plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true"}  # test_forged_usage's plain users use the provider's models
+    with multi_worker_server(
+        owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users
+    ) as started:
         yield started
 
 

@@ -189,7 +189,7 @@ def test_a_minutes_snapshot_holds_the_stores_samples_created_before_it():
     late = [("w2:late", "m", "exact", 2.5, 60 - acc.RATIOS_SETTLE), ("w3:1", "m", "bogus-path", 2.0, 9.0)]
     t.snapshot(rows + late, minute=1)
     assert t.scale("m") == pytest.approx(acc.robust_ratio([1.0 + i / 100 for i in range(30)]))
-    assert len(t.shared[("m", "exact")]) == acc.RATIO_SAMPLES and ("m", "bogus-path") not in t.shared
+    assert len(t.shared[("m", "exact", "")]) == acc.RATIO_SAMPLES and ("m", "bogus-path", "") not in t.shared
     t.snapshot([], minute=0)  # a read that outlived its minute changes nothing
     assert t.minute == 1 and t.scale("m") is not None
 
@@ -199,7 +199,7 @@ def test_tables_are_bounded():
     for i in range(50):
         t.note_sent(f"r{i}", f"m{i}", True, 1000)
         t.add(f"m{i}", "exact", 1.1)
-    assert len(t.counted) == 8 and len(t.own) == 4 and len(t.unsaved) <= 64
+    assert len(t.counted) == 8 and len(t.own) == 4 * 8 and len(t.unsaved) <= 64
 
 
 def _learned(t: acc.ModelTokens, store: "_Store", model: str, ratio: float, reply: str) -> None:
@@ -223,7 +223,7 @@ def test_workers_on_one_store_apply_the_same_ratio_all_minute_even_after_learnin
         late = acc.ModelTokens()  # a worker whose first request comes later in the minute
         await late.refresh(store.read_ratios, now)
         assert one.scale("llama") == two.scale("llama") == late.scale("llama") == pytest.approx(1.2)
-        later = max(at for *_, at in store.rows) + 60 + acc.RATIOS_SETTLE  # a minute that sees them
+        later = max(row[4] for row in store.rows) + 60 + acc.RATIOS_SETTLE  # a minute that sees them
         for t in (one, two, late):
             await t.refresh(store.read_ratios, later)
         assert one.scale("llama") == two.scale("llama") == late.scale("llama") == pytest.approx(2.0)

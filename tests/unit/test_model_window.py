@@ -167,7 +167,7 @@ def test_a_cut_is_read_per_chat_not_across_chats():
     assert windows.observe("q", 9000, 9100, chat="a", cuts=False) == 0
     assert windows.observe("q", 9010, 9400, chat="b", cuts=False) == 0  # another chat of the same size
     assert windows.observe("q", 9005, 9500, chat="a", cuts=False) == 9005  # pinned in chat a
-    assert windows.find("q", None, {}).tokens == 9005
+    assert windows.find("q", None, {}, "anonymous").tokens == 9005  # the user's whose usage showed it
 
 
 # -- caps from the window ---------------------------------------------------------------
@@ -278,10 +278,10 @@ def test_learned_windows_age_out(monkeypatch):
 
 def test_a_prompt_larger_than_a_learned_window_forgets_it():
     windows = acc.ModelWindow()
-    windows.learn("q", 16384, "cut")
+    windows.learn("q", 16384, "cut", user="u1")
     windows.unsaved.clear()
-    assert windows.observe("q", 20000, 20000) == 0
-    assert windows.find("q", None, {}) == acc.NO_WINDOW and windows.unsaved == [("q", "", None)]
+    assert windows.observe("q", 20000, 20000, user="u1") == 0
+    assert windows.find("q", None, {}, "u1") == acc.NO_WINDOW and windows.unsaved == [("q", "u1", None)]
 
 
 def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read():
@@ -294,7 +294,7 @@ def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read()
         assert two.find("q", None, {}) == acc.NO_WINDOW  # until it reads the store: the model's row ...
         await two.refresh_model(store.read_window, "q")
         assert two.find("q", None, {}).tokens == 16384
-        one.learn("r", 8192, "cut")
+        one.learn("r", 8192, "error")
         await store.save_windows(one.unsaved)
         two.read_at -= acc.WINDOWS_REFRESH  # ... or, every WINDOWS_REFRESH, every row
         await two.refresh(store.read_windows)
@@ -417,8 +417,9 @@ def test_default_valves_learn_an_ollama_like_cut_once_and_never_cut_again():
     assert replies[-1][0] > 2500  # it grew to the window
     assert len(cut) <= 2, cut  # the first cut (or two, pinned) teaches the window ...
     assert not [n for n in cut if n > cut[0] + 1]  # ... and none comes after
-    assert f.windows.find("llama", None, {}).tokens == 4096
-    assert f.summaries.store.rows[("llama", "")][1:3] == (4096, "cut")  # shared
+    assert f.windows.find("llama", None, {}, "u1").tokens == 4096
+    assert f.summaries.store.rows[("llama", "u1")][1:3] == (4096, "cut")  # shared by the user's chats alone
+    assert f.windows.find("llama", None, {}, "u2") == acc.NO_WINDOW  # usage is the user's to write (issue 42)
 
 
 def test_default_valves_fit_a_published_window_from_the_first_request():
@@ -591,7 +592,9 @@ def test_a_window_far_below_the_known_one_is_one_users_until_another_users_chats
     assert windows.find("q", published, {}, "mallory").tokens == 256  # mallory's own
     assert windows.learn("q", 8192, "error", 32768, user="alice").tokens == 8192  # another user, another window
     assert windows.find("q", published, {}, "bob") == acc.Window(32768, "published")
-    assert windows.learn("q", 8000, "cut", 32768, user="bob").tokens == 8000  # a third agrees with alice: shared
+    assert windows.learn("q", 8000, "cut", 32768, user="bob").tokens == 8000  # a cut: bob's own, always
+    assert windows.find("q", published, {}, "carol") == acc.Window(32768, "published")
+    assert windows.learn("q", 8000, "error", 32768, user="bob").tokens == 8000  # a third agrees with alice: shared
     assert windows.find("q", published, {}, "carol").tokens == 8000
     assert windows.find("q", published, {}, "mallory").tokens == 256  # the lowest of its own and every user's
     assert windows.learn("q", 20000, "error", 32768, user="dave").tokens == 20000  # not far below: every user's
@@ -616,7 +619,7 @@ def test_far_below_windows_are_persisted_per_user_and_read_by_every_worker():
         await one.flush(store.save_windows)
         await two.refresh(store.read_windows)
         assert two.find("q", None, {}, "bob").tokens == 16384 and two.find("q", None, {}, "mallory").tokens == 2048
-        assert two.learn("q", 2100, "cut", user="bob").tokens == 2048  # bob's chats agree, on another worker
+        assert two.learn("q", 2100, "error", user="bob").tokens == 2048  # bob's chats agree, on another worker
         await two.flush(store.save_windows)
         assert sorted(store.rows) == [("q", "")] and store.rows[("q", "")][1] == 2048
 
@@ -637,7 +640,7 @@ def test_a_removed_or_replaced_row_is_gone_from_every_worker_at_its_next_read():
         two.read_at -= acc.WINDOWS_REFRESH
         await two.refresh(store.read_windows)
         assert two.find("q", None, {}) == acc.NO_WINDOW and two.find("r", None, {}).tokens == 16384
-        two.learn("s", 2048, "cut")  # this worker's own, not saved yet, stays
+        two.learn("s", 2048, "error")  # this worker's own, not saved yet, stays
         two.read_at -= acc.WINDOWS_REFRESH
         await two.refresh(store.read_windows)
         assert two.find("s", None, {}).tokens == 2048
@@ -719,9 +722,9 @@ def test_a_chats_own_num_ctx_teaches_nothing_shared(where):
 @pytest.mark.parametrize("where", ["options", "top"])
 def test_a_chats_own_larger_num_ctx_makes_no_one_forget_a_window(where):
     f = _window_filter()
-    f.windows.learn("llama", 4096, "cut", user="u9")
+    f.windows.learn("llama", 4096, "cut", user="u1")
     _ollama_turn(f, "a1", LONG * 50, 16384, where)  # 6,000 prompt tokens taken, over the learned 4096
-    assert f.windows.find("llama", None, {}).tokens == 4096
+    assert f.windows.find("llama", None, {}, "u1").tokens == 4096
 
 
 def test_without_a_chats_own_num_ctx_the_same_turns_teach_and_unteach():
@@ -737,9 +740,9 @@ def test_without_a_chats_own_num_ctx_the_same_turns_teach_and_unteach():
         await f.outlet({"id": reply_id, "chat_id": "c1", "messages": [*body["messages"], reply]}, {"id": "u1"}, meta)
 
     asyncio.run(run("a1", LONG * 30, 2048))
-    assert f.windows.learned["llama"].tokens == 2048
+    assert f.windows.pending[("llama", "u1")].tokens == 2048  # usage teaches the user's own chats (issue 42)
     asyncio.run(run("a2", LONG * 50, 6000))
-    assert "llama" not in f.windows.learned
+    assert ("llama", "u1") not in f.windows.pending
 
 
 def test_the_admins_num_ctx_is_no_chats_own():

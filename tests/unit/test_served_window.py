@@ -172,8 +172,8 @@ def test_settings_outrank_the_served_window_which_outranks_learned_and_published
     assert windows.find("m", llamacpp, {"options": {"num_ctx": 4096}}) == acc.Window(4096, "settings")
     assert windows.learn("m", 16384, "error", 131072, firm=0) is None  # the server knows better
     assert windows.find("m", llamacpp, {}).tokens == 8192
-    assert windows.learn("m", 6000, "cut", 131072, firm=0).tokens == 6000  # less than served: kept (nothing gets cut)
-    assert windows.serve("m", 8192, 131072).source == "served"  # the next ask puts it back
+    assert windows.learn("m", 6000, "cut", 131072, firm=0, user="u").tokens == 6000  # under served: kept (the user's)
+    assert windows.find("m", llamacpp, {}, "u").tokens == 6000 and windows.find("m", llamacpp, {}).tokens == 8192
     assert windows.serve("m", 8192, 131072) is None  # the same: nothing to save ...
     windows.learned["m"] = acc.replace(windows.learned["m"], learned_at=windows.learned["m"].learned_at - 7200)
     assert windows.serve("m", 8192, 131072) is not None  # ... until its row would age out
@@ -287,17 +287,17 @@ def test_open_webui_before_0_12_holds_its_connections_in_app_state():
 
 def test_a_cut_reply_teaches_the_window_and_no_ratio_on_either_path_to_ollama():
     windows, tokens = acc.ModelWindow(), acc.ModelTokens()
-    tokens.add("q", "exact", 1.15)
+    tokens.add("q", "exact", 1.15, "u")
 
     def reply(reply_id, counted, usage, windows=windows, chat="c"):
-        tokens.note_sent(reply_id, "q", True, counted)
+        tokens.note_sent(reply_id, "q", True, counted, user="u")
         windows.note_sent(acc.SentRequest(reply_id, "", "u", "q", counted, 0.0), False)  # a request the filter sent
-        return asyncio.run(windows.after_reply(tokens, reply_id, usage, None, chat, None))[0]
+        return asyncio.run(windows.after_reply(tokens, reply_id, usage, None, chat, None, "u"))[0]
 
     assert reply("a1", 3000, {"prompt_eval_count": 3450}) == 0 and "a1" in tokens.counted  # its ratio is learned
     assert reply("a2", 4000, {"prompt_eval_count": 3100, "prompt_tokens": 3100}) == 3100  # Ollama's own API
-    assert "a2" not in tokens.counted and tokens.learn("a2", {"prompt_eval_count": 3100}) is None
-    assert windows.find("q", None, {}) == acc.replace(windows.learned["q"], tokens=3100, source="cut")
+    assert "a2" not in tokens.counted and tokens.learn("a2", {"prompt_eval_count": 3100}, "u") is None
+    assert windows.find("q", None, {}, "u") == acc.replace(windows.pending[("q", "u")], tokens=3100, source="cut")
     # Ollama's /v1 reports prompt_tokens alone: a cut where its /api/ps answered, else a provider that rejects
     other = acc.ModelWindow()
     assert reply("b1", 4000, {"prompt_tokens": 3100}, other, "d") == 0
@@ -351,8 +351,8 @@ def test_without_an_answer_ollamas_drop_teaches_the_window_within_a_few_turns():
     cut = [n for n, (_, over) in enumerate(replies) if over]
     assert replies[-1][0] > 2500  # it grew to the window
     assert cut and len(cut) <= 3 and cut == list(range(cut[0], cut[0] + len(cut))), cut  # then none after
-    assert 3000 < f.windows.find("llama", None, {}).tokens <= 4096  # what Ollama kept: a lower bound of num_ctx
-    assert f.summaries.store.rows["llama"][2] == "cut"
+    assert 3000 < f.windows.find("llama", None, {}, "u1").tokens <= 4096  # what Ollama kept: a bound of num_ctx
+    assert f.summaries.store.rows[("llama", "u1")][2] == "cut"  # the user's own chats' (issue 42)
 
 
 @pytest.fixture
