@@ -3371,9 +3371,12 @@ class ServedProbe:
 
     async def _not_loaded(self, server: ServedServer) -> tuple[int, str]:
         """An Ollama model not loaded yet (or unloaded after each request, ``keep_alive`` 0): the window it will be
-        loaded with, as ``/api/show`` says (``ollama_load_window``): (tokens, "/api/show"), or (tokens, "guess")."""
+        loaded with, as ``/api/show`` says (``ollama_load_window``): (tokens, "/api/show"), or (tokens, "guess");
+        (0, "/api/ps") where the server does not show the model (not one it serves as Ollama: nothing to assume)."""
         status, answer = await self._get(server.root + "/api/show", server.key, {"model": server.name})
-        tokens, guessed = ollama_load_window(answer if status == 200 else None)
+        if status != 200 or not isinstance(answer, dict):
+            return 0, "/api/ps"
+        tokens, guessed = ollama_load_window(answer)
         return tokens, "guess" if guessed else "/api/show"
 
     async def _get(self, url: str, key: str, payload: Any = None) -> tuple[int, Any]:

@@ -227,17 +227,26 @@ def declared_valves(source: str) -> Optional[set]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Filter":
-            for inner in node.body:
-                if isinstance(inner, ast.ClassDef) and inner.name == "Valves":
-                    return {
-                        item.target.id
-                        for item in inner.body
-                        if isinstance(item, ast.AnnAssign)
-                        and isinstance(item.target, ast.Name)
-                        and not item.target.id.startswith("_")  # private attributes, not valves
-                    }
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def fields(cls: ast.ClassDef, seen: frozenset) -> set:
+        """The class's own fields and those of its bases defined in the file (the filter's layer 4 holds them)."""
+        own = {
+            item.target.id
+            for item in cls.body
+            if isinstance(item, ast.AnnAssign)
+            and isinstance(item.target, ast.Name)
+            and not item.target.id.startswith("_")  # private attributes, not valves
+        }
+        for base in cls.bases:
+            name = base.id if isinstance(base, ast.Name) else None
+            if name in classes and name not in seen:
+                own |= fields(classes[name], seen | {name})
+        return own
+
+    for inner in classes["Filter"].body if "Filter" in classes else ():
+        if isinstance(inner, ast.ClassDef) and inner.name == "Valves":
+            return fields(inner, frozenset())
     return None
 
 

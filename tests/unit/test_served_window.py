@@ -92,7 +92,7 @@ class _Server:
     def __init__(self, answers: dict, delay: float = 0.0):
         self.answers, self.delay, self.asked = answers, delay, []
 
-    def __call__(self, url: str, key: str) -> tuple:
+    def __call__(self, url: str, key: str, payload=None) -> tuple:
         self.asked.append((url, key))
         if self.delay:
             import time
@@ -422,6 +422,14 @@ def test_the_first_request_of_a_long_chat_fits_an_ollama_model_not_loaded_yet(lo
     assert first[1] is False and first[0] > 2500, first  # over the window as stored: trimmed, not cut by the server
     assert (f.windows.learned.get("llama:8b") or acc.NO_WINDOW).source == ("served" if in_modelfile else "")
     assert bool(f.windows.guessed) is False  # a guess lasts until the model's first reply: here it replied
+
+
+def test_a_model_the_server_does_not_show_is_not_assumed_to_be_an_ollama_one():
+    """A server answering /api/ps serves Ollama's models; one it does not show (404 on /api/show) gets no guess."""
+    get = _Server({"/api/ps": (200, {"models": []}), "/api/show": (404, {"error": "model 'm' not found"})})
+    assert asyncio.run(acc.ServedProbe(get).ask(acc.ServedServer("openai", "http://o", "", "m"))) == (0, "/api/ps")
+    shown = _Server({"/api/ps": (200, {"models": []}), "/api/show": (200, local.ollama_show("m", 131072, None))})
+    assert asyncio.run(acc.ServedProbe(shown).ask(OLLAMA)) == (acc.OLLAMA_DEFAULT_WINDOW, "guess")
 
 
 def test_a_guess_is_assumed_only_while_nothing_firm_is_known_and_a_request_waits_only_then():
