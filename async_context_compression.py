@@ -6314,8 +6314,7 @@ class BackgroundSummarizer:
         s = ctx.settings
         summary = plan.previous.summary if plan.previous else ""
         # rendering and tokenizing up to the whole stretch: off the event loop
-        previous = plan.previous.summary_tokens if plan.previous else 0
-        fold = (branch, plan.start, plan.target, s, plan.user_instructions, previous)
+        fold = (branch, plan.start, plan.target, s, plan.user_instructions, plan.previous)
         rounds = await asyncio.to_thread(self._rounds, *fold)
         record, at_coverage = None, True
         for calls, summary_round in enumerate(rounds):
@@ -6364,15 +6363,22 @@ class BackgroundSummarizer:
         return clean_summary_answer(answer)
 
     def _rounds(
-        self, branch: Branch, start: int, target: int, s: Settings, user_instructions: str = "", previous: int = 0
+        self,
+        branch: Branch,
+        start: int,
+        target: int,
+        s: Settings,
+        user_instructions: str = "",
+        previous: Optional[SummaryRecord] = None,
     ) -> list:
         """canon[start:target] rendered as one summarizer call where the summary model's window holds it beside the
-        ``previous`` summary (its tokens) and the longest answer; else cut into rounds that fit with room for the
-        longest summary carried from round to round. Coverage stops only at an atomic unit's end (a call and its
-        results together)."""
+        ``previous`` summary and the longest answer; else cut into rounds that fit with room for the longest summary
+        carried from round to round. Coverage stops only at an atomic unit's end (a call and its results together)."""
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
+        # a record saved without its count (Open WebUI's own /compact summary as a base) is counted here
+        previous = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
         budget = summary_round_budget(
             s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
         )

@@ -532,8 +532,11 @@ def test_a_fold_is_one_call_where_the_window_holds_it_beside_the_summary_it_has(
     s = acc.resolve_settings(f.valves, "m", window=acc.Window(8192, "served"), summary_window=0)
     canon = _turns(3)  # three turns of ~1.2k tokens: the fold of a chat at 8k, in a summarizer as small
     branch = acc.Branch.of(canon, [f"m{i}" for i in range(len(canon))])
-    rounds = f.summaries._rounds(branch, 0, len(canon), s, "", previous)
+    record = acc.SummaryRecord("u", "c", branch.anchor, 0, 0, "", "x", summary_tokens=previous)
+    rounds = f.summaries._rounds(branch, 0, len(canon), s, "", record)
     assert len(rounds) == calls
     count = partial(f.counter.text_tokens, encoding="cl100k_base")
     budget = acc.summary_round_budget(s.summary_window, s.max_summary_tokens, count)
     assert budget - 300 > sum(count(t) for r in rounds for t in r.texts()) > budget - s.max_summary_tokens
+    uncounted = acc.SummaryRecord("u", "c", branch.anchor, 0, 0, "", "word " * previous)  # /compact's, as a base
+    assert len(f.summaries._rounds(branch, 0, len(canon), s, "", uncounted)) == calls  # counted, not taken as 0
