@@ -118,6 +118,7 @@ class _BoundedDict(OrderedDict):
 
 # -- Shared by every layer ----------------------------------------------------
 STORE_TIMEOUT = 3.0  # seconds a request waits at most on one database call (ours or Open WebUI's), or on a status line
+BACKGROUND_WRITE_TIMEOUT = 30.0  # seconds a background write of what a reply taught may wait on a busy database
 API_RETENTION_DAYS = 30  # days API conversations' summaries are kept by default (a valve; the sweep applies it)
 API_CHAT = "api:"  # a chat key's chat part for an API call (no chat id): this, then the conversation's anchor
 
@@ -3491,7 +3492,7 @@ class ModelWindow(SharedThroughStore):
         self.pending = _BoundedDict(models * 4)  # (model, user) -> Window far below the best known: that user's only
         self.last_usage = _BoundedDict(models * 8)  # (model, chat) -> (reported, counted) of its last uncut reply
         self.told = _BoundedDict(models * 4)  # (model, tokens, source) -> the reply whose status line tells it
-        self.sent = _BoundedDict(replies)  # reply id -> (user, the chat's own window, recorded) of requests sent here
+        self.sent = _BoundedDict(replies)  # reply id -> (user, the chat's own window, recorded, record) sent here
         self.read_at = 0.0
         self.erased_at = 0.0  # when the stored data was last erased, as the latest read of the store said
         self.server = ServedProbe()
@@ -3548,8 +3549,9 @@ class ModelWindow(SharedThroughStore):
             read_sent = getattr(store, "read_sent", None)
             sent = await asyncio.wait_for(read_sent(reply_id), STORE_TIMEOUT) if reply_id and read_sent else None
         except Exception as exc:
-            log.debug("async_context_compression: the failed reply or its request not read: %s", exc)
+            log.warning("async_context_compression: the failed reply or its request not read: %r", exc)
             return window
+        sent = sent or self.sent_here(reply_id)
         tokens = window_from_failed_reply(sent, chat_id, model_id, error)
         published, firm = model_published_window(model), model_served_published(model)
         if tokens and self.learn(model_id, tokens, "error", published, sent.user_id, firm):
@@ -3568,8 +3570,16 @@ class ModelWindow(SharedThroughStore):
         error, one under SENT_RECORD_MIN model tokens can show no window worth learning."""
         before = self.sent.get(request.reply_id)
         recorded = not own_window and bool(request.chat_id) and request.tokens >= SENT_RECORD_MIN
-        self.sent[request.reply_id] = (request.user_id, own_window, recorded or bool(before and before[2]))
+        kept = request if recorded else (before[3] if before else None)
+        self.sent[request.reply_id] = (request.user_id, own_window, recorded or bool(before and before[2]), kept)
         return request if recorded else None
+
+    def sent_here(self, reply_id: str) -> Optional[SentRequest]:
+        """The record of the request this worker sent for ``reply_id`` (unanswered), None if none: the next turn's
+        evidence when it lands here and the store's copy was not written (a background write that timed out)."""
+        sent = self.sent.get(reply_id)
+        record = sent[3] if sent is not None else None
+        return record if record is not None and time.time() - record.created_at <= SENT_KEPT else None
 
     async def after_reply(
         self, tokens: ModelTokens, reply_id: str, usage: Any, model: Any, chat: str, save, user: str = ""
@@ -3583,7 +3593,7 @@ class ModelWindow(SharedThroughStore):
         if sent is None or sent[0] != (user or "anonymous"):
             return 0, False  # no request sent here for this user's reply
         del self.sent[reply_id]
-        _, own_window, recorded = sent
+        _, own_window, recorded, _ = sent
         counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
         if own_window or counted is None or reported is None or reported[1]:
             return 0, recorded
@@ -7024,11 +7034,13 @@ class RequestPath:
 
 
 async def _stored_quietly(write: Awaitable, what: str) -> None:
-    """A background write whose failure costs only what it would have taught (the store logs its own faults)."""
+    """A background write whose failure costs only what it would have taught (the store logs its own faults). No
+    request waits for it, so it may outwait a busy database far longer than a request's read (BACKGROUND_WRITE_TIMEOUT:
+    a sent request's record lost to a 3 s deadline cost a second rejection on a loaded machine)."""
     try:
-        await asyncio.wait_for(write, STORE_TIMEOUT)
+        await asyncio.wait_for(write, BACKGROUND_WRITE_TIMEOUT)
     except Exception as exc:
-        log.debug("async_context_compression: %s not stored: %s", what, exc)
+        log.warning("async_context_compression: %s not stored: %r", what, exc)
 
 
 # ---------------------------------------------------------------------------

@@ -51,6 +51,7 @@ FILTER_FILE = os.path.join(REPO_ROOT, "async_context_compression.py")
 
 _LATENCY_KEY = pytest.StashKey[list]()
 _SERVER_KEY = pytest.StashKey[object]()
+_TWO_WORKERS_KEY = pytest.StashKey[object]()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -134,7 +135,7 @@ def installed_filter(admin, filter_source):
 
 
 @pytest.fixture(scope="session")
-def shared_two_workers(owui_python, provider, filter_source):
+def shared_two_workers(owui_python, provider, filter_source, request):
     """(server, client): the session's Open WebUI on two uvicorn workers sharing one database, on the session's
     provider, the filter installed with the e2e valves and the worker probe (PID_PROBE) beside it. Started once (a
     start is 20-25 s of CPU); every test on it uses its own chats, so none sees another's state. The models of the
@@ -151,6 +152,7 @@ def shared_two_workers(owui_python, provider, filter_source):
     with multi_worker_server(
         owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users
     ) as started:
+        request.config.stash[_TWO_WORKERS_KEY] = started[0]  # its log is shown with a failing test's report
         yield started
 
 
@@ -206,16 +208,17 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when != "call" or not report.failed or not str(item.fspath).startswith(HERE):
         return
-    server = item.config.stash.get(_SERVER_KEY, None)
-    if server is None:
-        return
-    lines = [
-        line
-        for line in server.log_text().splitlines()
-        if "async_context_compression" in line or "ERROR" in line or "Traceback" in line or "Error" in line
-    ]
-    if lines:
-        report.sections.append(("Open WebUI log (filter and error lines, last 40)", "\n".join(lines[-40:])))
+    for key, which in ((_SERVER_KEY, "one worker"), (_TWO_WORKERS_KEY, "two workers")):
+        server = item.config.stash.get(key, None)
+        if server is None:
+            continue
+        text = server.log_text().splitlines()
+        lines = [line for line in text if "async_context_compression" in line or "ERROR" in line or "Error" in line]
+        warned = [line for line in text if "| WARNING" in line or "| ERROR" in line or "Traceback" in line]
+        for what, found in (("filter and error lines", lines), ("warnings and errors", warned)):
+            if found:
+                title = f"Open WebUI log, the session's {which}: {what}, last 40"
+                report.sections.append((title, "\n".join(found[-40:])))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

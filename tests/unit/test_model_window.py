@@ -488,6 +488,21 @@ def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypa
     assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
 
 
+def test_a_record_the_store_did_not_keep_still_teaches_the_worker_that_sent_it(monkeypatch):
+    """A loaded database can lose the background write of a sent request's record: the worker that sent the request
+    keeps its own copy, so a turn landing there still learns the window the rejection named (CI saw three rejections
+    in a row for the want of it)."""
+    f = _window_filter()
+
+    async def lost(request):
+        raise TimeoutError("database busy")
+
+    monkeypatch.setattr(f.summaries.store, "record_sent", lost)
+    _rejected_then_retried(f, monkeypatch, "a9", TOO_LONG)
+    assert not f.summaries.store.sent  # nothing reached the store
+    assert f.windows.find("llama", None, {}).tokens == 2048
+
+
 # -- trust between users (issue 35): who may teach or unteach a window every user's chats get ----------------------
 
 
