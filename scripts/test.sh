@@ -55,12 +55,14 @@ fi
 # matrix (scripts/test_versions.sh: the e2e subset against the oldest version
 # the filter declares and a 0.11.x; ACC_VERSIONS="..." picks others, "none" skips),
 # in two lanes at once, one per core. Most of an end-to-end test is waiting on
-# servers, so one core runs the e2e modules on the session's Open WebUIs, the
-# replicas and then the matrix, while the other runs every other test folder and
-# the e2e modules that start their own deployment (listed here; a new e2e module
-# joins the first lane by default). Each lane is one pytest session with its own
-# fixtures and its own 25 slowest tests; the second lane's output is printed
-# when it ends. Together the lanes collect exactly the tests `pytest` alone does.
+# servers, so one core runs the e2e modules on the session's Open WebUIs and the
+# replicas, while the other runs every other test folder, the e2e modules that
+# start their own deployment (listed here; a new e2e module joins the first lane
+# by default) and then the version matrix (its own servers, one at a time: the
+# first lane is the longer one, so the matrix waits there no more). Each lane is
+# one pytest session with its own fixtures and its own 25 slowest tests; the
+# second lane's output is printed when it ends. Together the lanes collect
+# exactly the tests `pytest` alone does, and the matrix runs after them.
 OWN_DEPLOYMENTS=(
   tests/e2e/test_local_backends.py
   tests/e2e/test_served_window.py
@@ -81,18 +83,20 @@ second_log="$(mktemp -t acc-second-lane.XXXXXX)"
 {
   rc=0
   "$PY" -m pytest -p no:cacheprovider "${SECOND[@]}" || rc=$?
+  echo "[test] second lane's pytest ended after $(($(date +%s) - started)) s"
+  bash scripts/test_versions.sh || rc=$?
   echo "[test] second lane ended after $(($(date +%s) - started)) s"
   exit "$rc"
 } >"$second_log" 2>&1 &
 second_pid=$!
 trap 'kill "$second_pid" 2>/dev/null || true' INT TERM
 first=0
-{ "$PY" -m pytest "${FIRST[@]}" && bash scripts/test_versions.sh; } || first=$?
-echo "[test] first lane (e2e on the session servers, replicas, version matrix) $([ "$first" = 0 ] && echo passed || echo FAILED) after $(($(date +%s) - started)) s; waiting for the second lane"
+"$PY" -m pytest "${FIRST[@]}" || first=$?
+echo "[test] first lane (e2e on the session servers, replicas) $([ "$first" = 0 ] && echo passed || echo FAILED) after $(($(date +%s) - started)) s; waiting for the second lane"
 second=0
 wait "$second_pid" || second=$?
 echo "[test] ---- second lane: ${SECOND[*]} ----"
 cat "$second_log"
 rm -f "$second_log"
-echo "[test] second lane (unit, project, devkit, db, e2e with their own deployments) $([ "$second" = 0 ] && echo passed || echo FAILED); whole run $(($(date +%s) - started)) s"
+echo "[test] second lane (unit, project, devkit, db, e2e with their own deployments, version matrix) $([ "$second" = 0 ] && echo passed || echo FAILED); whole run $(($(date +%s) - started)) s"
 [ "$first" = 0 ] && [ "$second" = 0 ]
