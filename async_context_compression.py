@@ -3427,8 +3427,14 @@ def reply_room(body: Any, model: Any, window: int) -> int:
 
 
 def reply_missing(messages: Messages) -> bool:
-    """Whether the list inlet received ends in two user messages: Open WebUI leaves out a reply that failed."""
-    return [_role(m) for m in messages[-2:]] == ["user", "user"]
+    """Whether the list inlet received follows a reply that may have failed: Open WebUI 0.10 and later leave a failed
+    reply out (the list ends in two user messages); 0.9 sends it as an assistant message that says nothing. Only a
+    cheap filter: what the stored chat holds decides (``failed_reply``)."""
+    last = messages[-2:]
+    roles = [_role(m) for m in last]
+    if roles == ["assistant", "user"] and isinstance(last[0], dict):
+        return not _is_tool_call_turn(last[0]) and not _says_something(last[0])
+    return roles == ["user", "user"]
 
 
 def chat_set_window(body: Any, model: Any) -> bool:

@@ -435,10 +435,11 @@ def test_default_valves_fit_a_published_window_from_the_first_request():
     assert replies[0][0] <= 4096
 
 
-def _rejected_then_retried(f, monkeypatch, error_on, error, user="u1", failed_id="a9", model=None):
+def _rejected_then_retried(f, monkeypatch, error_on, error, user="u1", failed_id="a9", model=None, sent_empty=False):
     """A chat whose reply ``a9`` (to ``user``'s request, sent by the filter) failed; the next turn follows it. Open WebUI
     answers ``failed_reply`` with ``error`` on message ``error_on`` ("" = no failed reply under the new turn: the
-    error sits on a user message). Returns the next turn's body."""
+    error sits on a user message). ``sent_empty``: the next turn's list carries the failed reply as an empty assistant
+    message (Open WebUI 0.9), not left out (0.10 and later). Returns the next turn's body."""
     asked = []
 
     async def failed_reply(chat_id, user_message_id):
@@ -459,7 +460,8 @@ def _rejected_then_retried(f, monkeypatch, error_on, error, user="u1", failed_id
         await f.request({"model": "llama", "messages": first}, {"id": user}, meta, None, model, "c1")
         await f.wait_for_background(10)  # the provider rejects it: no outlet
         meta = {"chat_id": "c1", "message_id": "a10", "user_message_id": "u9"}
-        retried = first + [{"role": "user", "content": f"Q13 {LONG}"}]  # the reply between them failed
+        failed = [{"role": "assistant", "content": ""}] if sent_empty else []
+        retried = first + failed + [{"role": "user", "content": f"Q13 {LONG}"}]  # the reply between them failed
         body = await f.inlet({"model": "llama", "messages": retried}, {"id": user}, meta, None, model, None, "c1")
         await f.wait_for_background(10)
         return body
@@ -486,6 +488,24 @@ def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypa
     assert f.windows.find("llama", None, {}).tokens == 2048
     assert f.summaries.store.rows[("llama", "")][1:3] == (2048, "error")
     assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+
+
+def test_open_webui_0_9s_empty_failed_reply_in_the_list_still_teaches_the_window(monkeypatch):
+    """Open WebUI 0.9 sends the failed reply along, empty, where later versions leave it out: the turn after a
+    rejection learns the window its error names on either shape (the version matrix saw 0.9.0 rejected twice)."""
+    f = _window_filter()
+    body = _rejected_then_retried(f, monkeypatch, "a9", TOO_LONG, sent_empty=True)
+    assert f.windows.find("llama", None, {}).tokens == 2048
+    assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+
+
+def test_a_reply_that_said_something_is_no_failed_reply():
+    said = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A."}, {"role": "user", "content": "Q"}]
+    assert not acc.reply_missing(said)
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    assert not acc.reply_missing([*said[:1], {"role": "assistant", "content": "", "tool_calls": calls}, said[2]])
+    assert acc.reply_missing([*said[:1], {"role": "assistant", "content": " "}, said[2]])
+    assert acc.reply_missing([said[0], said[2]])
 
 
 def test_a_record_the_store_did_not_keep_still_teaches_the_worker_that_sent_it(monkeypatch):
