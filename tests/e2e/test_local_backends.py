@@ -18,8 +18,9 @@ summary, the last turn and the new message).
 The Ollama chats of ``SET_4K``/``SET_8K`` know their window from ``num_ctx`` in the models' params (set as an admin
 sets them in Open WebUI, which puts it in the request's ``options`` before inlet; outlet gets neither, and plans in
 the window the reply's request was sent in); ``SERVED_4K``/``SERVED_8K`` have none set and are found by asking the
-server (``/api/ps``); llama-server's window is found by asking ``/props``, so it rejects nothing
-(tests/e2e/test_served_window.py covers a llama-server without ``/props``: one rejection at most).
+server (``/api/ps``), and count as Llama 3 counts English (1.1x cl100k plus 4 per message; the others count 1:1);
+llama-server's window is found by asking ``/props``, so it rejects nothing (tests/e2e/test_served_window.py covers a
+llama-server without ``/props``: one rejection at most).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SET_4K, SET_8K = "small-4k:8b", "small-8k:8b"  # num_ctx in the model's params i
 SERVED_4K, SERVED_8K = "served-4k:8b", "served-8k:8b"  # the window only from the server (/api/ps)
 LLAMA = "llama-server-8k"
 WINDOWS = {SET_4K: 4096, SET_8K: 8192, SERVED_4K: 4096, SERVED_8K: 8192, LLAMA: 8192}
+LLAMA3 = {"ratio": 1.1, "per_message": 4}  # the served models count as Llama 3 counts English (issue 44)
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 WORDS = 1060  # per user turn: about 1,200 tokens (the reply adds a few dozen)
 GROWTH = 5  # what the user types, in windows
@@ -55,7 +57,8 @@ READING = 1.5  # seconds a user reads a reply; then summaries begun meanwhile fi
 
 @pytest.fixture(scope="module")
 def stack(owui_python, filter_source):
-    ollama_models = {m: ollama_spec(WINDOWS[m], trained=TRAINED) for m in (SET_4K, SET_8K, SERVED_4K, SERVED_8K)}
+    ollama_models = {m: ollama_spec(WINDOWS[m], trained=TRAINED) for m in (SET_4K, SET_8K)}
+    ollama_models |= {m: ollama_spec(WINDOWS[m], trained=TRAINED, **LLAMA3) for m in (SERVED_4K, SERVED_8K)}
     ollama = FakeProvider(mode="strict", chat_models=(), summary_models=(), model_specs=ollama_models).start()
     openai = FakeProvider(
         mode="strict",
