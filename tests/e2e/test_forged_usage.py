@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import pytest
 from e2e_support import E2E_VALVES, FILTER_ID, filler, retrying, settle
 
-from devkit.fake_provider import ModelSpec
+from devkit.fake_provider import ModelSpec, count_tokens
 from devkit.openwebui import OpenWebUIError, new_id
 
 
@@ -137,13 +137,20 @@ def assert_unchanged(again: tuple, before: dict, exact: bool = True) -> None:
     ``exact``: the same number of messages and tokens)."""
     after = on_both_workers(*again)
     expected = as_received(next(iter(before.values())))
-    tokens = {r["model_tokens"] for r in [*before.values(), *after.values()]}
-    sizes = {pid: (len(as_received(r)), r["model_tokens"]) for pid, r in after.items()}
+    tokens = {without_probe(r) for r in [*before.values(), *after.values()]}
+    sizes = {pid: (len(as_received(r)), without_probe(r)) for pid, r in after.items()}
     if exact:
         assert all(as_received(r) == expected for r in [*before.values(), *after.values()]), (again[3], sizes)
     assert {len(as_received(r)) for r in [*before.values(), *after.values()]} == {len(expected)}, (again[3], sizes)
     assert len(tokens) == 1, (again[3], tokens)
     print(f"\n[e2e] {again[3]}: Bob's request unchanged on workers {sorted(after)}: {len(expected)} messages")
+
+
+def without_probe(req: dict) -> int:
+    """The model's tokens of a request less the worker probe's line: its pid is not the same length on every worker
+    (a worker an earlier module killed comes back with a new one), 5291 tokens on one worker and 5292 on the other."""
+    probe = [m for m in req["messages"] if "served-by-pid-" in str(m)]
+    return req["model_tokens"] - (count_tokens(probe) - count_tokens([]) if probe else 0)
 
 
 def settle_ratios() -> None:
