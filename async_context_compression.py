@@ -2892,8 +2892,9 @@ class SharedThroughStore:
 class ModelTokens(SharedThroughStore):
     """Per worker: the ratios applied per model and path, and what was counted for each reply not yet related to its
     usage (bounded). Minute E applies the store's samples created before E - RATIOS_SETTLE, read once per worker per
-    minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
-    calibrates after its first reply.
+    minute, the same on every worker and replica; a model with none for a user there reads that user's rows on first
+    use (``read_unknown``), else uses this worker's own, so a new model calibrates after its first reply. A rejection
+    that names the prompt's size teaches the ratio of the user the request was sent for (``learn_rejected``).
 
     Learned only from what the filter saw happen: a ratio relates the usage of a reply to the count of the request this
     worker sent for it (``note_sent``), never the usage stored on a chat's earlier replies (a chat imported or updated
@@ -4657,8 +4658,8 @@ def _tables(schema: Optional[str] = None) -> dict:
 
 
 def _add_missing_columns(conn: Any, metadata: Any) -> None:
-    """The ADDED_COLUMNS a table made by an earlier version lacks, added with their server defaults (run in the
-    schema's transaction; a race with another worker adding the same is tried again, as a table's creation)."""
+    """The ADDED_COLUMNS a table made by an earlier version lacks, added with their server defaults (a race with
+    another worker adding the same fails, and is tried again as a table's creation is)."""
     from sqlalchemy import inspect as schema_of
     from sqlalchemy.schema import CreateColumn
 
