@@ -2892,8 +2892,9 @@ class SharedThroughStore:
 class ModelTokens(SharedThroughStore):
     """Per worker: the ratios applied per model and path, and what was counted for each reply not yet related to its
     usage (bounded). Minute E applies the store's samples created before E - RATIOS_SETTLE, read once per worker per
-    minute, the same on every worker and replica; a model with none there uses this worker's own, so a new model
-    calibrates after its first reply.
+    minute, the same on every worker and replica; a model with none for a user there reads that user's rows on first
+    use (``read_unknown``), else uses this worker's own, so a new model calibrates after its first reply. A rejection
+    that names the prompt's size teaches the ratio of the user the request was sent for (``learn_rejected``).
 
     Learned only from what the filter saw happen: a ratio relates the usage of a reply to the count of the request this
     worker sent for it (``note_sent``), never the usage stored on a chat's earlier replies (a chat imported or updated
@@ -2910,6 +2911,7 @@ class ModelTokens(SharedThroughStore):
         self._serial = 0
         self.minute: Optional[int] = None  # of the snapshot in ``shared``
         self.erased_at = 0.0  # samples learned before the stored data was last erased are not applied
+        self.read_for = _BoundedDict(models * 8)  # (model, user) -> (minute, its read) of a key known nowhere here
 
     def scale(self, model: str, exact: bool = True, user: str = "") -> Optional[float]:
         """Model tokens per counted token for ``user``'s requests: the path's own ratios, else (the estimator errs
@@ -2920,6 +2922,40 @@ class ModelTokens(SharedThroughStore):
             if found:
                 return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
         return None
+
+    def known(self, model: str, user: str) -> bool:
+        """Whether this worker has any ratio of ``model`` for ``user``'s requests, read or learned."""
+        return any((model, path, user) in table for table in (self.shared, self.own) for path in RATIO_PATHS)
+
+    async def read_unknown(self, read: Optional[Callable], model: str, user: str, now: Optional[float] = None) -> None:
+        """A model with no ratio here for ``user``: that user's rows read from the store before the request is fitted
+        (awaited, at most STORE_TIMEOUT; once per key and minute, however many requests come meanwhile), so a ratio
+        another worker learned applies from this worker's first request, not at the next minute's snapshot."""
+        if read is None or not model or self.known(model, user):
+            return
+        minute, key = int((time.time() if now is None else now) // 60), (model, user)
+        under_way = self.read_for.get(key)
+        if under_way is None or under_way[0] != minute or under_way[1].get_loop() is not asyncio.get_running_loop():
+            under_way = self.read_for[key] = (minute, asyncio.ensure_future(read(model, user)))
+        try:
+            rows = await asyncio.wait_for(asyncio.shield(under_way[1]), STORE_TIMEOUT)
+        except Exception as exc:  # tried again next minute
+            log.debug("async_context_compression: %s's ratios for a user not read: %s", model, exc)
+            return
+        found: dict = {}
+        for _, row_model, path, ratio, at, *whose in rows:
+            mine = (row_model, str(whose[0]) if whose else "") == key and isinstance(ratio, (int, float))
+            if mine and path in RATIO_PATHS and (at or 0.0) >= self.erased_at:
+                found.setdefault((model, path, user), []).append((float(at or 0.0), float(ratio)))
+        for found_key, samples in found.items():
+            self.shared.setdefault(found_key, sorted(samples)[-RATIO_SAMPLES:])
+
+    def learn_rejected(self, model: str, path: str, ratio: float, user: str) -> None:
+        """A ratio a rejection taught ``user``'s requests (``ratio_from_failed_reply``): saved like any, and applied
+        here at once, over the minute's snapshot too: the next request must not go out at the ratio just refused."""
+        self.add(model, path, ratio, user)
+        if any((model, p, user) in self.shared for p in RATIO_PATHS):
+            self.shared[(model, path, user)] = self.own[(model, path, user)]
 
     def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0, user: str = "") -> None:
         """The request hook's count for ``user``'s reply ``message_id`` (added up over a tool loop's calls; the last
@@ -3075,6 +3111,22 @@ _WINDOW_ERROR_PATTERNS = tuple(
         r"context window of (\d[\d,]*) tokens",
     )
 )
+# ... and the prompt's own size in the model's tokens, where a rejection names it too (the completion's room apart,
+# where the text tells them apart; "you requested" alone counts both, which errs towards a higher ratio: safe)
+_PROMPT_ERROR_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE | re.DOTALL)
+    for p in (
+        r"\((\d[\d,]*) in the messages",  # vLLM, OpenAI before 2024
+        r"your messages resulted in (\d[\d,]*) tokens",  # OpenAI
+        r"your request has (\d[\d,]*) input tokens",  # vLLM
+        r"prompt is too long: (\d[\d,]*) tokens",  # Anthropic
+        r"input token count \((\d[\d,]*)\)",  # Gemini
+        r"prompt contains (\d[\d,]*) tokens",  # Mistral
+        r"given: (\d[\d,]*) `inputs` tokens",  # Text Generation Inference
+        r"request \((\d[\d,]*) tokens\) exceeds the available context",  # llama.cpp
+        r"you requested (\d[\d,]*) tokens",  # OpenAI-compatible servers without the split
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -3141,6 +3193,20 @@ def window_from_error(error: Any) -> int:
             return tokens
     for text in _error_texts(error):
         for pattern in _WINDOW_ERROR_PATTERNS:
+            if (match := pattern.search(text)) and (tokens := _window_number(match.group(1))):
+                return tokens
+    return 0
+
+
+def prompt_from_error(error: Any) -> int:
+    """The prompt size, in the model's own tokens, that a provider's rejection names (_PROMPT_ERROR_PATTERNS;
+    llama.cpp's error object's ``n_prompt_tokens``), 0 = none."""
+    if isinstance(error, dict):
+        inner = error.get("error") if isinstance(error.get("error"), dict) else error
+        if "context" in str(inner.get("type", "")) and (tokens := _window_number(inner.get("n_prompt_tokens"))):
+            return tokens
+    for text in _error_texts(error):
+        for pattern in _PROMPT_ERROR_PATTERNS:
             if (match := pattern.search(text)) and (tokens := _window_number(match.group(1))):
                 return tokens
     return 0
@@ -3451,7 +3517,8 @@ def chat_set_window(body: Any, model: Any) -> bool:
 class SentRequest:
     """A request the filter sent, recorded in the store so that the turn after its failed reply may learn from the
     error stored on it, on any worker: the reply's id (Open WebUI's ``message_id``), its chat, whose request it was,
-    the model, and the most model tokens it can have held (``sent_size``)."""
+    the model, the most model tokens it can have held (``sent_size``), and what the filter counted for it on which
+    path (``counted``, 0 = unknown: a record of 1.7's; the ratio a rejection naming the prompt's size teaches)."""
 
     reply_id: str
     chat_id: str
@@ -3459,6 +3526,8 @@ class SentRequest:
     model: str
     tokens: int
     created_at: float = 0.0
+    counted: int = 0
+    path: str = "exact"
 
 
 def sent_size(counted: int, scale: Optional[float]) -> int:
@@ -3477,6 +3546,18 @@ def window_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id
         return 0
     tokens = window_from_error(error)
     return tokens if tokens < sent.tokens else 0
+
+
+def ratio_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id: str, error: Any, user: str):
+    """(path, ratio) that a failed reply's stored error teaches ``user``'s requests, None for none: the prompt size
+    the rejection names against what the filter counted for the request it recorded sending for that user's reply
+    (``sent``: as ``window_from_failed_reply``), clamped as every ratio. The error is its user's to write (the
+    chat's messages are): it teaches that user's ratio alone, as usage does."""
+    if sent is None or (sent.chat_id, sent.model, sent.user_id) != (chat_id, model_id, user):
+        return None
+    if sent.path not in RATIO_PATHS or (ratio := sample_ratio(prompt_from_error(error), sent.counted)) is None:
+        return None
+    return sent.path, ratio
 
 
 class ModelWindow(SharedThroughStore):
@@ -3538,12 +3619,13 @@ class ModelWindow(SharedThroughStore):
             log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
 
     async def for_turn(
-        self, store: Any, model_id: str, model: Any, body: dict, user: str, failed: Callable, connect=None
+        self, store: Any, model_id: str, model: Any, body: dict, user: str, failed: Callable, connect=None, ratios=None
     ) -> Window:
         """A turn's window: a model with none known, or only a trained size, reads its own rows (another worker may
         have just learned it); after a failed reply, the window its stored error names is learned first where it is
-        evidence (``window_from_failed_reply``): this turn fits, on any worker. ``failed()``: (chat id, the failed
-        reply's id, its stored error), ("", "", None) when the turn follows none."""
+        evidence (``window_from_failed_reply``), and the ratio of ``user``'s requests where it names the prompt's size
+        too (``ratio_from_failed_reply``, into ``ratios``: a ModelTokens): this turn fits, on any worker.
+        ``failed()``: (chat id, the failed reply's id, its stored error), ("", "", None) when the turn follows none."""
         window = await self.for_request(store, model_id, model, body, user, connect)
         if not window.tokens or window.source == "published" and not model_served_published(model):
             await self.refresh_model(getattr(store, "read_window", None), model_id)
@@ -3563,7 +3645,28 @@ class ModelWindow(SharedThroughStore):
         if tokens and self.learn(model_id, tokens, "error", published, sent.user_id, firm):
             await self.flush(getattr(store, "save_windows", None))
             window = self.find(model_id, model, body, user)
+        taught = ratio_from_failed_reply(sent, chat_id, model_id, error, user) if ratios is not None else None
+        if taught is not None:
+            await self._learned_ratio(store, ratios, sent, *taught)
         return window
+
+    async def _learned_ratio(self, store: Any, ratios: ModelTokens, sent: SentRequest, path: str, ratio: float):
+        """Once per failed reply: its record goes, here and in the store, as its ratio is learned and saved."""
+        self.sent.pop(sent.reply_id, None)
+        ratios.learn_rejected(sent.model, path, ratio, sent.user_id)
+        log.warning(
+            "async_context_compression: %s counts %.2f tokens per counted token for user %s's requests, "
+            "learned from the provider's error",
+            sent.model,
+            ratio,
+            sent.user_id,
+        )
+        await ratios.flush(getattr(store, "add_ratios", None))
+        if (forget := getattr(store, "forget_sent", None)) is not None:
+            try:
+                await asyncio.wait_for(forget(sent.reply_id), STORE_TIMEOUT)
+            except Exception as exc:  # another worker may learn it once more: one sample more of the same
+                log.debug("async_context_compression: a failed reply's record not removed: %s", exc)
 
     def for_summary(self, summary_model: str, model_id: str, model: Any, body: Any, entry_of: Callable) -> Window:
         entry = model if summary_model == model_id else entry_of(summary_model)
@@ -4390,6 +4493,9 @@ USER_WINDOW_TABLE = (
     "acc_user_window"  # windows far below the best known: one user's chats' alone, until another's agree
 )
 SENT_TABLE = "acc_sent_request"  # requests sent, for the turn after a failed reply on any worker (SENT_KEPT)
+# Columns added to a table an earlier version made (``create_all`` makes only missing tables): added on first use,
+# each with a server default, so the rows a worker of the earlier version still writes fit
+ADDED_COLUMNS = {SENT_TABLE: ("counted", "path")}
 WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
 SUMMARIES_KEPT_PER_CHAT = 8
@@ -4550,9 +4656,28 @@ def _tables(schema: Optional[str] = None) -> dict:
         Column("model", String(255), nullable=False),
         Column("tokens", Integer, nullable=False),
         Column("created_at", Float, nullable=False),
+        Column("counted", Integer, nullable=False, default=0, server_default="0"),  # ADDED_COLUMNS: 1.6, 1.7 lack them
+        Column("path", String(16), nullable=False, default="exact", server_default="exact"),
     )
     tables = dict(summary=summary, lease=lease, ratio=ratio, window=window, user_window=user_window, sent=sent)
     return dict(metadata=metadata, **tables)
+
+
+def _add_missing_columns(conn: Any, metadata: Any) -> None:
+    """The ADDED_COLUMNS a table made by an earlier version lacks, added with their server defaults (a race with
+    another worker adding the same fails, and is tried again as a table's creation is)."""
+    from sqlalchemy import inspect as schema_of
+    from sqlalchemy.schema import CreateColumn
+
+    inspector = schema_of(conn)
+    for table in metadata.sorted_tables:
+        added = ADDED_COLUMNS.get(table.name, ())
+        have = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)} if added else ()
+        for name in (name for name in added if name not in have):
+            column = CreateColumn(table.c[name]).compile(dialect=conn.dialect)
+            table_name = conn.dialect.identifier_preparer.format_table(table)
+            conn.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN {column}")
+            log.warning("async_context_compression: column %s added to table %s", name, table.name)
 
 
 @lru_cache(maxsize=1)
@@ -4773,6 +4898,7 @@ class SummaryStore:
                 try:
                     async with engine.begin() as conn:
                         await conn.run_sync(_tables(schema)["metadata"].create_all, checkfirst=True)
+                    await self._add_columns(engine, _tables(schema)["metadata"])
                     break
                 except Exception as exc:
                     reason = classify_store_error(exc)
@@ -4788,6 +4914,18 @@ class SummaryStore:
                     await asyncio.sleep(0.05 * (attempt + 1))
             self._t, self._ready_for = _tables(schema), engine
         return engine
+
+    async def _add_columns(self, engine: Any, metadata: Any) -> None:
+        """ADDED_COLUMNS, in a transaction of their own: a role that may not alter the tables (not their owner) keeps
+        the store; only the records that need the new columns fail (the turn after a rejection then learns nothing
+        from another worker's record), and the warning says so."""
+        try:
+            async with engine.begin() as conn:
+                await conn.run_sync(_add_missing_columns, metadata)
+        except Exception as exc:
+            if classify_store_error(exc) != Fault.STORE_DENIED:
+                raise
+            log.warning("async_context_compression: columns %s not added (%s)", ADDED_COLUMNS, exc)
 
     async def table(self, name: str) -> tuple:
         """SQLAlchemy and our table ``name``; StoreUnavailable first where there is no database."""
@@ -4887,6 +5025,14 @@ class SummaryStore:
         columns = (t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at, t.c.user_id)
         query = sa.select(*columns).order_by(t.c.id.desc())
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query.limit(RATIO_ROWS_READ)))]
+
+    async def read_user_ratios(self, model: str, user: str) -> list:
+        """One user's newest samples for ``model``, as ``read_ratios`` rows (one indexed read)."""
+        sa, t = await self.table("ratio")
+        columns = (t.c.key, t.c.model, t.c.path, t.c.ratio, t.c.created_at, t.c.user_id)
+        mine = (t.c.model == model[:255], t.c.path.in_(RATIO_PATHS), t.c.user_id == str(user)[:255])
+        query = sa.select(*columns).where(*mine).order_by(t.c.id.desc()).limit(RATIO_SAMPLES * len(RATIO_PATHS) * 4)
+        return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     async def save_windows(self, rows: list) -> None:
         """(model, user, Window) as learned, or (model, user, None) to forget one, one transaction: a model keeps one
@@ -6820,6 +6966,7 @@ class RequestPath:
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
         await self.tokens.refresh(getattr(self.summaries.store, "read_ratios", None))
+        await self.tokens.read_unknown(getattr(self.summaries.store, "read_user_ratios", None), model_id, user_id)
         ctx = RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -6866,7 +7013,8 @@ class RequestPath:
     async def turn_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_turn(self.summaries.store, model_id, model, body, user_id, failed, connect)
+        store = self.summaries.store
+        return await self.windows.for_turn(store, model_id, model, body, user_id, failed, connect, self.tokens)
 
     def forget_erased(self) -> None:
         """Acts on an erase of the stored data, this worker's or another's, once the latest read of the windows told
@@ -7018,7 +7166,8 @@ class RequestPath:
             return
         chat = ctx.chat_id if is_saved_chat_id(ctx.chat_id) else ""  # Open WebUI stores no error of an unsaved chat
         size = sent_size(counted, self.tokens.scale(ctx.model_id, exact, ctx.user_id))
-        request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time())
+        path = "exact" if exact else "estimate"
+        request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
         record = getattr(self.summaries.store, "record_sent", None)
         if self.windows.note_sent(request, ctx.own_window) and record is not None:
             self.summaries.spawn(_stored_quietly(record(request), "a sent request's record"))

@@ -24,7 +24,10 @@ local and repeats every fact it is shown, about 20 tokens each, as a real one wr
 Prints per backend and window: requests cut (Ollama dropped messages) or rejected (llama-server), requests after
 the first reply that were; facts seen (requests that carried every fact of their branch, verbatim or in the
 summary), summaries written per turn (a summary folded in several summarizer calls counts once), the fewest turns
-between two summaries, and the largest request in the model's tokens.
+between two summaries, and the largest request in the model's tokens. Then (issue 44) a 1.3x model behind an
+OpenAI-compatible API, 16,384 window, cap 15,000, no ratio known on the worker: its requests rejected (at most one:
+the rejection names the window and the size sent, and the next turn fits in the model's tokens). Exits 1 when a
+request after the first missed a fact, or that model was rejected more than once.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from devkit.tiktoken_cache import ensure_offline_cl100k  # noqa: E402
 ensure_offline_cl100k()
 
 import async_context_compression as acc  # noqa: E402
-from devkit.fake_provider import FakeProvider, count_tokens, llamacpp_spec, ollama_spec  # noqa: E402
+from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, llamacpp_spec, ollama_spec  # noqa: E402
 from devkit.probes import wait_ready  # noqa: E402
 
 MODEL = "local-llama:8b"
@@ -63,6 +66,9 @@ CASES = (("ollama", 4096), ("ollama", 8192), ("llamacpp", 8192))
 # Issue 44's cases: the window found as the product finds it (asked of the server, not set in the request)
 FOUND_CASES = (("ollama", 8192, "served"), ("ollama", 4096, "served"), ("ollama", 8192, "unlisted"))
 FOUND_CASES += (("llamacpp", 8192, "unlisted"),)
+# Issue 44's 1.3x model behind an OpenAI-compatible API: no window published, the valve's cap, a saved chat over the
+# window at 1:1, no ratio known on the worker (the first request is refused; the next must fit in the model's tokens)
+REJECTING = dict(window=16384, cap=15000, ratio=1.3, saved=16, growth=1.0)
 TRAINED = 131072
 _WORDS = (
     "alpha budget cache deploy engine filter gateway handler index journal kernel ledger metric network option "
@@ -124,9 +130,12 @@ class Summarizer:
 
     def __init__(self):
         self.calls = 0
+        self.down = False
 
     async def __call__(self, request, user, model, messages, max_tokens, temperature, **extra):
         self.calls += 1
+        if self.down:
+            raise RuntimeError("the summarizer is down")
         facts = dict.fromkeys(FACT.findall(" ".join(str(m.get("content")) for m in messages[1:])))
         return "Running summary:\n" + "\n".join(f"- {f}: the user noted {words(12, len(f))}." for f in facts)
 
@@ -162,19 +171,25 @@ class Scenario:
     """How the model counts and where its window is found: ``found`` "settings" (``num_ctx`` in the request, as Open
     WebUI sends a model's params), "served" (asked of the server: Ollama lists the model in ``/api/ps`` once loaded),
     "unlisted" (the server answers none of the asks: Ollama with ``keep_alive`` 0, llama-server without ``/props``);
-    ``saved``: turns stored before the filter first sees the chat."""
+    ``saved``: turns stored before the filter first sees the chat; ``cap``: the ``max_context_tokens`` valve (0: the
+    default); ``summarizer_down``: every summarizer call fails."""
 
     ratio: float = 1.0
     per_message: int = 0
     found: str = "settings"
     saved: int = 0
+    cap: int = 0  # max_context_tokens, 0 = the default
+    summarizer_down: bool = False
 
 
 async def run_case(
     backend: str, window: int, turn_tokens: int, growth: float, scenario: Scenario = Scenario()
 ) -> Outcome:
     counting = dict(trained=TRAINED, ratio=scenario.ratio, per_message=scenario.per_message)
-    spec = ollama_spec(window, **counting) if backend == "ollama" else llamacpp_spec(window, **counting)
+    if backend == "openai":  # vLLM's refusal of a prompt over the window, naming both sizes
+        spec = ModelSpec(window=window, on_overflow="reject", ratio=scenario.ratio, per_message=scenario.per_message)
+    else:
+        spec = ollama_spec(window, **counting) if backend == "ollama" else llamacpp_spec(window, **counting)
     provider = FakeProvider(mode="strict", chat_models=(), summary_models=(SUMMARY_MODEL,), model_specs={MODEL: spec})
     provider.start()
     if scenario.found == "unlisted":
@@ -199,10 +214,16 @@ async def _chat(
     f.valves.summary_model = SUMMARY_MODEL
     f.summaries.store = MemoryStore()
     f.summaries.complete = summarizer = Summarizer()
+    if scenario.cap:
+        f.valves.max_context_tokens = scenario.cap
+    if scenario.summarizer_down:
+        summarizer.down = True
     if not wait_ready(f.counter, "cl100k_base", 60):
         raise SystemExit("cl100k_base could not be loaded offline")
     if backend == "ollama":  # no params: Open WebUI strips them
         model = {"id": MODEL, "owned_by": "ollama", "ollama": {"model": MODEL, "urls": [0]}}
+    elif backend == "openai":  # publishes no window
+        model = {"id": MODEL, "urlIdx": 0, "openai": {"id": MODEL, "object": "model"}}
     else:
         model = {"id": MODEL, "urlIdx": 0, "openai": {"id": MODEL, "meta": {"n_ctx_train": TRAINED}}}
     asks = scenario.found != "settings"  # the filter may ask the model's server through Open WebUI's connection
@@ -323,7 +344,21 @@ def main(argv=None) -> int:
     counting = f"{args.ratio:g}x cl100k + {args.per_message} per message, {args.saved} saved turns"
     print(f"\n2. the window found as the product finds it (issue 44): {counting}")
     lost |= _print_table(FOUND_CASES, args, lambda found: Scenario(args.ratio, args.per_message, found, args.saved))
-    return 1 if lost else 0
+    print("\n3. a 1.3x model behind an OpenAI-compatible API: 16,384 window (published nowhere), cap 15,000, a saved")
+    print("   chat over the window, no ratio known on the worker, the summarizer down (issue 44)")
+    rejected = rejecting_case(args.turn_tokens)
+    print(
+        f"   requests {rejected.requests}, rejected {len(rejected.cut)} (turns {rejected.cut}), largest "
+        f"{rejected.largest} model tokens"
+    )
+    return 1 if lost or len(rejected.cut) > 1 else 0
+
+
+def rejecting_case(turn_tokens: int = 1200) -> Outcome:
+    """REJECTING, run as the product runs (the rejection stored on the failed reply, read by the next turn)."""
+    case = dict(REJECTING)
+    scenario = Scenario(case.pop("ratio"), 0, "unlisted", case.pop("saved"), case.pop("cap"), summarizer_down=True)
+    return asyncio.run(run_case("openai", case["window"], turn_tokens, case["growth"], scenario))
 
 
 if __name__ == "__main__":

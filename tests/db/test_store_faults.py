@@ -94,6 +94,33 @@ async def test_tables_land_in_database_schema_for_a_role_locked_out_of_public(pg
 
 
 @pytest.mark.postgres
+async def test_a_role_that_may_not_alter_a_sent_table_1_7_made_keeps_the_store(pg_url, monkeypatch, caplog):
+    """Issue 44 adds columns to the sent requests' table: a role that does not own the table 1.7 made (an admin made
+    it, granting rows only) cannot add them; the store keeps working, only the records fail, and a warning says so."""
+    schema = "owui_" + uuid.uuid4().hex[:8]
+    url = limited_role(pg_url, schema)
+    role = url.split("://", 1)[1].split("@", 1)[0]
+    table = f'"{schema}".{acc.SENT_TABLE}'
+    columns = "reply_id varchar(255) primary key, chat_id varchar(255) not null, user_id varchar(255) not null"
+    columns += ", model varchar(255) not null, tokens integer not null, created_at double precision not null"
+    grant = f'GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO "{role}"'
+    pg_admin(admin_url_of(url, pg_url), f"CREATE TABLE {table} ({columns})", grant)
+    set_database_schema(monkeypatch, schema)
+    engine = new_engine(url, pool_pre_ping=True)
+    store = acc.ChatStore(lambda: engine)
+    caplog.set_level(logging.WARNING, logger="async_context_compression")
+    try:
+        await store.save(record(covered=4, summary="kept"))
+        assert [r.summary for r in await store.find("u1", "chat-1", "anchor-1")] == ["kept"]
+        with pytest.raises(acc.StoreUnavailable):
+            await store.record_sent(acc.SentRequest("a9", "c1", "u1", "q", 9000, time.time(), 4000))
+        await store.save(record(covered=6, summary="still kept"))
+        assert any("not added" in w and "must be owner" in w for w in store_warnings(caplog))
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
 async def test_without_the_schema_setting_the_fault_is_permission_denied_and_heals_after_a_grant(
     pg_url, monkeypatch, caplog
 ):

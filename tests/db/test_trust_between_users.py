@@ -4,6 +4,7 @@ erase's mark, their sweep and erase, and a database that 1.4 made (its window ta
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -127,3 +128,67 @@ async def test_long_model_and_user_ids_are_cut_to_the_columns(db, user):
     model = "m" * 300
     await store.save_windows([(model, user, window(4096))])
     assert [(r[0], r[5]) for r in await store.read_window(model)] == [(model[:255], user)]
+
+
+def _sent_table_of_1_7(md):
+    import sqlalchemy as sa
+
+    return sa.Table(  # acc_sent_request as 1.6 and 1.7 made it: no count, no path
+        acc.SENT_TABLE,
+        md,
+        sa.Column("reply_id", sa.String(255), primary_key=True),
+        sa.Column("chat_id", sa.String(255), nullable=False),
+        sa.Column("user_id", sa.String(255), nullable=False),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("tokens", sa.Integer, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+    )
+
+
+async def test_a_sent_table_1_7_made_gets_the_count_and_path_columns_and_its_writers_still_fit(db):
+    """Issue 44: the record keeps what the filter counted (the ratio a rejection naming the prompt's size teaches).
+    A table of 1.6/1.7 gets the columns on first use; a worker still on 1.7 (a rolling upgrade) writes rows without
+    them, which read as count 0 (teaching the window only); two stores upgrading at once both work."""
+    import sqlalchemy as sa
+
+    engine = db.engine()
+    md = sa.MetaData(schema=db.schema)
+    old = _sent_table_of_1_7(md)
+    async with engine.begin() as conn:
+        await conn.run_sync(md.create_all)
+        await conn.execute(sa.insert(old).values(reply_id="a1", chat_id="c1", user_id="alice", model="q", tokens=9000,
+                                                 created_at=time.time()))  # fmt: skip
+    one, two = db.store(engine), db.store(db.engine())
+    sent = acc.SentRequest("a9", "c1", "alice", "q", 9000, time.time(), 4321, "estimate")
+    await asyncio.gather(one.record_sent(sent), two.read_sent("a1"))  # both make the schema at once
+    assert await two.read_sent("a9") == sent
+    assert (await one.read_sent("a1")).counted == 0  # the 1.7 worker's row: no count, no ratio from it
+    async with engine.begin() as conn:  # a 1.7 worker writes after the upgrade: the defaults fill the new columns
+        await conn.execute(sa.insert(old).values(reply_id="a2", chat_id="c1", user_id="alice", model="q", tokens=9000,
+                                                 created_at=time.time()))  # fmt: skip
+    assert (await two.read_sent("a2")).counted == 0 and (await two.read_sent("a2")).path == "exact"
+    columns = {c["name"] for c in await _columns(db.engine(), acc.SENT_TABLE, db.schema)}
+    assert {"counted", "path"} <= columns
+    third = db.store(db.engine())  # a store made later finds them there: nothing added twice
+    await third.record_sent(acc.SentRequest("a3", "c1", "bob", "q", 9000, time.time(), 10, "exact"))
+    assert (await one.read_sent("a3")).counted == 10
+
+
+async def _columns(engine, table: str, schema) -> list:
+    import sqlalchemy as sa
+
+    async with engine.connect() as conn:
+        return await conn.run_sync(lambda sync: sa.inspect(sync).get_columns(table, schema=schema))
+
+
+async def test_one_users_ratios_of_one_model_are_read_alone(db):
+    store = db.store()
+    now = time.time()
+    rows = [("w:1", "q", "exact", 1.3, now, "alice"), ("w:2", "q", "exact", 2.0, now, "bob")]
+    rows += [("w:3", "r", "exact", 1.1, now, "alice"), ("w:4", "q", "replayed", 2.5, now, "alice")]
+    await store.add_ratios(rows)
+    assert [r[3] for r in await store.read_user_ratios("q", "alice")] == [1.3]
+    assert await store.read_user_ratios("q", "carol") == []
+    tokens = acc.ModelTokens()
+    await tokens.read_unknown(store.read_user_ratios, "q", "alice")
+    assert tokens.scale("q", True, "alice") == pytest.approx(1.3) and tokens.scale("q", True, "bob") is None

@@ -52,3 +52,12 @@ def test_a_server_that_answers_no_ask_costs_one_request_at_most(backend):
     out = asyncio.run(local_backends.run_case(backend, 8192, 1200, 3.0, scenario))
     assert len(out.cut) <= 1 and len([t for t in out.lost if t > 1]) <= 1
     assert local_backends.calls_per_turn_from(out) <= 0.6
+
+
+def test_a_1_3x_model_with_no_ratio_known_is_rejected_once_at_most():
+    """Issue 44: a 1.3x model behind an OpenAI-compatible API (16,384 window published nowhere, cap 15,000), a saved
+    chat over the window, no ratio known on the worker: its rejection names the window and the size sent, and the
+    next turn fits in the model's tokens (learning the window alone, every request after it was refused: 14 of 14)."""
+    out = local_backends.rejecting_case()
+    assert out.requests >= 10
+    assert len(out.cut) <= 1, out.cut
