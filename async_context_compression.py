@@ -3891,6 +3891,9 @@ class ModelWindow(SharedThroughStore):
         self.unsaved = [row for row in self.unsaved if row[2] is not None and row[2].learned_at >= at]
         self.saved = [(t, row) for t, row in self.saved if row[2] is not None and row[2].learned_at >= at]
         self.last_usage.clear()
+        for reply_id, (user, own_window, recorded, record) in list(self.sent.items()):
+            if record is not None and record.created_at < at:  # its copy in the store went with the erase
+                self.sent[reply_id] = (user, own_window, recorded, None)
 
     async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
         """The model's own rows, for a model with no window known here (awaited at most STORE_TIMEOUT)."""

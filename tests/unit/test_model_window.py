@@ -525,6 +525,16 @@ def test_a_record_the_store_did_not_keep_still_teaches_the_worker_that_sent_it(m
     assert f.windows.find("llama", None, {}).tokens == 2048
 
 
+def test_an_erase_forgets_the_workers_own_copy_of_a_sent_record():
+    """The store's records go with an erase; the copy a worker kept of one must go too, or the next turn on that worker
+    learns the erased window again (a clean-clone run saw one worker of two do so)."""
+    windows = acc.ModelWindow()
+    sent = acc.SentRequest("a9", "c1", "u1", "llama", 9000, time.time() - 5)
+    assert windows.note_sent(sent, own_window=False) is sent and windows.sent_here("a9") is sent
+    windows.forget_before(time.time())
+    assert windows.sent_here("a9") is None
+
+
 # -- trust between users (issue 35): who may teach or unteach a window every user's chats get ----------------------
 
 
