@@ -158,8 +158,14 @@ class Replay:
         previous = previous.split("Previous summary:\n", 1)[-1].strip()
         touched = [n for n, date in self.dates.items() if f"[{date}]" in new and date]
         parts = [previous] if "Previous summary:" in text and previous else []
-        parts += [self.conv.get(f"session_{n}_summary", "") for n in touched if f"session_{n}_summary" in self.conv]
+        said = [(n, self.conv[f"session_{n}_summary"]) for n in touched if f"session_{n}_summary" in self.conv]
+        parts += [p for n, p in said if not (self._retold_only(n, new) and p in previous)]
         return "\n".join(p for p in parts if p) or "The two friends talked."
+
+    def _retold_only(self, n: int, new: str) -> bool:
+        """Whether the messages to fold tell session ``n`` only again (``--repeat``): a summary holding it already
+        keeps its size, as a real one kept to its max_tokens would (grown past the cap, it was cut every request)."""
+        return not re.search(rf"(?<!\) )\[{re.escape(self.dates[n])}\]", new)
 
     @property
     def meta(self) -> dict:
