@@ -882,7 +882,7 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
     role order a provider rejects: it follows the covered prefix's system messages (those in the range move up) and
     precedes the head, as OpenAI and Mistral allow and Anthropic and Gemini converters hoist into the system text."""
     cut = index_after_head(messages, covered_count)
-    systems = [m for m in messages[:cut] if _role(m) == "system"]
+    systems = [m for m in messages[:cut] if isinstance(m, dict) and m.get("role") == "system"]
     head = islice((m for m in messages[:cut] if _role(m) != "system"), max(0, head_count))  # the first few: a chat's
     return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]  # thousands are not read twice
 
@@ -915,7 +915,7 @@ def index_after_head(view: Messages, head_count: int) -> int:
     """Index in ``view`` (system messages included) of the first message after ``head_count`` canonical ones."""
     if head_count <= 0:
         return 0
-    canonical = (i for i, m in enumerate(view) if _role(m) != "system")
+    canonical = (i for i, m in enumerate(view) if not isinstance(m, dict) or m.get("role") != "system")
     return next(islice(canonical, head_count - 1, None), len(view) - 1) + 1
 
 
@@ -1502,6 +1502,21 @@ def canonical_digest(message: Message) -> str:
         if key is not None:
             _DIGESTS[key] = digest
     return digest
+
+
+def canonical_digests(messages: Messages) -> list:
+    """``canonical_digest`` of each message; a text without tool calls digested before (most of a long chat, on every
+    request) read from the cache in one step."""
+    out, cached, touch = [], _DIGESTS.get, _DIGESTS.move_to_end
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        key = (role, hash(content), len(content), ()) if type(content) is str and type(role) is str else None
+        if key is None or "tool_calls" in message or (digest := cached(key)) is None:
+            digest = canonical_digest(message)
+        else:
+            touch(key)  # most recently used, as canonical_digest's look-up leaves it
+        out.append(digest)
+    return out
 
 
 def canonical_messages(messages: Messages) -> Messages:
@@ -2238,10 +2253,27 @@ def _defused(text: str) -> str:
     return _HEADER_LIKE_RE.sub(lambda m: "(" + m.group(0)[1:-1] + ")", text)
 
 
-def pick_passages(hits: list, budget: int, count: Callable[[str], int]) -> list:
+def block_tokens(passages: list, count: Callable[[str], int], by_lines: bool = False) -> int:
+    """Invariant: ``count(recall_block(passages))``. ``by_lines``: ``count`` is a tokenizer that cuts a text into
+    pieces after the last line break of each run of them, so that a text ending in anything but a space counts as its
+    pieces do (tiktoken's cl100k_base: checked in tests/unit/test_recall.py); then the block is counted by its
+    parts, each of which ``count`` may remember from an earlier request, instead of whole: the frame, and each
+    passage with its last line counted again joined to the line breaks after it (the join may merge there)."""
+    quoted = [_quoted(p) for p in sorted(passages, key=lambda p: p.turn)]
+    if not (by_lines and quoted) or any(q[-1].isspace() for q in quoted):
+        return count(recall_block(passages))
+    total = count(f"{RECALL_PREAMBLE}\n{RECALL_OPEN}\n") + count(RECALL_CLOSE)
+    for i, q in enumerate(quoted):
+        tail = q[q.rfind("\n") + 1 :]  # a header's line break at least: a piece starts after it
+        total += count(q) - count(tail) + count(tail + ("\n\n" if i + 1 < len(quoted) else "\n"))
+    return total
+
+
+def pick_passages(hits: list, budget: int, count: Callable[[str], int], by_lines: bool = False) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each one taken in turn when
     the block still fits with it, skipped otherwise, until no passage could fit or RECALL_MISSES in a row did not
-    (each is counted: ``count`` may remember a passage counted by an earlier request)."""
+    (each is counted: ``count`` may remember a passage counted by an earlier request). ``by_lines``: as
+    ``block_tokens``."""
     chosen: list = []
     used = count(recall_block([hits[0]])) - count(_quoted(hits[0])) if hits else 0  # the frame: preamble, tags
     misses = 0
@@ -2254,7 +2286,7 @@ def pick_passages(hits: list, budget: int, count: Callable[[str], int]) -> list:
             chosen.append(hit)
             used += cost
         misses = 0 if fits else misses + 1
-    while chosen and count(recall_block(chosen)) > budget:  # joins counted apart may differ by a token
+    while chosen and block_tokens(chosen, count, by_lines) > budget:  # joins counted apart may differ by a token
         chosen.pop()
     return chosen
 
@@ -2350,11 +2382,18 @@ _ASKING_WORDS = frozenset("what when where which who whom whose why how remind r
 
 
 def with_recall(
-    messages: Messages, index: RecallIndex, allowed: dict, budget: int, count: Callable[[str], int], free: int = 0
+    messages: Messages,
+    index: RecallIndex,
+    allowed: dict,
+    budget: int,
+    count: Callable[[str], int],
+    free: int = 0,
+    by_lines: bool = False,
 ) -> tuple[Messages, list]:
     """The request with the passages of the ``allowed`` folded messages that its latest user message is about quoted
     after that message's text, their block counting at most ``budget``, or at most ``free`` (the room left under the
-    cap) when the message is one short question; and those passages (none: the list itself)."""
+    cap) when the message is one short question; and those passages (none: the list itself). ``by_lines``: as
+    ``block_tokens``."""
     i = _last_user_index(messages)
     if budget <= 0 or not allowed or not messages or _role(messages[i]) != "user" or carries_recall(messages):
         return messages, []
@@ -2362,7 +2401,7 @@ def with_recall(
     before = _text_of(messages[i - 1].get("content")) if i > 0 and isinstance(messages[i - 1], dict) else ""
     about_past = asks_a_question(text) and not _follows_up(text, before)
     room, k = (max(budget, free), RECALL_QUESTION_K) if about_past else (budget, RECALL_K)
-    chosen = pick_passages(index.search(recall_query(text), allowed, k, about_past), room, count)
+    chosen = pick_passages(index.search(recall_query(text), allowed, k, about_past), room, count, by_lines)
     return (place_recall(messages, recall_block(chosen)), chosen) if chosen else (messages, [])
 
 
@@ -2381,6 +2420,10 @@ _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
+# Encodings that cut a text into pieces after the last line break of each run of them, before a word or a bracket
+# (tests/unit/test_recall.py checks it): a recall block counts as its parts do (``block_tokens``). o200k_base's pieces
+# may run on past a line break ("/"), and it is not at hand offline to check: its blocks are counted whole.
+BY_LINES_ENCODINGS = frozenset({"cl100k_base"})
 
 # Estimator weights per encoding, tokens per: ASCII lower-case letter, upper-case letter, digit, space, newline, other
 # ASCII (punctuation), backslash; 2-byte character other than Cyrillic (accented Latin, Greek, Arabic, Hebrew),
@@ -5996,7 +6039,7 @@ class Branch:
 
     @classmethod
     def of(cls, canon: Messages, ids: list) -> "Branch":
-        digests = [canonical_digest(m) for m in canon]
+        digests = canonical_digests(canon)
         return cls(canon, ids, digests, conversation_anchor(digests))
 
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
@@ -6443,7 +6486,7 @@ def loop_key(ctx: RequestContext) -> str:
 
 
 def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
-    return prefix_fingerprint([canonical_digest(m) for m in messages[start : start + covered]], covered)
+    return prefix_fingerprint(canonical_digests(messages[start : start + covered]), covered)
 
 
 class LoopSummaries:
@@ -6791,7 +6834,7 @@ class Draft:
             turn_over=fit.turn_over,
             repaired=self.repair.noticeable(),
             fault=self.fault,
-            turn=sum(1 for m in self.messages if isinstance(m, dict) and m.get("role") == "user"),
+            turn=len([m for m in self.messages if isinstance(m, dict) and m.get("role") == "user"]),
             recalled=self.recalled,
         )
 
@@ -6961,7 +7004,7 @@ class RequestPath:
             return None, None  # no summary yet: the history needs no fingerprint
         # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
-        digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
+        digests = canonical_digests(canon[: max(0, min(len(canon), reach + 1))])
         return choose_summary(records, digests), None
 
     async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:
@@ -6992,23 +7035,23 @@ class RequestPath:
         index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.messages, record)
         exact = counter.is_exact(s.encoding)
 
-        known, blocks = self.summaries.recall.tokens, {}
+        known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
             key = (s.encoding, exact, text)
-            if (tokens := known.recall(key, blocks.get(text))) is None:
+            if (tokens := known.recall(key)) is None:
                 tokens = counter.text_tokens(text, s.encoding, exact)
                 tokens = tokens if exact else _with_margin(tokens)
                 if len(text) <= 2 * PASSAGE_BYTES:  # a quoted passage, counted again by later questions
                     known[key] = tokens
-                else:  # a block, counted once more below
-                    blocks[text] = tokens
             return tokens
 
         free = min(int(RECALL_QUESTION_SHARE * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
-        view, chosen = with_recall(view, index, allowed, room, count, free)
-        if chosen:  # the join and the block as choosing counted it: tiktoken cuts a text before a word after "\n\n"
-            fit.tokens_after += count("\n\n") + count(recall_block(chosen))
+        view, chosen = with_recall(view, index, allowed, room, count, free, by_lines)
+        if chosen and by_lines:  # the join before the block, then the block: "\n\n" is a piece of its own before it
+            fit.tokens_after += count("\n\n") + block_tokens(chosen, count, by_lines)
+        elif chosen:
+            fit.tokens_after += count("\n\n" + recall_block(chosen))
             draft.recalled = tuple(chosen)
         return view
 
