@@ -2269,6 +2269,19 @@ def block_tokens(passages: list, count: Callable[[str], int], by_lines: bool = F
     return total
 
 
+def placed_tokens(content: Any, block: int, count: Callable[[str], int]) -> Optional[int]:
+    """Invariant: what ``place_recall`` adds to the tokens of a message whose content is ``content``, by a block of
+    ``block`` tokens, for a ``count`` that cuts pieces after line breaks (``block_tokens``'s ``by_lines``): a part's
+    own, or the join merged with the text's last line, then the block; None where that is not known without counting
+    the message again (a text ending in a space, or whose last line is longer than a passage)."""
+    if isinstance(content, list):
+        return block
+    tail = content[content.rfind("\n") + 1 :] if isinstance(content, str) else ""
+    if not tail or tail[-1].isspace() or len(tail) > 2 * PASSAGE_BYTES:
+        return None
+    return count(tail + "\n\n") - count(tail) + block
+
+
 def pick_passages(hits: list, budget: int, count: Callable[[str], int], by_lines: bool = False) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each one taken in turn when
     the block still fits with it, skipped otherwise, until no passage could fit or RECALL_MISSES in a row did not
@@ -2636,6 +2649,15 @@ class TokenCounter:
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
         return total
+
+    def known(self, message: Message, encoding: str) -> Optional[int]:
+        """``message``'s exact count if the cache holds it (nothing is counted)."""
+        entry = self._cache.get(_cache_key(message, encoding))
+        return entry[1] if entry else None
+
+    def remember(self, message: Message, encoding: str, tokens: int) -> None:
+        """Records ``message``'s exact count, known without tokenizing it (a message grown by parts counted before)."""
+        self._entry(message, encoding)[1] = tokens
 
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
@@ -7047,13 +7069,25 @@ class RequestPath:
             return tokens
 
         free = min(int(RECALL_QUESTION_SHARE * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
+        asked = view[_last_user_index(view)] if view else None
         view, chosen = with_recall(view, index, allowed, room, count, free, by_lines)
         if chosen and by_lines:  # the join before the block, then the block: "\n\n" is a piece of its own before it
-            fit.tokens_after += count("\n\n") + block_tokens(chosen, count, by_lines)
+            block = block_tokens(chosen, count, by_lines)
+            fit.tokens_after += count("\n\n") + block
+            self._count_grown(
+                s.encoding, asked, view[_last_user_index(view)], placed_tokens(asked.get("content"), block, count)
+            )
         elif chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))
             draft.recalled = tuple(chosen)
         return view
+
+    def _count_grown(self, encoding: str, before: Message, after: Message, added: Optional[int]) -> None:
+        """``after``, ``before`` grown by ``added`` tokens (the recall block), counted from ``before``'s count: the
+        request hook, which fits what inlet sent, finds it counted (tokenized whole it took ~2 ms of a question)."""
+        counter = self.summaries.counter
+        if added is not None and (tokens := counter.known(before, encoding)) is not None:
+            counter.remember(after, encoding, tokens + added)
 
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
