@@ -84,7 +84,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property, lru_cache, partial
-from itertools import chain, islice
+from itertools import accumulate, chain, islice
 from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -2035,16 +2035,16 @@ class RecallIndex:
                 spans[term] = (low, high)
         return spans
 
-    def _scores(self, spans: dict, weights: dict, allowed: dict) -> tuple:
+    def _scores(self, spans: dict, weights: dict, allowed: dict, floor: float = 0.0) -> tuple:
         """(BM25 score, matched terms) of each allowed passage, reading the rarest terms' postings first and at most
-        RECALL_QUERY_POSTINGS of them."""
-        scores, matched, read = defaultdict(float), defaultdict(set), 0
+        RECALL_QUERY_POSTINGS of them; none as soon as no passage can reach ``floor`` any more (a term adds less than
+        BM25_K1 + 1 times its weight to a passage's score): most ordinary messages stop there, past their rare words."""
+        scores, matched, top = defaultdict(float), defaultdict(set), 0.0
         average, passages, scales = self._total_length / len(self._passages), self._passages, {}
         k1, b, saturated, ids = BM25_K1, BM25_B, BM25_K1 + 1, _PASSAGE_IDS - 1  # names read once: ~1,000 postings
-        for term, (low, high) in sorted(spans.items(), key=lambda item: (item[1][1] - item[1][0], item[0])):
-            read += high - low
-            if read > RECALL_QUERY_POSTINGS:
-                break
+        terms = _read_first(spans)
+        left = list(accumulate(saturated * weights[t] if high > low else 0.0 for t, low, high in reversed(terms)))[::-1]
+        for i, (term, low, high) in enumerate(terms):
             weight = weights[term]
             for key in self._keys[low:high]:
                 pid = (key >> 8) & ids
@@ -2053,8 +2053,11 @@ class RecallIndex:
                     scale = scales[pid] = k1 * (1 - b + b * length / average) if passage.digest in allowed else 0.0
                 if scale:
                     tf = key & 255
-                    scores[pid] += weight * tf * saturated / (tf + scale)
+                    score = scores[pid] = scores[pid] + weight * tf * saturated / (tf + scale)
                     matched[pid].add(term)
+                    top = score if score > top else top
+            if i + 1 < len(terms) and (top + left[i + 1]) * (1 + 1e-9) < floor:  # (a margin for rounding)
+                return {}, {}
         return scores, matched
 
     def search(self, query: str, allowed: dict, k: int = RECALL_K, question: bool = False) -> list:
@@ -2080,9 +2083,9 @@ class RecallIndex:
                 t: (_idf(count, high - low) if high > low else rare) * (RECALL_NAME_WEIGHT if t in boost else 1.0)
                 for t, (low, high) in spans.items()
             }
-            scores, matched = self._scores(_without_strays(spans, groups), weights, allowed)
-            hits = _best_first(scores)[: 3 * k]  # proximity only where it may matter
             floor = RECALL_FLOOR * sum(weights.values())  # terms left unread count here: a long message asks more
+            scores, matched = self._scores(_without_strays(spans, groups), weights, allowed, 0.0 if question else floor)
+            hits = _best_first(scores)[: 3 * k]  # proximity only where it may matter
             if not hits or (not question and scores[hits[0]] < floor):  # ordinary talk: BM25's own score, before
                 return []  # proximity raises it
             for p in hits:
@@ -2170,6 +2173,18 @@ def _without_strays(spans: dict, groups: set) -> dict:
     unknown = [group for group in groups if len(group) > 1 and group[0] in unused]
     strays = {part for group in unknown for part in group[1:]} - alone
     return {term: span for term, span in spans.items() if term not in strays}
+
+
+def _read_first(spans: dict) -> list:
+    """The query terms a search reads, (term, low, high), rarest first, as long as their postings together stay
+    within RECALL_QUERY_POSTINGS."""
+    terms, read = [], 0
+    for term, (low, high) in sorted(spans.items(), key=lambda item: (item[1][1] - item[1][0], item[0])):
+        read += high - low
+        if read > RECALL_QUERY_POSTINGS:
+            break
+        terms.append((term, low, high))
+    return terms
 
 
 def _idf(count: int, df: float) -> float:
