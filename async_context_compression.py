@@ -1745,6 +1745,7 @@ _PASSAGE_IDS = 1 << 24  # passage ids an index hands out in its life (a key hold
 RECALL_SLICE = 0.01  # seconds of index work on the event loop before it yields (digests of a chat seen first)
 RECALL_SORT_RUN = 8_192  # keys one step of an index's extension sorts or merges (~1 ms)
 RECALL_STEP_PASSAGES = 4  # passages one step of an index's extension tokenizes (~2 ms)
+RECALL_DIGESTS_STEP = 16  # messages digested between two looks at the clock (a cached digest: ~0.5 µs)
 
 # Scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, Hangul, kana, Han): character bigrams
 _UNSPACED = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u1100-\u11ff\u3130-\u318f\uac00-\ud7af\u3040-\u30ff\u31f0-\u31ff"
@@ -2379,8 +2380,8 @@ async def _digests_yielding(messages: Messages) -> list:
     followed by a yield: 4,000 messages of a chat seen for the first time took ~70 ms at once."""
     out: list = []
     started = time.perf_counter()
-    for message in messages:
-        out.append(canonical_digest(message))
+    for at in range(0, len(messages), RECALL_DIGESTS_STEP):
+        out += canonical_digests(messages[at : at + RECALL_DIGESTS_STEP])
         if time.perf_counter() - started > RECALL_SLICE:
             await asyncio.sleep(0)
             started = time.perf_counter()
