@@ -7095,7 +7095,7 @@ class RequestPath:
             )
         elif chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))
-            draft.recalled = tuple(chosen)
+        draft.recalled = tuple(chosen) or draft.recalled
         return view
 
     def _count_grown(self, encoding: str, before: Message, after: Message, added: Optional[int]) -> None:

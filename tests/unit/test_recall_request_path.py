@@ -163,9 +163,10 @@ def test_the_request_hook_finds_the_message_inlet_grew_counted_exactly(monkeypat
     monkeypatch.setattr(
         f.counter, "text_tokens", lambda text, *a, **k: counted.append(text) or text_tokens(text, *a, **k)
     )
-    out, _ = run(f, {**request(canon, question), "model": "gpt-4"})  # cl100k_base
+    out, events = run(f, {**request(canon, question), "model": "gpt-4"})  # cl100k_base
     asked = out["messages"][-1]
     assert acc.RECALL_OPEN in text_of(asked["content"])
+    assert re.search(r"recalled \d+ passages? from turns? ", statuses(events)) and sources(events)  # and said so
     assert not any(question in text and acc.RECALL_OPEN in text for text in counted)  # neither hook counted it whole
     assert f.counter.known(asked, "cl100k_base") == f.counter.measure([asked], "cl100k_base", True)[0]
 
