@@ -84,7 +84,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property, lru_cache, partial
-from itertools import chain
+from itertools import accumulate, chain, islice
 from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -93,6 +93,9 @@ log = logging.getLogger("async_context_compression")
 
 Message = dict
 Messages = list
+
+
+_ABSENT = object()  # what a mapping holds for no key
 
 
 class _BoundedDict(OrderedDict):
@@ -110,10 +113,11 @@ class _BoundedDict(OrderedDict):
 
     def recall(self, key, default=None):
         """The value of ``key``, which becomes the most recently used."""
-        if key not in self:
+        value = self.get(key, _ABSENT)
+        if value is _ABSENT:
             return default
         self.move_to_end(key)
-        return self[key]
+        return value
 
 
 # -- Shared by every layer ----------------------------------------------------
@@ -879,9 +883,9 @@ def apply_summary(messages: Messages, summary_text: str, head_count: int, covere
     role order a provider rejects: it follows the covered prefix's system messages (those in the range move up) and
     precedes the head, as OpenAI and Mistral allow and Anthropic and Gemini converters hoist into the system text."""
     cut = index_after_head(messages, covered_count)
-    systems = [m for m in messages[:cut] if _role(m) == "system"]
-    head = [m for m in messages[:cut] if _role(m) != "system"][:head_count]
-    return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]
+    systems = [m for m in messages[:cut] if isinstance(m, dict) and m.get("role") == "system"]
+    head = islice((m for m in messages[:cut] if _role(m) != "system"), max(0, head_count))  # the first few: a chat's
+    return [*systems, build_summary_message(summary_text), *head, *messages[cut:]]  # thousands are not read twice
 
 
 LOOP_SUMMARY_INTRO = "Tool rounds earlier in this reply (calls and results), summarized while the loop ran:"
@@ -912,8 +916,8 @@ def index_after_head(view: Messages, head_count: int) -> int:
     """Index in ``view`` (system messages included) of the first message after ``head_count`` canonical ones."""
     if head_count <= 0:
         return 0
-    canonical = [i for i, m in enumerate(view) if _role(m) != "system"]
-    return canonical[head_count - 1] + 1 if head_count <= len(canonical) else len(view)
+    canonical = (i for i, m in enumerate(view) if not isinstance(m, dict) or m.get("role") != "system")
+    return next(islice(canonical, head_count - 1, None), len(view) - 1) + 1
 
 
 def summary_tail_joins(canon: Messages, head_count: Any, covered_count: Any) -> bool:
@@ -1482,8 +1486,8 @@ def canonical_digest(message: Message) -> str:
     excluded, since the two views render them differently), plus the tools it calls with their arguments (ids are
     left out, as in 1.5: the two views need not carry the same ones). A message without calls keeps 1.5's digest."""
     role, content = message.get("role"), message.get("content")
-    called = [_call_arguments(c) for c in _tool_calls(message)]
-    calls = tuple((name, hash(arguments), len(arguments)) for name, arguments in called)  # the cache keeps no text
+    called = [_call_arguments(c) for c in _tool_calls(message)] if "tool_calls" in message else []
+    calls = tuple((name, hash(arguments), len(arguments)) for name, arguments in called) if called else ()  # no text
     key = None  # each text as its hash and length; other contents and roles are not cached
     if isinstance(role, str) and isinstance(content, str):
         key = (role, hash(content), len(content), calls)
@@ -1499,6 +1503,21 @@ def canonical_digest(message: Message) -> str:
         if key is not None:
             _DIGESTS[key] = digest
     return digest
+
+
+def canonical_digests(messages: Messages) -> list:
+    """``canonical_digest`` of each message; a text without tool calls digested before (most of a long chat, on every
+    request) read from the cache in one step."""
+    out, cached, touch = [], _DIGESTS.get, _DIGESTS.move_to_end
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        key = (role, hash(content), len(content), ()) if type(content) is str and type(role) is str else None
+        if key is None or "tool_calls" in message or (digest := cached(key)) is None:
+            digest = canonical_digest(message)
+        else:
+            touch(key)  # most recently used, as canonical_digest's look-up leaves it
+        out.append(digest)
+    return out
 
 
 def canonical_messages(messages: Messages) -> Messages:
@@ -1727,6 +1746,7 @@ _PASSAGE_IDS = 1 << 24  # passage ids an index hands out in its life (a key hold
 RECALL_SLICE = 0.01  # seconds of index work on the event loop before it yields (digests of a chat seen first)
 RECALL_SORT_RUN = 8_192  # keys one step of an index's extension sorts or merges (~1 ms)
 RECALL_STEP_PASSAGES = 4  # passages one step of an index's extension tokenizes (~2 ms)
+RECALL_DIGESTS_STEP = 16  # messages digested between two looks at the clock (a cached digest: ~0.5 µs)
 
 # Scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, Hangul, kana, Han): character bigrams
 _UNSPACED = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u1100-\u11ff\u3130-\u318f\uac00-\ud7af\u3040-\u30ff\u31f0-\u31ff"
@@ -2017,22 +2037,29 @@ class RecallIndex:
                 spans[term] = (low, high)
         return spans
 
-    def _scores(self, spans: dict, weights: dict, allowed: dict) -> tuple:
+    def _scores(self, spans: dict, weights: dict, allowed: dict, floor: float = 0.0) -> tuple:
         """(BM25 score, matched terms) of each allowed passage, reading the rarest terms' postings first and at most
-        RECALL_QUERY_POSTINGS of them."""
-        scores, matched, read = defaultdict(float), defaultdict(set), 0
-        average = self._total_length / len(self._passages)
-        for term, (low, high) in sorted(spans.items(), key=lambda item: (item[1][1] - item[1][0], item[0])):
-            read += high - low
-            if read > RECALL_QUERY_POSTINGS:
-                break
+        RECALL_QUERY_POSTINGS of them; none as soon as no passage can reach ``floor`` any more (a term adds less than
+        BM25_K1 + 1 times its weight to a passage's score): most ordinary messages stop there, past their rare words."""
+        scores, matched, top = defaultdict(float), defaultdict(set), 0.0
+        average, passages, scales = self._total_length / len(self._passages), self._passages, {}
+        k1, b, saturated, ids = BM25_K1, BM25_B, BM25_K1 + 1, _PASSAGE_IDS - 1  # names read once: ~1,000 postings
+        terms = _read_first(spans)
+        left = list(accumulate(saturated * weights[t] if high > low else 0.0 for t, low, high in reversed(terms)))[::-1]
+        for i, (term, low, high) in enumerate(terms):
+            weight = weights[term]
             for key in self._keys[low:high]:
-                pid, tf = (key >> 8) & (_PASSAGE_IDS - 1), key & 255
-                passage, length, _ = self._passages[pid]
-                if passage.digest in allowed:
-                    scale = BM25_K1 * (1 - BM25_B + BM25_B * length / average)
-                    scores[pid] += weights[term] * tf * (BM25_K1 + 1) / (tf + scale)
+                pid = (key >> 8) & ids
+                if (scale := scales.get(pid)) is None:
+                    passage, length, _ = passages[pid]
+                    scale = scales[pid] = k1 * (1 - b + b * length / average) if passage.digest in allowed else 0.0
+                if scale:
+                    tf = key & 255
+                    score = scores[pid] = scores[pid] + weight * tf * saturated / (tf + scale)
                     matched[pid].add(term)
+                    top = score if score > top else top
+            if i + 1 < len(terms) and (top + left[i + 1]) * (1 + 1e-9) < floor:  # (a margin for rounding)
+                return {}, {}
         return scores, matched
 
     def search(self, query: str, allowed: dict, k: int = RECALL_K, question: bool = False) -> list:
@@ -2058,9 +2085,9 @@ class RecallIndex:
                 t: (_idf(count, high - low) if high > low else rare) * (RECALL_NAME_WEIGHT if t in boost else 1.0)
                 for t, (low, high) in spans.items()
             }
-            scores, matched = self._scores(_without_strays(spans, groups), weights, allowed)
-            hits = sorted(scores, key=lambda p: (-scores[p], p))[: 3 * k]  # proximity only where it may matter
             floor = RECALL_FLOOR * sum(weights.values())  # terms left unread count here: a long message asks more
+            scores, matched = self._scores(_without_strays(spans, groups), weights, allowed, 0.0 if question else floor)
+            hits = _best_first(scores)[: 3 * k]  # proximity only where it may matter
             if not hits or (not question and scores[hits[0]] < floor):  # ordinary talk: BM25's own score, before
                 return []  # proximity raises it
             for p in hits:
@@ -2072,7 +2099,7 @@ class RecallIndex:
             hits = [p for p in hits if scores[p] >= RECALL_FILL * best]
             if not question:
                 hits = [p for p in hits if max(weights[t] for t in matched[p]) >= rare]
-            hits.sort(key=lambda p: (-scores[p], p))
+            hits = _best_first(scores, hits)
             ranked = _spread(hits[: 4 * k], scores, lambda p: self._passages[p][0].when or self._passages[p][0].turn)
             out: dict = {}
             for pid, value in ranked[:k]:
@@ -2080,8 +2107,19 @@ class RecallIndex:
                 for n in (pid - 1, pid + 1) if question else ():
                     if n in self._passages and self._passages[n][0].digest in allowed:
                         out[n] = max(out.get(n, 0.0), RECALL_NEIGHBOUR * value)
-            order = sorted(out, key=lambda p: (-out[p], p))
-            return [replace(self._passages[p][0], turn=allowed[self._passages[p][0].digest]) for p in order]
+            return [_on_branch(self._passages[p][0], allowed) for p in _best_first(out)]
+
+
+def _best_first(scores: dict, among: Optional[Iterable] = None) -> list:
+    """Invariant: the keys ``among`` (all of ``scores``'), highest score first, equal scores by key: ordered as by
+    ``(-score, key)``, without a tuple made per key (a search orders ~1,000 passages)."""
+    return sorted(sorted(scores if among is None else among), key=scores.__getitem__, reverse=True)
+
+
+def _on_branch(passage: Passage, allowed: dict) -> Passage:
+    """The passage under its turn on the branch searched (the one it was indexed under, mostly: no copy then)."""
+    turn = allowed[passage.digest]
+    return passage if passage.turn == turn else replace(passage, turn=turn)
 
 
 def _named_terms(query: str) -> set:
@@ -2097,11 +2135,11 @@ def _spread(hits: list, scores: dict, day: Callable) -> list:
     """Invariant: ``hits`` reordered as (hit, its score discounted by RECALL_SPREAD for each hit of the same day (or
     turn) placed before it), best first: of two that score alike, the one from a day not quoted yet comes first."""
     seen: Counter = Counter()
-    out = []
-    for p in sorted(hits, key=lambda p: (-scores[p], p)):  # a day's n-th best is discounted n times, whatever comes
-        out.append((p, scores[p] * RECALL_SPREAD ** seen[day(p)]))
+    out = {}
+    for p in _best_first(scores, hits):  # a day's n-th best is discounted n times, whatever comes
+        out[p] = scores[p] * RECALL_SPREAD ** seen[day(p)]
         seen[day(p)] += 1
-    return sorted(out, key=lambda item: (-item[1], item[0]))
+    return [(p, out[p]) for p in _best_first(out)]
 
 
 def _sentence_terms(text: str) -> array:
@@ -2116,6 +2154,9 @@ def _sentence_terms(text: str) -> array:
 
 def _in_one_sentence(sentences: array, matched: set, weights: dict) -> float:
     """The most weight of the ``matched`` query terms that one sentence of a passage holds (``_sentence_terms``)."""
+    if len(matched) == 1:  # a term alone: its weight where a sentence holds it (a search for C to do)
+        (term,) = matched
+        return weights[term] if term and term in sentences else 0.0
     best = held = 0.0
     for term in sentences:
         if term == 0:
@@ -2134,6 +2175,18 @@ def _without_strays(spans: dict, groups: set) -> dict:
     unknown = [group for group in groups if len(group) > 1 and group[0] in unused]
     strays = {part for group in unknown for part in group[1:]} - alone
     return {term: span for term, span in spans.items() if term not in strays}
+
+
+def _read_first(spans: dict) -> list:
+    """The query terms a search reads, (term, low, high), rarest first, as long as their postings together stay
+    within RECALL_QUERY_POSTINGS."""
+    terms, read = [], 0
+    for term, (low, high) in sorted(spans.items(), key=lambda item: (item[1][1] - item[1][0], item[0])):
+        read += high - low
+        if read > RECALL_QUERY_POSTINGS:
+            break
+        terms.append((term, low, high))
+    return terms
 
 
 def _idf(count: int, df: float) -> float:
@@ -2217,10 +2270,40 @@ def _defused(text: str) -> str:
     return _HEADER_LIKE_RE.sub(lambda m: "(" + m.group(0)[1:-1] + ")", text)
 
 
-def pick_passages(hits: list, budget: int, count: Callable[[str], int]) -> list:
+def block_tokens(passages: list, count: Callable[[str], int], by_lines: bool = False) -> int:
+    """Invariant: ``count(recall_block(passages))``. ``by_lines``: ``count`` is a tokenizer that cuts a text into
+    pieces after the last line break of each run of them, so that a text ending in anything but a space counts as its
+    pieces do (tiktoken's cl100k_base: checked in tests/unit/test_recall.py); then the block is counted by its
+    parts, each of which ``count`` may remember from an earlier request, instead of whole: the frame, and each
+    passage with its last line counted again joined to the line breaks after it (the join may merge there)."""
+    quoted = [_quoted(p) for p in sorted(passages, key=lambda p: p.turn)]
+    if not (by_lines and quoted) or any(q[-1].isspace() for q in quoted):
+        return count(recall_block(passages))
+    total = count(f"{RECALL_PREAMBLE}\n{RECALL_OPEN}\n") + count(RECALL_CLOSE)
+    for i, q in enumerate(quoted):
+        tail = q[q.rfind("\n") + 1 :]  # a header's line break at least: a piece starts after it
+        total += count(q) - count(tail) + count(tail + ("\n\n" if i + 1 < len(quoted) else "\n"))
+    return total
+
+
+def placed_tokens(content: Any, block: int, count: Callable[[str], int]) -> Optional[int]:
+    """Invariant: what ``place_recall`` adds to the tokens of a message whose content is ``content``, by a block of
+    ``block`` tokens, for a ``count`` that cuts pieces after line breaks (``block_tokens``'s ``by_lines``): a part's
+    own, or the join merged with the text's last line, then the block; None where that is not known without counting
+    the message again (a text ending in a space, or whose last line is longer than a passage)."""
+    if isinstance(content, list):
+        return block
+    tail = content[content.rfind("\n") + 1 :] if isinstance(content, str) else ""
+    if not tail or tail[-1].isspace() or len(tail) > 2 * PASSAGE_BYTES:
+        return None
+    return count(tail + "\n\n") - count(tail) + block
+
+
+def pick_passages(hits: list, budget: int, count: Callable[[str], int], by_lines: bool = False) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each one taken in turn when
     the block still fits with it, skipped otherwise, until no passage could fit or RECALL_MISSES in a row did not
-    (each is counted: ``count`` may remember a passage counted by an earlier request)."""
+    (each is counted: ``count`` may remember a passage counted by an earlier request). ``by_lines``: as
+    ``block_tokens``."""
     chosen: list = []
     used = count(recall_block([hits[0]])) - count(_quoted(hits[0])) if hits else 0  # the frame: preamble, tags
     misses = 0
@@ -2233,7 +2316,7 @@ def pick_passages(hits: list, budget: int, count: Callable[[str], int]) -> list:
             chosen.append(hit)
             used += cost
         misses = 0 if fits else misses + 1
-    while chosen and count(recall_block(chosen)) > budget:  # joins counted apart may differ by a token
+    while chosen and block_tokens(chosen, count, by_lines) > budget:  # joins counted apart may differ by a token
         chosen.pop()
     return chosen
 
@@ -2298,8 +2381,8 @@ async def _digests_yielding(messages: Messages) -> list:
     followed by a yield: 4,000 messages of a chat seen for the first time took ~70 ms at once."""
     out: list = []
     started = time.perf_counter()
-    for message in messages:
-        out.append(canonical_digest(message))
+    for at in range(0, len(messages), RECALL_DIGESTS_STEP):
+        out += canonical_digests(messages[at : at + RECALL_DIGESTS_STEP])
         if time.perf_counter() - started > RECALL_SLICE:
             await asyncio.sleep(0)
             started = time.perf_counter()
@@ -2329,11 +2412,18 @@ _ASKING_WORDS = frozenset("what when where which who whom whose why how remind r
 
 
 def with_recall(
-    messages: Messages, index: RecallIndex, allowed: dict, budget: int, count: Callable[[str], int], free: int = 0
+    messages: Messages,
+    index: RecallIndex,
+    allowed: dict,
+    budget: int,
+    count: Callable[[str], int],
+    free: int = 0,
+    by_lines: bool = False,
 ) -> tuple[Messages, list]:
     """The request with the passages of the ``allowed`` folded messages that its latest user message is about quoted
     after that message's text, their block counting at most ``budget``, or at most ``free`` (the room left under the
-    cap) when the message is one short question; and those passages (none: the list itself)."""
+    cap) when the message is one short question; and those passages (none: the list itself). ``by_lines``: as
+    ``block_tokens``."""
     i = _last_user_index(messages)
     if budget <= 0 or not allowed or not messages or _role(messages[i]) != "user" or carries_recall(messages):
         return messages, []
@@ -2341,7 +2431,7 @@ def with_recall(
     before = _text_of(messages[i - 1].get("content")) if i > 0 and isinstance(messages[i - 1], dict) else ""
     about_past = asks_a_question(text) and not _follows_up(text, before)
     room, k = (max(budget, free), RECALL_QUESTION_K) if about_past else (budget, RECALL_K)
-    chosen = pick_passages(index.search(recall_query(text), allowed, k, about_past), room, count)
+    chosen = pick_passages(index.search(recall_query(text), allowed, k, about_past), room, count, by_lines)
     return (place_recall(messages, recall_block(chosen)), chosen) if chosen else (messages, [])
 
 
@@ -2360,6 +2450,10 @@ _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
 )
 _ENCODINGS = ("cl100k_base", "o200k_base")
+# Encodings that cut a text into pieces after the last line break of each run of them, before a word or a bracket
+# (tests/unit/test_recall.py checks it): a recall block counts as its parts do (``block_tokens``). o200k_base's pieces
+# may run on past a line break ("/"), and it is not at hand offline to check: its blocks are counted whole.
+BY_LINES_ENCODINGS = frozenset({"cl100k_base"})
 
 # Estimator weights per encoding, tokens per: ASCII lower-case letter, upper-case letter, digit, space, newline, other
 # ASCII (punctuation), backslash; 2-byte character other than Cyrillic (accented Latin, Greek, Arabic, Hebrew),
@@ -2572,6 +2666,15 @@ class TokenCounter:
         if message.get("tool_call_id"):
             total += TOKENS_PER_NAME
         return total
+
+    def known(self, message: Message, encoding: str) -> Optional[int]:
+        """``message``'s exact count if the cache holds it (nothing is counted)."""
+        entry = self._cache.get(_cache_key(message, encoding))
+        return entry[1] if entry else None
+
+    def remember(self, message: Message, encoding: str, tokens: int) -> None:
+        """Records ``message``'s exact count, known without tokenizing it (a message grown by parts counted before)."""
+        self._entry(message, encoding)[1] = tokens
 
     def tools_tokens(self, tools: Any, encoding: str) -> int:
         """Tool schemas sent with the request count against the window too."""
@@ -6139,7 +6242,7 @@ class Branch:
 
     @classmethod
     def of(cls, canon: Messages, ids: list) -> "Branch":
-        digests = [canonical_digest(m) for m in canon]
+        digests = canonical_digests(canon)
         return cls(canon, ids, digests, conversation_anchor(digests))
 
     def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
@@ -6229,13 +6332,13 @@ class BackgroundSummarizer:
         self.lines.add(task)
         task.add_done_callback(self.lines.discard)
 
-    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
+    async def recall_index(self, key: str, messages: Messages, record: Any, digests: Optional[list] = None) -> tuple:
         """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
-        (its fingerprint fixes them): the messages digested, and those the index lacks (a fold this worker did not
-        make, a restart) indexed, in a worker thread."""
+        (its fingerprint fixes them): the canonical messages of ``messages`` digested, and those the index lacks (a
+        fold this worker did not make, a restart) indexed, in a worker thread."""
         index, at = self.recall.get(key), (record.fingerprint, record.head_count)
         if (allowed := index.folded.recall(at)) is None:
-            head, covered = record.head_count, record.covered_count
+            head, covered, canon = record.head_count, record.covered_count, canonical_messages(messages)
             digests = digests or await _digests_yielding(canon[:covered])
             allowed = folded_turns(canon, head, covered, digests)
             if any(digest not in index for digest in allowed):
@@ -6586,7 +6689,7 @@ def loop_key(ctx: RequestContext) -> str:
 
 
 def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
-    return prefix_fingerprint([canonical_digest(m) for m in messages[start : start + covered]], covered)
+    return prefix_fingerprint(canonical_digests(messages[start : start + covered]), covered)
 
 
 class LoopSummaries:
@@ -6934,7 +7037,7 @@ class Draft:
             turn_over=fit.turn_over,
             repaired=self.repair.noticeable(),
             fault=self.fault,
-            turn=sum(1 for m in self.messages if isinstance(m, dict) and m.get("role") == "user"),
+            turn=len([m for m in self.messages if isinstance(m, dict) and m.get("role") == "user"]),
             recalled=self.recalled,
         )
 
@@ -7106,7 +7209,7 @@ class RequestPath:
             return None, None  # no summary yet: the history needs no fingerprint
         # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
-        digests = [canonical_digest(m) for m in canon[: max(0, min(len(canon), reach + 1))]]
+        digests = canonical_digests(canon[: max(0, min(len(canon), reach + 1))])
         return choose_summary(records, digests), None
 
     async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:
@@ -7134,10 +7237,10 @@ class RequestPath:
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
             return view
-        index, allowed = await self.summaries.recall_index(ctx.chat_key(), canonical_messages(draft.messages), record)
+        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.messages, record)
         exact = counter.is_exact(s.encoding)
 
-        known = self.summaries.recall.tokens
+        known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
             key = (s.encoding, exact, text)
@@ -7149,11 +7252,25 @@ class RequestPath:
             return tokens
 
         free = min(int(RECALL_QUESTION_SHARE * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
-        view, chosen = with_recall(view, index, allowed, room, count, free)
-        if chosen:
+        asked = view[_last_user_index(view)] if view else None
+        view, chosen = with_recall(view, index, allowed, room, count, free, by_lines)
+        if chosen and by_lines:  # the join before the block, then the block: "\n\n" is a piece of its own before it
+            block = block_tokens(chosen, count, by_lines)
+            fit.tokens_after += count("\n\n") + block
+            self._count_grown(
+                s.encoding, asked, view[_last_user_index(view)], placed_tokens(asked.get("content"), block, count)
+            )
+        elif chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))
-            draft.recalled = tuple(chosen)
+        draft.recalled = tuple(chosen) or draft.recalled
         return view
+
+    def _count_grown(self, encoding: str, before: Message, after: Message, added: Optional[int]) -> None:
+        """``after``, ``before`` grown by ``added`` tokens (the recall block), counted from ``before``'s count: the
+        request hook, which fits what inlet sent, finds it counted (tokenized whole it took ~2 ms of a question)."""
+        counter = self.summaries.counter
+        if added is not None and (tokens := counter.known(before, encoding)) is not None:
+            counter.remember(after, encoding, tokens + added)
 
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""

@@ -21,7 +21,8 @@ every evidence turn verbatim into the request:
 * recall (the Filter as is), recall off (the same request without its block), plain truncation (the latest messages
   that fit the cap, no filter), and plain BM25 over the folded turns, the question as query, filling recall's room;
 * recall's tokens on questions and on ordinary turns (the conversation's own user messages, once a summary exists);
-* requests over the cap, and inlet's time (inlet and request hook, ms p50 / p95).
+* requests over the cap, and inlet's time (inlet and request hook, ms p50 / p95); at 1,000 folded messages and more
+  (``--repeat 3``) also the process's CPU time in it, which a loaded machine inflates less than the wall clock.
 
 ``evaluate`` is what tests/unit/test_recall_locomo.py runs on one development conversation.
 """
@@ -151,6 +152,7 @@ class Replay:
         self.loop = asyncio.new_event_loop()
         self.turn = 0
         self.inlet_ms: list = []
+        self.inlet_cpu_ms: list = []  # the process's CPU time in the same span: what the wall clock is on a quiet machine
 
     async def _summarize(self, request, user, model, messages, max_tokens, temperature, *args, **kwargs) -> str:
         text = messages[-1]["content"]
@@ -158,8 +160,14 @@ class Replay:
         previous = previous.split("Previous summary:\n", 1)[-1].strip()
         touched = [n for n, date in self.dates.items() if f"[{date}]" in new and date]
         parts = [previous] if "Previous summary:" in text and previous else []
-        parts += [self.conv.get(f"session_{n}_summary", "") for n in touched if f"session_{n}_summary" in self.conv]
+        said = [(n, self.conv[f"session_{n}_summary"]) for n in touched if f"session_{n}_summary" in self.conv]
+        parts += [p for n, p in said if not (self._retold_only(n, new) and p in previous)]
         return "\n".join(p for p in parts if p) or "The two friends talked."
+
+    def _retold_only(self, n: int, new: str) -> bool:
+        """Whether the messages to fold tell session ``n`` only again (``--repeat``): a summary holding it already
+        keeps its size, as a real one kept to its max_tokens would (grown past the cap, it was cut every request)."""
+        return not re.search(rf"(?<!\) )\[{re.escape(self.dates[n])}\]", new)
 
     @property
     def meta(self) -> dict:
@@ -175,9 +183,10 @@ class Replay:
             out = await self.filter.request(out, __metadata__=self.meta, **kwargs)
             return out["messages"]
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         sent = self.loop.run_until_complete(send())
         self.inlet_ms.append((time.perf_counter() - started) * 1000)
+        self.inlet_cpu_ms.append((time.process_time() - cpu) * 1000)
         return sent
 
     def replied(self, history: list) -> None:
@@ -238,12 +247,15 @@ def evaluate(path: str, share: float | None = None, questions: int = 0, repeat: 
         "ordinary_tokens": [],
         "over_cap": 0,
         "max_tokens": 0,
+        "ordinary_many": [],  # (wall ms, CPU ms) of the ordinary turns with FOLDED_MANY folded messages or more
     }
     history: list = []
     try:
         for i, message in enumerate(messages):
             if message["role"] == "user":
                 sent = replay.request(history, message["content"])
+                if _folded(sent, len(history)) >= FOLDED_MANY:
+                    out["ordinary_many"].append((replay.inlet_ms[-1], replay.inlet_cpu_ms[-1]))
                 tokens = messages_tokens(counter, sent, ENCODING)
                 out["over_cap"] += tokens > CAP
                 out["max_tokens"] = max(out["max_tokens"], tokens)
@@ -265,8 +277,7 @@ def evaluate(path: str, share: float | None = None, questions: int = 0, repeat: 
             out["max_tokens"] = max(out["max_tokens"], tokens)
             off, block = split_block(sent)
             off_text = _text(off)
-            kept = sum(1 for m in off if m.get("role") != "system" and not acc.is_summary_message(m)) - 1
-            out["folded_messages"] = max(out.get("folded_messages", 0), len(history) - kept)
+            out["folded_messages"] = max(out.get("folded_messages", 0), _folded(sent, len(history)))
             if all(e in off_text for e in evidence):
                 continue  # nothing of its evidence was folded
             cat = q.get("category", 0)
@@ -285,9 +296,19 @@ def evaluate(path: str, share: float | None = None, questions: int = 0, repeat: 
             chosen = "\n".join(bm25_fill(folded, question, max(room, free), count))
             out["got"]["bm25 free"][cat] += all(e in off_text or e in chosen for e in evidence)
         out["ordinary_ms"], out["question_ms"] = ordinary_ms, replay.inlet_ms[len(ordinary_ms) :]
+        out["question_cpu_ms"] = replay.inlet_cpu_ms[len(ordinary_ms) :]
     finally:
         replay.close()
     return out
+
+
+FOLDED_MANY = 1_000  # the issue's size for inlet's time
+
+
+def _folded(sent: list, history: int) -> int:
+    """The history's messages a request left out (folded into its summary, or dropped): all but those it sends."""
+    kept = sum(1 for m in sent if m.get("role") != "system" and not acc.is_summary_message(m)) - 1
+    return history - kept
 
 
 def share_of(got: dict, asked: dict, cats=None) -> float:
@@ -339,6 +360,15 @@ def report(name: str, results: list) -> None:
         f"questions {_ms([t for r in results for t in r['question_ms']])}; "
         f"folded messages at the questions: {', '.join(str(r.get('folded_messages', 0)) for r in results)}"
     )
+    many = [t for r in results for t in r["ordinary_many"]]
+    questions = [r for r in results if r.get("folded_messages", 0) >= FOLDED_MANY]
+    if many or questions:
+        wall = [t for r in questions for t in r["question_ms"]]
+        cpu = [t for r in questions for t in r["question_cpu_ms"]]
+        print(
+            f"  at {FOLDED_MANY:,}+ folded messages, ms p50 / p95 wall (CPU): ordinary turns {_ms([w for w, _ in many])}"
+            f" ({_ms([c for _, c in many])}) of {len(many)}; questions {_ms(wall)} ({_ms(cpu)}) of {len(wall)}"
+        )
 
 
 def main(argv=None) -> int:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import random
+from functools import cache
 
 import pytest
+import tiktoken
 from acc_builders import AS, CITIES, IMG, TXT, A, T, U, roles, text_of, warehouse_chat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -263,6 +265,51 @@ def test_picked_passages_fit_the_budget():
     # counted passage by passage (fast): each count's own few tokens of slack may leave one out at the exact size
     assert acc.pick_passages(hits, full + 8 * len(hits), count) == hits
     assert acc.pick_passages(hits, count(acc.recall_block(hits[:1])), count) == hits[:1]
+
+
+@cache
+def _cl100k():
+    return tiktoken.get_encoding("cl100k_base")
+
+
+def exact(text: str) -> int:
+    return len(_cl100k().encode(text, disallowed_special=()))
+
+
+# what makes a tokenizer merge across a join: punctuation runs, spaces and line breaks of every kind, contractions,
+# digits, scripts without spaces, marks, emoji, a block's own markers and headers
+_PIECES = st.sampled_from(
+    [
+        *"word Caroline . !? ... ) 's ' \" / 12 3.5% 1,200 柏林仓库 。 ！ 東京タワー 서울 é 🙂 < > - _ * # </recalled_context>".split(),
+        *(" ", "  ", "\t", "\n", "\n\n", "\r\n", "\r", "\u0301", "\u00a0", "\u3000", "\u2028", "[turn 3, user]"),
+    ]
+)
+_TEXTS = st.lists(_PIECES, min_size=1, max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_TEXTS, st.integers(1, 9), st.sampled_from(["user", "assistant", "tool"])), max_size=5))
+def test_a_block_counted_by_its_parts_counts_as_the_whole_block_does_in_cl100k(parts):
+    """Issue 43: choosing a question's passages counted its whole block (~2,400 tokens, ~2 ms) once more on every
+    request; by its parts, each remembered by the count, it costs look-ups, and must count exactly the same."""
+    passages = [
+        acc.Passage(f"d{i}", turn, role, text, "8 May 2023" if i % 2 else "")
+        for i, (text, turn, role) in enumerate(parts)
+    ]
+    assert acc.block_tokens(passages, exact, by_lines=True) == exact(acc.recall_block(passages))
+    assert acc.block_tokens(passages, count) == count(acc.recall_block(passages))  # an estimate: the whole block
+
+
+def test_choosing_by_the_parts_chooses_the_same_without_counting_a_block_whole():
+    chat = warehouse_chat() + make_chat(40, 3, scale=0.2)
+    hits = acc.recall_passages(chat, 0, len(chat))
+    full = exact(acc.recall_block(hits))
+    for budget in (0, 40, exact(acc.recall_block(hits[:1])), 300, 1_000, full - 1, full):
+        counted: list = []
+        chosen = acc.pick_passages(hits, budget, lambda text, seen=counted: seen.append(text) or exact(text), True)
+        assert chosen == acc.pick_passages(hits, budget, exact)
+        assert exact(acc.recall_block(chosen)) <= budget
+        assert not any(acc.RECALL_OPEN in text and acc.RECALL_CLOSE in text for text in counted[1:])  # but the frame
 
 
 def test_the_block_is_quoted_history_in_turn_order_whose_markers_cannot_be_forged():

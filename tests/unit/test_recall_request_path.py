@@ -152,6 +152,25 @@ def test_a_tool_loop_reuses_inlets_block_and_searches_once(monkeypatch):
     assert len(shown) == 1  # the source is shown once for the reply, not per call
 
 
+@pytest.mark.parametrize("question", [QUESTION, "And the Lisbon warehouse code...", "Lisbon?\nThe access code!"])
+def test_the_request_hook_finds_the_message_inlet_grew_counted_exactly(monkeypatch, question):
+    """Issue 43: the request hook fits what inlet sent, and tokenized the user's message again with its block in it
+    (~2,400 tokens of a question: ~2 ms); inlet now records its count, from its count before and the block's parts."""
+    canon = chat()
+    f = make_filter(8000, counter="exact", store=RecordStore([summarized(canon)]))
+    counted: list = []
+    text_tokens = f.counter.text_tokens
+    monkeypatch.setattr(
+        f.counter, "text_tokens", lambda text, *a, **k: counted.append(text) or text_tokens(text, *a, **k)
+    )
+    out, events = run(f, {**request(canon, question), "model": "gpt-4"})  # cl100k_base
+    asked = out["messages"][-1]
+    assert acc.RECALL_OPEN in text_of(asked["content"])
+    assert re.search(r"recalled \d+ passages? from turns? ", statuses(events)) and sources(events)  # and said so
+    assert not any(question in text and acc.RECALL_OPEN in text for text in counted)  # neither hook counted it whole
+    assert f.counter.known(asked, "cl100k_base") == f.counter.measure([asked], "cl100k_base", True)[0]
+
+
 def sent_tokens(f: acc.Filter, messages: list) -> int:
     return acc.count_request(f.counter, messages, "o200k_base", acc.request_fixed_tokens(f.counter, None, "o200k_base"))
 
