@@ -150,6 +150,16 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
+def process_start(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat), None when there is none: a pid reused
+    by another process has another start."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -205,6 +215,7 @@ class OpenWebUIServer:
         self.proc: Optional[subprocess.Popen] = None
         self._log_file = None
         self._atexit_registered = False
+        self._started: Optional[str] = None  # the supervisor's start (process_start), to know its pid again
 
     # -- properties --------------------------------------------------------
     @property
@@ -300,6 +311,7 @@ class OpenWebUIServer:
             if _PRCTL is not None
             else None,  # and no orphan when this process is killed (atexit won't run)
         )
+        self._started = process_start(self.proc.pid)
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
@@ -392,9 +404,10 @@ class OpenWebUIServer:
         """SIGTERM the whole process group, SIGKILL it after ``grace`` seconds."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            try:
-                pgid = os.getpgid(proc.pid)
-            except ProcessLookupError:
+            pgid = proc.pid  # start_new_session: the group's id is the supervisor's pid
+            if proc.poll() is not None and process_start(pgid) not in (None, self._started):
+                # the supervisor died (a test killed it) and was reaped; its pid now names another process, and
+                # another group (on a busy machine pids wrap within minutes: a concurrent lane's server was killed so)
                 pgid = None
             if pgid is not None:
                 try:
