@@ -3287,32 +3287,29 @@ def _error_texts(error: Any, depth: int = 0) -> list:
     return []
 
 
-def window_from_error(error: Any) -> int:
-    """The window a provider's rejection names (_WINDOW_ERROR_PATTERNS; llama.cpp's error object's ``n_ctx``), 0 =
-    the error names none."""
+def _number_in_error(error: Any, field: str, patterns: tuple) -> int:
+    """The first number a provider's rejection gives: llama.cpp's error object's ``field``, else the first of
+    ``patterns`` that matches one of its texts; 0 = none."""
     if isinstance(error, dict):
         inner = error.get("error") if isinstance(error.get("error"), dict) else error
-        if "context" in str(inner.get("type", "")) and (tokens := _window_number(inner.get("n_ctx"))):
+        if "context" in str(inner.get("type", "")) and (tokens := _window_number(inner.get(field))):
             return tokens
     for text in _error_texts(error):
-        for pattern in _WINDOW_ERROR_PATTERNS:
+        for pattern in patterns:
             if (match := pattern.search(text)) and (tokens := _window_number(match.group(1))):
                 return tokens
     return 0
+
+
+def window_from_error(error: Any) -> int:
+    """The window a provider's rejection names (_WINDOW_ERROR_PATTERNS; llama.cpp's ``n_ctx``), 0 = none."""
+    return _number_in_error(error, "n_ctx", _WINDOW_ERROR_PATTERNS)
 
 
 def prompt_from_error(error: Any) -> int:
     """The prompt size, in the model's own tokens, that a provider's rejection names (_PROMPT_ERROR_PATTERNS;
-    llama.cpp's error object's ``n_prompt_tokens``), 0 = none."""
-    if isinstance(error, dict):
-        inner = error.get("error") if isinstance(error.get("error"), dict) else error
-        if "context" in str(inner.get("type", "")) and (tokens := _window_number(inner.get("n_prompt_tokens"))):
-            return tokens
-    for text in _error_texts(error):
-        for pattern in _PROMPT_ERROR_PATTERNS:
-            if (match := pattern.search(text)) and (tokens := _window_number(match.group(1))):
-                return tokens
-    return 0
+    llama.cpp's ``n_prompt_tokens``), 0 = none."""
+    return _number_in_error(error, "n_prompt_tokens", _PROMPT_ERROR_PATTERNS)
 
 
 def window_from_usage(
