@@ -59,6 +59,8 @@ async def summarize(store, name: str) -> dict:
     # The stored chat is expanded by the filter's own fallback (the tests
     # check it against Open WebUI's): no 4-second attempt to import Open WebUI.
     acc._owui_output_converter = lambda: None
+    # Nor to read Open WebUI's config: importing it here takes seconds on the event loop (in its server it is loaded).
+    acc._OWUI_CONFIG[:] = [None]
     summarizer = FakeSummarizer(delay=0.5)
     f = make_filter(store=store, complete=summarizer, **t.VALVES)
     chat = t.stored_chat(range(8))
@@ -102,7 +104,11 @@ async def run_processes(db_args: list, mode: str, names: list, *extra: str, time
             proc.stdin.flush()
         results = []
         for proc in procs:
-            out, err = await asyncio.wait_for(asyncio.to_thread(proc.communicate), timeout)
+            try:
+                out, err = await asyncio.wait_for(asyncio.to_thread(proc.communicate), timeout)
+            except asyncio.TimeoutError:
+                proc.kill()
+                raise AssertionError(f"worker gave no result in {timeout} s: {proc.communicate()[1][-3000:]}") from None
             assert proc.returncode == 0, err[-3000:]
             results.append(json.loads(out.strip().splitlines()[-1]))
         return results
