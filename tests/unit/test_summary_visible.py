@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 import async_context_compression as acc
 
 CORE = "You are helpful.\n[CONVERSATION SUMMARY]\nThe user's budget is 4,200 EUR."
@@ -258,3 +261,17 @@ def test_explain_summarize_command_changes_only_the_last_user_command():
     assert acc.explain_summarize_command(plain) is plain
     tool_last = [{"role": "user", "content": "/summarize"}, {"role": "tool", "tool_call_id": "c", "content": "x"}]
     assert acc.explain_summarize_command(tool_last) is tool_last
+
+
+SPACES = st.text(alphabet=st.sampled_from(list(" \t\n\r\x0b\x0c\x1c\x1f\x85\u00a0\u2003\u3000\u200b")), max_size=3)
+COMMANDS = st.sampled_from(["", "/", "/summarize", "/Summarise", "/总结", "x/summarize"])
+
+
+@given(SPACES, COMMANDS, st.text(alphabet=st.sampled_from(list(" ：:k\n总")), max_size=4))
+def test_summarize_command_fast_path_agrees_with_the_full_match(lead, command, rest):
+    """The slash check that decides most messages early answers as the whole pattern on the stripped text does, for
+    every kind of leading whitespace (str.lstrip's and the pattern's must be the same set)."""
+    text = lead + command + rest
+    match = acc._SUMMARIZE_COMMAND_RE.fullmatch(text.lstrip())
+    expected = match.group(1).strip()[: acc.MAX_SUMMARIZE_INSTRUCTIONS] if match else None
+    assert acc.summarize_command_instructions(text) == expected
