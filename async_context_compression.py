@@ -84,7 +84,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property, lru_cache, partial
-from itertools import accumulate, chain, islice
+from itertools import accumulate, chain, islice, repeat
 from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -1520,6 +1520,17 @@ def canonical_digests(messages: Messages) -> list:
             touch(key)  # most recently used, as canonical_digest's look-up leaves it
         out.append(digest)
     return out
+
+
+def messages_identity(messages: Messages) -> Optional[int]:
+    """A hash of the roles, contents and tool calls of ``messages`` (all that their canonical digests read), made
+    without a Python step per message; None where one of them is no plain dict of text (parts, calls): then only
+    digesting tells. String hashes are seeded per process, so no user can aim at a collision."""
+    try:
+        fields = (tuple(map(dict.get, messages, repeat(name))) for name in ("role", "content", "tool_calls"))
+        return hash((len(messages), *fields))
+    except TypeError:
+        return None
 
 
 def canonical_messages(messages: Messages) -> Messages:
@@ -6193,6 +6204,16 @@ class ChatState:
     last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
     line: Optional[asyncio.Task] = None  # the last request's status line being written
     records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
+    digests: tuple = (None, [])  # (messages_identity, canonical_digests) of the prefix the last lookup digested
+
+    def digests_of(self, messages: Messages) -> list:
+        """``canonical_digests(messages)``; the last answer again while the prefix is unchanged (between two folds
+        every request of a long chat digests the same thousand messages)."""
+        identity = messages_identity(messages)
+        if identity is None or identity != self.digests[0]:
+            self.digests = (identity, canonical_digests(messages))
+        return self.digests[1]
+
     recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
 
 
@@ -7210,7 +7231,7 @@ class RequestPath:
             return None, None  # no summary yet: the history needs no fingerprint
         # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
-        digests = canonical_digests(canon[: max(0, min(len(canon), reach + 1))])
+        digests = self.summaries.chat(ctx).digests_of(canon[: max(0, min(len(canon), reach + 1))])
         return choose_summary(records, digests), None
 
     async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from acc_builders import RecordStore, request_context
 from hypothesis import HealthCheck, given, settings
@@ -254,3 +255,37 @@ def test_dropping_turns_remembers_what_scanning_would_find(messages, cap, keep_f
     total_a = acc._drop_turns(messages, sizes, keep_a, turns, total_a, cap, report_a)
     total_b = _drop_turns_by_scanning(messages, sizes, keep_b, turns, total_b, cap, report_b)
     assert (total_a, keep_a, report_a) == (total_b, keep_b, report_b)
+
+
+def _copied(messages: list) -> list:
+    """The same messages as new objects, as Open WebUI parses each request anew."""
+    return json.loads(json.dumps(messages))
+
+
+@SETTINGS
+@given(st.one_of(st.lists(any_message, max_size=8), near_valid_chats()), st.integers(0, 7), st.sampled_from(["", "x"]))
+def test_a_chats_digests_remembered_between_requests_are_those_digesting_finds(messages, at, edit):
+    """A chat's state answers ``canonical_digests`` again from memory while its prefix is unchanged: for the same
+    messages in new objects, and never once one message's text, role or calls changed."""
+    messages = [m for m in messages if isinstance(m, dict)]
+    state = acc.ChatState()
+    assert state.digests_of(messages) == acc.canonical_digests(messages)
+    again = _copied(messages)
+    assert state.digests_of(again) == acc.canonical_digests(messages)
+    if messages:
+        changed = _copied(messages)
+        target = changed[at % len(changed)]
+        target["content"] = f"{target.get('content')}{edit}" if edit else None
+        assert state.digests_of(changed) == acc.canonical_digests(changed)
+
+
+def test_messages_identity_tells_plain_text_lists_apart_and_declines_parts_and_calls():
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert acc.messages_identity(chat) == acc.messages_identity(_copied(chat)) is not None
+    assert acc.messages_identity(chat) != acc.messages_identity([chat[0], {**chat[1], "content": "c"}])
+    assert acc.messages_identity(chat) != acc.messages_identity([chat[0], {**chat[1], "role": "user"}])
+    assert acc.messages_identity(chat) != acc.messages_identity(chat[:1])
+    assert acc.messages_identity([{"role": "user", "content": [{"type": "text", "text": "a"}]}]) is None
+    called = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}
+    assert acc.messages_identity([called]) is None
+    assert acc.messages_identity(["not a message"]) is None
