@@ -106,7 +106,7 @@ async def run_processes(db_args: list, mode: str, names: list, *extra: str, time
         for proc in procs:
             try:
                 out, err = await asyncio.wait_for(asyncio.to_thread(proc.communicate), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
                 raise AssertionError(f"worker gave no result in {timeout} s: {proc.communicate()[1][-3000:]}") from None
             assert proc.returncode == 0, err[-3000:]
