@@ -21,8 +21,9 @@ requirements: tiktoken
 #      from what the filter saw happen: its own request and the provider's answer) and shared with every worker
 #      through the store (SharedThroughStore).
 #   4. Settings: the valves (their fields: AdminValves, ChatUserValves), resolved per model and request, never raising.
-#   5. Summary store: ChatStore (memory for chats Open WebUI never saves, else SummaryStore, the database: summaries,
-#      leases, ratios, windows, requests sent) and RetentionSweeper (what outlives a deletion; the erase).
+#   5. Summary store: FilterStore, every call the filter makes on its store; ChatStore keeps it (memory for chats Open
+#      WebUI never saves, else SummaryStore, the database: summaries, leases, ratios, windows, requests sent), NullStore
+#      keeps nothing (no database); RetentionSweeper (what outlives a deletion; the erase).
 #   6. Summarizer: prompt, input rendering, the call, answer cleaning.
 #   7. Status lines: what one request sent (SentOutcome), said in the user's language.
 #   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
@@ -85,7 +86,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property, lru_cache, partial
 from itertools import accumulate, chain, islice, repeat
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -2979,10 +2980,12 @@ class SharedThroughStore:
         now = time.monotonic()
         self.saved = [*self.saved, *((now, row) for row in rows)][-UNSAVED_KEPT:]
 
-    async def _applied(self, read: Callable[[], Awaitable], *at: Any) -> bool:  # False: the store was not read
+    async def _applied(self, read: Callable[[], Awaitable], *at: Any) -> bool:  # False: not read, or None: keeps none
         try:
-            self.snapshot(await read(), *at)
-            return True
+            rows = await read()
+            if rows is not None:
+                self.snapshot(rows, *at)
+            return rows is not None
         except Exception as exc:
             log.debug("async_context_compression: %s not read: %s", type(self).__name__, exc)
             return False
@@ -3061,7 +3064,7 @@ class ModelTokens(SharedThroughStore):
             log.debug("async_context_compression: %s's ratios for a user not read: %s", model, exc)
             return
         found: dict = {}
-        for _, row_model, path, ratio, at, *whose in rows:
+        for _, row_model, path, ratio, at, *whose in rows or ():
             mine = (row_model, str(whose[0]) if whose else "") == key and isinstance(ratio, (int, float))
             if mine and path in RATIO_PATHS and (at or 0.0) >= self.erased_at:
                 found.setdefault((model, path, user), []).append((float(at or 0.0), float(ratio)))
@@ -3706,7 +3709,7 @@ class ModelWindow(SharedThroughStore):
     ) -> Window:
         """The model's window for ``user``'s request (``find``), after reading the windows every worker learned when
         due, and asking the model's server (``connect()``: a ServedServer) when due."""
-        await self.refresh(getattr(store, "read_windows", None))
+        await self.refresh(store.read_windows)
         window = self.find(model_id, model, body, user)
         if connect is None or window.source == "settings":
             return window
@@ -3729,7 +3732,7 @@ class ModelWindow(SharedThroughStore):
                 if model_id not in self.server.replied:
                     self.guessed[model_id] = tokens
             elif self.serve(model_id, tokens, model_published_window(model)):
-                await self.flush(getattr(store, "save_windows", None))
+                await self.flush(store.save_windows)
         except Exception as exc:  # the windows known stay
             log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
 
@@ -3743,14 +3746,13 @@ class ModelWindow(SharedThroughStore):
         ``failed()``: (chat id, the failed reply's id, its stored error), ("", "", None) when the turn follows none."""
         window = await self.for_request(store, model_id, model, body, user, connect)
         if not window.tokens or window.source == "published" and not model_served_published(model):
-            await self.refresh_model(getattr(store, "read_window", None), model_id)
+            await self.refresh_model(store.read_window, model_id)
             window = self.find(model_id, model, body, user)
         if window.source == "settings" or not reply_missing(body["messages"]):
             return window
         try:
             chat_id, reply_id, error = await asyncio.wait_for(failed(), STORE_TIMEOUT)
-            read_sent = getattr(store, "read_sent", None)
-            sent = await asyncio.wait_for(read_sent(reply_id), STORE_TIMEOUT) if reply_id and read_sent else None
+            sent = await asyncio.wait_for(store.read_sent(reply_id), STORE_TIMEOUT) if reply_id else None
         except Exception as exc:
             log.warning("async_context_compression: the failed reply or its request not read: %r", exc)
             return window
@@ -3758,7 +3760,7 @@ class ModelWindow(SharedThroughStore):
         tokens = window_from_failed_reply(sent, chat_id, model_id, error)
         published, firm = model_published_window(model), model_served_published(model)
         if tokens and self.learn(model_id, tokens, "error", published, sent.user_id, firm):
-            await self.flush(getattr(store, "save_windows", None))
+            await self.flush(store.save_windows)
             window = self.find(model_id, model, body, user)
         taught = ratio_from_failed_reply(sent, chat_id, model_id, error, user) if ratios is not None else None
         if taught is not None:
@@ -3776,12 +3778,11 @@ class ModelWindow(SharedThroughStore):
             ratio,
             sent.user_id,
         )
-        await ratios.flush(getattr(store, "add_ratios", None))
-        if (forget := getattr(store, "forget_sent", None)) is not None:
-            try:
-                await asyncio.wait_for(forget(sent.reply_id), STORE_TIMEOUT)
-            except Exception as exc:  # another worker may learn it once more: one sample more of the same
-                log.debug("async_context_compression: a failed reply's record not removed: %s", exc)
+        await ratios.flush(store.add_ratios)
+        try:
+            await asyncio.wait_for(store.forget_sent(sent.reply_id), STORE_TIMEOUT)
+        except Exception as exc:  # another worker may learn it once more: one sample more of the same
+            log.debug("async_context_compression: a failed reply's record not removed: %s", exc)
 
     def for_summary(self, summary_model: str, model_id: str, model: Any, body: Any, entry_of: Callable) -> Window:
         entry = model if summary_model == model_id else entry_of(summary_model)
@@ -4010,18 +4011,15 @@ class ModelWindow(SharedThroughStore):
             if record is not None and record.created_at < at:  # its copy in the store went with the erase
                 self.sent[reply_id] = (user, own_window, recorded, None)
 
-    async def refresh_model(self, read_one: Optional[Callable], model_id: str) -> None:
+    async def refresh_model(self, read_one: Callable, model_id: str) -> None:
         """The model's own rows, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
-        if read_one is not None:
-            began = time.monotonic()
-            await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, began)
+        began = time.monotonic()
+        await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, began)
 
-    async def refresh(self, read: Optional[Callable], every: float = WINDOWS_REFRESH) -> None:
+    async def refresh(self, read: Callable, every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows, awaited (at most STORE_TIMEOUT) by every
         request that comes while it runs: none goes out on what the read replaces (an erase, a forgotten window)."""
         now = time.monotonic()
-        if read is None:
-            return
         if now - self.read_at < every:
             await self._read_under_way()
             return
@@ -5298,15 +5296,40 @@ class SummaryStore:
         await self.run(lambda conn: conn.execute(ours.values(holder="resting", expires_at=time.time() + seconds)))
 
 
+@runtime_checkable
+class FilterStore(Protocol):
+    """Every call the filter makes on its store, and no more: ChatStore in Open WebUI, NullStore where there is no
+    database. A read that answers None read nothing (a store that keeps nothing): what a worker learned stays."""
+
+    async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list: ...
+    async def save(self, record: SummaryRecord) -> None: ...
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold: ...
+    async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool: ...
+    async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool: ...
+    async def release(self, scope: str, holder: str) -> None: ...
+    async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float: ...
+    async def rest(self, scope: str, holder: str, seconds: float) -> None: ...
+    async def table(self, name: str) -> tuple: ...  # the sweep's and the erase's SQL (RetentionSweeper)
+    async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any: ...
+    async def read_windows(self) -> Optional[list]: ...
+    async def read_window(self, model: str) -> Optional[list]: ...
+    async def save_windows(self, rows: list) -> None: ...
+    async def record_sent(self, request: SentRequest) -> None: ...
+    async def read_sent(self, reply_id: str) -> Optional[SentRequest]: ...
+    async def forget_sent(self, reply_id: str) -> None: ...
+    async def add_ratios(self, rows: list) -> None: ...
+    async def read_ratios(self) -> Optional[list]: ...
+    async def read_user_ratios(self, model: str, user: str) -> Optional[list]: ...
+    def forget_unsaved(self, before: float) -> None: ...  # this worker's summaries of unsaved chats (inf: and leases)
+
+
 class ChatStore:
-    """The filter's store: each chat's summaries and leases in the database (a SummaryStore) or, for a chat Open WebUI
-    never saves, in this worker's memory (EphemeralSummaries), as ``of_chat`` picks; all else is the database's."""
+    """The filter's store (a FilterStore): each chat's summaries and leases in the database (a SummaryStore) or, for a
+    chat Open WebUI never saves, in this worker's memory (EphemeralSummaries), as ``of_chat`` picks; the rest is the
+    database's."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self.database, self.ephemeral = SummaryStore(engine_getter, schema), EphemeralSummaries()
-
-    def __getattr__(self, name: str) -> Any:  # only for what ChatStore lacks; no database yet (a copy): AttributeError
-        return getattr(self.__dict__.get("database"), name)
 
     def of_chat(self, chat_id: str) -> Any:
         return self.database if is_saved_chat_id(chat_id) else self.ephemeral
@@ -5334,6 +5357,50 @@ class ChatStore:
 
     async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
         return await self.of_key(scope).back_off(scope, holder, reason, base, ceiling)
+
+    def forget_unsaved(self, before: float) -> None:
+        self.ephemeral.clear() if before == math.inf else self.ephemeral.forget_before(before)
+
+    # the database's alone
+    fault = property(lambda self: self.database.fault)  # the latest failed operation's (read by no request)
+    rest = property(lambda self: self.database.rest)
+    table = property(lambda self: self.database.table)
+    run = property(lambda self: self.database.run)
+    read_windows = property(lambda self: self.database.read_windows)
+    read_window = property(lambda self: self.database.read_window)
+    save_windows = property(lambda self: self.database.save_windows)
+    record_sent = property(lambda self: self.database.record_sent)
+    read_sent = property(lambda self: self.database.read_sent)
+    forget_sent = property(lambda self: self.database.forget_sent)
+    add_ratios = property(lambda self: self.database.add_ratios)
+    read_ratios = property(lambda self: self.database.read_ratios)
+    read_user_ratios = property(lambda self: self.database.read_user_ratios)
+
+
+class NullStore(FilterStore):
+    """A FilterStore that keeps nothing (no database): finds no summary, grants no lease, reads None (every read and
+    write not written here is the contract's own body, which does nothing)."""
+
+    async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
+        return []
+
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
+        return LeaseHold(self, scope, holder, ttl, renew_every)
+
+    async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
+        return False
+
+    async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
+        return False
+
+    async def back_off(self, scope: str, holder: str, reason: str, base: float, ceiling: float) -> float:
+        return 0.0
+
+    async def table(self, name: str) -> tuple:
+        raise StoreUnavailable("no database", Fault.STORE_ABSENT)
+
+    async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        raise StoreUnavailable("no database", Fault.STORE_ABSENT)
 
 
 async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
@@ -5403,7 +5470,7 @@ class RetentionSweeper:
     replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted chat's or
     user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
 
-    def __init__(self, store: Any, every: Optional[float] = None):
+    def __init__(self, store: FilterStore, every: Optional[float] = None):
         self.store = store
         self.every = every if every is not None else retention_sweep_every()
         self.api_days = float(API_RETENTION_DAYS)
@@ -5419,8 +5486,6 @@ class RetentionSweeper:
 
     async def sweep_once(self) -> Optional[int]:
         """One sweep, unless another worker's is running or ran within half a period (None then); rows removed."""
-        if not hasattr(self.store, "rest"):
-            return None  # a store that cannot keep the sweep's lease (tests' stand-ins)
         async with self.store.hold(RETENTION_SCOPE, self.holder) as lease:
             if not lease:
                 return None
@@ -5456,7 +5521,7 @@ class RetentionSweeper:
         """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
         forgets this worker's unsaved chats; the tables stay, empty but for the erase's mark: a window row of model ""
         that every worker acts on at its next read of the windows (RequestPath.forget_erased)."""
-        self.store.ephemeral.clear()
+        self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
             await self.store.run(lambda conn, table=table: conn.execute(sa.delete(table)))
@@ -6316,7 +6381,7 @@ def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: in
 class BackgroundSummarizer:
     """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
 
-    def __init__(self, store: "ChatStore", counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
+    def __init__(self, store: FilterStore, counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store = store
         self.counter = counter
         self.complete = complete
@@ -7093,8 +7158,8 @@ class RequestPath:
         reply = reply_room(body, model, window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
-        await self.tokens.refresh(getattr(self.summaries.store, "read_ratios", None))
-        await self.tokens.read_unknown(getattr(self.summaries.store, "read_user_ratios", None), model_id, user_id)
+        await self.tokens.refresh(self.summaries.store.read_ratios)
+        await self.tokens.read_unknown(self.summaries.store.read_user_ratios, model_id, user_id)
         ctx = RequestContext(
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -7158,9 +7223,7 @@ class RequestPath:
         self.tokens.forget_before(at)
         self.summaries.recall.indexes.clear()
         self.summaries.recall.tokens.clear()
-        ephemeral = getattr(self.summaries.store, "ephemeral", None)
-        if ephemeral is not None:
-            ephemeral.forget_before(at)
+        self.summaries.store.forget_unsaved(at)
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
@@ -7310,23 +7373,22 @@ class RequestPath:
         size = sent_size(counted, self.tokens.scale(ctx.model_id, exact, ctx.user_id))
         path = "exact" if exact else "estimate"
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
-        record = getattr(self.summaries.store, "record_sent", None)
-        if self.windows.note_sent(request, ctx.own_window) and record is not None:
-            self.summaries.spawn(_stored_quietly(record(request), "a sent request's record"))
+        if self.windows.note_sent(request, ctx.own_window):
+            self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
 
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
         record of its request goes, answered (no error stored on it later is the provider's)."""
         store, reply_id = self.summaries.store, str(body.get("id") or ctx.message_id or "")
         reply = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("id") == reply_id), None)
-        usage, save = reply.get("usage") if reply is not None else None, getattr(store, "save_windows", None)
+        usage, save = reply.get("usage") if reply is not None else None, store.save_windows
         windows, user = self.windows, ctx.user_id
         cut, recorded = await windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save, user)
-        if recorded and (forget := getattr(store, "forget_sent", None)) is not None:
-            self.summaries.spawn(_stored_quietly(forget(reply_id), "an answered request's record"))
+        if recorded:
+            self.summaries.spawn(_stored_quietly(store.forget_sent(reply_id), "an answered request's record"))
         if cut:
             return  # a cut reply says nothing of the model's tokens
-        if learning := self.tokens.after_reply(reply, getattr(store, "add_ratios", None), user):
+        if learning := self.tokens.after_reply(reply, store.add_ratios, user):
             self.summaries.spawn(learning)
 
 

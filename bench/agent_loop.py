@@ -100,7 +100,7 @@ def new_filter(down: bool, delay: float) -> acc.Filter:
     return f
 
 
-class _NoStore:
+class _NoStore(acc.NullStore):
     """No stored summary: the earlier conversation is under the threshold alone."""
 
     async def find(self, *args, **kwargs):

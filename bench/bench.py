@@ -97,7 +97,7 @@ SUMMARY_TEXT = (
 # ---------------------------------------------------------------------------
 
 
-class FakeStore:
+class FakeStore(acc.NullStore):
     """In memory, with ``ChatStore``'s async API. ``keep=False`` forgets
     every summary saved (the 10,000-chat run measures the filter, not us)."""
 

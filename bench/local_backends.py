@@ -86,7 +86,7 @@ def user_text(n: int, tokens: int) -> str:
     return head + words(max(1, tokens - count_tokens([{"role": "user", "content": head}]) - 4), n)
 
 
-class MemoryStore(acc.EphemeralSummaries):
+class MemoryStore(acc.EphemeralSummaries, acc.NullStore):
     """Summaries and leases in memory, with the lease protocol of the filter's own store, and its records of the
     requests sent (a failed reply's error teaches only where the filter recorded sending it)."""
 

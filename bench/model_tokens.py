@@ -61,7 +61,7 @@ class _NoFile(acc.TokenCounter):
         pass
 
 
-class _NoStore:
+class _NoStore(acc.NullStore):
     """No summaries here: only the cap and the status figure are measured."""
 
     async def find(self, *args, **kwargs):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import re
 from typing import Any, Optional
 
@@ -147,9 +148,10 @@ class EstimateOnly(acc.TokenCounter):
         return None
 
 
-class RecordStore:
+class RecordStore(acc.NullStore):
     """A summary store that only answers ``find``: with ``records`` (whatever
-    the chat and anchor), or by raising ``error`` when one is given."""
+    the chat and anchor), or by raising ``error`` when one is given; the rest
+    of the store contract keeps nothing (NullStore)."""
 
     def __init__(self, records=(), error: Optional[BaseException] = None):
         self.records, self.error = list(records), error
@@ -158,6 +160,50 @@ class RecordStore:
         if self.error:
             raise self.error
         return list(self.records)
+
+
+class SharedStore(acc.NullStore):
+    """What the workers share through the store, as SummaryStore keeps it (tests/db checks that one): window rows
+    (``rows``: (model, user) -> row), the records of requests sent (``sent``), ratio rows (``ratios``), and the
+    (model, user) of each read of a user's ratios (``user_reads``); no summary, no lease."""
+
+    def __init__(self):
+        self.rows: dict = {}
+        self.sent: dict = {}
+        self.ratios: list = []
+        self.user_reads: list = []
+
+    async def save_windows(self, rows):
+        for model, user, window in rows:
+            if window is None:
+                self.rows.pop((model, user), None)
+            else:
+                self.rows[(model, user)] = (model, *dataclasses.astuple(window), user)
+
+    async def read_windows(self):
+        return list(self.rows.values())
+
+    async def read_window(self, model):
+        return [row for (m, _), row in self.rows.items() if m == model]
+
+    async def record_sent(self, request):
+        self.sent[request.reply_id] = request
+
+    async def read_sent(self, reply_id):
+        return self.sent.get(reply_id)
+
+    async def forget_sent(self, reply_id):
+        self.sent.pop(reply_id, None)
+
+    async def add_ratios(self, rows):
+        self.ratios += rows
+
+    async def read_ratios(self):
+        return list(self.ratios)
+
+    async def read_user_ratios(self, model, user):
+        self.user_reads.append((model, user))
+        return [row for row in self.ratios if (row[1], row[5]) == (model, user)]
 
 
 MARK = re.compile(r"MK-\d{4}")

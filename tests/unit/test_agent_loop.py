@@ -237,7 +237,7 @@ def test_with_the_summarizer_down_shortening_alone_keeps_every_round_under_the_c
 # -- after the reply: the stored tool results are folded like any other message --------------
 
 
-class SavingStore:
+class SavingStore(acc.NullStore):
     """In memory, with the summary store's API (summaries and leases)."""
 
     def __init__(self):

@@ -8,52 +8,16 @@ workers where no one forged."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 import time
+
+from acc_builders import SharedStore
 
 import async_context_compression as acc
 from devkit import probes
 
 TURN = "The quarterly figures were compared with the plan in detail, line by line. " * 40  # ~600 tokens
 MODEL = {"id": "llama", "openai": {"id": "llama", "max_model_len": 32768}}  # a published window
-
-
-class _Store:
-    """The windows, ratios and sent-request records the workers share, as SummaryStore keeps them."""
-
-    def __init__(self):
-        self.rows: dict = {}
-        self.sent: dict = {}
-        self.ratios: list = []
-
-    async def save_windows(self, rows):
-        for model, user, window in rows:
-            if window is None:
-                self.rows.pop((model, user), None)
-            else:
-                self.rows[(model, user)] = (model, *dataclasses.astuple(window), user)
-
-    async def read_windows(self):
-        return list(self.rows.values())
-
-    async def read_window(self, model):
-        return [row for (m, _), row in self.rows.items() if m == model]
-
-    async def record_sent(self, request):
-        self.sent[request.reply_id] = request
-
-    async def read_sent(self, reply_id):
-        return self.sent.get(reply_id)
-
-    async def forget_sent(self, reply_id):
-        self.sent.pop(reply_id, None)
-
-    async def add_ratios(self, rows):
-        self.ratios.extend(rows)
-
-    async def read_ratios(self):
-        return list(self.ratios)
 
 
 def _workers(store):
@@ -102,7 +66,7 @@ def _attack(forge) -> tuple[int, int]:
     """alice's request on the other worker: (after mallory's ``forge``, with no one forging)."""
 
     async def run(forging: bool) -> int:
-        store = _Store()
+        store = SharedStore()
         one, two = _workers(store)
         await forge(one, two, forging)
         return await _alices_next_request(two)
@@ -161,7 +125,7 @@ def test_twelve_forged_replies_set_no_ratio_for_other_users():
 
 
 async def _mallorys_own_ratio() -> float:
-    one, _ = _workers(_Store())
+    one, _ = _workers(SharedStore())
     for n in range(3):
         await _forged(one, "mallory", n, lambda counted: {"prompt_tokens": int(counted * 2.5)})
     return one.tokens.scale("llama", True, "mallory")
@@ -169,7 +133,7 @@ async def _mallorys_own_ratio() -> float:
 
 def test_an_outlet_for_another_users_reply_teaches_nothing():
     async def run(forging: bool) -> int:
-        store = _Store()
+        store = SharedStore()
         one, two = _workers(store)
         await _send(one, "alice", "ca", "alice-0", 12)  # alice's request; mallory posts an outlet for its reply id
         if forging:
@@ -182,7 +146,7 @@ def test_an_outlet_for_another_users_reply_teaches_nothing():
 
 def test_a_replayed_outlet_teaches_nothing():
     async def run() -> tuple:
-        one, _ = _workers(_Store())
+        one, _ = _workers(SharedStore())
         await _forged(one, "mallory", 1, lambda counted: {"prompt_tokens": counted})  # the real reply: 1.0
         await _outlet(one, "mallory", "c-mallory", "mallory-1", {"prompt_eval_count": 2100})  # posted again
         await _outlet(one, "mallory", "c-mallory", "mallory-1", {"prompt_tokens": 90000})

@@ -294,7 +294,7 @@ def test_ratios_of_1_4s_replayed_path_in_the_store_are_not_applied():
 # -- the Filter: a chat growing past a 1.3x model's window --------------------------
 
 
-class _Store:
+class _Store(acc.NullStore):
     def __init__(self):
         self.rows = []
 

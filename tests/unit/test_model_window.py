@@ -7,12 +7,12 @@ changes; caps, thresholds and the summary model's window derived from it."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 import time
 import types
 
 import pytest
+from acc_builders import SharedStore
 
 import async_context_compression as acc
 from devkit import probes
@@ -219,45 +219,6 @@ def test_a_summary_models_own_valve_beats_its_found_window():
 # -- learned windows: precedence, sharing, correction, expiry -------------------------
 
 
-class _Store:
-    """The store's window rows and sent-request records, as SummaryStore keeps them (tests/db checks that one)."""
-
-    def __init__(self):
-        self.rows: dict = {}  # (model, user) -> row
-        self.sent: dict = {}  # reply id -> SentRequest
-
-    async def save_windows(self, rows):
-        for model, user, window in rows:
-            if window is None:
-                self.rows.pop((model, user), None)
-            else:
-                self.rows[(model, user)] = (model, *dataclasses.astuple(window), user)
-
-    async def read_windows(self):
-        return list(self.rows.values())
-
-    async def read_window(self, model):
-        return [row for (m, _), row in self.rows.items() if m == model]
-
-    async def record_sent(self, request):
-        self.sent[request.reply_id] = request
-
-    async def read_sent(self, reply_id):
-        return self.sent.get(reply_id)
-
-    async def forget_sent(self, reply_id):
-        self.sent.pop(reply_id, None)
-
-    async def find(self, *args, **kwargs):
-        return []
-
-    async def add_ratios(self, rows):
-        pass
-
-    async def read_ratios(self):
-        return []
-
-
 def test_a_learned_window_holds_while_the_published_one_stays_the_same():
     windows = acc.ModelWindow()
     published = {"id": "q", "openai": {"max_model_len": 32768}}  # published wrong: the server runs with less
@@ -285,7 +246,7 @@ def test_a_prompt_larger_than_a_learned_window_forgets_it():
 
 
 def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read():
-    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+    store, one, two = SharedStore(), acc.ModelWindow(), acc.ModelWindow()
 
     async def run():
         await two.refresh(store.read_windows)
@@ -307,7 +268,7 @@ def test_a_request_that_comes_while_a_read_runs_goes_out_on_what_it_reads():
     """Two requests at once on one worker after an erase on another: the second must not go out on the window the
     read under way is about to forget (in a clean-clone run, it did: the first request began the read, the second
     skipped it and sent the chat trimmed to the erased 4k)."""
-    store, two = _Store(), acc.ModelWindow()
+    store, two = SharedStore(), acc.ModelWindow()
     release = None
 
     async def slow_read():
@@ -408,7 +369,7 @@ def _chat(f, spec, turns, model=None, usage_key="prompt_eval_count", body_extra=
 
 def test_default_valves_learn_an_ollama_like_cut_once_and_never_cut_again():
     f = acc.Filter()
-    f.summaries.store = _Store()
+    f.summaries.store = SharedStore()
     f.valves.summary_model = "none-such"  # summaries fail: only the cap protects
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
     spec = ModelSpec(ratio=1.3, window=4096, on_overflow="cut", usage="ollama")
@@ -424,7 +385,7 @@ def test_default_valves_learn_an_ollama_like_cut_once_and_never_cut_again():
 
 def test_default_valves_fit_a_published_window_from_the_first_request():
     f = acc.Filter()
-    f.summaries.store = _Store()
+    f.summaries.store = SharedStore()
     f.valves.summary_model = "none-such"
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
     spec = ModelSpec(ratio=1.3, window=4096, on_overflow="cut")
@@ -473,7 +434,7 @@ def _rejected_then_retried(f, monkeypatch, error_on, error, user="u1", failed_id
 
 def _window_filter():
     f = acc.Filter()
-    f.summaries.store = _Store()
+    f.summaries.store = SharedStore()
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
     return f
 
@@ -658,7 +619,7 @@ def test_one_user_cannot_ratchet_a_learned_window_down():
 
 
 def test_far_below_windows_are_persisted_per_user_and_read_by_every_worker():
-    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+    store, one, two = SharedStore(), acc.ModelWindow(), acc.ModelWindow()
 
     async def run():
         one.learn("q", 16384, "error", user="alice")
@@ -674,7 +635,7 @@ def test_far_below_windows_are_persisted_per_user_and_read_by_every_worker():
 
 
 def test_a_removed_or_replaced_row_is_gone_from_every_worker_at_its_next_read():
-    store, one, two = _Store(), acc.ModelWindow(), acc.ModelWindow()
+    store, one, two = SharedStore(), acc.ModelWindow(), acc.ModelWindow()
 
     async def run():
         one.learn("q", 4096, "error", user="mallory")
@@ -699,7 +660,7 @@ def test_an_erase_is_acted_on_by_every_worker_at_its_next_read(monkeypatch):
     """Worker one erases; worker two, which read the windows and kept ratios and a temporary chat's summary, forgets
     them at its next read of the windows (within WINDOWS_REFRESH of its next request)."""
     one, two = acc.Filter(), acc.Filter()
-    store = _Store()
+    store = SharedStore()
     one.summaries.store = two.summaries.store = store
     two.path.tokens.add("llama", "exact", 1.3)
     two.summaries.store = acc.ChatStore(engine_getter=lambda: None)

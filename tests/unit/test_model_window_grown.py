@@ -6,8 +6,8 @@ with OpenAI's text: the first rejection teaches the window, and no request after
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from pathlib import Path
+
+from acc_builders import SharedStore
 
 import async_context_compression as acc
 from devkit import probes
@@ -16,16 +16,6 @@ from devkit.fake_provider import ModelSpec, count_tokens, model_tokens
 LONG = "The quarterly figures were compared with the plan in detail. " * 36  # ~500 of the model's tokens
 WINDOW = 4096
 SPEC = ModelSpec(ratio=1.3, window=WINDOW, on_overflow="reject")
-
-
-def _store():
-    """The in-memory store of tests/unit/test_model_window.py (window rows, sent-request records), loaded by path:
-    that module is not importable by name (tests/unit is not on the path)."""
-    path = Path(__file__).with_name("test_model_window.py")
-    spec = importlib.util.spec_from_file_location("unit_model_window", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._Store()
 
 
 def _grow(f, monkeypatch, turns: int) -> list:
@@ -67,7 +57,7 @@ def test_default_valves_learn_an_unpublished_window_from_its_first_rejection_and
     monkeypatch,
 ):
     f = acc.Filter()
-    f.summaries.store = _store()
+    f.summaries.store = SharedStore()
     f.valves.summary_model = "none-such"  # summaries fail: only the cap protects
     assert probes.wait_ready(f.counter, "cl100k_base", 60)
     sent, stored = _grow(f, monkeypatch, 30)

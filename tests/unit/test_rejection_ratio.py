@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from acc_builders import SharedStore
 
 import async_context_compression as acc
 from devkit import probes
@@ -17,52 +18,7 @@ MODEL = {"id": "llama", "openai": {"id": "llama", "max_model_len": 4096}}  # pub
 SPEC = ModelSpec(ratio=1.3, window=4096, on_overflow="reject")
 
 
-class _SharedStore:
-    """What two workers share: windows, sent records, ratio rows (as the store's own tables keep them)."""
-
-    def __init__(self):
-        self.windows: dict = {}
-        self.sent: dict = {}
-        self.ratios: list = []
-        self.user_reads: list = []
-
-    async def find(self, *args, **kwargs):
-        return []
-
-    async def save_windows(self, rows):
-        for model, user, window in rows:
-            if window is None:
-                self.windows.pop((model, user), None)
-            else:
-                self.windows[(model, user)] = (model, *dataclasses.astuple(window), user)
-
-    async def read_windows(self):
-        return list(self.windows.values())
-
-    async def read_window(self, model):
-        return [row for (m, _), row in self.windows.items() if m == model]
-
-    async def record_sent(self, request):
-        self.sent[request.reply_id] = request
-
-    async def read_sent(self, reply_id):
-        return self.sent.get(reply_id)
-
-    async def forget_sent(self, reply_id):
-        self.sent.pop(reply_id, None)
-
-    async def add_ratios(self, rows):
-        self.ratios += rows
-
-    async def read_ratios(self):
-        return list(self.ratios)
-
-    async def read_user_ratios(self, model, user):
-        self.user_reads.append((model, user))
-        return [row for row in self.ratios if (row[1], row[5]) == (model, user)]
-
-
-def _worker(store: _SharedStore) -> acc.Filter:
+def _worker(store: SharedStore) -> acc.Filter:
     f = acc.Filter()
     f.summaries.store = store
     f.valves.summary_model = "none-such"
@@ -144,7 +100,7 @@ def test_the_prompt_size_each_providers_rejection_names_is_read(error, prompt):
 
 
 def test_a_rejection_naming_both_numbers_teaches_that_users_ratio_and_no_other_users(monkeypatch):
-    f = _worker(_SharedStore())
+    f = _worker(SharedStore())
     body = _rejected_then_next_turn(f, monkeypatch, lambda store: _too_long(store.sent["a9"], 1.3))
     assert f.tokens.scale("llama", True, "u1") == pytest.approx(1.3, abs=0.01)
     assert f.tokens.scale("llama", True, "u2") is None and f.tokens.scale("llama", True, "") is None
@@ -157,7 +113,7 @@ def test_a_rejection_naming_both_numbers_teaches_that_users_ratio_and_no_other_u
 
 
 def test_a_rejection_teaches_its_ratio_once(monkeypatch):
-    f = _worker(_SharedStore())
+    f = _worker(SharedStore())
     errors = []
 
     def error_of(store):  # the record goes once it taught: the same stored error read again
@@ -173,10 +129,10 @@ def test_forged_error_text_on_a_reply_the_filter_did_not_send_teaches_no_ratio(m
     for (a7), or on one recorded for another user's request, teaches nobody's ratio."""
     forged = {"message": "This model's maximum context length is 2048 tokens. However, you requested 9000 tokens "
               "(8488 in the messages, 512 in the completion)."}  # fmt: skip
-    f = _worker(_SharedStore())
+    f = _worker(SharedStore())
     _rejected_then_next_turn(f, monkeypatch, lambda store: forged, failed_id="a7")
     assert not f.summaries.store.ratios and f.tokens.scale("llama", True, "u1") is None
-    g = _worker(_SharedStore())
+    g = _worker(SharedStore())
     _rejected_then_next_turn(g, monkeypatch, lambda store: forged, user="u1", next_user="u2")
     assert not g.summaries.store.ratios
     assert g.tokens.scale("llama", True, "u1") is None and g.tokens.scale("llama", True, "u2") is None
@@ -213,7 +169,7 @@ def _answered(f, store, user: str, reply: str, ratio: float) -> None:
 
 
 def test_a_second_worker_with_no_ratio_reads_the_users_before_fitting_a_long_request():
-    store = _SharedStore()
+    store = SharedStore()
     one, two = _worker(store), _worker(store)
     _answered(one, store, "u1", "r1", 1.3)
     assert one.tokens.scale("llama", True, "u1") == pytest.approx(1.3, abs=0.01)

@@ -56,12 +56,14 @@ async def test_memory_of_unsaved_chats_is_bounded():
     assert len(store.ephemeral.records) == acc.EPHEMERAL_CHATS
 
 
-class ErasableStore:
+class ErasableStore(acc.NullStore):
+    """Its erase runs until ``gate`` is set: requests that come meanwhile find it running (they await the store too)."""
+
     def __init__(self, fail: bool = False):
-        self.erased, self.fail = 0, fail
+        self.erased, self.fail, self.gate = 0, fail, asyncio.Event()
 
     async def erase_all(self):
-        await asyncio.sleep(0)
+        await self.gate.wait()
         if self.fail:
             raise acc.StoreUnavailable("locked", acc.Fault.STORE_BUSY)
         self.erased += 1
@@ -82,6 +84,7 @@ async def test_the_erase_valve_erases_in_the_background_then_switches_itself_off
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     for _ in range(3):  # requests while the erase runs start no second one
         await f.inlet(dict(body), {"id": "u1"}, {"chat_id": "c1"}, __id__="acc_filter")
+    store.gate.set()
     await f.retention.erasing
     assert store.erased == (0 if fail else 1)
     # a failed erase leaves the valve on: the next request tries again

@@ -52,7 +52,7 @@ def test_the_servers_own_paths_are_under_the_connections_root():
     )
 
 
-class _Store:
+class _Store(acc.NullStore):
     """The store's window rows, as every worker shares them (every user's under the model, a user's own under
     (model, user))."""
 
@@ -189,9 +189,9 @@ def test_a_request_waits_briefly_for_the_first_ask_and_never_for_a_slow_server(m
         return LLAMACPP
 
     async def run(windows):
-        found = [await windows.for_request(None, "m", model, {}, connect=connect)]
+        found = [await windows.for_request(acc.NullStore(), "m", model, {}, connect=connect)]
         await asyncio.sleep(0.3)
-        found.append(await windows.for_request(None, "m", model, {}, connect=connect))
+        found.append(await windows.for_request(acc.NullStore(), "m", model, {}, connect=connect))
         return found
 
     quick = acc.ModelWindow()
@@ -214,7 +214,7 @@ def test_a_request_never_waits_for_an_ask_where_a_window_is_known(known):
 
     async def run(windows):
         began = time.monotonic()
-        window = await windows.for_request(None, "m", model, {}, connect=connect)
+        window = await windows.for_request(acc.NullStore(), "m", model, {}, connect=connect)
         return window, time.monotonic() - began, windows.server.running["m"]
 
     windows = acc.ModelWindow()
