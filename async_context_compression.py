@@ -6269,15 +6269,16 @@ class ChatState:
     last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
     line: Optional[asyncio.Task] = None  # the last request's status line being written
     records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
-    digests: tuple = (None, [])  # (messages_identity, canonical_digests) of the prefix the last lookup digested
+    digests: tuple = ()  # (messages_identity, canonical_digests) of the last two lists looked up: inlet's, the hook's
 
     def digests_of(self, messages: Messages) -> list:
-        """``canonical_digests(messages)``; the last answer again while the prefix is unchanged (between two folds
-        every request of a long chat digests the same thousand messages)."""
+        """``canonical_digests(messages)``; an answer again while its list is unchanged (between two folds every
+        request of a long chat digests the same thousand messages, and its request hook the short list inlet sent)."""
         identity = messages_identity(messages)
-        if identity is None or identity != self.digests[0]:
-            self.digests = (identity, canonical_digests(messages))
-        return self.digests[1]
+        known = next((d for i, d in self.digests if identity is not None and i == identity), None)
+        digests = known if known is not None else canonical_digests(messages)
+        self.digests = ((identity, digests), *((i, d) for i, d in self.digests if i != identity))[:2]
+        return digests
 
     recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
 

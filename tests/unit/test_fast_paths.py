@@ -289,3 +289,19 @@ def test_messages_identity_tells_plain_text_lists_apart_and_declines_parts_and_c
     called = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}
     assert acc.messages_identity([called]) is None
     assert acc.messages_identity(["not a message"]) is None
+
+
+def test_a_chat_digests_its_inlet_list_and_its_hook_list_once_each_between_folds(monkeypatch):
+    """Inlet looks up the long list, the request hook the short one inlet sent, turn after turn: each is digested
+    once, then answered from memory while it is unchanged (one memory slot thrashed between the two)."""
+    digested = []
+    monkeypatch.setattr(acc, "canonical_digests", lambda ms: digested.append(len(ms)) or [str(len(ms))] * len(ms))
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(40)]
+    short = long[-3:]
+    state = acc.ChatState()
+    for _ in range(3):
+        assert state.digests_of(_copied(long)) == ["40"] * 40
+        assert state.digests_of(_copied(short)) == ["3"] * 3
+    assert digested == [40, 3]
+    state.digests_of(long[:-1] + [{"role": "user", "content": "edited"}])
+    assert digested == [40, 3, 40]
