@@ -28,6 +28,7 @@ from e2e_support import (
     FILTER_ID,
     MODEL_RULES,
     MODEL_SPECS,
+    RATIO_RUNS,
     SUMMARY_MODEL,
     brief,
     multi_worker_server,
@@ -148,6 +149,7 @@ def shared_two_workers(owui_python, provider, filter_source, request):
     for module in (test_model_window, test_recall):
         provider.respec(module.SPECS, summary_models=(module.SUMMARIZER,))
     provider.respec(test_forged_usage.SPECS)
+    provider.respec(RATIO_RUNS)
     plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true"}  # test_forged_usage's plain users use the provider's models
     with multi_worker_server(
         owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users

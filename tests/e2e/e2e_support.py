@@ -42,6 +42,11 @@ MODEL_SPECS = {
     VLLM_MODEL: ModelSpec(ratio=1.3, window=16384, on_overflow="reject", per_message=2),
     OLLAMA_MODEL: ollama_spec(16384, ratio=1.3, usage="ollama", per_message=2),
 }
+# tests/e2e/test_model_tokens.py's runs on two workers (issue 44): a model each that nothing has learned yet, listed by
+# the session's two-worker server from its start (conftest's shared_two_workers)
+RATIO_RUNS = {
+    f"vllm-13x-16k-run{n}": ModelSpec(ratio=1.3, window=16384, on_overflow="reject", per_message=2) for n in (1, 2, 3)
+}
 # A model reached through a gateway to Claude, or Kimi, or Mistral (issue 29): it also enforces those providers' rules
 # (tool-call ids in [a-zA-Z0-9_-], no message that says nothing, no tool -> user).
 STRICT_MODEL = "fake-claude-kimi-mistral"
