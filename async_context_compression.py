@@ -2269,6 +2269,7 @@ def recall_block(passages: list) -> str:
     return "\n".join([RECALL_PREAMBLE, RECALL_OPEN, "\n\n".join(quoted), RECALL_CLOSE])
 
 
+@lru_cache(maxsize=4096)  # a question's search quotes each hit several times (fitting, counting, the block)
 def _quoted(passage: Passage) -> str:
     """One passage as the block quotes it: under its header (turn, who said it, when), its text with anything that
     looks like a header or a block's tag defused, so a passage can neither close the block nor pose as another turn."""
@@ -7224,6 +7225,7 @@ class RequestPath:
         self.tokens.forget_before(at)
         self.summaries.recall.indexes.clear()
         self.summaries.recall.tokens.clear()
+        _quoted.cache_clear()  # quoted passages of every chat, erased ones among them
         self.summaries.store.forget_unsaved(at)
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:

@@ -237,3 +237,16 @@ def test_recall_share_is_a_bounded_valve():
     assert settings.recall_share == 0.5 and any(n.key == "n_valve_invalid" for n in settings.warnings)
     assert acc.resolve_settings(acc.Filter.Valves(), "m").recall_share == acc.RECALL_SHARE == 0.1
     assert acc.resolve_settings(acc.Filter.Valves(recall_share="off?"), "m").recall_share == 0.1
+
+
+def test_an_erase_forgets_every_recalled_passage_the_worker_kept():
+    """The stored data erased: the recall indexes, the passages' token counts and the quoted passages kept for the
+    next question go, so no erased text stays in the worker's memory."""
+    f = make_filter()
+    passage = acc.Passage(digest="d", turn=3, role="user", text="the vault code is 4471")
+    acc._quoted(passage)
+    f.summaries.recall.tokens[("cl100k_base", True, "the vault code is 4471")] = 7
+    assert acc._quoted.cache_info().currsize > 0
+    f.path.forget_before(float("inf"))
+    assert acc._quoted.cache_info().currsize == 0
+    assert not f.summaries.recall.tokens and not f.summaries.recall.indexes
