@@ -1539,8 +1539,12 @@ def canonical_messages(messages: Messages) -> Messages:
     return [m for m in messages if not isinstance(m, dict) or m.get("role") != "system"]
 
 
-def system_messages(messages: Messages) -> Messages:
-    return [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+def split_system(messages: Messages) -> tuple:
+    """(the system messages, the others: ``canonical_messages``), in one pass."""
+    parts: tuple = ([], [])
+    for m in messages:
+        parts[not isinstance(m, dict) or m.get("role") != "system"].append(m)
+    return parts
 
 
 def canonical_opening(messages: Messages) -> Messages:
@@ -2809,7 +2813,7 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
     """What every request of a chat sends besides its conversation: ``fixed``
     and the system prompts, but not this filter's summary (the planner's)."""
-    systems = [m for m in system_messages(messages) if not is_summary_message(m)]
+    systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system" and not is_summary_message(m)]
     return count_request(counter, systems, encoding, fixed)
 
 
@@ -6282,7 +6286,7 @@ class ChatState:
     recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestContext:
     """What one hook call knows of its request; lives only for that call and its background task, not on the Filter."""
 
@@ -6419,13 +6423,13 @@ class BackgroundSummarizer:
         self.lines.add(task)
         task.add_done_callback(self.lines.discard)
 
-    async def recall_index(self, key: str, messages: Messages, record: Any, digests: Optional[list] = None) -> tuple:
+    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
         """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
-        (its fingerprint fixes them): the canonical messages of ``messages`` digested, and those the index lacks (a
-        fold this worker did not make, a restart) indexed, in a worker thread."""
+        (its fingerprint fixes them): the canonical messages ``canon`` digested, and those the index lacks (a fold
+        this worker did not make, a restart) indexed, in a worker thread."""
         index, at = self.recall.get(key), (record.fingerprint, record.head_count)
         if (allowed := index.folded.recall(at)) is None:
-            head, covered, canon = record.head_count, record.covered_count, canonical_messages(messages)
+            head, covered = record.head_count, record.covered_count
             digests = digests or await _digests_yielding(canon[:covered])
             allowed = folded_turns(canon, head, covered, digests)
             if any(digest not in index for digest in allowed):
@@ -6482,8 +6486,9 @@ class BackgroundSummarizer:
     def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
         """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
         (/summarize) or the next request may be over the trigger; returns at once."""
-        ctx.force_summary = asked_for_summary(stored)
-        ctx.user_instructions = standing_summary_instructions(stored)
+        ctx = replace(
+            ctx, force_summary=asked_for_summary(stored), user_instructions=standing_summary_instructions(stored)
+        )
         expanded, ids = expand_stored_messages(stored)
         canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
         if ctx.force_summary or self.may_need_summary(ctx, canon):
@@ -7106,6 +7111,7 @@ class Draft:
     """A request on its way: the list repaired, the view with the chat's summary applied (its tail from ``prefix``)."""
 
     messages: Messages
+    canon: Messages  # the non-system messages of ``messages`` (canonical_messages), split once per request
     view: Messages
     prefix: int
     fixed: int  # tokens of what every call carries besides the messages (the tool schemas)
@@ -7134,7 +7140,7 @@ REPLY_WINDOWS = 4096  # replies whose request's own window (its num_ctx) their o
 
 class RequestPath:
     """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
-    before each model call of a tool loop), each calling the steps it takes; after the reply, ``after_reply``."""
+    before each model call of a tool loop), each calling the steps it takes; after the reply, ``outlet``."""
 
     def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
         self.summaries, self.tokens, self.windows = summaries, tokens, windows
@@ -7227,7 +7233,7 @@ class RequestPath:
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
-        draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
         view = await self._recalled(ctx, draft, view, fit)
         if request_hook_follows():
@@ -7239,7 +7245,8 @@ class RequestPath:
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
         """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
         loops = self.summaries.loops
-        draft = await self._summarized(body, ctx, partial(builtin_compaction_on, refresh=False), loops.stored_summaries)
+        on = partial(builtin_compaction_on, refresh=False)
+        ctx, draft = await self._summarized(body, ctx, on, loops.stored_summaries)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
         view = await self._recalled(ctx, draft, view, fit)  # inlet's block, already in the list, is not searched again
@@ -7247,21 +7254,21 @@ class RequestPath:
         self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
         return {**body, "messages": view}
 
-    async def _summarized(self, body: dict, ctx: RequestContext, builtin_on: Callable, read: Callable) -> Draft:
-        """The list repaired and the chat's summary applied (``read``: its stored summaries); Open WebUI's own summary
-        (there, or ``builtin_on()``) is the base of ours, sent once."""
+    async def _summarized(self, body: dict, ctx: RequestContext, builtin_on: Callable, read: Callable) -> tuple:
+        """(``ctx`` noting Open WebUI's own compaction, the Draft: the list repaired, the chat's summary from ``read``
+        applied); Open WebUI's own summary (there, or ``builtin_on()``) is the base of ours, sent once."""
         counter, s = self.summaries.counter, ctx.settings
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
-        systems = system_messages(messages)  # one pass; the filter's helpers below read only these
+        systems, canon = split_system(messages)  # one pass; the filter's helpers below read only these
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_on():
-            s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        record, fault = await self.lookup_summary(ctx, messages, len(messages) - len(systems), read)
+            ctx = replace(ctx, settings=replace(s, warnings=(*s.warnings, note("n_builtin_on"))))
+        record, fault = await self.lookup_summary(ctx, messages, canon, read)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
             if record is not None:  # ours was built from the core's: send it once
-                messages = strip_builtin_summary(messages)
+                messages = strip_builtin_summary(messages)  # system messages only: ``canon`` stays
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
@@ -7270,12 +7277,12 @@ class RequestPath:
         view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
-        return Draft(messages, view, prefix, fixed, repair, record, fault)
+        return ctx, Draft(messages, canon, view, prefix, fixed, repair, record, fault)
 
-    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canonical_count: int, read=None) -> tuple:
+    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canon: Messages, read=None) -> tuple:
         """The stored summary this request can use (``read``: by default the store's) and the fault that kept summaries
-        from being read (None: none); ``canonical_count``: the non-system messages of ``messages``."""
-        if canonical_count < 3:
+        from being read (None: none); ``canon``: the non-system messages of ``messages``."""
+        if len(canon) < 3:
             return None, None
         try:
             records = await (read or self.summaries.stored_summaries)(ctx, messages)
@@ -7288,7 +7295,6 @@ class RequestPath:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
             return None, Fault.STORE_DOWN
         # a summary whose tail would open with an assistant is skipped: the history, trimmed if need be, is sent instead
-        canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
             return None, None  # no summary yet: the history needs no fingerprint
@@ -7322,7 +7328,7 @@ class RequestPath:
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
             return view
-        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.messages, record)
+        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.canon, record)
         exact = counter.is_exact(s.encoding)
 
         known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
@@ -7375,6 +7381,16 @@ class RequestPath:
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
         if self.windows.note_sent(request, ctx.own_window):
             self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
+
+    async def outlet(self, valves, body: dict, user, metadata, emitter, model, chat_id, request=None) -> None:
+        """After the reply: what its usage teaches (``after_reply``), then, when due, older turns folded in the
+        background (``BackgroundSummarizer.start_if_due``) at the model's ratio as the reply taught it."""
+        ctx = await self.context(valves, body, user, metadata, emitter, model, chat_id, request)
+        if ctx is None:
+            return
+        await self.summaries.line_written(ctx)  # the reply's line before anything after it
+        await self.after_reply(ctx, body, model)
+        self.summaries.start_if_due(self.rescaled(ctx), body["messages"])
 
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
@@ -7483,7 +7499,9 @@ class Filter:
             return body
         ctx = None
         try:
-            ctx = await self._context(body, user, metadata, emitter, model, chat_id, request, find_window)
+            ctx = await self.path.context(
+                self.valves, body, user, metadata, emitter, model, chat_id, request, find_window
+            )
             return body if ctx is None else await send(body, ctx)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
@@ -7498,8 +7516,6 @@ class Filter:
                 log.exception("async_context_compression: repair failed too; sending the request unchanged")
                 return body
 
-    _context = property(lambda self: partial(self.path.context, self.valves))  # the request's, under these valves
-
     async def outlet(
         self,
         body: dict,
@@ -7513,15 +7529,9 @@ class Filter:
         """Starts folding older turns into the summary in the background when due; returns at once."""
         self._keep_retention(__id__)
         try:
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                return body
-            call = (body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"), __request__)
-            ctx = await self._context(*call)
-            if ctx is None:
-                return body
-            await self.summaries.line_written(ctx)  # the reply's line before anything after it
-            await self.path.after_reply(ctx, body, __model__)
-            self.summaries.start_if_due(self.path.rescaled(ctx), body["messages"])
+            if isinstance(body, dict) and isinstance(body.get("messages"), list):
+                call = (body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"), __request__)
+                await self.path.outlet(self.valves, *call)
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body
