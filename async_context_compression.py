@@ -31,13 +31,13 @@ requirements: tiktoken
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
-# A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale)
-# -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), fit_request,
-# the recall block in the room left (RequestPath._recalled: layer 2b); Open WebUI's request hook (Filter.request ->
-# RequestPath.loop_call) repeats this before every model call of a tool loop, with the loop's own summary
-# (LoopSummaries). After the reply, Filter.outlet ->
-# RequestPath.after_reply (ModelWindow and ModelTokens learn from the usage) -> BackgroundSummarizer.start_if_due ->
-# plan / _fold (summarizer, layer 6) -> ChatStore.save.
+# A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale;
+# a RequestContext, never changed once built) -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find,
+# choose_summary, apply_summary), fit_request, the recall block in the room left (RequestPath._recalled: layer 2b),
+# all reading the one canonical list on the Draft; Open WebUI's request hook (Filter.request -> RequestPath.loop_call)
+# repeats this before every model call of a tool loop, with the loop's own summary (LoopSummaries). After the reply,
+# Filter.outlet -> RequestPath.outlet: its context, after_reply (ModelWindow and ModelTokens learn from the usage) ->
+# BackgroundSummarizer.start_if_due -> plan / _fold (summarizer, layer 6) -> ChatStore.save.
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
 #   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
@@ -3629,10 +3629,8 @@ def chat_set_window(body: Any, model: Any) -> bool:
     """Whether the request's ``num_ctx`` (``options`` or top level) is the chat's own: set where the admin's model
     settings set none or another. Such a window is that chat's: it teaches and unteaches nothing shared (Ollama cuts
     the chat's prompt at it, which says nothing of what other chats get)."""
-    info = model.get("info") if isinstance(model, dict) else None
-    params = info.get("params") if isinstance(info, dict) else None
     asked = settings_window(body)
-    return bool(asked) and asked != (_window_number(params.get("num_ctx")) if isinstance(params, dict) else 0)
+    return bool(asked) and asked != settings_window({}, model)  # the model's settings read as the request's are
 
 
 @dataclass(frozen=True)
@@ -6425,8 +6423,7 @@ class BackgroundSummarizer:
 
     async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
         """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
-        (its fingerprint fixes them): the canonical messages ``canon`` digested, and those the index lacks (a fold
-        this worker did not make, a restart) indexed, in a worker thread."""
+        (its fingerprint fixes them): ``canon`` digested, those the index lacks (a fold made elsewhere) indexed."""
         index, at = self.recall.get(key), (record.fingerprint, record.head_count)
         if (allowed := index.folded.recall(at)) is None:
             head, covered = record.head_count, record.covered_count
@@ -6448,8 +6445,7 @@ class BackgroundSummarizer:
             log.exception("async_context_compression: recall index not extended; the next request will")
 
     async def line_written(self, ctx: RequestContext) -> None:
-        line = self.chat(ctx).line
-        if _pending_here(line):
+        if _pending_here(line := self.chat(ctx).line):
             await asyncio.wait([line], timeout=STORE_TIMEOUT)
 
     async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
@@ -6486,9 +6482,8 @@ class BackgroundSummarizer:
     def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
         """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
         (/summarize) or the next request may be over the trigger; returns at once."""
-        ctx = replace(
-            ctx, force_summary=asked_for_summary(stored), user_instructions=standing_summary_instructions(stored)
-        )
+        instructions = standing_summary_instructions(stored)
+        ctx = replace(ctx, force_summary=asked_for_summary(stored), user_instructions=instructions)
         expanded, ids = expand_stored_messages(stored)
         canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
         if ctx.force_summary or self.may_need_summary(ctx, canon):
@@ -7149,8 +7144,7 @@ class RequestPath:
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
         """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
         user = user if isinstance(user, dict) else {}
-        user_valves = user.get("valves")
-        if user_valves is not None and not getattr(user_valves, "enabled", True):
+        if not getattr(user_valves := user.get("valves"), "enabled", True):  # None has no ``enabled``: on
             return None
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
@@ -7166,7 +7160,7 @@ class RequestPath:
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
         await self.tokens.refresh(self.summaries.store.read_ratios)
         await self.tokens.read_unknown(self.summaries.store.read_user_ratios, model_id, user_id)
-        ctx = RequestContext(
+        ctx = RequestContext(  # never changed once built: a step that knows more makes a new one (replace)
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
             user_id=user_id,
@@ -7233,7 +7227,7 @@ class RequestPath:
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
-        ctx, draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, self.summaries.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
         view = await self._recalled(ctx, draft, view, fit)
         if request_hook_follows():
@@ -7245,8 +7239,7 @@ class RequestPath:
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
         """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
         loops = self.summaries.loops
-        on = partial(builtin_compaction_on, refresh=False)
-        ctx, draft = await self._summarized(body, ctx, on, loops.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, loops.stored_summaries, refresh=False)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
         view = await self._recalled(ctx, draft, view, fit)  # inlet's block, already in the list, is not searched again
@@ -7254,15 +7247,15 @@ class RequestPath:
         self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
         return {**body, "messages": view}
 
-    async def _summarized(self, body: dict, ctx: RequestContext, builtin_on: Callable, read: Callable) -> tuple:
+    async def _summarized(self, body: dict, ctx: RequestContext, read: Callable, refresh: bool = True) -> tuple:
         """(``ctx`` noting Open WebUI's own compaction, the Draft: the list repaired, the chat's summary from ``read``
-        applied); Open WebUI's own summary (there, or ``builtin_on()``) is the base of ours, sent once."""
+        applied); Open WebUI's own summary (there, or ``builtin_compaction_on``) is the base of ours, sent once."""
         counter, s = self.summaries.counter, ctx.settings
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
         systems, canon = split_system(messages)  # one pass; the filter's helpers below read only these
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
-        if builtin or await builtin_on():
+        if builtin or await builtin_compaction_on(refresh=refresh):
             ctx = replace(ctx, settings=replace(s, warnings=(*s.warnings, note("n_builtin_on"))))
         record, fault = await self.lookup_summary(ctx, messages, canon, read)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
@@ -7330,7 +7323,6 @@ class RequestPath:
             return view
         index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.canon, record)
         exact = counter.is_exact(s.encoding)
-
         known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
@@ -7348,9 +7340,8 @@ class RequestPath:
         if chosen and by_lines:  # the join before the block, then the block: "\n\n" is a piece of its own before it
             block = block_tokens(chosen, count, by_lines)
             fit.tokens_after += count("\n\n") + block
-            self._count_grown(
-                s.encoding, asked, view[_last_user_index(view)], placed_tokens(asked.get("content"), block, count)
-            )
+            grown = placed_tokens(asked.get("content"), block, count)
+            self._count_grown(s.encoding, asked, view[_last_user_index(view)], grown)
         elif chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))
         draft.recalled = tuple(chosen) or draft.recalled
@@ -7382,15 +7373,13 @@ class RequestPath:
         if self.windows.note_sent(request, ctx.own_window):
             self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
 
-    async def outlet(self, valves, body: dict, user, metadata, emitter, model, chat_id, request=None) -> None:
-        """After the reply: what its usage teaches (``after_reply``), then, when due, older turns folded in the
-        background (``BackgroundSummarizer.start_if_due``) at the model's ratio as the reply taught it."""
-        ctx = await self.context(valves, body, user, metadata, emitter, model, chat_id, request)
-        if ctx is None:
-            return
-        await self.summaries.line_written(ctx)  # the reply's line before anything after it
-        await self.after_reply(ctx, body, model)
-        self.summaries.start_if_due(self.rescaled(ctx), body["messages"])
+    async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
+        """After the reply: what its usage teaches (``after_reply``), then older turns folded when due (start_if_due)."""
+        ctx = await self.context(valves, body, user, metadata, emitter, model, body.get("chat_id"), request)
+        if ctx is not None:
+            await self.summaries.line_written(ctx)  # the reply's line before anything after it
+            await self.after_reply(ctx, body, model)
+            self.summaries.start_if_due(self.rescaled(ctx), body["messages"])
 
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
@@ -7530,7 +7519,7 @@ class Filter:
         self._keep_retention(__id__)
         try:
             if isinstance(body, dict) and isinstance(body.get("messages"), list):
-                call = (body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"), __request__)
+                call = (body, __user__, __metadata__, __event_emitter__, __model__, __request__)
                 await self.path.outlet(self.valves, *call)
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
