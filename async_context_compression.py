@@ -7374,7 +7374,7 @@ class RequestPath:
             self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
 
     async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
-        """After the reply: what its usage teaches (``after_reply``), then older turns folded when due (start_if_due)."""
+        """After the reply: what its usage teaches (``after_reply``), then older turns folded if due (start_if_due)."""
         ctx = await self.context(valves, body, user, metadata, emitter, model, body.get("chat_id"), request)
         if ctx is not None:
             await self.summaries.line_written(ctx)  # the reply's line before anything after it
