@@ -3629,8 +3629,7 @@ def chat_set_window(body: Any, model: Any) -> bool:
     """Whether the request's ``num_ctx`` (``options`` or top level) is the chat's own: set where the admin's model
     settings set none or another. Such a window is that chat's: it teaches and unteaches nothing shared (Ollama cuts
     the chat's prompt at it, which says nothing of what other chats get)."""
-    asked = settings_window(body)
-    return bool(asked) and asked != settings_window({}, model)  # the model's settings read as the request's are
+    return bool(asked := settings_window(body)) and asked != settings_window({}, model)  # the model's, read alike
 
 
 @dataclass(frozen=True)
@@ -7488,9 +7487,7 @@ class Filter:
             return body
         ctx = None
         try:
-            ctx = await self.path.context(
-                self.valves, body, user, metadata, emitter, model, chat_id, request, find_window
-            )
+            ctx = await self._context(body, user, metadata, emitter, model, chat_id, request, find_window)
             return body if ctx is None else await send(body, ctx)
         except Exception as exc:
             log.exception("async_context_compression: request passed through after an internal error")
@@ -7504,6 +7501,8 @@ class Filter:
             except Exception:
                 log.exception("async_context_compression: repair failed too; sending the request unchanged")
                 return body
+
+    _context = property(lambda self: partial(self.path.context, self.valves))  # the request's, under these valves
 
     async def outlet(
         self,
