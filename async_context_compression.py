@@ -31,13 +31,13 @@ requirements: tiktoken
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
-# A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale)
-# -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), fit_request,
-# the recall block in the room left (RequestPath._recalled: layer 2b); Open WebUI's request hook (Filter.request ->
-# RequestPath.loop_call) repeats this before every model call of a tool loop, with the loop's own summary
-# (LoopSummaries). After the reply, Filter.outlet ->
-# RequestPath.after_reply (ModelWindow and ModelTokens learn from the usage) -> BackgroundSummarizer.start_if_due ->
-# plan / _fold (summarizer, layer 6) -> ChatStore.save.
+# A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale;
+# a RequestContext, never changed once built) -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find,
+# choose_summary, apply_summary), fit_request, the recall block in the room left (RequestPath._recalled: layer 2b),
+# all reading the one canonical list on the Draft; Open WebUI's request hook (Filter.request -> RequestPath.loop_call)
+# repeats this before every model call of a tool loop, with the loop's own summary (LoopSummaries). After the reply,
+# Filter.outlet -> RequestPath.outlet: its context, after_reply (ModelWindow and ModelTokens learn from the usage) ->
+# BackgroundSummarizer.start_if_due -> plan / _fold (summarizer, layer 6) -> ChatStore.save.
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
 #   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
@@ -1539,8 +1539,12 @@ def canonical_messages(messages: Messages) -> Messages:
     return [m for m in messages if not isinstance(m, dict) or m.get("role") != "system"]
 
 
-def system_messages(messages: Messages) -> Messages:
-    return [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+def split_system(messages: Messages) -> tuple:
+    """(the system messages, the others: ``canonical_messages``), in one pass."""
+    parts: tuple = ([], [])
+    for m in messages:
+        parts[not isinstance(m, dict) or m.get("role") != "system"].append(m)
+    return parts
 
 
 def canonical_opening(messages: Messages) -> Messages:
@@ -2810,7 +2814,7 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
     """What every request of a chat sends besides its conversation: ``fixed``
     and the system prompts, but not this filter's summary (the planner's)."""
-    systems = [m for m in system_messages(messages) if not is_summary_message(m)]
+    systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system" and not is_summary_message(m)]
     return count_request(counter, systems, encoding, fixed)
 
 
@@ -3626,10 +3630,7 @@ def chat_set_window(body: Any, model: Any) -> bool:
     """Whether the request's ``num_ctx`` (``options`` or top level) is the chat's own: set where the admin's model
     settings set none or another. Such a window is that chat's: it teaches and unteaches nothing shared (Ollama cuts
     the chat's prompt at it, which says nothing of what other chats get)."""
-    info = model.get("info") if isinstance(model, dict) else None
-    params = info.get("params") if isinstance(info, dict) else None
-    asked = settings_window(body)
-    return bool(asked) and asked != (_window_number(params.get("num_ctx")) if isinstance(params, dict) else 0)
+    return bool(asked := settings_window(body)) and asked != settings_window({}, model)  # the model's, read alike
 
 
 @dataclass(frozen=True)
@@ -6284,7 +6285,7 @@ class ChatState:
     recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestContext:
     """What one hook call knows of its request; lives only for that call and its background task, not on the Filter."""
 
@@ -6421,13 +6422,12 @@ class BackgroundSummarizer:
         self.lines.add(task)
         task.add_done_callback(self.lines.discard)
 
-    async def recall_index(self, key: str, messages: Messages, record: Any, digests: Optional[list] = None) -> tuple:
+    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
         """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
-        (its fingerprint fixes them): the canonical messages of ``messages`` digested, and those the index lacks (a
-        fold this worker did not make, a restart) indexed, in a worker thread."""
+        (its fingerprint fixes them): ``canon`` digested, those the index lacks (a fold made elsewhere) indexed."""
         index, at = self.recall.get(key), (record.fingerprint, record.head_count)
         if (allowed := index.folded.recall(at)) is None:
-            head, covered, canon = record.head_count, record.covered_count, canonical_messages(messages)
+            head, covered = record.head_count, record.covered_count
             digests = digests or await _digests_yielding(canon[:covered])
             allowed = folded_turns(canon, head, covered, digests)
             if any(digest not in index for digest in allowed):
@@ -6446,8 +6446,7 @@ class BackgroundSummarizer:
             log.exception("async_context_compression: recall index not extended; the next request will")
 
     async def line_written(self, ctx: RequestContext) -> None:
-        line = self.chat(ctx).line
-        if _pending_here(line):
+        if _pending_here(line := self.chat(ctx).line):
             await asyncio.wait([line], timeout=STORE_TIMEOUT)
 
     async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
@@ -6484,8 +6483,8 @@ class BackgroundSummarizer:
     def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
         """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
         (/summarize) or the next request may be over the trigger; returns at once."""
-        ctx.force_summary = asked_for_summary(stored)
-        ctx.user_instructions = standing_summary_instructions(stored)
+        instructions = standing_summary_instructions(stored)
+        ctx = replace(ctx, force_summary=asked_for_summary(stored), user_instructions=instructions)
         expanded, ids = expand_stored_messages(stored)
         canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
         if ctx.force_summary or self.may_need_summary(ctx, canon):
@@ -7108,6 +7107,7 @@ class Draft:
     """A request on its way: the list repaired, the view with the chat's summary applied (its tail from ``prefix``)."""
 
     messages: Messages
+    canon: Messages  # the non-system messages of ``messages`` (canonical_messages), split once per request
     view: Messages
     prefix: int
     fixed: int  # tokens of what every call carries besides the messages (the tool schemas)
@@ -7136,7 +7136,7 @@ REPLY_WINDOWS = 4096  # replies whose request's own window (its num_ctx) their o
 
 class RequestPath:
     """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
-    before each model call of a tool loop), each calling the steps it takes; after the reply, ``after_reply``."""
+    before each model call of a tool loop), each calling the steps it takes; after the reply, ``outlet``."""
 
     def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
         self.summaries, self.tokens, self.windows = summaries, tokens, windows
@@ -7145,8 +7145,7 @@ class RequestPath:
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
         """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
         user = user if isinstance(user, dict) else {}
-        user_valves = user.get("valves")
-        if user_valves is not None and not getattr(user_valves, "enabled", True):
+        if not getattr(user_valves := user.get("valves"), "enabled", True):  # None has no ``enabled``: on
             return None
         metadata = metadata if isinstance(metadata, dict) else {}
         model_id = str(body.get("model") or (model or {}).get("id") or "")
@@ -7162,7 +7161,7 @@ class RequestPath:
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
         await self.tokens.refresh(self.summaries.store.read_ratios)
         await self.tokens.read_unknown(self.summaries.store.read_user_ratios, model_id, user_id)
-        ctx = RequestContext(
+        ctx = RequestContext(  # never changed once built: a step that knows more makes a new one (replace)
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
             user_id=user_id,
@@ -7230,7 +7229,7 @@ class RequestPath:
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
-        draft = await self._summarized(body, ctx, builtin_compaction_on, self.summaries.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, self.summaries.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
         view = await self._recalled(ctx, draft, view, fit)
         if request_hook_follows():
@@ -7242,7 +7241,7 @@ class RequestPath:
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
         """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
         loops = self.summaries.loops
-        draft = await self._summarized(body, ctx, partial(builtin_compaction_on, refresh=False), loops.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, loops.stored_summaries, refresh=False)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
         view = await self._recalled(ctx, draft, view, fit)  # inlet's block, already in the list, is not searched again
@@ -7250,21 +7249,21 @@ class RequestPath:
         self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
         return {**body, "messages": view}
 
-    async def _summarized(self, body: dict, ctx: RequestContext, builtin_on: Callable, read: Callable) -> Draft:
-        """The list repaired and the chat's summary applied (``read``: its stored summaries); Open WebUI's own summary
-        (there, or ``builtin_on()``) is the base of ours, sent once."""
+    async def _summarized(self, body: dict, ctx: RequestContext, read: Callable, refresh: bool = True) -> tuple:
+        """(``ctx`` noting Open WebUI's own compaction, the Draft: the list repaired, the chat's summary from ``read``
+        applied); Open WebUI's own summary (there, or ``builtin_compaction_on``) is the base of ours, sent once."""
         counter, s = self.summaries.counter, ctx.settings
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
-        systems = system_messages(messages)  # one pass; the filter's helpers below read only these
+        systems, canon = split_system(messages)  # one pass; the filter's helpers below read only these
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
-        if builtin or await builtin_on():
-            s = ctx.settings = replace(s, warnings=(*s.warnings, note("n_builtin_on")))
-        record, fault = await self.lookup_summary(ctx, messages, len(messages) - len(systems), read)
+        if builtin or await builtin_compaction_on(refresh=refresh):
+            ctx = replace(ctx, settings=replace(s, warnings=(*s.warnings, note("n_builtin_on"))))
+        record, fault = await self.lookup_summary(ctx, messages, canon, read)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
             if record is not None:  # ours was built from the core's: send it once
-                messages = strip_builtin_summary(messages)
+                messages = strip_builtin_summary(messages)  # system messages only: ``canon`` stays
         if record is not None:
             view = apply_summary(messages, record.summary, record.head_count, record.covered_count)
             prefix = index_after_head(view, record.head_count)
@@ -7273,12 +7272,12 @@ class RequestPath:
         view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(counter, systems if record is None else view, fixed, s.encoding)
         self.summaries.chat(ctx).overhead = overhead
-        return Draft(messages, view, prefix, fixed, repair, record, fault)
+        return ctx, Draft(messages, canon, view, prefix, fixed, repair, record, fault)
 
-    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canonical_count: int, read=None) -> tuple:
+    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canon: Messages, read=None) -> tuple:
         """The stored summary this request can use (``read``: by default the store's) and the fault that kept summaries
-        from being read (None: none); ``canonical_count``: the non-system messages of ``messages``."""
-        if canonical_count < 3:
+        from being read (None: none); ``canon``: the non-system messages of ``messages``."""
+        if len(canon) < 3:
             return None, None
         try:
             records = await (read or self.summaries.stored_summaries)(ctx, messages)
@@ -7291,7 +7290,6 @@ class RequestPath:
             log.warning("async_context_compression: summary lookup failed (%s); trimming only", exc)
             return None, Fault.STORE_DOWN
         # a summary whose tail would open with an assistant is skipped: the history, trimmed if need be, is sent instead
-        canon = canonical_messages(messages) if records else []  # digests below only as far as needed
         records = [r for r in records or () if summary_tail_joins(canon, r.head_count, r.covered_count)]
         if not records:
             return None, None  # no summary yet: the history needs no fingerprint
@@ -7325,9 +7323,8 @@ class RequestPath:
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
             return view
-        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.messages, record)
+        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.canon, record)
         exact = counter.is_exact(s.encoding)
-
         known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
@@ -7345,9 +7342,8 @@ class RequestPath:
         if chosen and by_lines:  # the join before the block, then the block: "\n\n" is a piece of its own before it
             block = block_tokens(chosen, count, by_lines)
             fit.tokens_after += count("\n\n") + block
-            self._count_grown(
-                s.encoding, asked, view[_last_user_index(view)], placed_tokens(asked.get("content"), block, count)
-            )
+            grown = placed_tokens(asked.get("content"), block, count)
+            self._count_grown(s.encoding, asked, view[_last_user_index(view)], grown)
         elif chosen:
             fit.tokens_after += count("\n\n" + recall_block(chosen))
         draft.recalled = tuple(chosen) or draft.recalled
@@ -7378,6 +7374,14 @@ class RequestPath:
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
         if self.windows.note_sent(request, ctx.own_window):
             self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
+
+    async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
+        """After the reply: what its usage teaches (``after_reply``), then older turns folded if due (start_if_due)."""
+        ctx = await self.context(valves, body, user, metadata, emitter, model, body.get("chat_id"), request)
+        if ctx is not None:
+            await self.summaries.line_written(ctx)  # the reply's line before anything after it
+            await self.after_reply(ctx, body, model)
+            self.summaries.start_if_due(self.rescaled(ctx), body["messages"])
 
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
@@ -7516,15 +7520,9 @@ class Filter:
         """Starts folding older turns into the summary in the background when due; returns at once."""
         self._keep_retention(__id__)
         try:
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                return body
-            call = (body, __user__, __metadata__, __event_emitter__, __model__, body.get("chat_id"), __request__)
-            ctx = await self._context(*call)
-            if ctx is None:
-                return body
-            await self.summaries.line_written(ctx)  # the reply's line before anything after it
-            await self.path.after_reply(ctx, body, __model__)
-            self.summaries.start_if_due(self.path.rescaled(ctx), body["messages"])
+            if isinstance(body, dict) and isinstance(body.get("messages"), list):
+                call = (body, __user__, __metadata__, __event_emitter__, __model__, __request__)
+                await self.path.outlet(self.valves, *call)
         except Exception:
             log.exception("async_context_compression: outlet failed; the chat is unaffected")
         return body

@@ -72,11 +72,12 @@ def owui(monkeypatch):
 
 def context(requester: str, said: str, chat_id: str = "chat-1") -> acc.RequestContext:
     ctx = request_context(acc.Filter().valves, chat_id=chat_id, user_id=requester)
-    ctx.settings = replace(ctx.settings, summary_model="sum-model")
-    ctx.user_instructions = said  # what outlet read from the branch, authors unknown
     models = {"sum-model": {"id": "sum-model"}, "other": {"id": "other"}}
-    ctx.request = types.SimpleNamespace(app=types.SimpleNamespace(state=types.SimpleNamespace(MODELS=models)))
-    return ctx
+    request = types.SimpleNamespace(app=types.SimpleNamespace(state=types.SimpleNamespace(MODELS=models)))
+    # user_instructions: what outlet read from the branch, authors unknown
+    return replace(
+        ctx, settings=replace(ctx.settings, summary_model="sum-model"), user_instructions=said, request=request
+    )
 
 
 async def test_another_users_summarize_never_steers_the_owners_summaries(owui):
@@ -108,7 +109,7 @@ async def test_a_user_who_may_not_use_the_summary_model_cannot_steer_it(owui):
     finally:
         ACCOUNTS["alice"].role = "user"
     owui.allowed.add(("alice", "sum-model"))
-    ctx.settings = replace(ctx.settings, summary_model="gone")  # a model Open WebUI does not list
+    ctx = replace(ctx, settings=replace(ctx.settings, summary_model="gone"))  # a model Open WebUI does not list
     assert await acc.owners_instructions(ctx, ["u1", "a1"]) == ("", True)
 
 
