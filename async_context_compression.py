@@ -55,6 +55,7 @@ requirements: tiktoken
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import hashlib
 import http.client
@@ -2466,6 +2467,7 @@ def with_recall(
 TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL = 3, 3, 1, 8  # the framing
 IMAGE_TOKENS_UNKNOWN = 765  # a 1024x1024 image at high detail
 LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
+LOAD_EXIT_WAIT_SECONDS = 10.0  # how long a stopping process waits for an encoding load in progress
 
 _O200K_MODELS = re.compile(
     r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
@@ -2601,6 +2603,18 @@ def image_tokens(url: str, detail: str = "auto") -> int:
     return 85 + 170 * tiles
 
 
+_ENCODING_LOADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_encoding_loads(timeout: float = LOAD_EXIT_WAIT_SECONDS) -> None:
+    """A daemon thread still inside tiktoken's Rust code when Python finalizes aborts the whole process
+    ("FATAL: exception not rethrown"), so a stopping worker first waits, bounded, for a load in progress."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_ENCODING_LOADS):
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class TokenCounter:
     """Exact counts with tiktoken when its encoding is loaded, estimates otherwise, cached per message by content
     (bounded): a growing chat's requests count only what is new. Holds no request state."""
@@ -2622,7 +2636,9 @@ class TokenCounter:
             if skip or time.monotonic() < self._retry_at.get(encoding, 0.0):  # or its last load failed lately
                 return
             self._loading.add(encoding)
-        threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True).start()
+        loader = threading.Thread(target=self._load, args=(encoding,), name=f"acc-tiktoken-{encoding}", daemon=True)
+        _ENCODING_LOADS.add(loader)
+        loader.start()
 
     def _load(self, encoding: str) -> None:
         try:

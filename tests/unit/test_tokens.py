@@ -585,3 +585,28 @@ def test_the_same_tool_schemas_are_tokenized_once(counter, monkeypatch):
     changed = copy.deepcopy(tools)
     changed[0]["function"]["name"] = "renamed"
     assert counter.tools_tokens(changed, ENC) != 0 and len(calls) == 1
+
+
+def test_a_process_exiting_mid_load_waits_for_the_load_to_finish(tmp_path):
+    """A daemon thread inside tiktoken's Rust code at interpreter exit aborts the
+    process ("FATAL: exception not rethrown"); a stopping worker first lets the
+    load in progress finish. The slow load here writes a file once it is done."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "loaded"
+    script = f"""
+import sys, time
+sys.path.insert(0, {os.path.dirname(os.path.abspath(acc.__file__))!r})
+import async_context_compression as acc
+
+def slow_load(self, encoding):
+    time.sleep(1.0)
+    open({str(done)!r}, "w").write(encoding)
+
+acc.TokenCounter._load = slow_load
+acc.TokenCounter().start_loading("cl100k_base")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert done.read_text() == "cl100k_base"
