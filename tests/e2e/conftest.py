@@ -30,6 +30,7 @@ from e2e_support import (
     MODEL_SPECS,
     RATIO_RUNS,
     SUMMARY_MODEL,
+    WINDOWS_REFRESH,
     brief,
     multi_worker_server,
     retrying,
@@ -150,7 +151,9 @@ def shared_two_workers(owui_python, provider, filter_source, request):
         provider.respec(module.SPECS, summary_models=(module.SUMMARIZER,))
     provider.respec(test_forged_usage.SPECS)
     provider.respec(RATIO_RUNS)
-    plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true"}  # test_forged_usage's plain users use the provider's models
+    # test_forged_usage's plain users use the provider's models; its waits for every worker to read the shared windows
+    # last WINDOWS_REFRESH, not the product's 10 s
+    plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true", "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH)}
     with multi_worker_server(
         owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users
     ) as started:
