@@ -69,6 +69,7 @@ OWN_DEPLOYMENTS=(
   tests/e2e/test_ollama_connection.py
   tests/e2e/test_trust_between_users.py
   tests/e2e/test_retention.py
+  tests/e2e/test_demo_check.py
 )
 SECOND=()
 for dir in tests/*/; do
