@@ -57,8 +57,8 @@ fi
 # in two lanes at once, one per core. Most of an end-to-end test is waiting on
 # servers, so one core runs the e2e modules on the session's Open WebUIs and the
 # replicas, while the other runs every other test folder, the e2e modules that
-# start their own deployment (listed here; a new e2e module joins the first lane
-# by default) and then the version matrix (its own servers, one at a time: the
+# start their own deployment (listed here, the three sharing conftest's
+# local_servers first; a new e2e module joins the first lane by default) and then the version matrix (its own servers, one at a time: the
 # first lane is the longer one, so the matrix waits there no more). Each lane is
 # one pytest session with its own fixtures and its own 25 slowest tests; the
 # second lane's output is printed when it ends. Together the lanes collect
@@ -66,9 +66,10 @@ fi
 OWN_DEPLOYMENTS=(
   tests/e2e/test_local_backends.py
   tests/e2e/test_served_window.py
+  tests/e2e/test_ollama_connection.py
   tests/e2e/test_trust_between_users.py
   tests/e2e/test_retention.py
-  tests/e2e/test_ollama_connection.py
+  tests/e2e/test_demo_check.py
 )
 SECOND=()
 for dir in tests/*/; do

@@ -30,6 +30,7 @@ from e2e_support import (
     MODEL_SPECS,
     RATIO_RUNS,
     SUMMARY_MODEL,
+    WINDOWS_REFRESH,
     brief,
     multi_worker_server,
     retrying,
@@ -53,6 +54,7 @@ FILTER_FILE = os.path.join(REPO_ROOT, "async_context_compression.py")
 _LATENCY_KEY = pytest.StashKey[list]()
 _SERVER_KEY = pytest.StashKey[object]()
 _TWO_WORKERS_KEY = pytest.StashKey[object]()
+_LOCAL_SERVERS_KEY = pytest.StashKey[object]()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -150,12 +152,56 @@ def shared_two_workers(owui_python, provider, filter_source, request):
         provider.respec(module.SPECS, summary_models=(module.SUMMARIZER,))
     provider.respec(test_forged_usage.SPECS)
     provider.respec(RATIO_RUNS)
-    plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true"}  # test_forged_usage's plain users use the provider's models
+    # test_forged_usage's plain users use the provider's models; its waits for every worker to read the shared windows
+    # last WINDOWS_REFRESH, not the product's 10 s
+    plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true", "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH)}
     with multi_worker_server(
         owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users
     ) as started:
         request.config.stash[_TWO_WORKERS_KEY] = started[0]  # its log is shown with a failing test's report
         yield started
+
+
+@pytest.fixture(scope="session")
+def local_servers(owui_python, filter_source, request):
+    """(server, client, fakes): one Open WebUI on two workers behind connections to fake local model servers (issue
+    37), shared by the modules that need such connections (test_local_backends, test_served_window,
+    test_ollama_connection: a start is 20-25 s of CPU a process). ``fakes``: "ollama", one Ollama (its native API)
+    serving every Ollama model of theirs; "llama", "props" and "no_props", llama-servers behind OpenAI connections
+    (the last without ``/props``). Every model is listed from the start; each module sets the valves it needs and uses
+    its own model ids, so none sees another's chats or windows."""
+    import test_local_backends as local
+    import test_ollama_connection as plain
+    import test_served_window as served
+
+    served_by = {  # fake -> (its models, its summarizers)
+        "ollama": ({**local.OLLAMA_SPECS, **served.OLLAMA, **plain.SPECS}, ()),
+        "llama": (local.LLAMA_SPECS, (local.SUMMARIZER,)),
+        "props": (served.PROPS_SPECS, (served.SUMMARIZER,)),
+        "no_props": (served.NO_PROPS_SPECS, ()),
+    }
+    fakes = {
+        name: FakeProvider(chat_models=(), summary_models=summarizers, model_specs=specs).start()
+        for name, (specs, summarizers) in served_by.items()
+    }
+    fakes["no_props"].configure(probes_off="all")
+    openai = [fakes[name].base_url for name in ("llama", "props", "no_props")]
+    connections = {
+        "ENABLE_OLLAMA_API": "true",
+        "OLLAMA_BASE_URLS": fakes["ollama"].root_url,
+        "OPENAI_API_BASE_URLS": ";".join(openai),
+        "OPENAI_API_KEYS": ";".join("dummy" for _ in openai),
+    }
+    models = [m for fake in fakes.values() for m in (*fake.model_specs, *fake.summary_models)]
+    try:
+        with multi_worker_server(
+            owui_python, fakes["llama"], filter_source, "local", models=tuple(models), env_extra=connections
+        ) as (server, client):
+            request.config.stash[_LOCAL_SERVERS_KEY] = server  # its log is shown with a failing test's report
+            yield server, client, fakes
+    finally:
+        for fake in fakes.values():
+            fake.stop()
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +256,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when != "call" or not report.failed or not str(item.fspath).startswith(HERE):
         return
-    for key, which in ((_SERVER_KEY, "one worker"), (_TWO_WORKERS_KEY, "two workers")):
+    servers = ((_SERVER_KEY, "one worker"), (_TWO_WORKERS_KEY, "two workers"), (_LOCAL_SERVERS_KEY, "local servers"))
+    for key, which in servers:
         server = item.config.stash.get(key, None)
         if server is None:
             continue

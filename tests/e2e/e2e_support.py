@@ -47,6 +47,9 @@ MODEL_SPECS = {
 RATIO_RUNS = {
     f"vllm-13x-16k-run{n}": ModelSpec(ratio=1.3, window=16384, on_overflow="reject", per_message=2) for n in (1, 2, 3)
 }
+# How often each worker of a two-worker server the tests start reads the windows every worker shares: the product's
+# WINDOWS_REFRESH (10 s), shortened through ACC_TEST_WINDOWS_REFRESH so a test waits 2 s for it, not 10 (issue 45)
+WINDOWS_REFRESH = 2.0
 # A model reached through a gateway to Claude, or Kimi, or Mistral (issue 29): it also enforces those providers' rules
 # (tool-call ids in [a-zA-Z0-9_-], no message that says nothing, no tool -> user).
 STRICT_MODEL = "fake-claude-kimi-mistral"

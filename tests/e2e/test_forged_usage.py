@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-from e2e_support import E2E_VALVES, FILTER_ID, filler, retrying, settle
+from e2e_support import E2E_VALVES, FILTER_ID, WINDOWS_REFRESH, filler, retrying, settle
 
 from devkit.fake_provider import ModelSpec, count_tokens
 from devkit.openwebui import OpenWebUIError, new_id
@@ -59,7 +59,7 @@ SPECS = {
 NO_SUMMARIZER = "forge-no-summarizer"  # not a model: no summary is ever made, the cap alone decides what is sent
 CAP = {"max_context_tokens": 6000}  # a request at the cap reporting 2,100 reads as a cut before any ratio is known
 HELD = 3.0  # seconds the provider holds a forger's reply while her outlet body is posted
-WINDOWS_READ = 10.0 + 2.0  # the product's WINDOWS_REFRESH and a margin: every worker has read the windows since
+WINDOWS_READ = WINDOWS_REFRESH + 2.0  # the session server's refresh (conftest) and a margin: all have read since
 
 
 @pytest.fixture(autouse=True)

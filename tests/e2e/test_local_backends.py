@@ -31,10 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2e_support import (
+    FILTER_ID,
     Conversation,
     Turn,
-    multi_worker_server,
     request_markers,
+    retrying,
     wait_for,
 )
 
@@ -55,30 +56,23 @@ GROWTH = 5  # what the user types, in windows
 READING = 1.5  # seconds a user reads a reply; then summaries begun meanwhile finish (summary_settled)
 
 
+OLLAMA_SPECS = {m: ollama_spec(WINDOWS[m], trained=TRAINED) for m in (SET_4K, SET_8K)} | {
+    m: ollama_spec(WINDOWS[m], trained=TRAINED, **LLAMA3) for m in (SERVED_4K, SERVED_8K)
+}
+LLAMA_SPECS = {LLAMA: llamacpp_spec(WINDOWS[LLAMA], trained=TRAINED)}
+
+
 @pytest.fixture(scope="module")
-def stack(owui_python, filter_source):
-    ollama_models = {m: ollama_spec(WINDOWS[m], trained=TRAINED) for m in (SET_4K, SET_8K)}
-    ollama_models |= {m: ollama_spec(WINDOWS[m], trained=TRAINED, **LLAMA3) for m in (SERVED_4K, SERVED_8K)}
-    ollama = FakeProvider(mode="strict", chat_models=(), summary_models=(), model_specs=ollama_models).start()
-    openai = FakeProvider(
-        mode="strict",
-        chat_models=(),
-        summary_models=(SUMMARIZER,),
-        model_specs={LLAMA: llamacpp_spec(WINDOWS[LLAMA], trained=TRAINED)},
-    ).start()
-    try:
-        models = (*WINDOWS, SUMMARIZER)
-        with multi_worker_server(
-            owui_python, openai, filter_source, "local", valves=VALVES, models=models, ollama_url=ollama.root_url
-        ) as (_, client):
-            for model in (SET_4K, SET_8K):  # as an admin sets a model's context length in Open WebUI
-                params = {"num_ctx": WINDOWS[model]}
-                made = client.post("/api/v1/models/create", {"id": model, "name": model, "meta": {}, "params": params})
-                assert made and made["params"]["num_ctx"] == WINDOWS[model], made
-            yield client, ollama, openai
-    finally:
-        ollama.stop()
-        openai.stop()
+def stack(local_servers):
+    """(client, the Ollama fake, the llama-server fake that also serves the summarizer): conftest's Open WebUI with
+    fake local servers, the filter at this module's valves."""
+    _, client, fakes = local_servers
+    retrying(lambda: client.set_valves(FILTER_ID, dict(VALVES)))
+    for model in (SET_4K, SET_8K):  # as an admin sets a model's context length in Open WebUI
+        params = {"num_ctx": WINDOWS[model]}
+        made = client.post("/api/v1/models/create", {"id": model, "name": model, "meta": {}, "params": params})
+        assert made and made["params"]["num_ctx"] == WINDOWS[model], made
+    yield client, fakes["ollama"], fakes["llama"]
 
 
 def live_turn(conv: Conversation, summaries: FakeProvider) -> Turn:

@@ -1,6 +1,7 @@
-"""Open WebUI with the fake as an OLLAMA connection (OLLAMA_BASE_URLS, its native API), no OpenAI one.
+"""Open WebUI with the fake as an OLLAMA connection (OLLAMA_BASE_URLS, its native API).
 
-A second Open WebUI, started for this module only, without the filter: it checks the devkit, not the product.
+The Open WebUI of the modules with fake local servers (conftest's ``local_servers``; before issue 45 one of this
+module's own), the filter switched off meanwhile: it checks the devkit, not the product.
 One chat turn through Open WebUI's API must reach the fake's ``/api/chat`` with the messages sent, and the
 model entry Open WebUI keeps (what a filter gets as ``__model__``) must carry the ``ollama`` block that names the
 connection by index (``urls``), not ``urlIdx``.
@@ -8,38 +9,25 @@ connection by index (``urls``), not ``urlIdx``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from e2e_support import FILTER_ID, retrying
 
-from devkit.fake_provider import FakeProvider, ollama_spec
-from devkit.openwebui import OpenWebUIClient, OpenWebUIServer, ensure_offline_tiktoken
+from devkit.fake_provider import ollama_spec
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "fake-llama:8b"
+SPECS = {MODEL: ollama_spec(4096, trained=131072)}  # served by conftest's local_servers' Ollama
 
 
 @pytest.fixture(scope="module")
-def ollama_side(owui_python):
-    fake = FakeProvider(model_specs={MODEL: ollama_spec(4096, trained=131072)}).start()
-    server = OpenWebUIServer(
-        python=owui_python,
-        provider_url=None,
-        ollama_url=fake.root_url,
-        tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),
-    )
-    server.start(timeout=600)
-    try:
-        client = OpenWebUIClient(server.base_url, timeout=120)
-        client.signup("ollama@example.com", "Ollama-Passw0rd!", "Ollama Admin")
-        client.wait_for_models([MODEL], timeout=90)
-        yield fake, client
-    finally:
-        server.stop()
-        fake.stop()
-        if not os.environ.get("ACC_KEEP_E2E_DATA"):
-            server.cleanup()
+def ollama_side(local_servers):
+    """(the Ollama fake, an admin's client): conftest's Open WebUI with fake local servers, the filter switched off for
+    this module (it checks the devkit and Open WebUI, not the product)."""
+    _, client, fakes = local_servers
+    retrying(lambda: client.set_function_state(FILTER_ID, active=False))
+    yield fakes["ollama"], client
+    retrying(lambda: client.set_function_state(FILTER_ID, active=True))
 
 
 def test_a_chat_turn_reaches_the_fakes_native_api_with_its_messages(ollama_side):

@@ -16,9 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from e2e_support import Conversation, multi_worker_server, status_lines
+from e2e_support import FILTER_ID, Conversation, retrying, status_lines
 
-from devkit.fake_provider import FakeProvider, ModelSpec, count_tokens, llamacpp_spec, ollama_spec
+from devkit.fake_provider import ModelSpec, count_tokens, llamacpp_spec, ollama_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +31,9 @@ OLLAMA = {  # model -> its spec, as an Ollama serves it (its tokenizer: 1.2x cl1
 PROPS, NO_PROPS = "served-llama-props", "served-llama-no-props"
 LLAMA = {name: llamacpp_spec(8192, ratio=1.2, per_message=2, trained=131072) for name in (PROPS, NO_PROPS)}
 SPECS = {**OLLAMA, **LLAMA}
+SUMMARY = {SUMMARIZER: ModelSpec(window=32768, publish="max_model_len", error_shape="nested")}
+# what each llama-server serves (conftest's local_servers)
+PROPS_SPECS, NO_PROPS_SPECS = {PROPS: LLAMA[PROPS], **SUMMARY}, {NO_PROPS: LLAMA[NO_PROPS]}
 VALVES = {"summary_model": SUMMARIZER}  # everything else at its default
 TURNS = 28  # each turn about 1/5.4 of the model's window: the chat grows past 5x it
 READING = 2.0  # seconds a user reads a reply
@@ -38,32 +41,12 @@ WINDOW_NOTE = re.compile(r"window [\d.]+k, [^·|]*")
 
 
 @pytest.fixture(scope="module")
-def servers():
-    ollama = FakeProvider(chat_models=(), summary_models=(), model_specs=OLLAMA).start()
-    summary = {SUMMARIZER: ModelSpec(window=32768, publish="max_model_len", error_shape="nested")}
-    props = FakeProvider(chat_models=(), summary_models=(SUMMARIZER,), model_specs={PROPS: LLAMA[PROPS], **summary})
-    no_props = FakeProvider(chat_models=(), summary_models=(), model_specs={NO_PROPS: LLAMA[NO_PROPS]})
-    no_props.configure(probes_off="all")
-    fakes = (ollama, props.start(), no_props.start())
-    yield fakes
-    for fake in fakes:
-        fake.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(owui_python, servers, filter_source):
-    ollama, props, no_props = servers
-    connections = {
-        "ENABLE_OLLAMA_API": "true",
-        "OLLAMA_BASE_URLS": ollama.root_url,
-        "OPENAI_API_BASE_URLS": f"{props.base_url};{no_props.base_url}",
-        "OPENAI_API_KEYS": "dummy;dummy",
-    }
-    models = (*SPECS, SUMMARIZER)
-    with multi_worker_server(
-        owui_python, props, filter_source, "served", valves=VALVES, models=models, env_extra=connections
-    ) as (server, client):
-        yield server, client
+def stack(local_servers):
+    """(server, client, (the Ollama fake, the llama-server with /props, the one without)): conftest's Open WebUI with
+    fake local servers, the filter at this module's valves."""
+    server, client, fakes = local_servers
+    retrying(lambda: client.set_valves(FILTER_ID, dict(VALVES)))
+    yield server, client, (fakes["ollama"], fakes["props"], fakes["no_props"])
 
 
 def words_per_turn(model: str) -> int:
@@ -87,9 +70,8 @@ def grow(client, fake, model: str, seed: int) -> tuple:
     return conv, count_tokens([{"role": "user", "content": t} for t in texts]) * SPECS[model].ratio
 
 
-def test_local_servers_are_asked_what_they_serve_on_two_workers(stack, servers):
-    server, client = stack
-    ollama, props, no_props = servers
+def test_local_servers_are_asked_what_they_serve_on_two_workers(stack):
+    server, client, (ollama, props, no_props) = stack
     fake_of = {**dict.fromkeys(OLLAMA, ollama), PROPS: props, NO_PROPS: no_props}
     with ThreadPoolExecutor(len(SPECS)) as pool:
         chats = dict(zip(SPECS, pool.map(lambda m: grow(client, fake_of[m], m, seed=len(m)), SPECS)))

@@ -22,6 +22,7 @@ import pytest
 from e2e_support import (
     FILTER_ID,
     SUMMARY_MODEL,
+    WINDOWS_REFRESH,
     Conversation,
     filler,
     last_user_text,
@@ -39,8 +40,7 @@ pytestmark = pytest.mark.e2e
 WIDE = "trust-16k"  # rejects a prompt over 16k with OpenAI's text; publishes no window
 NARROW = "trust-4k"  # the same with 4k: the window the filter learns from a real rejection, then erases
 OLLAMA = "trust-llama:8b"  # an Ollama model whose configured num_ctx is 8192
-WINDOWS_REFRESH = 2.0  # the product's WINDOWS_REFRESH (10 s), shortened for this server (ACC_TEST_WINDOWS_REFRESH)
-REFRESH = WINDOWS_REFRESH + 1.5  # and a margin: every worker has read the store since
+REFRESH = WINDOWS_REFRESH + 1.5  # the shortened refresh (e2e_support) and a margin: every worker has read since
 PASSWORD = "Trust-Passw0rd!"
 
 

@@ -1,7 +1,9 @@
 """scripts/test.sh runs the whole suite in two lanes at once (issue 45): the e2e modules listed in its
 OWN_DEPLOYMENTS run beside the unit and database tests, away from the session's Open WebUIs. A module listed there
 must exist and start its own deployment: one that asked for a session server would start another Open WebUI in the
-second lane (20-25 s of CPU each) instead of using the first lane's."""
+second lane (20-25 s of CPU each) instead of using the first lane's. The deployment with fake local servers
+(conftest's ``local_servers``) is shared by modules of the second lane: one of the first lane asking for it would start
+it in both lanes."""
 
 import ast
 import re
@@ -45,3 +47,14 @@ def test_every_module_of_the_second_lane_exists_and_starts_its_own_deployment():
         path = ROOT / module
         assert path.is_file() and module.startswith("tests/e2e/test_"), module
         assert not fixtures_asked(path) & SESSION_SERVERS, f"{module} asks for a session server"
+
+
+def test_the_deployment_with_local_servers_is_asked_for_in_the_second_lane_only():
+    second = set(own_deployments())
+    asking = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tests" / "e2e").glob("test_*.py"))
+        if "local_servers" in fixtures_asked(path)
+    ]
+    assert asking, "no module asks for local_servers any more"
+    assert set(asking) <= second, f"asked for outside the second lane: {sorted(set(asking) - second)}"
