@@ -2900,7 +2900,19 @@ RATIO_FLOOR, RATIO_CEILING = 0.5, 2.5  # a reply whose ratio is outside is clamp
 RATIO_SAMPLES = 12  # the median of this many latest ratios per model and path
 RATIO_MIN_TOKENS = 40  # requests counted smaller than this say little (framing dominates)
 RATIO_CUT_SHARE = 0.98  # a reported prompt this close to the request's own bound may have been cut
+
+
+def period_from_env(name: str, default: float) -> float:
+    """A period in seconds, or ACC_TEST_<name> from the environment, which only tests set to wait less (read once,
+    at import; never under 0.5 s; a value that is not a number keeps the default)."""
+    try:
+        return max(0.5, float(os.environ.get(f"ACC_TEST_{name}") or default))
+    except ValueError:
+        return default
+
+
 RATIOS_SETTLE = 5.0  # seconds a sample may take to reach the store (minute E applies those before E - this)
+RATIOS_MINUTE = period_from_env("RATIOS_MINUTE", 60.0)  # seconds of the "minute" every worker applies one snapshot in
 RATIOS_KEPT_FRESH = 180.0  # seconds the store keeps every sample, beyond each model's newest RATIO_SAMPLES
 RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
 RATIO_PATHS = ("exact", "estimate")  # 1.4's "replayed" ratios came from usage stored on a chat, which users write
@@ -3075,7 +3087,7 @@ class ModelTokens(SharedThroughStore):
         another worker learned applies from this worker's first request, not at the next minute's snapshot."""
         if read is None or not model or self.known(model, user):
             return
-        minute, key = int((time.time() if now is None else now) // 60), (model, user)
+        minute, key = int((time.time() if now is None else now) // RATIOS_MINUTE), (model, user)
         under_way = self.read_for.get(key)
         if under_way is None or under_way[0] != minute or under_way[1].get_loop() is not asyncio.get_running_loop():
             under_way = self.read_for[key] = (minute, asyncio.ensure_future(read(model, user)))
@@ -3147,7 +3159,7 @@ class ModelTokens(SharedThroughStore):
         before it less RATIOS_SETTLE, the newest RATIO_SAMPLES per model, path and user."""
         if self.minute is not None and minute < self.minute:
             return  # a read that outlived its minute
-        cutoff, found = minute * 60 - RATIOS_SETTLE, {}
+        cutoff, found = minute * RATIOS_MINUTE - RATIOS_SETTLE, {}
         for _, model, path, ratio, at, *user in rows:
             if path in RATIO_PATHS and isinstance(ratio, (int, float)) and self.erased_at <= (at or 0.0) < cutoff:
                 key = (str(model), path, str(user[0]) if user else "")
@@ -3158,7 +3170,7 @@ class ModelTokens(SharedThroughStore):
     async def refresh(self, read: Optional[Callable], now: Optional[float] = None) -> None:
         """The current minute's snapshot, read once per worker: the first requests of a minute await that one read (at
         most STORE_TIMEOUT); a store that cannot be read leaves the last snapshot in place."""
-        minute = int((time.time() if now is None else now) // 60)
+        minute = int((time.time() if now is None else now) // RATIOS_MINUTE)
         if read is None or self.minute is not None and self.minute >= minute:
             return
         await self._read(partial(self._load, read, minute))
@@ -3198,15 +3210,6 @@ PUBLISHED_WINDOW_FIELDS = tuple(
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
-
-
-def period_from_env(name: str, default: float) -> float:
-    """A period in seconds, or ACC_TEST_<name> from the environment, which only tests set to wait less (read once,
-    at import; never under 0.5 s; a value that is not a number keeps the default)."""
-    try:
-        return max(0.5, float(os.environ.get(f"ACC_TEST_{name}") or default))
-    except ValueError:
-        return default
 
 
 # seconds between reads of the learned windows every worker shares (a model with none known here reads its own row

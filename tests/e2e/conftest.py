@@ -29,6 +29,7 @@ from e2e_support import (
     MODEL_RULES,
     MODEL_SPECS,
     RATIO_RUNS,
+    RATIOS_MINUTE,
     SUMMARY_MODEL,
     WINDOWS_REFRESH,
     brief,
@@ -153,8 +154,12 @@ def shared_two_workers(owui_python, provider, filter_source, request):
     provider.respec(test_forged_usage.SPECS)
     provider.respec(RATIO_RUNS)
     # test_forged_usage's plain users use the provider's models; its waits for every worker to read the shared windows
-    # last WINDOWS_REFRESH, not the product's 10 s
-    plain_users = {"BYPASS_MODEL_ACCESS_CONTROL": "true", "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH)}
+    # last WINDOWS_REFRESH, not the product's 10 s, and for the shared ratios to apply RATIOS_MINUTE, not 60 s
+    plain_users = {
+        "BYPASS_MODEL_ACCESS_CONTROL": "true",
+        "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH),
+        "ACC_TEST_RATIOS_MINUTE": str(RATIOS_MINUTE),
+    }
     with multi_worker_server(
         owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users
     ) as started:

@@ -50,6 +50,9 @@ RATIO_RUNS = {
 # How often each worker of a two-worker server the tests start reads the windows every worker shares: the product's
 # WINDOWS_REFRESH (10 s), shortened through ACC_TEST_WINDOWS_REFRESH so a test waits 2 s for it, not 10 (issue 45)
 WINDOWS_REFRESH = 2.0
+# The "minute" in which every worker applies one snapshot of the shared ratios: the product's RATIOS_MINUTE (60 s),
+# shortened through ACC_TEST_RATIOS_MINUTE so a test waits about 10 s for a ratio to apply everywhere, not 30-60 (issue 45)
+RATIOS_MINUTE = 10.0
 # A model reached through a gateway to Claude, or Kimi, or Mistral (issue 29): it also enforces those providers' rules
 # (tool-call ids in [a-zA-Z0-9_-], no message that says nothing, no tool -> user).
 STRICT_MODEL = "fake-claude-kimi-mistral"

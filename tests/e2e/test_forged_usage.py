@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-from e2e_support import E2E_VALVES, FILTER_ID, WINDOWS_REFRESH, filler, retrying, settle
+from e2e_support import E2E_VALVES, FILTER_ID, RATIOS_MINUTE, WINDOWS_REFRESH, filler, retrying, settle
 
 from devkit.fake_provider import ModelSpec, count_tokens
 from devkit.openwebui import OpenWebUIError, new_id
@@ -154,10 +154,11 @@ def without_probe(req: dict) -> int:
 
 
 def settle_ratios() -> None:
-    """Ratios are shared by the minute: a worker applies those saved 5 s before its minute began, read at its first
-    request. Waits until every ratio saved so far applies on every worker."""
-    wait = 60 - time.time() % 60
-    time.sleep(wait + (61 if wait < 6 else 1))
+    """Ratios are shared by the "minute" (RATIOS_MINUTE on the session server): a worker applies those saved 5 s
+    before its minute began, read at its first request. Waits until every ratio saved so far applies on every
+    worker."""
+    wait = RATIOS_MINUTE - time.time() % RATIOS_MINUTE
+    time.sleep(wait + (RATIOS_MINUTE + 1 if wait < 6 else 1))
 
 
 def long_chat(client, provider, model: str, seed: int) -> tuple:
