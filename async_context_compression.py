@@ -140,8 +140,11 @@ def parse_chat_key(key: str) -> tuple[str, str]:
 
 
 def owui_module(name: str) -> Any:
-    """Open WebUI's module ``name``; ImportError where it cannot be had. Outside its server Open WebUI's env module
-    raises SystemExit on import, which must end neither a request nor the event loop a background task runs on."""
+    """Open WebUI's module ``name``; ImportError where it cannot be had. Only inside Open WebUI's process (its env
+    module loaded): elsewhere importing it takes seconds on the event loop, may open a database of its defaults, and
+    its env module raises SystemExit, which must end neither a request nor the event loop a background task runs on."""
+    if name not in sys.modules and "open_webui.env" not in sys.modules:
+        raise ImportError(f"{name}: Open WebUI is not running in this process")
     try:
         return importlib.import_module(name)
     except (Exception, SystemExit) as exc:

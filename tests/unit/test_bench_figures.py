@@ -7,12 +7,24 @@ it. Not timed: the thresholds are the benchmark's figures (requests cut or rejec
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
 from bench import local_backends
 
 pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(autouse=True)
+def open_webui_as_it_was():
+    """The benchmark stands in for Open WebUI's chats with modules of its own in ``sys.modules`` (its process is its
+    own); here they go with each test, so no later test finds a stand-in where Open WebUI's package should be."""
+    before = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "open_webui"}
+    yield
+    for name in [name for name in sys.modules if name.split(".")[0] == "open_webui"]:
+        del sys.modules[name]
+    sys.modules.update(before)
 
 
 def _run(backend: str, window: int, growth: float) -> local_backends.Outcome:

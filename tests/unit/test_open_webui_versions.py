@@ -71,3 +71,33 @@ def test_filter_logs_the_limits_once_per_process(monkeypatch, caplog):
     logged = [r.getMessage() for r in caplog.records if "Open WebUI 0.9.0" in r.getMessage()]
     assert len(logged) == 2, logged  # the two limits of 0.9.0, each once
     assert any("`request` hook" in line for line in logged) and any("API calls" in line for line in logged)
+
+
+def test_outside_open_webui_the_filter_never_imports_it():
+    """A Filter used in a plain process (a script, another project's tests) with Open WebUI installed: importing Open
+    WebUI there took 3-5 s of the first inlet, on the event loop, and could open a database of its defaults. The
+    filter uses Open WebUI's modules only in the process Open WebUI runs in."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import asyncio, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(acc.__file__))!r})
+import async_context_compression as acc
+
+async def turn():
+    f = acc.Filter()
+    body = {{"model": "m", "chat_id": "c1", "messages": [{{"role": "user", "content": "hello " * 40}}]}}
+    meta = {{"chat_id": "c1", "message_id": "a1"}}
+    out = await f.inlet(dict(body), __user__={{"id": "u1"}}, __metadata__=meta)
+    body["messages"] = out["messages"] + [{{"role": "assistant", "content": "hi"}}]
+    await f.outlet(body, __user__={{"id": "u1"}}, __metadata__=meta)
+    await f.wait_for_background()
+
+asyncio.run(turn())
+print(sorted(name for name in sys.modules if name.split(".")[0] == "open_webui"))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-500:]
