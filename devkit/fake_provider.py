@@ -648,6 +648,16 @@ def _agent_round(body: dict, messages: list) -> Optional[tuple[str, int]]:
     return (m.group(1), done + 1) if done < int(m.group(2)) else None
 
 
+def _chat_delay(cfg: dict, messages: list) -> Optional[float]:
+    """Seconds a chat request waits before its answer: ``chat_delay``, or longer where ``hold`` names its last user
+    message's text."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    last = str(users[-1].get("content") or "") if users else ""
+    if cfg["hold"] and cfg["hold"][0] in last:
+        return max(cfg["chat_delay"] or 0.0, cfg["hold"][1])
+    return cfg["chat_delay"]
+
+
 def _probe_paths(value: Any) -> tuple:
     """``probes_off`` checked: paths of PROBES, or "all" for every probe that tells a window."""
     if value is None:
@@ -855,6 +865,7 @@ class FakeProvider:
             "summary_delay": None,
             "summary_fail": None,
             "chat_delay": None,
+            "hold": None,
             "context_window": None,
             "reply_text": None,
             "summary_format": None,
@@ -934,6 +945,7 @@ class FakeProvider:
         summary_delay: Any = _UNSET,
         summary_fail: Any = _UNSET,
         chat_delay: Any = _UNSET,
+        hold: Any = _UNSET,
         context_window: Any = _UNSET,
         reply_text: Any = _UNSET,
         summary_format: Any = _UNSET,
@@ -942,6 +954,8 @@ class FakeProvider:
         """Change behaviour; an argument left out is unchanged, ``None`` resets it.
 
         summary_delay / chat_delay: seconds to sleep before answering.
+        hold: (text, seconds): a chat request whose last user message holds ``text`` sleeps that long before its answer
+        (one user's turns held while another's are not).
         summary_fail: None, "500", "timeout", "empty" or "reasoning".
         context_window: max prompt tokens, None for unlimited.
         reply_text: fixed content for chat replies, None for the default echo.
@@ -955,6 +969,7 @@ class FakeProvider:
             "summary_delay": summary_delay,
             "summary_fail": summary_fail,
             "chat_delay": chat_delay,
+            "hold": hold,
             "context_window": context_window,
             "reply_text": reply_text,
             "summary_format": summary_format,
@@ -968,6 +983,9 @@ class FakeProvider:
                 updates[key] = float(updates[key])
                 if updates[key] < 0:
                     raise ValueError(f"{key} must be >= 0")
+        if updates.get("hold") is not None:
+            text, seconds = updates["hold"]
+            updates["hold"] = (str(text), float(seconds))
         if "context_window" in updates and updates["context_window"] is not None:
             updates["context_window"] = int(updates["context_window"])
         if "summary_fail" in updates:
@@ -1286,7 +1304,7 @@ class FakeProvider:
             else:
                 content = _summary_text(messages, self.mode)
         else:
-            if self._sleep(cfg["chat_delay"]):
+            if self._sleep(_chat_delay(cfg, messages)):
                 return finish(503, "server stopped")
             tool_name = _tool_call_request(body, messages)
             agent = _agent_round(body, messages)

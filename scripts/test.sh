@@ -54,15 +54,17 @@ fi
 # The whole suite (no arguments): everything against 0.12.4 and the version
 # matrix (scripts/test_versions.sh: the e2e subset against the oldest version
 # the filter declares and a 0.11.x; ACC_VERSIONS="..." picks others, "none" skips),
-# in two lanes at once, one per core. Most of an end-to-end test is waiting on
-# servers, so one core runs the e2e modules on the session's Open WebUIs and the
-# replicas, while the other runs every other test folder, the e2e modules that
-# start their own deployment (listed here, the three sharing conftest's
-# local_servers first; a new e2e module joins the first lane by default) and then the version matrix (its own servers, one at a time: the
-# first lane is the longer one, so the matrix waits there no more). Each lane is
-# one pytest session with its own fixtures and its own 25 slowest tests; the
-# second lane's output is printed when it ends. Together the lanes collect
-# exactly the tests `pytest` alone does, and the matrix runs after them.
+# in three lanes at once on the two cores: most of an end-to-end test is waiting
+# on servers, which a third lane fills (issue 45). The first lane runs the e2e
+# modules on the session's Open WebUIs (a new e2e module joins it by default).
+# The second runs every other test folder, the e2e modules listed in
+# OWN_DEPLOYMENTS (the four sharing conftest's local_servers first), then the
+# matrix's first version. The third runs the modules in THIRD_LANE, each starting
+# a deployment of its own (PostgreSQL, Redis, replicas), then the matrix's other
+# versions. Each lane is one pytest session (or one per version) with its own
+# fixtures and 25 slowest tests; the second and third lanes' output is printed
+# when they end. Together the lanes collect exactly the tests `pytest` alone does,
+# and the matrix runs after them.
 OWN_DEPLOYMENTS=(
   tests/e2e/test_local_backends.py
   tests/e2e/test_served_window.py
@@ -71,33 +73,60 @@ OWN_DEPLOYMENTS=(
   tests/e2e/test_retention.py
   tests/e2e/test_demo_check.py
 )
+THIRD_LANE=(
+  tests/e2e/test_replicas.py
+  tests/e2e/test_faults_pg.py
+)
 SECOND=()
 for dir in tests/*/; do
   [ "${dir%/}" != tests/e2e ] && SECOND+=("${dir%/}")
 done
 SECOND+=("${OWN_DEPLOYMENTS[@]}")
 FIRST=(tests/e2e)
-for module in "${OWN_DEPLOYMENTS[@]}"; do FIRST+=("--ignore=$module"); done
+for module in "${OWN_DEPLOYMENTS[@]}" "${THIRD_LANE[@]}"; do FIRST+=("--ignore=$module"); done
+read -r -a VERSIONS <<<"$(bash scripts/test_versions.sh --list)"
 
 started=$(date +%s)
-second_log="$(mktemp -t acc-second-lane.XXXXXX)"
-{
-  rc=0
-  "$PY" -m pytest -p no:cacheprovider "${SECOND[@]}" || rc=$?
-  echo "[test] second lane's pytest ended after $(($(date +%s) - started)) s"
-  bash scripts/test_versions.sh || rc=$?
-  echo "[test] second lane ended after $(($(date +%s) - started)) s"
-  exit "$rc"
-} >"$second_log" 2>&1 &
-second_pid=$!
-trap 'kill "$second_pid" 2>/dev/null || true' INT TERM
+# lane NAME PYTEST-ARGS... -- VERSIONS...: one pytest session, then the versions' matrix, in the background;
+# its output goes to a log printed when the run ends
+lane() {
+  local name="$1" log
+  shift
+  log="$(mktemp -t "acc-$name-lane.XXXXXX")"
+  LOGS+=("$name:$log")
+  {
+    local rc=0 args=() versions=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+    [ "$#" -gt 0 ] && shift
+    versions=("$@")
+    "$PY" -m pytest -p no:cacheprovider "${args[@]}" || rc=$?
+    echo "[test] $name lane's pytest ended after $(($(date +%s) - started)) s"
+    if [ "${#versions[@]}" -gt 0 ]; then
+      bash scripts/test_versions.sh "${versions[@]}" || rc=$?
+    fi
+    echo "[test] $name lane ended after $(($(date +%s) - started)) s"
+    exit "$rc"
+  } >"$log" 2>&1 &
+  PIDS+=("$!")
+}
+LOGS=()
+PIDS=()
+lane second "${SECOND[@]}" -- "${VERSIONS[@]:0:1}"
+lane third "${THIRD_LANE[@]}" -- "${VERSIONS[@]:1}"
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' INT TERM
 first=0
 "$PY" -m pytest "${FIRST[@]}" || first=$?
-echo "[test] first lane (e2e on the session servers, replicas) $([ "$first" = 0 ] && echo passed || echo FAILED) after $(($(date +%s) - started)) s; waiting for the second lane"
-second=0
-wait "$second_pid" || second=$?
-echo "[test] ---- second lane: ${SECOND[*]} ----"
-cat "$second_log"
-rm -f "$second_log"
-echo "[test] second lane (unit, project, devkit, db, e2e with their own deployments, version matrix) $([ "$second" = 0 ] && echo passed || echo FAILED); whole run $(($(date +%s) - started)) s"
-[ "$first" = 0 ] && [ "$second" = 0 ]
+echo "[test] first lane (e2e on the session servers) $([ "$first" = 0 ] && echo passed || echo FAILED) after $(($(date +%s) - started)) s; waiting for the others"
+others=0
+for n in "${!PIDS[@]}"; do
+  rc=0
+  wait "${PIDS[$n]}" || rc=$?
+  name="${LOGS[$n]%%:*}"
+  echo "[test] ---- $name lane ----"
+  cat "${LOGS[$n]#*:}"
+  rm -f "${LOGS[$n]#*:}"
+  echo "[test] $name lane $([ "$rc" = 0 ] && echo passed || echo FAILED)"
+  [ "$rc" = 0 ] || others=1
+done
+echo "[test] whole run $(($(date +%s) - started)) s: first lane $([ "$first" = 0 ] && echo passed || echo FAILED), the others $([ "$others" = 0 ] && echo passed || echo FAILED)"
+[ "$first" = 0 ] && [ "$others" = 0 ]

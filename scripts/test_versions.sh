@@ -8,6 +8,7 @@
 #   bash scripts/test_versions.sh                 # the default matrix below
 #   bash scripts/test_versions.sh 0.10.2 0.11.4   # chosen versions
 #   ACC_VERSIONS="0.11.4" bash scripts/test.sh    # through the main command
+#   bash scripts/test_versions.sh --list          # the versions it would run, and nothing else
 #
 # Each version's server runs from its own cached venv (scripts/setup_openwebui.sh,
 # about a minute to install once, outside the checkout); pytest itself runs from
@@ -26,6 +27,11 @@ while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
 done
 [ "${1:-}" = "--" ] && shift  # the rest goes to pytest
 read -r -a VERSIONS <<<"${CHOSEN[*]:-${ACC_VERSIONS:-$DEFAULT_VERSIONS}}"
+if [ "${VERSIONS[0]:-}" = "--list" ]; then
+  read -r -a VERSIONS <<<"${ACC_VERSIONS:-$DEFAULT_VERSIONS}"
+  echo "${VERSIONS[*]}"
+  exit 0
+fi
 
 RUNNER="$(OWUI_VERSION=0.12.4 bash scripts/setup_openwebui.sh | tail -n 1)"
 STAMP="$(dirname "$RUNNER")/../.dev-requirements-$(sha256sum requirements-dev.txt | cut -c1-16)"

@@ -16,6 +16,7 @@ reports; with ``ACC_EXPECT_OPENWEBUI_VERSION`` set, any other is an error.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ from e2e_support import (
     CHAT_MODEL,
     E2E_VALVES,
     FILTER_ID,
+    LEASE_TTL,
     MODEL_RULES,
     MODEL_SPECS,
     RATIO_RUNS,
@@ -159,6 +161,7 @@ def shared_two_workers(owui_python, provider, filter_source, request):
         "BYPASS_MODEL_ACCESS_CONTROL": "true",
         "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH),
         "ACC_TEST_RATIOS_MINUTE": str(RATIOS_MINUTE),
+        "ACC_TEST_LEASE_TTL": str(LEASE_TTL),  # test_faults waits for a killed worker's lease to expire
     }
     with multi_worker_server(
         owui_python, provider, filter_source, "workers", pid_probe=True, timeout=600, env_extra=plain_users
@@ -167,11 +170,19 @@ def shared_two_workers(owui_python, provider, filter_source, request):
         yield started
 
 
+def e2e_module(name: str):
+    """tests/e2e/<name>.py, loaded by its path: tests/db has modules of the same names."""
+    spec = importlib.util.spec_from_file_location(f"e2e_{name}", os.path.join(HERE, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def local_servers(owui_python, filter_source, request):
     """(server, client, fakes): one Open WebUI on two workers behind connections to fake local model servers (issue
     37), shared by the modules that need such connections (test_local_backends, test_served_window,
-    test_ollama_connection: a start is 20-25 s of CPU a process). ``fakes``: "ollama", one Ollama (its native API)
+    test_ollama_connection, test_trust_between_users: a start is 20-25 s of CPU a process). ``fakes``: "ollama", one Ollama (its native API)
     serving every Ollama model of theirs; "llama", "props" and "no_props", llama-servers behind OpenAI connections
     (the last without ``/props``). Every model is listed from the start; each module sets the valves it needs and uses
     its own model ids, so none sees another's chats or windows."""
@@ -179,11 +190,12 @@ def local_servers(owui_python, filter_source, request):
     import test_ollama_connection as plain
     import test_served_window as served
 
+    trust = e2e_module("test_trust_between_users")
     served_by = {  # fake -> (its models, its summarizers)
-        "ollama": ({**local.OLLAMA_SPECS, **served.OLLAMA, **plain.SPECS}, ()),
+        "ollama": ({**local.OLLAMA_SPECS, **served.OLLAMA, **plain.SPECS, **trust.OLLAMA_SPECS}, ()),
         "llama": (local.LLAMA_SPECS, (local.SUMMARIZER,)),
         "props": (served.PROPS_SPECS, (served.SUMMARIZER,)),
-        "no_props": (served.NO_PROPS_SPECS, ()),
+        "no_props": ({**served.NO_PROPS_SPECS, **trust.OPENAI_SPECS}, (SUMMARY_MODEL,)),
     }
     fakes = {
         name: FakeProvider(chat_models=(), summary_models=summarizers, model_specs=specs).start()
@@ -192,6 +204,8 @@ def local_servers(owui_python, filter_source, request):
     fakes["no_props"].configure(probes_off="all")
     openai = [fakes[name].base_url for name in ("llama", "props", "no_props")]
     connections = {
+        "BYPASS_MODEL_ACCESS_CONTROL": "true",  # test_trust_between_users' plain users use the connections' models
+        "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH),  # its waits for every worker to read the shared windows
         "ENABLE_OLLAMA_API": "true",
         "OLLAMA_BASE_URLS": fakes["ollama"].root_url,
         "OPENAI_API_BASE_URLS": ";".join(openai),
@@ -218,9 +232,13 @@ def two_workers(shared_two_workers, provider):
     retrying(lambda: client.set_function_state(FILTER_ID, active=True, is_global=True))
     retrying(lambda: client.set_valves(FILTER_ID, dict(E2E_VALVES)))
     retrying(lambda: client.set_function_state("worker_probe", active=True, is_global=True))
-    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    provider.configure(
+        summary_delay=None, summary_fail=None, chat_delay=None, hold=None, context_window=None, reply_text=None
+    )
     yield server, client
-    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    provider.configure(
+        summary_delay=None, summary_fail=None, chat_delay=None, hold=None, context_window=None, reply_text=None
+    )
 
 
 @pytest.fixture
@@ -228,9 +246,13 @@ def acc(admin, installed_filter, provider, owui_server):
     """Per test: the filter active with the e2e valves, the provider in its default behaviour."""
     admin.set_function_state(FILTER_ID, active=True, is_global=True)
     admin.set_valves(FILTER_ID, dict(E2E_VALVES))
-    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    provider.configure(
+        summary_delay=None, summary_fail=None, chat_delay=None, hold=None, context_window=None, reply_text=None
+    )
     yield admin
-    provider.configure(summary_delay=None, summary_fail=None, chat_delay=None, context_window=None, reply_text=None)
+    provider.configure(
+        summary_delay=None, summary_fail=None, chat_delay=None, hold=None, context_window=None, reply_text=None
+    )
 
 
 @pytest.fixture(autouse=True)

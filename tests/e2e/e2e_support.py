@@ -53,6 +53,11 @@ WINDOWS_REFRESH = 2.0
 # The "minute" in which every worker applies one snapshot of the shared ratios: the product's RATIOS_MINUTE (60 s),
 # shortened through ACC_TEST_RATIOS_MINUTE so a test waits about 10 s for a ratio to apply everywhere, not 30-60 (issue 45)
 RATIOS_MINUTE = 10.0
+# How long a summary lease lives without a heartbeat on the servers the tests start: the product's LEASE_TTL (30 s,
+# renewed every 10), shortened through ACC_TEST_LEASE_TTL (renewed every third of it) so a test waits for a killed
+# holder's lease about 15 s, not 30 (issue 45)
+LEASE_TTL = 15.0
+LEASE_RENEW = LEASE_TTL / 3
 # A model reached through a gateway to Claude, or Kimi, or Mistral (issue 29): it also enforces those providers' rules
 # (tool-call ids in [a-zA-Z0-9_-], no message that says nothing, no tool -> user).
 STRICT_MODEL = "fake-claude-kimi-mistral"
@@ -182,8 +187,9 @@ def brief(req: dict, width: int = 70) -> str:
 # ---------------------------------------------------------------------------
 
 
-def settle(provider, since: int, quiet: float = 0.8, deadline: float = 60.0) -> list:
-    """Wait until every request logged since ``since`` is finished and none arrived for ``quiet`` s.
+def settle(provider, since: int, quiet: float = 0.8, deadline: float = 60.0, model: Optional[str] = None) -> list:
+    """Wait until every request logged since ``since`` (of ``model`` only, when given: others' run meanwhile) is
+    finished and none arrived for ``quiet`` s.
 
     Background summaries start right after outlet returns; polling the
     provider's log (not sleeping a fixed time) tells when they are done.
@@ -192,7 +198,7 @@ def settle(provider, since: int, quiet: float = 0.8, deadline: float = 60.0) -> 
     seen = -1
     changed = time.monotonic()
     while True:
-        reqs = provider.requests[since:]
+        reqs = [r for r in provider.requests[since:] if model is None or r["model"] == model]
         now = time.monotonic()
         if len(reqs) != seen:
             seen, changed = len(reqs), now
@@ -629,3 +635,61 @@ def multi_worker_server(
         server.stop()
         if not os.environ.get("ACC_KEEP_E2E_DATA"):
             server.cleanup()
+
+
+# ---------------------------------------------------------------------------
+# faults (tests/e2e/test_faults.py, test_faults_pg.py): the status line that says one, and what is kept
+# ---------------------------------------------------------------------------
+
+# A fault that stops summaries is said in the chat's status line: as
+# "... summaries unavailable: <reason> ..." on a request that met it, as
+# "Summary failed: <reason> · next try in ..." by the background summary that
+# failed. Words that may name each reason in the English text (any one is enough):
+UNAVAILABLE = ("summaries unavailable", "summary failed")
+REASON_WORDS = {
+    "store_down": ("unreachable", "down", "connect"),
+    "store_denied": ("permission", "denied"),
+    "store_busy": ("locked", "busy"),
+    "timeout": ("timeout", "timed out", "no answer"),
+    "model_error": ("model error", "summarizer error", "error"),
+    "empty": ("empty",),
+}
+
+
+def fault_lines(lines: list, reason: str) -> list:
+    words = REASON_WORDS[reason]
+    return [
+        line
+        for line in lines
+        for said in UNAVAILABLE
+        if said in line.lower() and any(w in line.lower().split(said, 1)[1] for w in words)
+    ]
+
+
+def assert_fault_status(client, chat_id: str, reason: str, filter_source: str, deadline: float = 20) -> list:
+    """The chat's status line says summaries are unavailable, with ``reason``."""
+    return wait_for(
+        lambda: fault_lines(status_lines(client, chat_id), reason),
+        deadline=deadline,
+        what=f"a status line '{UNAVAILABLE[0]}: <{reason}>' (have: {status_lines(client, chat_id)[-6:]})",
+    )
+
+
+def assert_kept(conv: Conversation, turn, recent: int = 2) -> None:
+    """The turn reached the model with the system prompt, the new user message
+    last, under the cap, and the ``recent`` user messages before it verbatim."""
+    problems = check_turn(conv, turn, E2E_VALVES["max_context_tokens"], markers=False)
+    assert not problems, "\n".join(problems)
+    before = [t for t in conv.turns if t is not turn][-recent:]
+    for req in turn.requests:
+        verbatim = request_markers(req) - markers_in(summary_text(req))
+        missing = {t.marker for t in before} - verbatim
+        assert not missing, f"recent turns not sent verbatim: {sorted(missing)}\n{brief(req)}"
+
+
+def chat_400s(provider, start: int) -> list:
+    return [r for r in provider.requests[start:] if r["status"] == 400]
+
+
+def summaries_since(provider, start: int) -> list:
+    return [r for r in provider.requests[start:] if r["kind"] == "summary"]

@@ -5,8 +5,9 @@ chat of its own (on 0.9-0.11 it is outlet's only path; 0.12 keeps it beside its 
 Mallory (and, for the agreeing cut, Trudy) forges on her own chats, for the ids of her own replies: the outlet body is
 posted while the provider still holds her request's reply, so it reaches the worker that sent the request before any
 outlet of Open WebUI's own, and again after the reply. Bob's next requests, on either worker, must reach the provider
-exactly as they did before she began: the same messages, the same tokens. Each test has its own users, chats and
-model."""
+exactly as they did before she began: the same messages, the same tokens. Each attack has its own users, chats and
+model, so the four run at once (issue 45: their waits for the workers' reading periods overlap); each test reports
+its own."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import pytest
-from e2e_support import E2E_VALVES, FILTER_ID, RATIOS_MINUTE, WINDOWS_REFRESH, filler, retrying, settle
+from e2e_support import E2E_VALVES, FILTER_ID, RATIOS_MINUTE, WINDOWS_REFRESH, brief, filler, retrying, settle
 
 from devkit.fake_provider import ModelSpec, count_tokens
 from devkit.openwebui import OpenWebUIError, new_id
@@ -62,12 +62,18 @@ HELD = 3.0  # seconds the provider holds a forger's reply while her outlet body 
 WINDOWS_READ = WINDOWS_REFRESH + 2.0  # the session server's refresh (conftest) and a margin: all have read since
 
 
-@pytest.fixture(autouse=True)
-def no_summaries(two_workers):
-    """A summary that became ready between Bob's requests would change them: none is made in this module."""
+FORGED = "Forged."  # the forger's turns begin so: the provider holds their replies HELD seconds, no one else's
+
+
+@pytest.fixture(scope="module")
+def forging(two_workers, provider):
+    """No summary is made in this module (one that became ready between Bob's requests would change them); the
+    provider holds each forged turn's reply while her outlet bodies land."""
     _, admin = two_workers
     retrying(lambda: admin.set_valves(FILTER_ID, {**E2E_VALVES, "summary_model": NO_SUMMARIZER, **CAP}))
+    provider.configure(hold=(FORGED, HELD))
     yield
+    provider.configure(hold=None)
     retrying(lambda: admin.set_valves(FILTER_ID, dict(E2E_VALVES)))
 
 
@@ -76,7 +82,7 @@ def forged_turn(client, provider, chat_id: str, model: str, parent: str, usage: 
     Posted several times while the reply is held (uvicorn spreads them: one reaches the worker that sent the
     request) and once after it."""
     user_id, reply_id = new_id(), new_id()
-    text = f"Forged. {filler(random.Random(reply_id), words)}"
+    text = f"{FORGED} {filler(random.Random(reply_id), words)}"
     body = {
         "model": model,
         "chat_id": chat_id,
@@ -112,30 +118,20 @@ def forged_turn(client, provider, chat_id: str, model: str, parent: str, usage: 
     return reply_id
 
 
-@contextmanager
-def forging(provider):
-    """The provider holds every chat reply HELD seconds (the forger's outlets land meanwhile), until the block ends."""
-    provider.configure(chat_delay=HELD)
-    try:
-        yield
-    finally:
-        provider.configure(chat_delay=None)
-
-
 def bobs_request(bob, provider, model: str, seed: int) -> tuple:
     """Bob's long chat on ``model`` and a turn of his answered on both workers: (what repeats it, {pid: request})."""
     chat_id, parent = stored_chat(bob, provider, model, 21, words=170, seed=seed)  # 42 messages, over the cap
     text = f"Bob asks again. {filler(random.Random(seed), 60)}"
-    user_id, _, first = send(bob, provider, chat_id, model, parent, text)
+    user_id, _, first = send(bob, provider, chat_id, model, parent, text, alongside=True)
     assert first and first[-1]["status"] == 200, first[-1:]
     again = (bob, provider, chat_id, model, user_id, parent, text)
-    return again, on_both_workers(*again)
+    return again, on_both_workers(*again, alongside=True)
 
 
 def assert_unchanged(again: tuple, before: dict, exact: bool = True) -> None:
     """Bob's request after the forgery is the one before it, on both workers: the same messages and tokens (without
     ``exact``: the same number of messages and tokens)."""
-    after = on_both_workers(*again)
+    after = on_both_workers(*again, alongside=True)
     expected = as_received(next(iter(before.values())))
     tokens = {without_probe(r) for r in [*before.values(), *after.values()]}
     sizes = {pid: (len(as_received(r)), without_probe(r)) for pid, r in after.items()}
@@ -166,63 +162,56 @@ def long_chat(client, provider, model: str, seed: int) -> tuple:
     return stored_chat(client, provider, model, 21, words=170, seed=seed)
 
 
-def test_a_forged_cut_leaves_another_users_requests_unchanged(two_workers, provider):
-    server, admin = two_workers
+def forged_cut(server, admin, provider) -> None:
     bob, mallory = user(server, admin, "forge-cut-bob"), user(server, admin, "forge-cut-mallory")
     again, before = bobs_request(bob, provider, CUT, seed=11)
     chat_id, parent = long_chat(mallory, provider, CUT, seed=12)
-    with forging(provider):
-        forged_turn(mallory, provider, chat_id, CUT, parent, {"prompt_eval_count": 2100})
+    forged_turn(mallory, provider, chat_id, CUT, parent, {"prompt_eval_count": 2100})
     time.sleep(WINDOWS_READ)
     assert_unchanged(again, before)
 
 
-def test_two_accounts_forging_the_same_cut_leave_a_published_window_in_place(two_workers, provider):
-    server, admin = two_workers
+def agreeing_cuts(server, admin, provider) -> None:
     bob = user(server, admin, "forge-agree-bob")
     forgers = [user(server, admin, "forge-agree-mallory"), user(server, admin, "forge-agree-trudy")]
     again, before = bobs_request(bob, provider, AGREED, seed=21)
-    with forging(provider):
-        for seed, forger in enumerate(forgers, 22):
-            chat_id, parent = long_chat(forger, provider, AGREED, seed=seed)
-            forged_turn(forger, provider, chat_id, AGREED, parent, {"prompt_eval_count": 2100})
+    for seed, forger in enumerate(forgers, 22):
+        chat_id, parent = long_chat(forger, provider, AGREED, seed=seed)
+        forged_turn(forger, provider, chat_id, AGREED, parent, {"prompt_eval_count": 2100})
     time.sleep(WINDOWS_READ)
     assert_unchanged(again, before)
 
 
-@pytest.mark.provider_rejects  # Bob's first request, over the window nothing knew yet
-def test_a_forged_huge_prompt_does_not_erase_a_window_learned_from_a_rejection(two_workers, provider):
-    server, admin = two_workers
+def huge_prompt(server, admin, provider) -> None:
     bob, mallory = user(server, admin, "forge-erase-bob"), user(server, admin, "forge-erase-mallory")
     chat_id, parent = stored_chat(bob, provider, ERASED, 21, words=170, seed=31)
-    _, failed, reqs = send(bob, provider, chat_id, ERASED, parent, f"First. {filler(random.Random(31), 60)}")
+    first = f"First. {filler(random.Random(31), 60)}"
+    _, failed, reqs = send(bob, provider, chat_id, ERASED, parent, first, alongside=True)
     assert reqs and reqs[-1]["status"] == 400, reqs[-1:]  # the 6,000 cap is over the 5,000 window
     text = f"Bob asks again. {filler(random.Random(32), 60)}"
-    user_id, _, reqs = send(bob, provider, chat_id, ERASED, failed, text)  # learns the window its error names
+    user_id, _, reqs = send(bob, provider, chat_id, ERASED, failed, text, alongside=True)  # learns the window named
     assert reqs and reqs[-1]["status"] == 200, reqs[-1:]
     settle_ratios()  # Bob's own ratio, taught by that reply, applies on both workers before his requests are compared
     again = (bob, provider, chat_id, ERASED, user_id, failed, text)
-    before = on_both_workers(*again)
+    before = on_both_workers(*again, alongside=True)
     assert all(r["status"] == 200 and r["model_tokens"] <= 5000 for r in before.values()), before
 
     start = len(provider.requests)
     mallory_chat, mallory_parent = stored_chat(mallory, provider, ERASED, 2, words=60, seed=33)
-    with forging(provider):
-        forged_turn(mallory, provider, mallory_chat, ERASED, mallory_parent, {"prompt_tokens": 90000})
+    forged_turn(mallory, provider, mallory_chat, ERASED, mallory_parent, {"prompt_tokens": 90000})
     time.sleep(WINDOWS_READ)
     # an erase would send Bob's next request over the window (rejected) or at another size; exact content is not
     # compared here: in loaded runs of 1.7.0 Bob's own requests differed between workers before any forgery (35 and 33
     # messages on 0.11.4), likely his ratio applied by one worker only; settle_ratios is the fix tried for it
     assert_unchanged(again, before, exact=False)
-    assert not [r for r in settle(provider, start) if r["status"] == 400], "a request went over the learned window"
+    assert not [r for r in settle(provider, start, model=ERASED) if r["status"] == 400], "over the learned window"
 
 
-def test_twelve_forged_replies_do_not_set_another_users_ratio(two_workers, provider):
-    server, admin = two_workers
+def twelve_ratios(server, admin, provider) -> None:
     bob, mallory = user(server, admin, "forge-ratio-bob"), user(server, admin, "forge-ratio-mallory")
     again, before = bobs_request(bob, provider, RATIO, seed=41)
     chats = [stored_chat(mallory, provider, RATIO, 1, words=40, seed=seed) for seed in range(42, 54)]
-    with forging(provider), ThreadPoolExecutor(4) as pool:  # each some 200 tokens: 1,000 reported is the 2.5 ceiling
+    with ThreadPoolExecutor(4) as pool:  # each some 200 tokens: 1,000 reported is the 2.5 ceiling
         list(
             pool.map(
                 lambda chat: forged_turn(mallory, provider, chat[0], RATIO, chat[1], {"prompt_tokens": 1000}), chats
@@ -230,3 +219,49 @@ def test_twelve_forged_replies_do_not_set_another_users_ratio(two_workers, provi
         )
     settle_ratios()
     assert_unchanged(again, before)
+
+
+ATTACKS = {forged_cut: CUT, agreeing_cuts: AGREED, huge_prompt: ERASED, twelve_ratios: RATIO}
+REJECTIONS_ALLOWED = {ERASED: 1}  # Bob's first request, over the window nothing knew yet
+
+
+@pytest.fixture(scope="module")
+def attacks(two_workers, provider, forging):
+    """Every attack started at once, each on its own users, chats and model: attack -> its future (the rejections of
+    its model it met, the provider's 400s being the module's own check here: the session's per-test check would see
+    one attack's rejections in another's test)."""
+    server, admin = two_workers
+    start = len(provider.requests)
+
+    def run(attack, model) -> list:
+        attack(server, admin, provider)
+        return [r for r in provider.requests[start:] if r["model"] == model and r["status"] == 400]
+
+    with ThreadPoolExecutor(len(ATTACKS)) as pool:
+        yield {attack.__name__: pool.submit(run, attack, model) for attack, model in ATTACKS.items()}
+
+
+def outcome(attacks, name: str) -> None:
+    rejected = attacks[name].result(timeout=900)
+    model = next(m for a, m in ATTACKS.items() if a.__name__ == name)
+    assert len(rejected) <= REJECTIONS_ALLOWED.get(model, 0), "\n".join(brief(r) for r in rejected[:3])
+
+
+@pytest.mark.provider_rejects  # counted per attack (``attacks``)
+def test_a_forged_cut_leaves_another_users_requests_unchanged(attacks):
+    outcome(attacks, "forged_cut")
+
+
+@pytest.mark.provider_rejects  # counted per attack (``attacks``)
+def test_two_accounts_forging_the_same_cut_leave_a_published_window_in_place(attacks):
+    outcome(attacks, "agreeing_cuts")
+
+
+@pytest.mark.provider_rejects  # Bob's first request, over the window nothing knew yet; counted per attack
+def test_a_forged_huge_prompt_does_not_erase_a_window_learned_from_a_rejection(attacks):
+    outcome(attacks, "huge_prompt")
+
+
+@pytest.mark.provider_rejects  # counted per attack (``attacks``)
+def test_twelve_forged_replies_do_not_set_another_users_ratio(attacks):
+    outcome(attacks, "twelve_ratios")

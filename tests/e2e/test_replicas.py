@@ -36,6 +36,8 @@ from e2e_support import (
     CHROMIUM_ARGS,
     E2E_VALVES,
     FILTER_ID,
+    LEASE_RENEW,
+    LEASE_TTL,
     SUMMARY_MODEL,
     Conversation,
     brief,
@@ -58,8 +60,6 @@ from devkit.services import ThrowawayPostgres, ThrowawayRedis, replica_env
 pytestmark = pytest.mark.e2e
 
 CAP = E2E_VALVES["max_context_tokens"]
-LEASE_TTL = 30  # async_context_compression.LEASE_TTL
-LEASE_RENEW = 10  # async_context_compression.LEASE_RENEW
 SUMMARIES_KEPT = 8  # async_context_compression.SUMMARIES_KEPT_PER_CHAT: older rows are pruned
 SCHEMA = "owui"
 STAMP_RE = re.compile(r"acc-replica: ([AB])")
@@ -129,7 +129,7 @@ def deployment(owui_python, filter_source):
             2,
             provider.base_url,
             python=owui_python,
-            env_extra=replica_env(url, redis.url, SCHEMA),
+            env_extra={**replica_env(url, redis.url, SCHEMA), "ACC_TEST_LEASE_TTL": str(LEASE_TTL)},
             replica_env=[{"ACC_REPLICA": "A"}, {"ACC_REPLICA": "B"}],
             workers=2,
             tiktoken_cache_dir=ensure_offline_tiktoken(owui_python),

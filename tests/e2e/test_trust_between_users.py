@@ -1,11 +1,12 @@
-"""Trust between users (issue 35), end to end: one Open WebUI on two workers sharing one database, two plain users.
+"""Trust between users (issue 35), end to end: one Open WebUI on two workers sharing one database (conftest's
+``local_servers``, shared with the modules of local model servers), two plain users.
 
 Mallory tries what the issue names, each on her own chats: an ``error`` naming a 256-token window on her own user
 message (Open WebUI stores every key of a ``user_message``), then a turn under it; an error naming 1024 written
 through the API on a reply of hers that was answered, then a turn under it; and, on an Ollama model, a chat whose
 params set ``num_ctx`` 2048 with a message longer than that (Ollama keeps its last 2048 tokens and says so only in its
 count). Bob's requests, on either worker, must reach the provider exactly as they did before Mallory began, and no
-window may be stored. Then a window the filter did learn, from a rejection of Bob's own request, is erased with the
+window of these models may be stored. Then a window the filter did learn, from a rejection of Bob's own request, is erased with the
 valve: within one refresh of the windows, neither worker uses it.
 """
 
@@ -21,18 +22,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from e2e_support import (
     FILTER_ID,
+    PID_PROBE,
     SUMMARY_MODEL,
     WINDOWS_REFRESH,
     Conversation,
     filler,
     last_user_text,
-    multi_worker_server,
     retrying,
     settle,
     text_of,
 )
 
-from devkit.fake_provider import FakeProvider, ModelSpec, ollama_spec
+from devkit.fake_provider import ModelSpec, ollama_spec
 from devkit.openwebui import OpenWebUIClient, OpenWebUIError, new_id
 
 pytestmark = pytest.mark.e2e
@@ -44,34 +45,27 @@ REFRESH = WINDOWS_REFRESH + 1.5  # the shortened refresh (e2e_support) and a mar
 PASSWORD = "Trust-Passw0rd!"
 
 
-@pytest.fixture(scope="module")
-def providers():
-    specs = {WIDE: ModelSpec(window=16384, error_shape="nested"), NARROW: ModelSpec(window=4096, error_shape="nested")}
-    openai = FakeProvider(chat_models=(), summary_models=(SUMMARY_MODEL,), model_specs=specs).start()
-    ollama = FakeProvider(chat_models=(), summary_models=(), model_specs={OLLAMA: ollama_spec(8192)}).start()
-    yield openai, ollama
-    openai.stop()
-    ollama.stop()
+OPENAI_SPECS = {  # served by conftest's local_servers' OpenAI connection that answers no ask (no window served)
+    WIDE: ModelSpec(window=16384, error_shape="nested"),
+    NARROW: ModelSpec(window=4096, error_shape="nested"),
+}
+OLLAMA_SPECS = {OLLAMA: ollama_spec(8192)}  # served by local_servers' Ollama
 
 
 @pytest.fixture(scope="module")
-def stack(owui_python, providers, filter_source):
-    openai, ollama = providers
-    # plain users may use the connections' models; the workers read the shared windows every WINDOWS_REFRESH
-    env = {"BYPASS_MODEL_ACCESS_CONTROL": "true", "ACC_TEST_WINDOWS_REFRESH": str(WINDOWS_REFRESH)}
-    valves = {"summary_model": SUMMARY_MODEL}  # everything else at its default
-    with multi_worker_server(
-        owui_python,
-        openai,
-        filter_source,
-        "trust",
-        valves=valves,
-        models=(WIDE, NARROW, OLLAMA),
-        pid_probe=True,
-        env_extra=env,
-        ollama=ollama,
-    ) as (server, admin):
+def stack(local_servers):
+    """The Open WebUI of the local servers (conftest: two workers, plain users may use the connections' models, the
+    shared windows read every WINDOWS_REFRESH), the filter at its DEFAULT valves but the summary model, the worker
+    probe on while this module runs."""
+    server, admin, fakes = local_servers
+    openai, ollama = fakes["no_props"], fakes["ollama"]
+    retrying(lambda: admin.wait_for_models([WIDE, NARROW, OLLAMA], timeout=90))
+    retrying(lambda: admin.set_valves(FILTER_ID, {"summary_model": SUMMARY_MODEL}))  # everything else at its default
+    retrying(lambda: admin.install_function("worker_probe", PID_PROBE, enable_global=True))
+    try:
         yield server, admin, user(server, admin, "bob"), user(server, admin, "mallory"), openai, ollama
+    finally:
+        retrying(lambda: admin.set_function_state("worker_probe", active=False))
 
 
 def user(server, admin, name: str) -> OpenWebUIClient:
@@ -90,9 +84,11 @@ def stored_chat(client, provider, model: str, turns: int, words: int, seed: int)
     return conv.store(f"{model} {seed}"), conv.history.current_id
 
 
-def send(client, provider, chat_id, model, parent, text, *, error=None, params=None) -> tuple:
+def send(client, provider, chat_id, model, parent, text, *, error=None, params=None, alongside=False) -> tuple:
     """One turn under ``parent``; (user message id, reply id, the chat requests the provider got for it). ``error``:
-    what the user's message carries under that key; ``params``: the chat's own model parameters."""
+    what the user's message carries under that key; ``params``: the chat's own model parameters; ``alongside``: other
+    tests' requests run meanwhile, the turn has settled once ``model``'s have (else once every request has, the
+    background summaries included)."""
     start = len(provider.requests)
     user_id, reply_id, extra = new_id(), new_id(), {}
     if error is not None:
@@ -112,7 +108,7 @@ def send(client, provider, chat_id, model, parent, text, *, error=None, params=N
         )
     except OpenWebUIError:
         pass  # a rejection: Open WebUI keeps it on the reply
-    done = settle(provider, start)
+    done = settle(provider, start, model=model if alongside else None)
     return user_id, reply_id, [r for r in done if r["kind"] == "chat" and r["model"] == model]
 
 
@@ -125,9 +121,9 @@ def as_received(req: dict) -> list:
     return [(m.get("role"), text_of(m.get("content"))) for m in req["messages"] if "served-by-pid-" not in str(m)]
 
 
-def on_both_workers(client, provider, chat_id, model, user_id, parent, text) -> dict:
+def on_both_workers(client, provider, chat_id, model, user_id, parent, text, alongside=False) -> dict:
     """worker pid -> a request Bob's ``user_id`` got, answered again until each worker has served one: a few at once
-    (one after another, one worker may accept every connection)."""
+    (one after another, one worker may accept every connection). ``alongside``: as for ``send``."""
     seen: dict = {}
 
     def again(_) -> None:
@@ -142,7 +138,7 @@ def on_both_workers(client, provider, chat_id, model, user_id, parent, text) -> 
         start = len(provider.requests)
         with ThreadPoolExecutor(3) as pool:
             list(pool.map(again, range(3)))
-        for req in settle(provider, start):
+        for req in settle(provider, start, model=model if alongside else None):
             if req["kind"] == "chat" and req["model"] == model and last_user_text(req) == text:
                 seen.setdefault(worker_of(req), req)
         if len(seen) == 2:
@@ -160,9 +156,10 @@ def stored_windows(server) -> list:
 
 
 def taught_windows(server) -> list:
-    """The window rows a provider's answer taught (an error or a cut): what a user's writing could forge. A "served"
-    row is what the filter asked the model's own server (issue 37), which no user writes."""
-    return [row for row in stored_windows(server) if row[2] != "served"]
+    """The window rows a provider's answer taught (an error or a cut) for this module's models: what a user's writing
+    could forge. A "served" row is what the filter asked the model's own server (issue 37), which no user writes; the
+    server's other models are other modules' (they share it)."""
+    return [row for row in stored_windows(server) if row[2] != "served" and row[0] in (WIDE, NARROW, OLLAMA)]
 
 
 def test_what_mallory_writes_leaves_bobs_requests_exactly_as_they_were_on_both_workers(stack):

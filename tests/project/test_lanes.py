@@ -1,13 +1,15 @@
-"""scripts/test.sh runs the whole suite in two lanes at once (issue 45): the e2e modules listed in its
-OWN_DEPLOYMENTS run beside the unit and database tests, away from the session's Open WebUIs. A module listed there
-must exist and start its own deployment: one that asked for a session server would start another Open WebUI in the
-second lane (20-25 s of CPU each) instead of using the first lane's. The deployment with fake local servers
-(conftest's ``local_servers``) is shared by modules of the second lane: one of the first lane asking for it would start
-it in both lanes."""
+"""scripts/test.sh runs the whole suite in three lanes at once (issue 45): the e2e modules listed in its
+OWN_DEPLOYMENTS run beside the unit and database tests, those in THIRD_LANE in a lane of their own, away from the
+session's Open WebUIs. A module listed in either must exist and start its own deployment: one that asked for a session
+server would start another Open WebUI in that lane (20-25 s of CPU each) instead of using the first lane's. The
+deployment with fake local servers (conftest's ``local_servers``) is shared by modules of the second lane: one of
+another lane asking for it would start it twice."""
 
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION_SERVERS = {
@@ -21,10 +23,10 @@ SESSION_SERVERS = {
 }
 
 
-def own_deployments() -> list:
+def own_deployments(name: str = "OWN_DEPLOYMENTS") -> list:
     script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
-    block = re.search(r"^OWN_DEPLOYMENTS=\(\n(.*?)^\)", script, re.M | re.S)
-    assert block, "scripts/test.sh no longer lists OWN_DEPLOYMENTS"
+    block = re.search(rf"^{name}=\(\n(.*?)^\)", script, re.M | re.S)
+    assert block, f"scripts/test.sh no longer lists {name}"
     return block.group(1).split()
 
 
@@ -40,8 +42,9 @@ def fixtures_asked(path: Path) -> set:
     }
 
 
-def test_every_module_of_the_second_lane_exists_and_starts_its_own_deployment():
-    modules = own_deployments()
+@pytest.mark.parametrize("lane", ["OWN_DEPLOYMENTS", "THIRD_LANE"])
+def test_every_module_of_the_second_and_third_lanes_exists_and_starts_its_own_deployment(lane):
+    modules = own_deployments(lane)
     assert modules
     for module in modules:
         path = ROOT / module
