@@ -4639,9 +4639,8 @@ ADDED_COLUMNS = {SENT_TABLE: ("counted", "path")}
 WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
 SUMMARIES_KEPT_PER_CHAT = 8
-LEASE_TTL = period_from_env(
-    "LEASE_TTL", 30.0
-)  # seconds a summary lease lives without a heartbeat: a dead holder's frees this fast
+# seconds a summary lease lives without a heartbeat: a dead holder's frees this fast
+LEASE_TTL = period_from_env("LEASE_TTL", 30.0)
 LEASE_RENEW = LEASE_TTL / 3  # heartbeat period while the summary runs: two renewals may fail before the lease is lost
 BUSY_RETRIES = 4  # a locked database is tried again this often ...
 BUSY_BACKOFF = 0.1  # ... after jittered waits starting near this many seconds, doubling
