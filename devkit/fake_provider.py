@@ -648,6 +648,30 @@ def _agent_round(body: dict, messages: list) -> Optional[tuple[str, int]]:
     return (m.group(1), done + 1) if done < int(m.group(2)) else None
 
 
+class RequestLog(list):
+    """The request log as it was when read, each entry copied as it is read: a test reading the tail of a long log
+    (``provider.requests[start:]``, polled ten times a second) copies only that, not the whole log each time."""
+
+    def __init__(self, entries, lock):
+        super().__init__(entries)
+        self._lock = lock
+
+    def _copy(self, entry: dict) -> dict:
+        with self._lock:  # a request being handled still changes its entry
+            return copy.deepcopy(entry)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return RequestLog(super().__getitem__(index), self._lock)
+        return self._copy(super().__getitem__(index))
+
+    def __iter__(self):
+        return (self._copy(entry) for entry in super().__iter__())
+
+    def __reversed__(self):
+        return (self._copy(entry) for entry in super().__reversed__())
+
+
 def _chat_delay(cfg: dict, messages: list) -> Optional[float]:
     """Seconds a chat request waits before its answer: ``chat_delay``, or longer where ``hold`` names its last user
     message's text."""
@@ -779,7 +803,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/control":
                 self._send_json(200, p.config)
             elif path == "/control/requests":
-                self._send_json(200, p.requests)
+                self._send_json(200, list(p.requests))
             elif path in PROBES:
                 status, payload = p._probe(path, self._query("model"))
                 self._send_json(status, payload)
@@ -1020,7 +1044,7 @@ class FakeProvider:
         over_window, cut, dropped, rejected, reported_prompt.
         """
         with self._lock:
-            return copy.deepcopy(self._log)
+            return RequestLog(self._log, self._lock)
 
     def clear(self) -> None:
         with self._lock:

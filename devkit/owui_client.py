@@ -9,6 +9,7 @@ off through the admin API.  HTTP error answers raise :class:`OpenWebUIError`.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import time
@@ -217,7 +218,18 @@ class OpenWebUIClient:
     def set_function_state(
         self, function_id: str, active: Optional[bool] = None, is_global: Optional[bool] = None
     ) -> dict:
-        """Set is_active / is_global to the given values (the endpoints flip, so check first)."""
+        """Set is_active / is_global to the given values (the endpoints flip, so check first). A connection lost on the
+        way (a loaded server may reset one after answering) is tried again: each try reads the state first."""
+        for attempt in range(3):
+            try:
+                return self._set_function_state(function_id, active, is_global)
+            except (ConnectionError, http.client.HTTPException, urllib.error.URLError):
+                if attempt == 2:
+                    raise
+                time.sleep(1)
+        raise AssertionError("unreachable")
+
+    def _set_function_state(self, function_id: str, active: Optional[bool], is_global: Optional[bool]) -> dict:
         function = self.get_function(function_id)
         if function is None:
             raise OpenWebUIError("GET", f"/api/v1/functions/id/{function_id}", 404, "function not found")

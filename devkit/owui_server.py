@@ -13,7 +13,9 @@ subprocess in its own process group.
   ``/health``, keeps the server log in a file (its tail is shown when start
   fails) and kills the whole process group on :meth:`~OpenWebUIServer.stop`
   or at interpreter exit.  ``workers=N`` starts N uvicorn workers
-  (``UVICORN_WORKERS``) sharing one database, prepared once beforehand;
+  (``UVICORN_WORKERS``) sharing one database, prepared once beforehand, under
+  a supervisor that runs uvicorn as ``serve`` does without importing the app
+  itself (a start costs one import of Open WebUI fewer);
   :func:`start_replicas` starts separate server processes on their own ports
   sharing one ``DATA_DIR``.
 
@@ -171,6 +173,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 # ---------------------------------------------------------------------------
 
 
+# The supervisor of several workers on a prepared database: `open-webui serve`'s environment and uvicorn.run (argv:
+# host, port, workers), without importing the app it only names
+_SUPERVISOR = (
+    "import os, sys, uvicorn\n"
+    "os.environ['FROM_INIT_PY'] = 'true'\n"
+    "deflate = os.getenv('UVICORN_WS_PER_MESSAGE_DEFLATE', 'True').lower() == 'true'\n"
+    "uvicorn.run('open_webui.main:app', host=sys.argv[1], port=int(sys.argv[2]), workers=int(sys.argv[3]),\n"
+    "            forwarded_allow_ips=os.getenv('FORWARDED_ALLOW_IPS', '*'), ws_per_message_deflate=deflate)\n"
+)
+
+
 class OpenWebUIServer:
     """A real ``open-webui serve`` in its own process group.
 
@@ -269,6 +282,10 @@ class OpenWebUIServer:
     def command(self) -> list:
         python = self.python or find_openwebui_python()
         self.python = python
+        if self.workers > 1 and self._prepares_database():
+            # what `open-webui serve` runs, less its own `import open_webui.main` (20-25 s of CPU): with a prepared
+            # database the supervisor has nothing to migrate or seed, and each worker imports the app anyway
+            return [python, "-c", _SUPERVISOR, self.host, str(self.port), str(self.workers)]
         cli = os.path.join(os.path.dirname(python), "open-webui")
         args = ["serve", "--host", self.host, "--port", str(self.port)]
         if os.path.isfile(cli):
@@ -296,7 +313,7 @@ class OpenWebUIServer:
             self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
         cmd = self.command()
         self._log_file = open(self.log_path, "ab", buffering=0)
-        if self.prepare_database if self.prepare_database is not None else self.workers > 1:
+        if self._prepares_database():
             self._prepare_shared_database(timeout)
         self._log_file.write(f"$ {' '.join(cmd)}\n".encode())
         self.proc = subprocess.Popen(
@@ -337,6 +354,9 @@ class OpenWebUIServer:
                     f"log {self.log_path}:\n{tail}"
                 )
             time.sleep(0.5)
+
+    def _prepares_database(self) -> bool:
+        return self.prepare_database if self.prepare_database is not None else self.workers > 1
 
     def _prepare_shared_database(self, timeout: float) -> None:
         """Migrate and seed the database in one process before several workers start.

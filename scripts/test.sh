@@ -60,8 +60,8 @@ fi
 # The second runs every other test folder, the e2e modules listed in
 # OWN_DEPLOYMENTS (the four sharing conftest's local_servers first), then the
 # matrix's first version. The third runs the modules in THIRD_LANE, each starting
-# a deployment of its own (PostgreSQL, Redis, replicas), then the matrix's other
-# versions. Each lane is one pytest session (or one per version) with its own
+# a deployment of its own (PostgreSQL, Redis, replicas, the demo), then the
+# matrix's other versions. Each lane is one pytest session (or one per version) with its own
 # fixtures and 25 slowest tests; the second and third lanes' output is printed
 # when they end. Together the lanes collect exactly the tests `pytest` alone does,
 # and the matrix runs after them.
@@ -71,11 +71,11 @@ OWN_DEPLOYMENTS=(
   tests/e2e/test_ollama_connection.py
   tests/e2e/test_trust_between_users.py
   tests/e2e/test_retention.py
-  tests/e2e/test_demo_check.py
 )
 THIRD_LANE=(
   tests/e2e/test_replicas.py
   tests/e2e/test_faults_pg.py
+  tests/e2e/test_demo_check.py
 )
 SECOND=()
 for dir in tests/*/; do

@@ -31,6 +31,7 @@ from e2e_support import (
     retrying,
     settle,
     text_of,
+    wait_for,
 )
 
 from devkit.fake_provider import ModelSpec, ollama_spec
@@ -109,7 +110,14 @@ def send(client, provider, chat_id, model, parent, text, *, error=None, params=N
     except OpenWebUIError:
         pass  # a rejection: Open WebUI keeps it on the reply
     done = settle(provider, start, model=model if alongside else None)
-    return user_id, reply_id, [r for r in done if r["kind"] == "chat" and r["model"] == model]
+    reqs = [r for r in done if r["kind"] == "chat" and r["model"] == model]
+    if reqs and reqs[-1]["status"] == 400:  # the next turn reads the rejection where Open WebUI stores it, maybe later
+        wait_for(lambda: error_stored(client, chat_id, reply_id), deadline=60, what="the rejection stored on its reply")
+    return user_id, reply_id, reqs
+
+
+def error_stored(client, chat_id: str, reply_id: str) -> bool:
+    return bool((client.get_chat(chat_id)["chat"]["history"]["messages"].get(reply_id) or {}).get("error"))
 
 
 def worker_of(req: dict) -> str:
