@@ -26,8 +26,8 @@ requirements: tiktoken
 #      keeps nothing (no database); RetentionSweeper (what outlives a deletion; the erase).
 #   6. Summarizer: prompt, input rendering, the call, answer cleaning.
 #   7. Status lines: what one request sent (SentOutcome), said in the user's language.
-#   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
-#      tool loop), what the running Open WebUI offers, and RequestPath: a request's steps from its two entries.
+#   8. Services (what RequestPath and the folds share), BackgroundSummarizer (plan, lease, fold in rounds, save, back
+#      off), LoopSummaries (in a tool loop), what the running Open WebUI offers, RequestPath (a request's steps).
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
@@ -6403,30 +6403,106 @@ def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: in
     return len(canon)
 
 
-class BackgroundSummarizer:
-    """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
+def _shared(name: str) -> property:
+    """``services.<name>``, read and set through its owner: a swap there (tests swap the store) reaches every user."""
+    return property(lambda self: getattr(self.services, name), lambda self, value: setattr(self.services, name, value))
+
+
+class Services:
+    """What one worker's request path and background folds share, built once by the Filter: the store, the counter,
+    the summary model's call, each chat's state, the recall indexes, the loop summaries, the background tasks."""
 
     def __init__(self, store: FilterStore, counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
-        self.store = store
-        self.counter = counter
-        self.complete = complete
-        self.instructions = owners_instructions  # whose /summarize instructions count, and may they steer the model
-        self.worker = uuid.uuid4().hex[:12]
-        self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
-        self.tasks: set = set()
-        self.lines: set = set()  # status lines being written (at most one per request in flight)
-        self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
-        self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
+        self.store, self.counter, self.complete = store, counter, complete
+        self.tasks, self.chats = set(), _BoundedDict(PER_CHAT_MEMORY)  # chats: chat key -> ChatState (bounded)
         self.recall = RecallIndexes()  # each chat's folded passages (layer 2b), on this worker
+        self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
         return self.chats.setdefault(ctx.chat_key(), ChatState())
 
+    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
+        """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
+        (its fingerprint fixes them): ``canon`` digested, those the index lacks (a fold made elsewhere) indexed."""
+        index, at = self.recall.get(key), (record.fingerprint, record.head_count)
+        if (allowed := index.folded.recall(at)) is None:
+            head, covered = record.head_count, record.covered_count
+            digests = digests or await _digests_yielding(canon[:covered])
+            allowed = folded_turns(canon, head, covered, digests)
+            if any(digest not in index for digest in allowed):
+                await extend_yielding(index, iter_passages(canon, head, covered, digests, index))
+            index.folded[at] = allowed
+            self.recall.shed()
+        return index, allowed
+
+    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
+        """The conversation's stored summaries, remembered for the calls of the same reply's tool loop."""
+        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
+        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
+        self.chat(ctx).records = (ctx.message_id, tuple(records or ()))
+        return records
+
+    async def say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
+        """A background line, after the figure of the last request sent."""
+        if not ctx.settings.show_status:
+            return
+        text = status_text(ctx.language, key, **values)
+        sent = self.chat(ctx).last_sent
+        if sent is not None and usage_shown(ctx.settings, sent.used):
+            text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
+        await _emit(ctx.emitter, text, done=done)
+
+    async def ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
+        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
+        s = ctx.settings
+        messages = build_summarizer_messages(
+            summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions
+        )
+        args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
+        extra = {"params": s.summary_model_params} if s.summary_model_params else {}
+        try:
+            answer = await asyncio.wait_for(self.complete(*args, **extra), timeout=s.summary_timeout)
+        except TimeoutError:
+            raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
+        except SummaryError:
+            raise
+        except Exception as exc:
+            raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
+        return clean_summary_answer(answer)
+
+    def spawn(self, work: Awaitable) -> bool:
+        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped (False) and waits for a later turn."""
+        if len(self.tasks) >= MAX_BACKGROUND_TASKS:
+            work.close()
+            log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
+            return False
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return True
+
+    def _task_done(self, task: "asyncio.Task") -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("async_context_compression: background summary crashed", exc_info=task.exception())
+
+
+class BackgroundSummarizer:
+    """Plans, leases, folds and saves a chat's summaries with what ``services`` offers; its locks are bounded."""
+
+    store, counter, complete, recall = map(_shared, ("store", "counter", "complete", "recall"))  # tests reach them
+
+    def __init__(self, services: Services):
+        self.services, self.instructions = services, owners_instructions  # whose /summarize instructions count
+        self.worker = uuid.uuid4().hex[:12]
+        self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
+        self.lines: set = set()  # status lines being written (at most one per request in flight)
+
     def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
         """Says what a reply's request finally sent (settings notes on turns 1, 11, 21, ...), while the model answers:
         Open WebUI stores it in the chat's row under a lock another worker may hold. A chat's lines keep their order."""
-        state, s = self.chat(ctx), ctx.settings
+        state, s = self.services.chat(ctx), ctx.settings
         state.last_sent = sent
         if not s.show_status:
             return
@@ -6444,49 +6520,18 @@ class BackgroundSummarizer:
         self.lines.add(task)
         task.add_done_callback(self.lines.discard)
 
-    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
-        """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
-        (its fingerprint fixes them): ``canon`` digested, those the index lacks (a fold made elsewhere) indexed."""
-        index, at = self.recall.get(key), (record.fingerprint, record.head_count)
-        if (allowed := index.folded.recall(at)) is None:
-            head, covered = record.head_count, record.covered_count
-            digests = digests or await _digests_yielding(canon[:covered])
-            allowed = folded_turns(canon, head, covered, digests)
-            if any(digest not in index for digest in allowed):
-                await extend_yielding(index, iter_passages(canon, head, covered, digests, index))
-            index.folded[at] = allowed
-            self.recall.shed()
-        return index, allowed
-
     async def _index_fold(self, ctx: RequestContext, branch: Branch, record: SummaryRecord) -> None:
         """A saved fold's messages indexed for recall now, so this worker's next request of the chat finds them."""
         if ctx.settings.recall_share <= 0:
             return
         try:
-            await self.recall_index(ctx.chat_key(), branch.messages, record, branch.digests)
+            await self.services.recall_index(ctx.chat_key(), branch.messages, record, branch.digests)
         except Exception:
             log.exception("async_context_compression: recall index not extended; the next request will")
 
     async def line_written(self, ctx: RequestContext) -> None:
-        if _pending_here(line := self.chat(ctx).line):
+        if _pending_here(line := self.services.chat(ctx).line):
             await asyncio.wait([line], timeout=STORE_TIMEOUT)
-
-    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
-        """The conversation's stored summaries, remembered for the calls of the same reply's tool loop."""
-        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
-        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
-        self.chat(ctx).records = (ctx.message_id, tuple(records or ()))
-        return records
-
-    async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
-        """A background line, after the figure of the last request sent."""
-        if not ctx.settings.show_status:
-            return
-        text = status_text(ctx.language, key, **values)
-        sent = self.chat(ctx).last_sent
-        if sent is not None and usage_shown(ctx.settings, sent.used):
-            text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
-        await _emit(ctx.emitter, text, done=done)
 
     # -- the next request, counted one way --------------------------------
     def next_request_tokens(
@@ -6494,7 +6539,7 @@ class BackgroundSummarizer:
     ) -> int:
         """Tokens of the request inlet would send next (layer 3): head, summary, tail; no summary: all of ``canon``."""
         kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
+        return count_request(self.counter, kept, ctx.settings.encoding, self.services.chat(ctx).overhead)
 
     def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
         """Whether the next request, with the next user turn, would be over the trigger without any summary: an upper
@@ -6510,24 +6555,7 @@ class BackgroundSummarizer:
         expanded, ids = expand_stored_messages(stored)
         canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
         if ctx.force_summary or self.may_need_summary(ctx, canon):
-            self.spawn(self.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
-
-    # -- tasks ------------------------------------------------------------
-    def spawn(self, work: Awaitable) -> bool:
-        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped (False) and waits for a later turn."""
-        if len(self.tasks) >= MAX_BACKGROUND_TASKS:
-            work.close()
-            log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
-            return False
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return True
-
-    def _task_done(self, task: "asyncio.Task") -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("async_context_compression: background summary crashed", exc_info=task.exception())
+            self.services.spawn(self.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
 
     async def run(self, ctx: RequestContext, branch: Branch) -> None:
         key = ctx.chat_key()
@@ -6543,7 +6571,7 @@ class BackgroundSummarizer:
                     await self._summarize_if_needed(ctx, branch, key)
             except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
                 if exc.fault.key:
-                    await self._say(ctx, "summaries_down", done=True, reason=exc.fault)
+                    await self.services.say(ctx, "summaries_down", done=True, reason=exc.fault)
             except Exception:
                 log.exception("async_context_compression: background summary failed")
 
@@ -6567,7 +6595,7 @@ class BackgroundSummarizer:
     async def _summarize_if_needed(self, ctx: RequestContext, branch: Branch, key: str) -> None:
         if await self.plan(ctx, branch) is None:
             if ctx.force_summary:
-                await self._say(ctx, "summary_nothing", done=True)
+                await self.services.say(ctx, "summary_nothing", done=True)
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
@@ -6581,13 +6609,13 @@ class BackgroundSummarizer:
             heard, denied = await self.instructions(ctx, branch.ids) if plan.user_instructions else ("", False)
             plan = replace(plan, user_instructions=heard)
             try:
-                await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
+                await self.services.say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
                 record = await self._fold(ctx, branch, plan, lease)
                 if record is None:  # the lease was taken over (after an outage longer than its TTL)
                     log.info("async_context_compression chat=%s: lease taken over; another worker goes on", ctx.chat_id)
                     return
                 covered = record.covered_count - record.head_count
-                await self._say(ctx, "summary_plain" if denied else "summary_done", done=True, messages=covered)
+                await self.services.say(ctx, "summary_plain" if denied else "summary_done", done=True, messages=covered)
                 if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
                     source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
                     await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
@@ -6600,7 +6628,7 @@ class BackgroundSummarizer:
                     exc,
                     delay,
                 )
-                await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
+                await self.services.say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
         """A fold when the next request would be over the trigger and enough is new to be worth a summary call."""
@@ -6698,7 +6726,7 @@ class BackgroundSummarizer:
         for calls, summary_round in enumerate(rounds):
             if calls >= _MAX_ROUNDS and record is not None and at_coverage:
                 break  # the rest waits for a later turn (never mid-message: that would start it over)
-            summary = await self._ask(ctx, summary, summary_round.texts(), plan.user_instructions)
+            summary = await self.services.ask(ctx, summary, summary_round.texts(), plan.user_instructions)
             at_coverage = summary_round.covered is not None
             if not at_coverage:
                 continue  # part of a message: coverage waits for its last piece
@@ -6721,24 +6749,6 @@ class BackgroundSummarizer:
         if record is None:
             raise SummaryError(Fault.INTERNAL, "nothing to fold")
         return record
-
-    async def _ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
-        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
-        s = ctx.settings
-        messages = build_summarizer_messages(
-            summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions
-        )
-        args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
-        extra = {"params": s.summary_model_params} if s.summary_model_params else {}
-        try:
-            answer = await asyncio.wait_for(self.complete(*args, **extra), timeout=s.summary_timeout)
-        except TimeoutError:
-            raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
-        except SummaryError:
-            raise
-        except Exception as exc:
-            raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
-        return clean_summary_answer(answer)
 
     def _rounds(
         self,
@@ -6803,19 +6813,19 @@ def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
 
 
 class LoopSummaries:
-    """Plans and runs folds of a tool loop's older rounds in the background (through ``BackgroundSummarizer``'s
-    summarizer call) and applies the newest one a later round can use; no round ever waits for one."""
+    """Plans and runs folds of a tool loop's older rounds in the background (through the services' summarizer call)
+    and applies the newest one a later round can use; no round ever waits for one."""
 
-    def __init__(self, summaries: "BackgroundSummarizer"):
-        self.summaries = summaries
+    def __init__(self, services: Services):
+        self.services = services
         self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
 
     async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
         """The stored summaries read for the same reply (by inlet or its first call): a loop adds no database reads."""
-        done = self.summaries.chat(ctx).records
+        done = self.services.chat(ctx).records
         if ctx.message_id and done[0] == ctx.message_id:
             return list(done[1])
-        return await self.summaries.stored_summaries(ctx, messages)
+        return await self.services.stored_summaries(ctx, messages)
 
     def applied(self, ctx: RequestContext, messages: Messages, prefix: int) -> tuple[Messages, int]:
         """``messages`` with this reply's loop summary in place of the rounds it covers, and where their tail starts
@@ -6841,9 +6851,9 @@ class LoopSummaries:
         start, end = current_turn_rounds(messages)
         covered = state.summary.covered if state.summary else 0
         fresh = messages[start + covered : end]
-        if not fresh or count_request(self.summaries.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
+        if not fresh or count_request(self.services.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
             return
-        state.running = self.summaries.spawn(self._fold(ctx, state, messages[start:end], covered))
+        state.running = self.services.spawn(self._fold(ctx, state, messages[start:end], covered))
 
     @staticmethod
     def worth(s: Settings, tokens: int) -> int:
@@ -6852,26 +6862,26 @@ class LoopSummaries:
         return 1 if tokens > fold_deadline(s) else int(s.trigger_tokens * (1 - s.low_water))
 
     async def _fold(self, ctx: RequestContext, state: LoopState, rounds: Messages, covered: int) -> None:
-        summaries, s = self.summaries, ctx.settings
+        services, s = self.services, ctx.settings
         try:
-            await summaries._say(ctx, "loop_summarizing", done=False, messages=len(rounds) - covered)
+            await services.say(ctx, "loop_summarizing", done=False, messages=len(rounds) - covered)
             blocks = await asyncio.to_thread(render_for_summary, rounds[covered:], [None] * (len(rounds) - covered))
-            count = partial(summaries.counter.text_tokens, encoding=s.summary_encoding)
+            count = partial(services.counter.text_tokens, encoding=s.summary_encoding)
             budget = summary_round_budget(
                 s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt
             )
             plan = await asyncio.to_thread(plan_rounds, blocks, max(200, budget - s.max_summary_tokens), count)
             text = state.summary.summary if state.summary else ""
             for summary_round in plan[:_MAX_ROUNDS]:
-                text = await summaries._ask(ctx, text, summary_round.texts())
+                text = await services.ask(ctx, text, summary_round.texts())
             if len(plan) > _MAX_ROUNDS:
                 raise SummaryError(Fault.INTERNAL, "too many rounds")
             state.summary = LoopSummary(len(rounds), loop_fingerprint(rounds, 0, len(rounds)), text)
-            await summaries._say(ctx, "loop_summary_done", done=True, messages=len(rounds))
+            await services.say(ctx, "loop_summary_done", done=True, messages=len(rounds))
         except SummaryError as exc:
             state.failed = True
             log.warning("async_context_compression chat=%s: loop summary failed (%s)", ctx.chat_id or "api", exc)
-            await summaries._say(ctx, "loop_summary_failed", done=True, reason=exc.fault)
+            await services.say(ctx, "loop_summary_failed", done=True, reason=exc.fault)
         except Exception:
             state.failed = True
             log.exception("async_context_compression: loop summary failed")
@@ -7160,8 +7170,8 @@ class RequestPath:
     """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
     before each model call of a tool loop), each calling the steps it takes; after the reply, ``outlet``."""
 
-    def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
-        self.summaries, self.tokens, self.windows = summaries, tokens, windows
+    def __init__(self, services: Services, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
+        self.services, self.summaries, self.tokens, self.windows = services, summaries, tokens, windows
         self.sent_in = _BoundedDict(REPLY_WINDOWS)  # reply id -> the window its request's num_ctx set
 
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
@@ -7181,8 +7191,8 @@ class RequestPath:
         reply = reply_room(body, model, window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
-        await self.tokens.refresh(self.summaries.store.read_ratios)
-        await self.tokens.read_unknown(self.summaries.store.read_user_ratios, model_id, user_id)
+        await self.tokens.refresh(self.services.store.read_ratios)
+        await self.tokens.read_unknown(self.services.store.read_user_ratios, model_id, user_id)
         ctx = RequestContext(  # never changed once built: a step that knows more makes a new one (replace)
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -7208,7 +7218,7 @@ class RequestPath:
         turn, on a worker that knew the ratio)."""
         if ctx.budgets is None:
             return ctx
-        scale = self.tokens.scale(ctx.model_id, self.summaries.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
+        scale = self.tokens.scale(ctx.model_id, self.services.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
         return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
@@ -7224,12 +7234,12 @@ class RequestPath:
 
     async def call_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_request(self.summaries.store, model_id, model, body, user_id, connect)
+        return await self.windows.for_request(self.services.store, model_id, model, body, user_id, connect)
 
     async def turn_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
-        store = self.summaries.store
+        store = self.services.store
         return await self.windows.for_turn(store, model_id, model, body, user_id, failed, connect, self.tokens)
 
     def forget_erased(self) -> None:
@@ -7244,37 +7254,37 @@ class RequestPath:
         recall indexes (rebuilt from the next requests' own messages)."""
         self.windows.forget_before(at)
         self.tokens.forget_before(at)
-        self.summaries.recall.indexes.clear()
-        self.summaries.recall.tokens.clear()
+        self.services.recall.indexes.clear()
+        self.services.recall.tokens.clear()
         _quoted.cache_clear()  # quoted passages of every chat, erased ones among them
-        self.summaries.store.forget_unsaved(at)
+        self.services.store.forget_unsaved(at)
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
-        ctx, draft = await self._summarized(body, ctx, self.summaries.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, self.services.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
         view = await self._recalled(ctx, draft, view, fit)
         if request_hook_follows():
-            self.summaries.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
+            self.services.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
         else:
             self._sent_for_reply(ctx, draft, fit)
         return {**body, "messages": view}
 
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
         """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
-        loops = self.summaries.loops
+        loops = self.services.loops
         ctx, draft = await self._summarized(body, ctx, loops.stored_summaries, refresh=False)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
         view = await self._recalled(ctx, draft, view, fit)  # inlet's block, already in the list, is not searched again
         loops.plan(ctx, draft.view, fit.tokens_before)
-        self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
+        self._sent_for_reply(ctx, draft, fit, self.services.chat(ctx).inlet_sent)
         return {**body, "messages": view}
 
     async def _summarized(self, body: dict, ctx: RequestContext, read: Callable, refresh: bool = True) -> tuple:
         """(``ctx`` noting Open WebUI's own compaction, the Draft: the list repaired, the chat's summary from ``read``
         applied); Open WebUI's own summary (there, or ``builtin_compaction_on``) is the base of ours, sent once."""
-        counter, s = self.summaries.counter, ctx.settings
+        counter, s = self.services.counter, ctx.settings
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
         systems, canon = split_system(messages)  # one pass; the filter's helpers below read only these
@@ -7293,7 +7303,7 @@ class RequestPath:
             view, prefix = messages, protected_head_end(messages, s.keep_first)
         view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(counter, systems if record is None else view, fixed, s.encoding)
-        self.summaries.chat(ctx).overhead = overhead
+        self.services.chat(ctx).overhead = overhead
         return ctx, Draft(messages, canon, view, prefix, fixed, repair, record, fault)
 
     async def lookup_summary(self, ctx: RequestContext, messages: Messages, canon: Messages, read=None) -> tuple:
@@ -7302,7 +7312,7 @@ class RequestPath:
         if len(canon) < 3:
             return None, None
         try:
-            records = await (read or self.summaries.stored_summaries)(ctx, messages)
+            records = await (read or self.services.stored_summaries)(ctx, messages)
         except StoreUnavailable as exc:
             return None, exc.fault
         except TimeoutError:
@@ -7317,13 +7327,13 @@ class RequestPath:
             return None, None  # no summary yet: the history needs no fingerprint
         # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
-        digests = self.summaries.chat(ctx).digests_of(canon[: max(0, min(len(canon), reach + 1))])
+        digests = self.services.chat(ctx).digests_of(canon[: max(0, min(len(canon), reach + 1))])
         return choose_summary(records, digests), None
 
     async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:
         """``view`` fitted under the cap (its tail from ``prefix``), and what fitting did."""
         s = ctx.settings
-        view, fit = await fit_request(self.summaries.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
+        view, fit = await fit_request(self.services.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
             # its output needs no repair), but a 400 from the provider would cost the user's turn
@@ -7341,13 +7351,13 @@ class RequestPath:
         that message (layer 2b), within the recall share of the cap (a short question: RECALL_QUESTION_SHARE) and the
         room fitting left (``fit`` then counts them, ``draft.recalled`` holds them); unchanged without a summary, or
         when the list carries a block."""
-        s, record, counter = ctx.settings, draft.record, self.summaries.counter
+        s, record, counter = ctx.settings, draft.record, self.services.counter
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
             return view
-        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.canon, record)
+        index, allowed = await self.services.recall_index(ctx.chat_key(), draft.canon, record)
         exact = counter.is_exact(s.encoding)
-        known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
+        known, by_lines = self.services.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
             key = (s.encoding, exact, text)
@@ -7374,13 +7384,13 @@ class RequestPath:
     def _count_grown(self, encoding: str, before: Message, after: Message, added: Optional[int]) -> None:
         """``after``, ``before`` grown by ``added`` tokens (the recall block), counted from ``before``'s count: the
         request hook, which fits what inlet sent, finds it counted (tokenized whole it took ~2 ms of a question)."""
-        counter = self.summaries.counter
+        counter = self.services.counter
         if added is not None and (tokens := counter.known(before, encoding)) is not None:
             counter.remember(after, encoding, tokens + added)
 
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
-        exact = self.summaries.counter.is_exact(ctx.settings.encoding)
+        exact = self.services.counter.is_exact(ctx.settings.encoding)
         self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound, ctx.user_id)
         self._note_for_window(ctx, fit.tokens_after, exact)
         self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
@@ -7395,7 +7405,7 @@ class RequestPath:
         path = "exact" if exact else "estimate"
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
         if self.windows.note_sent(request, ctx.own_window):
-            self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
+            self.services.spawn(_stored_quietly(self.services.store.record_sent(request), "a sent request's record"))
 
     async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
         """After the reply: what its usage teaches (``after_reply``), then older turns folded if due (start_if_due)."""
@@ -7408,17 +7418,17 @@ class RequestPath:
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
         record of its request goes, answered (no error stored on it later is the provider's)."""
-        store, reply_id = self.summaries.store, str(body.get("id") or ctx.message_id or "")
+        store, reply_id = self.services.store, str(body.get("id") or ctx.message_id or "")
         reply = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("id") == reply_id), None)
         usage, save = reply.get("usage") if reply is not None else None, store.save_windows
         windows, user = self.windows, ctx.user_id
         cut, recorded = await windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save, user)
         if recorded:
-            self.summaries.spawn(_stored_quietly(store.forget_sent(reply_id), "an answered request's record"))
+            self.services.spawn(_stored_quietly(store.forget_sent(reply_id), "an answered request's record"))
         if cut:
             return  # a cut reply says nothing of the model's tokens
         if learning := self.tokens.after_reply(reply, store.add_ratios, user):
-            self.summaries.spawn(learning)
+            self.services.spawn(learning)
 
 
 async def _stored_quietly(write: Awaitable, what: str) -> None:
@@ -7445,18 +7455,17 @@ class Filter:
 
     def __init__(self):
         self.valves = self.Valves()
-        self.summaries = BackgroundSummarizer(ChatStore(), TokenCounter(), owui_complete)
+        self.services = Services(ChatStore(), TokenCounter(), owui_complete)  # shared by the path and the background
+        self.summaries = BackgroundSummarizer(self.services)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
-        self.retention = RetentionSweeper(self.summaries.store)  # layer 5: what outlives a deletion, in the background
+        self.retention = RetentionSweeper(self.store)  # layer 5: what outlives a deletion, in the background
         self.windows = ModelWindow()  # per model: its window, found or learned from the provider
-        self.path = RequestPath(self.summaries, self.tokens, self.windows)  # inlet and each model call of a loop
+        self.path = RequestPath(self.services, self.summaries, self.tokens, self.windows)  # inlet, each loop call
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
-    # the summarizer owns both (tests swap ``summaries.counter`` and ``summaries.store``)
-    counter = property(lambda self: self.summaries.counter)
-    store = property(lambda self: self.summaries.store)
+    counter, store = _shared("counter"), _shared("store")  # tests swap them (also as ``summaries.counter``)
     # the atomic-unit rules under the names the tool-pairing fixes use (layer 1 holds them)
     _get_atomic_groups = staticmethod(get_atomic_groups)
     _align_tail_start_to_atomic_boundary = staticmethod(align_tail_start_to_atomic_boundary)
@@ -7551,8 +7560,8 @@ class Filter:
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
-        if self.summaries.tasks or self.summaries.lines:
-            await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
+        if self.services.tasks or self.summaries.lines:
+            await asyncio.wait([*self.services.tasks, *self.summaries.lines], timeout=timeout)
 
 
 # ---------------------------------------------------------------------------
