@@ -24,10 +24,12 @@ requirements: tiktoken
 #   5. Summary store: FilterStore, every call the filter makes on its store; ChatStore keeps it (memory for chats Open
 #      WebUI never saves, else SummaryStore, the database: summaries, leases, ratios, windows, requests sent), NullStore
 #      keeps nothing (no database); RetentionSweeper (what outlives a deletion; the erase).
-#   6. Summarizer: prompt, input rendering, the call, answer cleaning.
+#   6. Summarizer: prompt, input rendering, the call's form, answer cleaning.
 #   7. Status lines: what one request sent (SentOutcome), said in the user's language.
+#   7b. Open WebUI adapters: its version and limits, config, stored chats and users, model access, connections, the
+#      summary call (owui_complete); plain values in and out. Only layers 2 and 5 import Open WebUI before it.
 #   8. Services (what RequestPath and the folds share), BackgroundSummarizer (plan, lease, fold in rounds, save, back
-#      off), LoopSummaries (in a tool loop), what the running Open WebUI offers, RequestPath (a request's steps).
+#      off), LoopSummaries (in a tool loop), RequestPath (a request's steps from its two entries).
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
@@ -6029,42 +6031,6 @@ def summary_form(
     return form | own | {"metadata": {"task": "async_context_compression"}}
 
 
-async def owui_complete(
-    request: Any,
-    user: dict,
-    model: str,
-    messages: Messages,
-    max_tokens: int,
-    temperature: float,
-    params: Optional[dict] = None,
-) -> str:
-    """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
-    try:
-        Users = owui_module("open_webui.models.users").Users
-        generate_chat_completion = owui_module("open_webui.utils.chat").generate_chat_completion
-    except Exception:
-        raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
-    if request is None:
-        raise SummaryError(Fault.NO_SUMMARIZER, "no request context")
-    state = getattr(request, "state", None)
-    direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
-    if isinstance(direct_model, dict) and direct_model.get("id") == model:
-        raise SummaryError(
-            Fault.DIRECT,
-            "a browser-side model cannot be called in the background; set summary_model to a server model",
-        )
-    account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
-    if account is None:
-        raise SummaryError(Fault.NO_SUMMARIZER, "user not found")
-    form = summary_form(model, messages, max_tokens, temperature, params)
-    try:
-        response = await generate_chat_completion(request, form, account, bypass_filter=True)
-    except Exception as exc:
-        direct = any(word in str(exc).lower() for word in ("direct connection", "websocket"))
-        raise SummaryError(Fault.DIRECT if direct else Fault.MODEL_ERROR, str(exc)[:300])
-    return await response_text(response)
-
-
 # ---------------------------------------------------------------------------
 # 7. Status lines: what one request sent, said in the user's language (texts in the appendix)
 # ---------------------------------------------------------------------------
@@ -6268,6 +6234,274 @@ async def _emit_after(previous: Optional[asyncio.Task], emitter: Optional[Callab
 
 
 # ---------------------------------------------------------------------------
+# 7b. Open WebUI adapters: what the running Open WebUI offers, read inside its process only
+# ---------------------------------------------------------------------------
+# Every call on Open WebUI's modules (``owui_module``) but its async engine (layer 5) and output converter (layer 2);
+# layer 8 decides what the answers mean for a request.
+
+_VERSION_RE = re.compile(r"v?(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")  # bounded: no run of digits read twice
+
+
+def owui_version(version: Any) -> tuple:
+    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
+    match = _VERSION_RE.match(version.lstrip()) if isinstance(version, str) else None
+    return tuple(int(part or 0) for part in match.groups()) if match else ()
+
+
+@lru_cache(maxsize=1)
+def request_hook_follows() -> bool:
+    """Whether Open WebUI (0.11.2+) calls ``request`` after inlet, whose line then is not the definitive one (tools
+    and RAG come later). Version: the loaded one, else the installed package's; unknown: inlet's line is definitive."""
+    version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    if not isinstance(version, str):
+        try:
+            from importlib.metadata import version as installed
+
+            version = installed("open-webui")
+        except Exception:
+            version = None
+    return owui_version(version) >= (0, 11, 2)  # unknown: () is below every version
+
+
+_OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
+    ((0, 9, 0), "it is older than 0.9.0, whose async database the summaries need: not supported"),
+    ((0, 10, 0), "outlet does not run for API calls without a chat id: those get trimming and repair, no summary"),
+    (
+        (0, 11, 2),
+        "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
+        "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens",
+    ),
+)
+
+
+def open_webui_limits(version: Any = None) -> list:
+    """What the running Open WebUI lacks that this filter would use, as log lines (docs/en/versions.md); ``version``
+    defaults to ``open_webui.env.VERSION`` once loaded (never imported: side effects); unknown: nothing is claimed."""
+    if version is None:
+        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
+    have = owui_version(version)
+    return [f"Open WebUI {version}: {limit}" for below, limit in _OWUI_LIMITS if have and have < below]
+
+
+_OWUI_CONFIG: list = []  # Open WebUI's Config model (None outside it), imported once: a failed import is slow
+_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of builtin_compaction_on, and when
+BUILTIN_CHECK_EVERY = 5.0  # seconds that answer is trusted (one config read per worker at most this often)
+
+
+async def builtin_compaction_on(refresh: bool = True) -> bool:
+    """Whether Open WebUI's own (blocking) compaction is switched on: then its compaction point and summary are where
+    this filter's summaries start. Read again when ``refresh`` and the answer is older than BUILTIN_CHECK_EVERY."""
+    if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
+        if not _OWUI_CONFIG:
+            try:
+                Config = owui_module("open_webui.models.config").Config
+            except (Exception, SystemExit):
+                Config = None
+            _OWUI_CONFIG.append(Config)
+        try:
+            on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
+        except Exception:  # outside Open WebUI (None has no .get) or its config unreadable
+            on = False
+        _BUILTIN_ON[:] = [on, time.monotonic()]
+    return _BUILTIN_ON[0]
+
+
+async def switch_valve_off(function_id: Optional[str], name: str) -> None:
+    """Turns the filter's valve ``name`` off in Open WebUI's stored valves: a one-shot action the admin switched on
+    (``erase_stored_data``) does not run again on the next request."""
+    try:
+        Functions = owui_module("open_webui.models.functions").Functions
+    except (Exception, SystemExit):
+        return
+    if not function_id:
+        log.warning(
+            "async_context_compression: valve %s could not be switched off (no function id); do it by hand", name
+        )
+        return
+
+    async def call(result: Any) -> Any:
+        return await result if inspect.isawaitable(result) else result  # sync before Open WebUI 0.7
+
+    valves = await call(Functions.get_function_valves_by_id(function_id))
+    if not isinstance(valves, dict) or name not in valves:  # a failed read (None) is no admin's valves: keep them
+        log.warning("async_context_compression: valve %s not switched off (valves unreadable); do it by hand", name)
+        return
+    await call(Functions.update_function_valves_by_id(function_id, {**valves, name: False}))
+
+
+async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
+    """(chat id, reply id, error) of the failed reply the user message ``user_message_id`` follows (its parent), ("",
+    "", None) when it follows none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request
+    was for (``metadata.message_id``; utils/middleware.py and main.py: ``{"error": {"content": <the provider's error
+    text or object>}}``). An error on a user message is never a provider's: Open WebUI stores every key of a
+    ``user_message`` as sent."""
+    if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
+        return "", "", None
+    Chats = owui_module("open_webui.models.chats").Chats
+
+    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
+    parent = (stored.get(user_message_id) or {}).get("parentId")
+    reply = stored.get(parent) if parent else None
+    if not isinstance(reply, dict) or reply.get("role") != "assistant" or not reply.get("error"):
+        return "", "", None
+    error = reply["error"]
+    return chat_id, str(parent), error.get("content", error) if isinstance(error, dict) else error
+
+
+async def _stored_branch(chat_id: str, ids: list) -> Messages:
+    """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
+    compaction saves, which outlet's body lacks)."""
+    if not chat_id:
+        return []
+    Chats = owui_module("open_webui.models.chats").Chats
+
+    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
+    return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
+
+
+async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
+    """Whether ``account`` may use ``model_id`` under Open WebUI's access rules, decided as its chat endpoint decides
+    them: anyone with BYPASS_MODEL_ACCESS_CONTROL, an admin with BYPASS_ADMIN_ACCESS_CONTROL, else its
+    ``check_model_access``, which raises to deny. The summary call itself bypasses that check (it is the admin's
+    model, serving every chat), so this one decides whether a user's instructions may steer it."""
+    BYPASS_MODEL_ACCESS_CONTROL = owui_module("open_webui.env").BYPASS_MODEL_ACCESS_CONTROL
+    check_model_access = owui_module("open_webui.utils.models").check_model_access
+
+    admins_bypass = getattr(sys.modules.get("open_webui.config"), "BYPASS_ADMIN_ACCESS_CONTROL", True)
+    if BYPASS_MODEL_ACCESS_CONTROL or (getattr(account, "role", None) == "admin" and admins_bypass):
+        return True
+    model = request.app.state.MODELS.get(model_id)
+    if model is None:
+        return False
+    try:
+        checked = check_model_access(account, model)
+        if inspect.isawaitable(checked):
+            await checked
+    except Exception as exc:  # "Model not found": denied
+        log.info("async_context_compression: %s may not use %s (%s)", getattr(account, "id", "?"), model_id, exc)
+        return False
+    return True
+
+
+async def owui_served_server(request: Any, model: Any) -> Optional[ServedServer]:
+    """The server behind an Open WebUI model (a workspace model: its base model's) through the connection Open WebUI
+    holds for it; None for a model behind none (a pipe, a direct connection), or on an OpenAI connection whose model
+    list publishes the served window already (only llama-server's ``meta`` holds the trained size instead)."""
+    entry = model if isinstance(model, dict) else {}
+    info = entry.get("info") if isinstance(entry.get("info"), dict) else {}
+    if not isinstance(entry.get("ollama"), dict) and "urlIdx" not in entry and info.get("base_model_id"):
+        entry = owui_model_entry(request, str(info["base_model_id"])) or {}
+    ollama, openai = (entry.get(k) if isinstance(entry.get(k), dict) else {} for k in ("ollama", "openai"))
+    if ollama:
+        kind, index, name = "ollama", (ollama.get("urls") or [0])[0], ollama.get("model") or ollama.get("name")
+    elif "urlIdx" in entry and not model_served_published(entry):
+        kind, index, name = "openai", entry["urlIdx"], openai.get("id")
+    else:
+        return None
+    url, key, config = await owui_connection(request, kind, int(index))
+    name, prefix = str(name or entry.get("id") or ""), (config or {}).get("prefix_id")
+    name = name[len(prefix) + 1 :] if prefix and name.startswith(f"{prefix}.") else name  # the server has no prefix
+    return ServedServer(kind, server_root(url), str(key or ""), name)
+
+
+async def owui_connection(request: Any, kind: str, index: int) -> tuple:
+    """(base URL, key, API config) of Open WebUI's ``kind`` connection ``index``: 0.12 reads its config rows
+    (``get_ollama_connection``, ``get_openai_connection``); before, ``app.state.config`` holds them (read in a thread:
+    it may ask Redis)."""
+    try:
+        if kind == "ollama":
+            get_ollama_connection = owui_module("open_webui.routers.ollama").get_ollama_connection
+
+            url, config, key = await get_ollama_connection(index)
+            return url, key, config
+        get_openai_connection = owui_module("open_webui.routers.openai").get_openai_connection
+
+        return await get_openai_connection(index)
+    except (ImportError, AttributeError):  # 0.9 .. 0.11
+        return await asyncio.to_thread(_app_state_connection, request, kind, index)
+
+
+def _app_state_connection(request: Any, kind: str, index: int) -> tuple:
+    config = request.app.state.config
+    urls, configs = (
+        (config.OLLAMA_BASE_URLS, config.OLLAMA_API_CONFIGS)
+        if kind == "ollama"
+        else (config.OPENAI_API_BASE_URLS, config.OPENAI_API_CONFIGS)
+    )
+    url = urls[index]
+    api_config = configs.get(str(index), configs.get(url, {})) or {}
+    key = api_config.get("key") if kind == "ollama" else config.OPENAI_API_KEYS[index]
+    return url, key, api_config
+
+
+async def owui_owners_instructions(request: Any, chat_id: str, user_id: str, said: str, ids: list, model: str) -> tuple:
+    """(the chat owner's /summarize instructions on the branch ``ids``, whether they were left out because the owner
+    may not use ``model``); ``said``: the requester's (``user_id``), the one writer of a chat Open WebUI does not save."""
+    Users = owui_module("open_webui.models.users").Users
+
+    owner, said = await _chat_owner_instructions(chat_id, user_id, said, ids)
+    if not said:
+        return "", False
+    account = await Users.get_user_by_id(owner)
+    if account is None:
+        raise LookupError(f"the chat's owner {owner} not found")
+    allowed = await owui_may_use_model(request, account, model)
+    return (said, False) if allowed else ("", True)
+
+
+async def _chat_owner_instructions(chat_id: str, user_id: str, said: str, ids: list) -> tuple[str, str]:
+    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
+    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
+    call) has one writer, the requester."""
+    if not (chat_id and is_saved_chat_id(chat_id)):
+        return user_id, said
+    Chats = owui_module("open_webui.models.chats").Chats
+
+    chat = await Chats.get_chat_by_id(chat_id)
+    if chat is None:
+        raise LookupError("the chat is not found")
+    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
+    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
+    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
+
+
+async def owui_complete(
+    request: Any,
+    user: dict,
+    model: str,
+    messages: Messages,
+    max_tokens: int,
+    temperature: float,
+    params: Optional[dict] = None,
+) -> str:
+    """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
+    try:
+        Users = owui_module("open_webui.models.users").Users
+        generate_chat_completion = owui_module("open_webui.utils.chat").generate_chat_completion
+    except Exception:
+        raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
+    if request is None:
+        raise SummaryError(Fault.NO_SUMMARIZER, "no request context")
+    state = getattr(request, "state", None)
+    direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
+    if isinstance(direct_model, dict) and direct_model.get("id") == model:
+        raise SummaryError(
+            Fault.DIRECT,
+            "a browser-side model cannot be called in the background; set summary_model to a server model",
+        )
+    account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
+    if account is None:
+        raise SummaryError(Fault.NO_SUMMARIZER, "user not found")
+    form = summary_form(model, messages, max_tokens, temperature, params)
+    try:
+        response = await generate_chat_completion(request, form, account, bypass_filter=True)
+    except Exception as exc:
+        direct = any(word in str(exc).lower() for word in ("direct connection", "websocket"))
+        raise SummaryError(Fault.DIRECT if direct else Fault.MODEL_ERROR, str(exc)[:300])
+    return await response_text(response)
+
+
+# ---------------------------------------------------------------------------
 # 8. Background summaries: plan, lease, fold in rounds, save, back off
 # ---------------------------------------------------------------------------
 # Outlet hands the branch it saw to the BackgroundSummarizer and returns at once. The summarizer decides whether
@@ -6401,6 +6635,21 @@ def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: in
     if tail_tokens <= trigger or not any(_role(m) == "tool" for m in canon[target:]):
         return target
     return len(canon)
+
+
+async def owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
+    """(the /summarize instructions this chat's summary follows, whether the owner's were left out because the owner
+    may not use the summary model). Only the chat owner's instructions count, and only within the owner's rights.
+    Never raises: when the chat or the rights cannot be read (in time) the summary is made without instructions."""
+    if not ctx.user_instructions.strip() or ctx.request is None:  # none given, or not inside Open WebUI
+        return ctx.user_instructions, False
+    s, said = ctx.settings, ctx.user_instructions
+    try:
+        found = owui_owners_instructions(ctx.request, ctx.chat_id, ctx.user_id, said, ids, s.summary_model)
+        return await asyncio.wait_for(found, s.summary_timeout)
+    except Exception as exc:
+        log.warning("async_context_compression chat=%s: /summarize instructions not used (%s)", ctx.chat_id, exc)
+        return "", False
 
 
 def _shared(name: str) -> property:
@@ -6887,246 +7136,6 @@ class LoopSummaries:
             log.exception("async_context_compression: loop summary failed")
         finally:
             state.running = False
-
-
-# -- What the running Open WebUI offers (read once per process) ----------------
-
-
-_VERSION_RE = re.compile(r"v?(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")  # bounded: no run of digits read twice
-
-
-def owui_version(version: Any) -> tuple:
-    """(major, minor, patch) of an Open WebUI version text; () when unreadable."""
-    match = _VERSION_RE.match(version.lstrip()) if isinstance(version, str) else None
-    return tuple(int(part or 0) for part in match.groups()) if match else ()
-
-
-@lru_cache(maxsize=1)
-def request_hook_follows() -> bool:
-    """Whether Open WebUI (0.11.2+) calls ``request`` after inlet, whose line then is not the definitive one (tools
-    and RAG come later). Version: the loaded one, else the installed package's; unknown: inlet's line is definitive."""
-    version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-    if not isinstance(version, str):
-        try:
-            from importlib.metadata import version as installed
-
-            version = installed("open-webui")
-        except Exception:
-            version = None
-    return owui_version(version) >= (0, 11, 2)  # unknown: () is below every version
-
-
-_OWUI_LIMITS = (  # (first version without the limit, what is missing before it)
-    ((0, 9, 0), "it is older than 0.9.0, whose async database the summaries need: not supported"),
-    ((0, 10, 0), "outlet does not run for API calls without a chat id: those get trimming and repair, no summary"),
-    (
-        (0, 11, 2),
-        "it has no `request` hook: model calls after the first in a native tool loop are not capped or repaired "
-        "and tool schemas added after inlet are not counted; leave room for them in max_context_tokens",
-    ),
-)
-
-
-def open_webui_limits(version: Any = None) -> list:
-    """What the running Open WebUI lacks that this filter would use, as log lines (docs/en/versions.md); ``version``
-    defaults to ``open_webui.env.VERSION`` once loaded (never imported: side effects); unknown: nothing is claimed."""
-    if version is None:
-        version = getattr(sys.modules.get("open_webui.env"), "VERSION", None)
-    have = owui_version(version)
-    return [f"Open WebUI {version}: {limit}" for below, limit in _OWUI_LIMITS if have and have < below]
-
-
-_OWUI_CONFIG: list = []  # Open WebUI's Config model (None outside it), imported once: a failed import is slow
-_BUILTIN_ON: list = [False, float("-inf")]  # the last answer of builtin_compaction_on, and when
-BUILTIN_CHECK_EVERY = 5.0  # seconds that answer is trusted (one config read per worker at most this often)
-
-
-async def builtin_compaction_on(refresh: bool = True) -> bool:
-    """Whether Open WebUI's own (blocking) compaction is switched on: then its compaction point and summary are where
-    this filter's summaries start. Read again when ``refresh`` and the answer is older than BUILTIN_CHECK_EVERY."""
-    if refresh and time.monotonic() - _BUILTIN_ON[1] >= BUILTIN_CHECK_EVERY:
-        if not _OWUI_CONFIG:
-            try:
-                Config = owui_module("open_webui.models.config").Config
-            except (Exception, SystemExit):
-                Config = None
-            _OWUI_CONFIG.append(Config)
-        try:
-            on = bool(await _OWUI_CONFIG[0].get("chat.context_compaction.enable", False))
-        except Exception:  # outside Open WebUI (None has no .get) or its config unreadable
-            on = False
-        _BUILTIN_ON[:] = [on, time.monotonic()]
-    return _BUILTIN_ON[0]
-
-
-async def switch_valve_off(function_id: Optional[str], name: str) -> None:
-    """Turns the filter's valve ``name`` off in Open WebUI's stored valves: a one-shot action the admin switched on
-    (``erase_stored_data``) does not run again on the next request."""
-    try:
-        Functions = owui_module("open_webui.models.functions").Functions
-    except (Exception, SystemExit):
-        return
-    if not function_id:
-        log.warning(
-            "async_context_compression: valve %s could not be switched off (no function id); do it by hand", name
-        )
-        return
-
-    async def call(result: Any) -> Any:
-        return await result if inspect.isawaitable(result) else result  # sync before Open WebUI 0.7
-
-    valves = await call(Functions.get_function_valves_by_id(function_id))
-    if not isinstance(valves, dict) or name not in valves:  # a failed read (None) is no admin's valves: keep them
-        log.warning("async_context_compression: valve %s not switched off (valves unreadable); do it by hand", name)
-        return
-    await call(Functions.update_function_valves_by_id(function_id, {**valves, name: False}))
-
-
-async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
-    """(chat id, reply id, error) of the failed reply the user message ``user_message_id`` follows (its parent), ("",
-    "", None) when it follows none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request
-    was for (``metadata.message_id``; utils/middleware.py and main.py: ``{"error": {"content": <the provider's error
-    text or object>}}``). An error on a user message is never a provider's: Open WebUI stores every key of a
-    ``user_message`` as sent."""
-    if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
-        return "", "", None
-    Chats = owui_module("open_webui.models.chats").Chats
-
-    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
-    parent = (stored.get(user_message_id) or {}).get("parentId")
-    reply = stored.get(parent) if parent else None
-    if not isinstance(reply, dict) or reply.get("role") != "assistant" or not reply.get("error"):
-        return "", "", None
-    error = reply["error"]
-    return chat_id, str(parent), error.get("content", error) if isinstance(error, dict) else error
-
-
-async def _stored_branch(chat_id: str, ids: list) -> Messages:
-    """The branch's messages as Open WebUI's database keeps them (with the ``contextSummary`` its own
-    compaction saves, which outlet's body lacks)."""
-    if not chat_id:
-        return []
-    Chats = owui_module("open_webui.models.chats").Chats
-
-    stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
-    return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
-
-
-async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
-    """Whether ``account`` may use ``model_id`` under Open WebUI's access rules, decided as its chat endpoint decides
-    them: anyone with BYPASS_MODEL_ACCESS_CONTROL, an admin with BYPASS_ADMIN_ACCESS_CONTROL, else its
-    ``check_model_access``, which raises to deny. The summary call itself bypasses that check (it is the admin's
-    model, serving every chat), so this one decides whether a user's instructions may steer it."""
-    BYPASS_MODEL_ACCESS_CONTROL = owui_module("open_webui.env").BYPASS_MODEL_ACCESS_CONTROL
-    check_model_access = owui_module("open_webui.utils.models").check_model_access
-
-    admins_bypass = getattr(sys.modules.get("open_webui.config"), "BYPASS_ADMIN_ACCESS_CONTROL", True)
-    if BYPASS_MODEL_ACCESS_CONTROL or (getattr(account, "role", None) == "admin" and admins_bypass):
-        return True
-    model = request.app.state.MODELS.get(model_id)
-    if model is None:
-        return False
-    try:
-        checked = check_model_access(account, model)
-        if inspect.isawaitable(checked):
-            await checked
-    except Exception as exc:  # "Model not found": denied
-        log.info("async_context_compression: %s may not use %s (%s)", getattr(account, "id", "?"), model_id, exc)
-        return False
-    return True
-
-
-async def owui_served_server(request: Any, model: Any) -> Optional[ServedServer]:
-    """The server behind an Open WebUI model (a workspace model: its base model's) through the connection Open WebUI
-    holds for it; None for a model behind none (a pipe, a direct connection), or on an OpenAI connection whose model
-    list publishes the served window already (only llama-server's ``meta`` holds the trained size instead)."""
-    entry = model if isinstance(model, dict) else {}
-    info = entry.get("info") if isinstance(entry.get("info"), dict) else {}
-    if not isinstance(entry.get("ollama"), dict) and "urlIdx" not in entry and info.get("base_model_id"):
-        entry = owui_model_entry(request, str(info["base_model_id"])) or {}
-    ollama, openai = (entry.get(k) if isinstance(entry.get(k), dict) else {} for k in ("ollama", "openai"))
-    if ollama:
-        kind, index, name = "ollama", (ollama.get("urls") or [0])[0], ollama.get("model") or ollama.get("name")
-    elif "urlIdx" in entry and not model_served_published(entry):
-        kind, index, name = "openai", entry["urlIdx"], openai.get("id")
-    else:
-        return None
-    url, key, config = await owui_connection(request, kind, int(index))
-    name, prefix = str(name or entry.get("id") or ""), (config or {}).get("prefix_id")
-    name = name[len(prefix) + 1 :] if prefix and name.startswith(f"{prefix}.") else name  # the server has no prefix
-    return ServedServer(kind, server_root(url), str(key or ""), name)
-
-
-async def owui_connection(request: Any, kind: str, index: int) -> tuple:
-    """(base URL, key, API config) of Open WebUI's ``kind`` connection ``index``: 0.12 reads its config rows
-    (``get_ollama_connection``, ``get_openai_connection``); before, ``app.state.config`` holds them (read in a thread:
-    it may ask Redis)."""
-    try:
-        if kind == "ollama":
-            get_ollama_connection = owui_module("open_webui.routers.ollama").get_ollama_connection
-
-            url, config, key = await get_ollama_connection(index)
-            return url, key, config
-        get_openai_connection = owui_module("open_webui.routers.openai").get_openai_connection
-
-        return await get_openai_connection(index)
-    except (ImportError, AttributeError):  # 0.9 .. 0.11
-        return await asyncio.to_thread(_app_state_connection, request, kind, index)
-
-
-def _app_state_connection(request: Any, kind: str, index: int) -> tuple:
-    config = request.app.state.config
-    urls, configs = (
-        (config.OLLAMA_BASE_URLS, config.OLLAMA_API_CONFIGS)
-        if kind == "ollama"
-        else (config.OPENAI_API_BASE_URLS, config.OPENAI_API_CONFIGS)
-    )
-    url = urls[index]
-    api_config = configs.get(str(index), configs.get(url, {})) or {}
-    key = api_config.get("key") if kind == "ollama" else config.OPENAI_API_KEYS[index]
-    return url, key, api_config
-
-
-async def owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
-    """(the /summarize instructions this chat's summary follows, whether the owner's were left out because the owner
-    may not use the summary model). Only the chat owner's instructions count, and only within the owner's rights.
-    Never raises: when the chat or the rights cannot be read (in time) the summary is made without instructions."""
-    if not ctx.user_instructions.strip() or ctx.request is None:  # none given, or not inside Open WebUI
-        return ctx.user_instructions, False
-    try:
-        return await asyncio.wait_for(_owners_instructions(ctx, ids), ctx.settings.summary_timeout)
-    except Exception as exc:
-        log.warning("async_context_compression chat=%s: /summarize instructions not used (%s)", ctx.chat_id, exc)
-        return "", False
-
-
-async def _owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
-    Users = owui_module("open_webui.models.users").Users
-
-    owner, said = await _chat_owner_instructions(ctx, ids)
-    if not said:
-        return "", False
-    account = await Users.get_user_by_id(owner)
-    if account is None:
-        raise LookupError(f"the chat's owner {owner} not found")
-    allowed = await owui_may_use_model(ctx.request, account, ctx.settings.summary_model)
-    return (said, False) if allowed else ("", True)
-
-
-async def _chat_owner_instructions(ctx: RequestContext, ids: list) -> tuple[str, str]:
-    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
-    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
-    call) has one writer, the requester."""
-    if not (ctx.chat_id and is_saved_chat_id(ctx.chat_id)):
-        return ctx.user_id, ctx.user_instructions
-    Chats = owui_module("open_webui.models.chats").Chats
-
-    chat = await Chats.get_chat_by_id(ctx.chat_id)
-    if chat is None:
-        raise LookupError("the chat is not found")
-    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
-    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
-    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
 
 
 # -- The request path: inlet, and each model call of a tool loop ------------------
