@@ -24,10 +24,12 @@ requirements: tiktoken
 #   5. Summary store: FilterStore, every call the filter makes on its store; ChatStore keeps it (memory for chats Open
 #      WebUI never saves, else SummaryStore, the database: summaries, leases, ratios, windows, requests sent), NullStore
 #      keeps nothing (no database); RetentionSweeper (what outlives a deletion; the erase).
-#   6. Summarizer: prompt, input rendering, the call, answer cleaning.
+#   6. Summarizer: prompt, input rendering, the call's form, answer cleaning.
 #   7. Status lines: what one request sent (SentOutcome), said in the user's language.
-#   8. Background summaries (BackgroundSummarizer: plan, lease, fold in rounds, save, back off; LoopSummaries inside a
-#      tool loop), what the running Open WebUI offers, and RequestPath: a request's steps from its two entries.
+#   7b. Open WebUI adapters: its version and limits, config, stored chats and users, model access, connections, the
+#      summary call (owui_complete); plain values in and out. Only layers 2 and 5 import Open WebUI before it.
+#   8. Services (what RequestPath and the folds share), BackgroundSummarizer (plan, lease, fold in rounds, save, back
+#      off), LoopSummaries (in a tool loop), RequestPath (a request's steps from its two entries).
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
@@ -6030,42 +6032,6 @@ def summary_form(
     return form | own | {"metadata": {"task": "async_context_compression"}}
 
 
-async def owui_complete(
-    request: Any,
-    user: dict,
-    model: str,
-    messages: Messages,
-    max_tokens: int,
-    temperature: float,
-    params: Optional[dict] = None,
-) -> str:
-    """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
-    try:
-        Users = owui_module("open_webui.models.users").Users
-        generate_chat_completion = owui_module("open_webui.utils.chat").generate_chat_completion
-    except Exception:
-        raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
-    if request is None:
-        raise SummaryError(Fault.NO_SUMMARIZER, "no request context")
-    state = getattr(request, "state", None)
-    direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
-    if isinstance(direct_model, dict) and direct_model.get("id") == model:
-        raise SummaryError(
-            Fault.DIRECT,
-            "a browser-side model cannot be called in the background; set summary_model to a server model",
-        )
-    account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
-    if account is None:
-        raise SummaryError(Fault.NO_SUMMARIZER, "user not found")
-    form = summary_form(model, messages, max_tokens, temperature, params)
-    try:
-        response = await generate_chat_completion(request, form, account, bypass_filter=True)
-    except Exception as exc:
-        direct = any(word in str(exc).lower() for word in ("direct connection", "websocket"))
-        raise SummaryError(Fault.DIRECT if direct else Fault.MODEL_ERROR, str(exc)[:300])
-    return await response_text(response)
-
-
 # ---------------------------------------------------------------------------
 # 7. Status lines: what one request sent, said in the user's language (texts in the appendix)
 # ---------------------------------------------------------------------------
@@ -6269,619 +6235,10 @@ async def _emit_after(previous: Optional[asyncio.Task], emitter: Optional[Callab
 
 
 # ---------------------------------------------------------------------------
-# 8. Background summaries: plan, lease, fold in rounds, save, back off
+# 7b. Open WebUI adapters: what the running Open WebUI offers, read inside its process only
 # ---------------------------------------------------------------------------
-# Outlet hands the branch it saw to the BackgroundSummarizer and returns at once. The summarizer decides whether
-# the next request would be over the trigger, takes the chat's lease (one worker per chat, across replicas), folds
-# in as many rounds as the summary model's window needs, saves each, and backs off after failures. Counts are in
-# canonical coordinates (layer 2).
-
-MAX_BACKGROUND_TASKS = 64
-BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
-_MAX_ROUNDS = 8
-PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
-NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
-TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
-
-
-@dataclass
-class ChatState:
-    """What this worker remembers of one conversation between its requests. Nothing here decides what a status
-    line says (a function of the request, so every worker and replica says the same for the same turn)."""
-
-    overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
-    inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
-    last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
-    line: Optional[asyncio.Task] = None  # the last request's status line being written
-    records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
-    digests: tuple = ()  # (messages_identity, canonical_digests) of the last two lists looked up: inlet's, the hook's
-
-    def digests_of(self, messages: Messages) -> list:
-        """``canonical_digests(messages)``; an answer again while its list is unchanged (between two folds every
-        request of a long chat digests the same thousand messages, and its request hook the short list inlet sent)."""
-        identity = messages_identity(messages)
-        known = next((d for i, d in self.digests if identity is not None and i == identity), None)
-        digests = known if known is not None else canonical_digests(messages)
-        self.digests = ((identity, digests), *((i, d) for i, d in self.digests if i != identity))[:2]
-        return digests
-
-    recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
-
-
-@dataclass(frozen=True)
-class RequestContext:
-    """What one hook call knows of its request; lives only for that call and its background task, not on the Filter."""
-
-    user: dict
-    user_id: str
-    chat_id: str
-    model_id: str
-    language: str
-    settings: Settings
-    emitter: Optional[Callable] = None
-    request: Any = None
-    message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
-    prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
-    own_window: bool = False  # the request's num_ctx is the chat's own (chat_set_window): it teaches nothing shared
-    force_summary: bool = False  # the user asked for a summary now (/summarize)
-    anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
-    user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
-    budgets: Optional[Settings] = None  # ``settings`` before in_counted_units: in the model's own tokens
-
-    def chat_key(self) -> str:
-        return format_chat_key(self.user_id, self.chat_id, self.anchor)
-
-
-def opening_anchor(messages: Messages) -> str:
-    """The anchor of a conversation as it came: its first two non-system messages; "" for a malformed opening."""
-    try:
-        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
-        return conversation_anchor([canonical_digest(m) for m in opening])
-    except Exception:
-        return ""
-
-
-@dataclass(frozen=True)
-class Branch:
-    """The branch outlet saw, in canonical coordinates: its repaired non-system messages with their ids and digests."""
-
-    messages: Messages
-    ids: list
-    digests: list
-    anchor: str
-    # Open WebUI's own summary of what precedes ``messages`` (after /compact): the previous summary of a branch
-    # with none of this filter's yet
-    base: Optional[SummaryRecord] = None
-
-    @classmethod
-    def of(cls, canon: Messages, ids: list) -> "Branch":
-        digests = canonical_digests(canon)
-        return cls(canon, ids, digests, conversation_anchor(digests))
-
-    def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
-        """The branch as inlet receives it once Open WebUI's own compaction cut it at ``message_id`` (kept), the
-        core's summary as its base; None when that message is not on this branch."""
-        if message_id not in self.ids:
-            return None
-        cut = self.ids.index(message_id)
-        branch = Branch.of(self.messages[cut:], self.ids[cut:])
-        return replace(branch, base=SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary))
-
-
-@dataclass(frozen=True)
-class FoldPlan:
-    """Fold canonical messages [start, target) into ``previous`` (None: a first summary), keep [0, head) verbatim."""
-
-    previous: Optional[SummaryRecord]
-    head: int
-    start: int
-    target: int
-    user_instructions: str = ""  # the user's own instructions for this summary (/summarize <instructions>)
-
-
-def fold_deadline(s: Settings) -> int:
-    """Tokens of the next request past which a summary is written even if it cannot fold down to the low water
-    mark: halfway from the trigger to the cap (ready before trimming); without a cap twice the trigger."""
-    if s.max_context <= s.trigger_tokens:
-        return 2 * s.trigger_tokens
-    return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
-
-
-def fold_due(s: Settings, used: int, coming: int) -> bool:
-    """Whether a fold is due after a reply: the next request (``used``, without the next user turn) is over the
-    trigger, or with the next turn (``coming``) it would pass the fold deadline: in a small window one turn may be a
-    large share of the cap, and the summary must be saved before that turn is sent, not after."""
-    return used > s.trigger_tokens or coming > min(fold_deadline(s), s.max_context or coming)
-
-
-def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: int) -> int:
-    """Where a fold ends: ``target``, or the branch's end when the verbatim tail from ``target`` holds tool results and
-    alone counts (``tail_tokens``) over the trigger. A reply's tool loop is one atomic unit with its answer, so the tail
-    cannot start inside it: kept verbatim, the next turn could not carry it and would drop it whole, facts and all;
-    folded whole now, the next turn sends it as the summary (its tail opens with the next user message)."""
-    if tail_tokens <= trigger or not any(_role(m) == "tool" for m in canon[target:]):
-        return target
-    return len(canon)
-
-
-class BackgroundSummarizer:
-    """Owns what summarizing needs, shared by every request: its per-chat tables (state, locks) are bounded."""
-
-    def __init__(self, store: FilterStore, counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
-        self.store = store
-        self.counter = counter
-        self.complete = complete
-        self.instructions = owners_instructions  # whose /summarize instructions count, and may they steer the model
-        self.worker = uuid.uuid4().hex[:12]
-        self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
-        self.tasks: set = set()
-        self.lines: set = set()  # status lines being written (at most one per request in flight)
-        self.chats = _BoundedDict(PER_CHAT_MEMORY)  # chat key -> ChatState
-        self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
-        self.recall = RecallIndexes()  # each chat's folded passages (layer 2b), on this worker
-
-    def chat(self, ctx: RequestContext) -> ChatState:
-        """The conversation's state, created on first use."""
-        return self.chats.setdefault(ctx.chat_key(), ChatState())
-
-    def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
-        """Says what a reply's request finally sent (settings notes on turns 1, 11, 21, ...), while the model answers:
-        Open WebUI stores it in the chat's row under a lock another worker may hold. A chat's lines keep their order."""
-        state, s = self.chat(ctx), ctx.settings
-        state.last_sent = sent
-        if not s.show_status:
-            return
-        due = s.warnings if sent.turn % NOTES_EVERY == 1 else ()
-        if line := status_line(ctx.language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
-            self._in_order(state, ctx.emitter, line)
-        if sent.recalled and ctx.message_id and state.recall_shown != ctx.message_id:
-            state.recall_shown = ctx.message_id
-            source = recall_source_event(ctx.language, sent.recalled, f"acc-recall-{ctx.message_id}")
-            self._in_order(state, ctx.emitter, source)
-
-    def _in_order(self, state: ChatState, emitter: Optional[Callable], event: Any) -> None:
-        """``event`` emitted after the chat's events before it, in the background."""
-        state.line = task = asyncio.ensure_future(_emit_after(state.line, emitter, event))
-        self.lines.add(task)
-        task.add_done_callback(self.lines.discard)
-
-    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
-        """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
-        (its fingerprint fixes them): ``canon`` digested, those the index lacks (a fold made elsewhere) indexed."""
-        index, at = self.recall.get(key), (record.fingerprint, record.head_count)
-        if (allowed := index.folded.recall(at)) is None:
-            head, covered = record.head_count, record.covered_count
-            digests = digests or await _digests_yielding(canon[:covered])
-            allowed = folded_turns(canon, head, covered, digests)
-            if any(digest not in index for digest in allowed):
-                await extend_yielding(index, iter_passages(canon, head, covered, digests, index))
-            index.folded[at] = allowed
-            self.recall.shed()
-        return index, allowed
-
-    async def _index_fold(self, ctx: RequestContext, branch: Branch, record: SummaryRecord) -> None:
-        """A saved fold's messages indexed for recall now, so this worker's next request of the chat finds them."""
-        if ctx.settings.recall_share <= 0:
-            return
-        try:
-            await self.recall_index(ctx.chat_key(), branch.messages, record, branch.digests)
-        except Exception:
-            log.exception("async_context_compression: recall index not extended; the next request will")
-
-    async def line_written(self, ctx: RequestContext) -> None:
-        if _pending_here(line := self.chat(ctx).line):
-            await asyncio.wait([line], timeout=STORE_TIMEOUT)
-
-    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
-        """The conversation's stored summaries, remembered for the calls of the same reply's tool loop."""
-        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
-        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
-        self.chat(ctx).records = (ctx.message_id, tuple(records or ()))
-        return records
-
-    async def _say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
-        """A background line, after the figure of the last request sent."""
-        if not ctx.settings.show_status:
-            return
-        text = status_text(ctx.language, key, **values)
-        sent = self.chat(ctx).last_sent
-        if sent is not None and usage_shown(ctx.settings, sent.used):
-            text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
-        await _emit(ctx.emitter, text, done=done)
-
-    # -- the next request, counted one way --------------------------------
-    def next_request_tokens(
-        self, ctx: RequestContext, canon: Messages, summary: Optional[str] = None, head: int = 0, start: int = 0
-    ) -> int:
-        """Tokens of the request inlet would send next (layer 3): head, summary, tail; no summary: all of ``canon``."""
-        kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
-        return count_request(self.counter, kept, ctx.settings.encoding, self.chat(ctx).overhead)
-
-    def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
-        """Whether the next request, with the next user turn, would be over the trigger without any summary: an upper
-        bound of what ``plan`` weighs (``fold_due``), so chats below it cost no database read and no digests."""
-        coming = self.next_request_tokens(ctx, canon) + self._last_turn_tokens(canon, ctx.settings)
-        return coming > ctx.settings.trigger_tokens
-
-    def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
-        """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
-        (/summarize) or the next request may be over the trigger; returns at once."""
-        instructions = standing_summary_instructions(stored)
-        ctx = replace(ctx, force_summary=asked_for_summary(stored), user_instructions=instructions)
-        expanded, ids = expand_stored_messages(stored)
-        canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
-        if ctx.force_summary or self.may_need_summary(ctx, canon):
-            self.spawn(self.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
-
-    # -- tasks ------------------------------------------------------------
-    def spawn(self, work: Awaitable) -> bool:
-        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped (False) and waits for a later turn."""
-        if len(self.tasks) >= MAX_BACKGROUND_TASKS:
-            work.close()
-            log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
-            return False
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return True
-
-    def _task_done(self, task: "asyncio.Task") -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("async_context_compression: background summary crashed", exc_info=task.exception())
-
-    async def run(self, ctx: RequestContext, branch: Branch) -> None:
-        key = ctx.chat_key()
-        lock = self.locks.setdefault(key, asyncio.Lock())
-        if lock.locked():
-            return  # this worker is already summarizing the chat
-        async with lock:
-            try:
-                if await builtin_compaction_on():
-                    log_notes_once([note("n_builtin_on")])
-                    branch = await self._after_builtin_checkpoint(ctx, branch)
-                if branch is not None:
-                    await self._summarize_if_needed(ctx, branch, key)
-            except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
-                if exc.fault.key:
-                    await self._say(ctx, "summaries_down", done=True, reason=exc.fault)
-            except Exception:
-                log.exception("async_context_compression: background summary failed")
-
-    async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
-        """The branch from Open WebUI's latest compaction point on (what inlet receives), the core's summary as its
-        base; None when it cannot be followed (a cut between tool rounds, an unreadable database)."""
-        try:
-            found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
-        except Exception as exc:
-            log.warning("async_context_compression chat=%s: compaction point unreadable (%s)", ctx.chat_id, exc)
-            return None
-        if found is None:
-            return branch
-        message_id, summary = found
-        if summary is None:
-            log.info("async_context_compression chat=%s: Open WebUI compacted between tool rounds", ctx.chat_id)
-            return None
-        return branch.after(message_id, summary, ctx.user_id, ctx.chat_id)
-
-    # -- one summary --------------------------------------------------------
-    async def _summarize_if_needed(self, ctx: RequestContext, branch: Branch, key: str) -> None:
-        if await self.plan(ctx, branch) is None:
-            if ctx.force_summary:
-                await self._say(ctx, "summary_nothing", done=True)
-            return
-        holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
-        # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
-        # never expires under it
-        async with self.store.hold(key, holder) as lease:
-            # not held: another worker has it, or failures back off; planned again under it: another worker may
-            # just have finished
-            plan = await self.plan(ctx, branch) if lease else None
-            if plan is None:
-                return
-            heard, denied = await self.instructions(ctx, branch.ids) if plan.user_instructions else ("", False)
-            plan = replace(plan, user_instructions=heard)
-            try:
-                await self._say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
-                record = await self._fold(ctx, branch, plan, lease)
-                if record is None:  # the lease was taken over (after an outage longer than its TTL)
-                    log.info("async_context_compression chat=%s: lease taken over; another worker goes on", ctx.chat_id)
-                    return
-                covered = record.covered_count - record.head_count
-                await self._say(ctx, "summary_plain" if denied else "summary_done", done=True, messages=covered)
-                if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
-                    source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
-                    await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
-                await self._index_fold(ctx, branch, record)
-            except SummaryError as exc:
-                delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
-                log.warning(
-                    "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
-                    ctx.chat_id or "api",
-                    exc,
-                    delay,
-                )
-                await self._say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
-
-    async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
-        """A fold when the next request would be over the trigger and enough is new to be worth a summary call."""
-        s, canon = ctx.settings, branch.messages
-        records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
-        previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
-        head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
-        start = previous.covered_count if previous else head
-        used = self.next_request_tokens(ctx, canon, previous.summary if previous else None, head, start)
-        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
-        if not fold_due(s, used, coming) and not ctx.force_summary:
-            return None
-        target = summary_target(canon, head, s.keep_last, floor=start)
-        target = self._tail_for_window(ctx, canon, previous, head, start, target)
-        tail_tokens = self.next_request_tokens(ctx, canon[target:])
-        target = agent_run_target(canon, target, tail_tokens, s.trigger_tokens)
-        if target <= start:
-            return None
-        # what the summarizer would read, counted exactly, off the event loop
-        fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
-        urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
-        if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
-            return None  # too little new to be worth rewriting the summary
-        if s.debug:
-            log.info(
-                "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s",
-                ctx.chat_id,
-                used,
-                s.trigger_tokens,
-                start,
-                target,
-            )
-        return FoldPlan(previous, head, start, target, ctx.user_instructions)
-
-    def _tail_for_window(
-        self,
-        ctx: RequestContext,
-        canon: Messages,
-        previous: Optional[SummaryRecord],
-        head: int,
-        start: int,
-        target: int,
-    ) -> int:
-        """Where the verbatim tail starts: ``target`` (``keep_last``), unless the window is too small for it. Then
-        ``keep_last`` yields: the fold goes deep enough that after it, the head, the summary (as large as the last one
-        plus a tenth of what it folds, at most ``max_summary_tokens``) and the next user turn leave TURNS_AHEAD of the
-        chat's typical turns below the fold deadline; at least the last turn stays verbatim where it fits beside them
-        under the cap (``tail_start_within``)."""
-        s = ctx.settings
-        sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
-        was = (
-            (previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding))
-            if previous
-            else 0
-        )
-        summary = min(s.max_summary_tokens, was + sum(sizes) // 10)
-        taken = self.next_request_tokens(ctx, canon[:head]) + summary + self._last_turn_tokens(canon, s)
-        low_water = fold_deadline(s) - TURNS_AHEAD * typical_turn_tokens(canon, sizes, start)
-        return tail_start_within(canon, sizes, target, low_water - taken, s.max_context - taken)
-
-    def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
-        """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
-        fold deadline by the count without the next turn would let that turn reach the cap before the summary."""
-        last = _last_user_index(canon)
-        return count_request(self.counter, [canon[last]], s.encoding, 0) if last >= 0 else 0
-
-    def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
-        blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
-        return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
-
-    def _worth_folding(
-        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = ""
-    ) -> int:
-        """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
-        rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
-        (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
-        ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
-        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
-        resent = self.counter.text_tokens(instructions, s.summary_encoding)
-        if previous is not None:
-            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
-        deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
-        return max(deep, 2 * resent)
-
-    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any) -> Optional[SummaryRecord]:
-        """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
-        is saved as coverage only where it ends at a unit's end (a long message's pieces: after the last). None
-        when the chat's lease is lost meanwhile: another worker holds it now, never save over its work."""
-        s = ctx.settings
-        summary = plan.previous.summary if plan.previous else ""
-        # rendering and tokenizing up to the whole stretch: off the event loop
-        fold = (branch, plan.start, plan.target, s, plan.user_instructions, plan.previous)
-        rounds = await asyncio.to_thread(self._rounds, *fold)
-        record, at_coverage = None, True
-        for calls, summary_round in enumerate(rounds):
-            if calls >= _MAX_ROUNDS and record is not None and at_coverage:
-                break  # the rest waits for a later turn (never mid-message: that would start it over)
-            summary = await self._ask(ctx, summary, summary_round.texts(), plan.user_instructions)
-            at_coverage = summary_round.covered is not None
-            if not at_coverage:
-                continue  # part of a message: coverage waits for its last piece
-            if getattr(lease, "lost", False):
-                return None  # another worker holds the chat now
-            end = plan.start + summary_round.covered
-            record = SummaryRecord(
-                user_id=ctx.user_id,
-                chat_id=ctx.chat_id,
-                anchor=branch.anchor,
-                head_count=plan.head,
-                covered_count=end,
-                fingerprint=prefix_fingerprint(branch.digests, end),
-                summary=summary,
-                summary_tokens=self.counter.text_tokens(summary, s.summary_encoding),  # what re-sending it costs
-                model=s.summary_model,
-                created_at=time.time(),
-            )
-            await self.store.save(record)
-        if record is None:
-            raise SummaryError(Fault.INTERNAL, "nothing to fold")
-        return record
-
-    async def _ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
-        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
-        s = ctx.settings
-        messages = build_summarizer_messages(
-            summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions
-        )
-        args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
-        extra = {"params": s.summary_model_params} if s.summary_model_params else {}
-        try:
-            answer = await asyncio.wait_for(self.complete(*args, **extra), timeout=s.summary_timeout)
-        except TimeoutError:
-            raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
-        except SummaryError:
-            raise
-        except Exception as exc:
-            raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
-        return clean_summary_answer(answer)
-
-    def _rounds(
-        self,
-        branch: Branch,
-        start: int,
-        target: int,
-        s: Settings,
-        user_instructions: str = "",
-        previous: Optional[SummaryRecord] = None,
-    ) -> list:
-        """canon[start:target] rendered as one summarizer call where the summary model's window holds it beside the
-        ``previous`` summary and the longest answer; else cut into rounds that fit with room for the longest summary
-        carried from round to round. Coverage stops only at an atomic unit's end (a call and its results together)."""
-        canon, ids = branch.messages, branch.ids
-        blocks = render_for_summary(canon[start:target], ids[start:target])
-        count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
-        # a record saved without its count (Open WebUI's own /compact summary as a base) is counted here
-        previous = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
-        budget = summary_round_budget(
-            s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
-        )
-        # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
-        stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
-        if previous < s.max_summary_tokens and len(one := plan_rounds(blocks, budget - previous, count, stops)) == 1:
-            return one
-        return plan_rounds(blocks, max(200, budget - s.max_summary_tokens), count, stops)
-
-
-# -- Summaries inside one reply's tool loop --------------------------------------
-# Open WebUI calls the request hook before every model call of a native tool loop; the rounds it adds are not in the
-# chat yet (no stored ids), so a loop summary is keyed by the reply (chat key + reply id) in this worker's memory, counts
-# the reply's own messages after the user's request (whole rounds) and carries the fingerprint of exactly those. A
-# later round applies it when the fingerprint still matches; it is never stored: after the reply, outlet's ordinary
-# fold reads the same results from the stored reply (its ``output``) and covers them by stored ids.
-
-LOOP_MEMORY = 256  # replies whose loop summaries one worker remembers
-
-
-@dataclass(frozen=True)
-class LoopSummary:
-    covered: int  # messages after the user's request, whole rounds
-    fingerprint: str  # prefix_fingerprint of their canonical digests
-    summary: str
-
-
-@dataclass
-class LoopState:
-    """One reply's loop summary, the fold running for it (at most one), and whether folding failed (not retried in
-    this reply: older results are shortened instead)."""
-
-    summary: Optional[LoopSummary] = None
-    running: bool = False
-    failed: bool = False
-
-
-def loop_key(ctx: RequestContext) -> str:
-    return f"{ctx.chat_key()}:{ctx.message_id}"
-
-
-def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
-    return prefix_fingerprint(canonical_digests(messages[start : start + covered]), covered)
-
-
-class LoopSummaries:
-    """Plans and runs folds of a tool loop's older rounds in the background (through ``BackgroundSummarizer``'s
-    summarizer call) and applies the newest one a later round can use; no round ever waits for one."""
-
-    def __init__(self, summaries: "BackgroundSummarizer"):
-        self.summaries = summaries
-        self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
-
-    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
-        """The stored summaries read for the same reply (by inlet or its first call): a loop adds no database reads."""
-        done = self.summaries.chat(ctx).records
-        if ctx.message_id and done[0] == ctx.message_id:
-            return list(done[1])
-        return await self.summaries.stored_summaries(ctx, messages)
-
-    def applied(self, ctx: RequestContext, messages: Messages, prefix: int) -> tuple[Messages, int]:
-        """``messages`` with this reply's loop summary in place of the rounds it covers, and where their tail starts
-        (``prefix``, after the summary when one applies: it goes before the head)."""
-        state = self.states.recall(loop_key(ctx)) if ctx.message_id else None
-        done = state.summary if state is not None else None
-        if done is None:
-            return messages, prefix
-        start, end = current_turn_rounds(messages)
-        if start + done.covered > end or loop_fingerprint(messages, start, done.covered) != done.fingerprint:
-            return messages, prefix
-        return apply_loop_summary(messages, done.covered, done.summary), prefix + (1 if prefix > 0 else 0)
-
-    def plan(self, ctx: RequestContext, messages: Messages, tokens: int) -> None:
-        """Starts folding the rounds not yet covered (all but the latest) when the request, its loop summary applied,
-        counts ``tokens`` over the trigger and they are worth a summary call; returns at once."""
-        s = ctx.settings
-        if not ctx.message_id or tokens <= s.trigger_tokens:
-            return
-        state = self.states.setdefault(loop_key(ctx), LoopState())
-        if state.running or state.failed:
-            return
-        start, end = current_turn_rounds(messages)
-        covered = state.summary.covered if state.summary else 0
-        fresh = messages[start + covered : end]
-        if not fresh or count_request(self.summaries.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
-            return
-        state.running = self.summaries.spawn(self._fold(ctx, state, messages[start:end], covered))
-
-    @staticmethod
-    def worth(s: Settings, tokens: int) -> int:
-        """Fewest new tokens worth a fold: the stretch from the low water mark to the trigger, as between turns; past
-        ``fold_deadline`` any whole round (the cap is near: shortening would take it otherwise)."""
-        return 1 if tokens > fold_deadline(s) else int(s.trigger_tokens * (1 - s.low_water))
-
-    async def _fold(self, ctx: RequestContext, state: LoopState, rounds: Messages, covered: int) -> None:
-        summaries, s = self.summaries, ctx.settings
-        try:
-            await summaries._say(ctx, "loop_summarizing", done=False, messages=len(rounds) - covered)
-            blocks = await asyncio.to_thread(render_for_summary, rounds[covered:], [None] * (len(rounds) - covered))
-            count = partial(summaries.counter.text_tokens, encoding=s.summary_encoding)
-            budget = summary_round_budget(
-                s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt
-            )
-            plan = await asyncio.to_thread(plan_rounds, blocks, max(200, budget - s.max_summary_tokens), count)
-            text = state.summary.summary if state.summary else ""
-            for summary_round in plan[:_MAX_ROUNDS]:
-                text = await summaries._ask(ctx, text, summary_round.texts())
-            if len(plan) > _MAX_ROUNDS:
-                raise SummaryError(Fault.INTERNAL, "too many rounds")
-            state.summary = LoopSummary(len(rounds), loop_fingerprint(rounds, 0, len(rounds)), text)
-            await summaries._say(ctx, "loop_summary_done", done=True, messages=len(rounds))
-        except SummaryError as exc:
-            state.failed = True
-            log.warning("async_context_compression chat=%s: loop summary failed (%s)", ctx.chat_id or "api", exc)
-            await summaries._say(ctx, "loop_summary_failed", done=True, reason=exc.fault)
-        except Exception:
-            state.failed = True
-            log.exception("async_context_compression: loop summary failed")
-        finally:
-            state.running = False
-
-
-# -- What the running Open WebUI offers (read once per process) ----------------
-
+# Every call on Open WebUI's modules (``owui_module``) but its async engine (layer 5) and output converter (layer 2);
+# layer 8 decides what the answers mean for a request.
 
 _VERSION_RE = re.compile(r"v?(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")  # bounded: no run of digits read twice
 
@@ -7078,46 +6435,708 @@ def _app_state_connection(request: Any, kind: str, index: int) -> tuple:
     return url, key, api_config
 
 
+async def owui_owners_instructions(request: Any, chat_id: str, user_id: str, said: str, ids: list, model: str) -> tuple:
+    """(the chat owner's /summarize instructions on the branch ``ids``, whether they were left out because the owner
+    may not use ``model``); ``said``: the requester's (``user_id``), the one writer of a chat Open WebUI does not save."""
+    Users = owui_module("open_webui.models.users").Users
+
+    owner, said = await _chat_owner_instructions(chat_id, user_id, said, ids)
+    if not said:
+        return "", False
+    account = await Users.get_user_by_id(owner)
+    if account is None:
+        raise LookupError(f"the chat's owner {owner} not found")
+    allowed = await owui_may_use_model(request, account, model)
+    return (said, False) if allowed else ("", True)
+
+
+async def _chat_owner_instructions(chat_id: str, user_id: str, said: str, ids: list) -> tuple[str, str]:
+    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
+    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
+    call) has one writer, the requester."""
+    if not (chat_id and is_saved_chat_id(chat_id)):
+        return user_id, said
+    Chats = owui_module("open_webui.models.chats").Chats
+
+    chat = await Chats.get_chat_by_id(chat_id)
+    if chat is None:
+        raise LookupError("the chat is not found")
+    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
+    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
+    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
+
+
+async def owui_complete(
+    request: Any,
+    user: dict,
+    model: str,
+    messages: Messages,
+    max_tokens: int,
+    temperature: float,
+    params: Optional[dict] = None,
+) -> str:
+    """Call a model through Open WebUI from a background task; ``params``: see ``summary_form``."""
+    try:
+        Users = owui_module("open_webui.models.users").Users
+        generate_chat_completion = owui_module("open_webui.utils.chat").generate_chat_completion
+    except Exception:
+        raise SummaryError(Fault.NO_SUMMARIZER, "Open WebUI is not installed here")
+    if request is None:
+        raise SummaryError(Fault.NO_SUMMARIZER, "no request context")
+    state = getattr(request, "state", None)
+    direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
+    if isinstance(direct_model, dict) and direct_model.get("id") == model:
+        raise SummaryError(
+            Fault.DIRECT,
+            "a browser-side model cannot be called in the background; set summary_model to a server model",
+        )
+    account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
+    if account is None:
+        raise SummaryError(Fault.NO_SUMMARIZER, "user not found")
+    form = summary_form(model, messages, max_tokens, temperature, params)
+    try:
+        response = await generate_chat_completion(request, form, account, bypass_filter=True)
+    except Exception as exc:
+        direct = any(word in str(exc).lower() for word in ("direct connection", "websocket"))
+        raise SummaryError(Fault.DIRECT if direct else Fault.MODEL_ERROR, str(exc)[:300])
+    return await response_text(response)
+
+
+# ---------------------------------------------------------------------------
+# 8. Background summaries: plan, lease, fold in rounds, save, back off
+# ---------------------------------------------------------------------------
+# Outlet hands the branch it saw to the BackgroundSummarizer and returns at once. The summarizer decides whether
+# the next request would be over the trigger, takes the chat's lease (one worker per chat, across replicas), folds
+# in as many rounds as the summary model's window needs, saves each, and backs off after failures. Counts are in
+# canonical coordinates (layer 2).
+
+MAX_BACKGROUND_TASKS = 64
+BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
+_MAX_ROUNDS = 8
+PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
+NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
+TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
+
+
+@dataclass
+class ChatState:
+    """What this worker remembers of one conversation between its requests. Nothing here decides what a status
+    line says (a function of the request, so every worker and replica says the same for the same turn)."""
+
+    overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
+    inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
+    last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
+    line: Optional[asyncio.Task] = None  # the last request's status line being written
+    records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
+    digests: tuple = ()  # (messages_identity, canonical_digests) of the last two lists looked up: inlet's, the hook's
+
+    def digests_of(self, messages: Messages) -> list:
+        """``canonical_digests(messages)``; an answer again while its list is unchanged (between two folds every
+        request of a long chat digests the same thousand messages, and its request hook the short list inlet sent)."""
+        identity = messages_identity(messages)
+        known = next((d for i, d in self.digests if identity is not None and i == identity), None)
+        digests = known if known is not None else canonical_digests(messages)
+        self.digests = ((identity, digests), *((i, d) for i, d in self.digests if i != identity))[:2]
+        return digests
+
+    recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What one hook call knows of its request; lives only for that call and its background task, not on the Filter."""
+
+    user: dict
+    user_id: str
+    chat_id: str
+    model_id: str
+    language: str
+    settings: Settings
+    emitter: Optional[Callable] = None
+    request: Any = None
+    message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
+    prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
+    own_window: bool = False  # the request's num_ctx is the chat's own (chat_set_window): it teaches nothing shared
+    force_summary: bool = False  # the user asked for a summary now (/summarize)
+    anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
+    user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
+    budgets: Optional[Settings] = None  # ``settings`` before in_counted_units: in the model's own tokens
+
+    def chat_key(self) -> str:
+        return format_chat_key(self.user_id, self.chat_id, self.anchor)
+
+
+def opening_anchor(messages: Messages) -> str:
+    """The anchor of a conversation as it came: its first two non-system messages; "" for a malformed opening."""
+    try:
+        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
+        return conversation_anchor([canonical_digest(m) for m in opening])
+    except Exception:
+        return ""
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The branch outlet saw, in canonical coordinates: its repaired non-system messages with their ids and digests."""
+
+    messages: Messages
+    ids: list
+    digests: list
+    anchor: str
+    # Open WebUI's own summary of what precedes ``messages`` (after /compact): the previous summary of a branch
+    # with none of this filter's yet
+    base: Optional[SummaryRecord] = None
+
+    @classmethod
+    def of(cls, canon: Messages, ids: list) -> "Branch":
+        digests = canonical_digests(canon)
+        return cls(canon, ids, digests, conversation_anchor(digests))
+
+    def after(self, message_id: Any, summary: str, user_id: str, chat_id: str) -> Optional["Branch"]:
+        """The branch as inlet receives it once Open WebUI's own compaction cut it at ``message_id`` (kept), the
+        core's summary as its base; None when that message is not on this branch."""
+        if message_id not in self.ids:
+            return None
+        cut = self.ids.index(message_id)
+        branch = Branch.of(self.messages[cut:], self.ids[cut:])
+        return replace(branch, base=SummaryRecord(user_id, chat_id, branch.anchor, 0, 0, "", summary))
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """Fold canonical messages [start, target) into ``previous`` (None: a first summary), keep [0, head) verbatim."""
+
+    previous: Optional[SummaryRecord]
+    head: int
+    start: int
+    target: int
+    user_instructions: str = ""  # the user's own instructions for this summary (/summarize <instructions>)
+
+
+def fold_deadline(s: Settings) -> int:
+    """Tokens of the next request past which a summary is written even if it cannot fold down to the low water
+    mark: halfway from the trigger to the cap (ready before trimming); without a cap twice the trigger."""
+    if s.max_context <= s.trigger_tokens:
+        return 2 * s.trigger_tokens
+    return s.trigger_tokens + (s.max_context - s.trigger_tokens) // 2
+
+
+def fold_due(s: Settings, used: int, coming: int) -> bool:
+    """Whether a fold is due after a reply: the next request (``used``, without the next user turn) is over the
+    trigger, or with the next turn (``coming``) it would pass the fold deadline: in a small window one turn may be a
+    large share of the cap, and the summary must be saved before that turn is sent, not after."""
+    return used > s.trigger_tokens or coming > min(fold_deadline(s), s.max_context or coming)
+
+
+def agent_run_target(canon: Messages, target: int, tail_tokens: int, trigger: int) -> int:
+    """Where a fold ends: ``target``, or the branch's end when the verbatim tail from ``target`` holds tool results and
+    alone counts (``tail_tokens``) over the trigger. A reply's tool loop is one atomic unit with its answer, so the tail
+    cannot start inside it: kept verbatim, the next turn could not carry it and would drop it whole, facts and all;
+    folded whole now, the next turn sends it as the summary (its tail opens with the next user message)."""
+    if tail_tokens <= trigger or not any(_role(m) == "tool" for m in canon[target:]):
+        return target
+    return len(canon)
+
+
 async def owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
     """(the /summarize instructions this chat's summary follows, whether the owner's were left out because the owner
     may not use the summary model). Only the chat owner's instructions count, and only within the owner's rights.
     Never raises: when the chat or the rights cannot be read (in time) the summary is made without instructions."""
     if not ctx.user_instructions.strip() or ctx.request is None:  # none given, or not inside Open WebUI
         return ctx.user_instructions, False
+    s, said = ctx.settings, ctx.user_instructions
     try:
-        return await asyncio.wait_for(_owners_instructions(ctx, ids), ctx.settings.summary_timeout)
+        found = owui_owners_instructions(ctx.request, ctx.chat_id, ctx.user_id, said, ids, s.summary_model)
+        return await asyncio.wait_for(found, s.summary_timeout)
     except Exception as exc:
         log.warning("async_context_compression chat=%s: /summarize instructions not used (%s)", ctx.chat_id, exc)
         return "", False
 
 
-async def _owners_instructions(ctx: RequestContext, ids: list) -> tuple[str, bool]:
-    Users = owui_module("open_webui.models.users").Users
-
-    owner, said = await _chat_owner_instructions(ctx, ids)
-    if not said:
-        return "", False
-    account = await Users.get_user_by_id(owner)
-    if account is None:
-        raise LookupError(f"the chat's owner {owner} not found")
-    allowed = await owui_may_use_model(ctx.request, account, ctx.settings.summary_model)
-    return (said, False) if allowed else ("", True)
+def _shared(name: str) -> property:
+    """``services.<name>``, read and set through its owner: a swap there (tests swap the store) reaches every user."""
+    return property(lambda self: getattr(self.services, name), lambda self, value: setattr(self.services, name, value))
 
 
-async def _chat_owner_instructions(ctx: RequestContext, ids: list) -> tuple[str, str]:
-    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
-    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
-    call) has one writer, the requester."""
-    if not (ctx.chat_id and is_saved_chat_id(ctx.chat_id)):
-        return ctx.user_id, ctx.user_instructions
-    Chats = owui_module("open_webui.models.chats").Chats
+class Services:
+    """What one worker's request path and background folds share, built once by the Filter: the store, the counter,
+    the summary model's call, each chat's state, the recall indexes, the loop summaries, the background tasks."""
 
-    chat = await Chats.get_chat_by_id(ctx.chat_id)
-    if chat is None:
-        raise LookupError("the chat is not found")
-    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
-    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
-    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
+    def __init__(self, store: FilterStore, counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
+        self.store, self.counter, self.complete = store, counter, complete
+        self.tasks, self.chats = set(), _BoundedDict(PER_CHAT_MEMORY)  # chats: chat key -> ChatState (bounded)
+        self.recall = RecallIndexes()  # each chat's folded passages (layer 2b), on this worker
+        self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
+
+    def chat(self, ctx: RequestContext) -> ChatState:
+        """The conversation's state, created on first use."""
+        return self.chats.setdefault(ctx.chat_key(), ChatState())
+
+    async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
+        """(the chat's recall index, the folded messages of ``record`` it may quote: digest -> turn). Once per summary
+        (its fingerprint fixes them): ``canon`` digested, those the index lacks (a fold made elsewhere) indexed."""
+        index, at = self.recall.get(key), (record.fingerprint, record.head_count)
+        if (allowed := index.folded.recall(at)) is None:
+            head, covered = record.head_count, record.covered_count
+            digests = digests or await _digests_yielding(canon[:covered])
+            allowed = folded_turns(canon, head, covered, digests)
+            if any(digest not in index for digest in allowed):
+                await extend_yielding(index, iter_passages(canon, head, covered, digests, index))
+            index.folded[at] = allowed
+            self.recall.shed()
+        return index, allowed
+
+    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
+        """The conversation's stored summaries, remembered for the calls of the same reply's tool loop."""
+        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
+        records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
+        self.chat(ctx).records = (ctx.message_id, tuple(records or ()))
+        return records
+
+    async def say(self, ctx: RequestContext, key: str, done: bool, **values: Any) -> None:
+        """A background line, after the figure of the last request sent."""
+        if not ctx.settings.show_status:
+            return
+        text = status_text(ctx.language, key, **values)
+        sent = self.chat(ctx).last_sent
+        if sent is not None and usage_shown(ctx.settings, sent.used):
+            text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
+        await _emit(ctx.emitter, text, done=done)
+
+    async def ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
+        """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
+        s = ctx.settings
+        messages = build_summarizer_messages(
+            summary, texts, s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions
+        )
+        args = (ctx.request, ctx.user, s.summary_model, messages, s.max_summary_tokens, s.summary_temperature)
+        extra = {"params": s.summary_model_params} if s.summary_model_params else {}
+        try:
+            answer = await asyncio.wait_for(self.complete(*args, **extra), timeout=s.summary_timeout)
+        except TimeoutError:
+            raise SummaryError(Fault.TIMEOUT, f"no answer within {s.summary_timeout:.0f}s")
+        except SummaryError:
+            raise
+        except Exception as exc:
+            raise SummaryError(Fault.MODEL_ERROR, str(exc)[:300])
+        return clean_summary_answer(answer)
+
+    def spawn(self, work: Awaitable) -> bool:
+        """Runs ``work`` in the background; past MAX_BACKGROUND_TASKS it is dropped (False) and waits for a later turn."""
+        if len(self.tasks) >= MAX_BACKGROUND_TASKS:
+            work.close()
+            log.warning("async_context_compression: %d tasks running; this one waits for a later turn", len(self.tasks))
+            return False
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return True
+
+    def _task_done(self, task: "asyncio.Task") -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("async_context_compression: background summary crashed", exc_info=task.exception())
+
+
+class BackgroundSummarizer:
+    """Plans, leases, folds and saves a chat's summaries with what ``services`` offers; its locks are bounded."""
+
+    store, counter, complete, recall = map(_shared, ("store", "counter", "complete", "recall"))  # tests reach them
+
+    def __init__(self, services: Services):
+        self.services, self.instructions = services, owners_instructions  # whose /summarize instructions count
+        self.worker = uuid.uuid4().hex[:12]
+        self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
+        self.lines: set = set()  # status lines being written (at most one per request in flight)
+
+    def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
+        """Says what a reply's request finally sent (settings notes on turns 1, 11, 21, ...), while the model answers:
+        Open WebUI stores it in the chat's row under a lock another worker may hold. A chat's lines keep their order."""
+        state, s = self.services.chat(ctx), ctx.settings
+        state.last_sent = sent
+        if not s.show_status:
+            return
+        due = s.warnings if sent.turn % NOTES_EVERY == 1 else ()
+        if line := status_line(ctx.language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
+            self._in_order(state, ctx.emitter, line)
+        if sent.recalled and ctx.message_id and state.recall_shown != ctx.message_id:
+            state.recall_shown = ctx.message_id
+            source = recall_source_event(ctx.language, sent.recalled, f"acc-recall-{ctx.message_id}")
+            self._in_order(state, ctx.emitter, source)
+
+    def _in_order(self, state: ChatState, emitter: Optional[Callable], event: Any) -> None:
+        """``event`` emitted after the chat's events before it, in the background."""
+        state.line = task = asyncio.ensure_future(_emit_after(state.line, emitter, event))
+        self.lines.add(task)
+        task.add_done_callback(self.lines.discard)
+
+    async def _index_fold(self, ctx: RequestContext, branch: Branch, record: SummaryRecord) -> None:
+        """A saved fold's messages indexed for recall now, so this worker's next request of the chat finds them."""
+        if ctx.settings.recall_share <= 0:
+            return
+        try:
+            await self.services.recall_index(ctx.chat_key(), branch.messages, record, branch.digests)
+        except Exception:
+            log.exception("async_context_compression: recall index not extended; the next request will")
+
+    async def line_written(self, ctx: RequestContext) -> None:
+        if _pending_here(line := self.services.chat(ctx).line):
+            await asyncio.wait([line], timeout=STORE_TIMEOUT)
+
+    # -- the next request, counted one way --------------------------------
+    def next_request_tokens(
+        self, ctx: RequestContext, canon: Messages, summary: Optional[str] = None, head: int = 0, start: int = 0
+    ) -> int:
+        """Tokens of the request inlet would send next (layer 3): head, summary, tail; no summary: all of ``canon``."""
+        kept = canon[:head] + [build_summary_message(summary)] + canon[start:] if summary else canon
+        return count_request(self.counter, kept, ctx.settings.encoding, self.services.chat(ctx).overhead)
+
+    def may_need_summary(self, ctx: RequestContext, canon: Messages) -> bool:
+        """Whether the next request, with the next user turn, would be over the trigger without any summary: an upper
+        bound of what ``plan`` weighs (``fold_due``), so chats below it cost no database read and no digests."""
+        coming = self.next_request_tokens(ctx, canon) + self._last_turn_tokens(canon, ctx.settings)
+        return coming > ctx.settings.trigger_tokens
+
+    def start_if_due(self, ctx: RequestContext, stored: Messages) -> None:
+        """After a reply: folds older turns of the branch outlet saw in the background when the user asked for it
+        (/summarize) or the next request may be over the trigger; returns at once."""
+        instructions = standing_summary_instructions(stored)
+        ctx = replace(ctx, force_summary=asked_for_summary(stored), user_instructions=instructions)
+        expanded, ids = expand_stored_messages(stored)
+        canon = canonical_messages(repair_transcript(expanded)[0])  # digests only once worth it
+        if ctx.force_summary or self.may_need_summary(ctx, canon):
+            self.services.spawn(self.run(ctx, Branch.of(canon, ids_after_repair(expanded, ids, canon))))
+
+    async def run(self, ctx: RequestContext, branch: Branch) -> None:
+        key = ctx.chat_key()
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        if lock.locked():
+            return  # this worker is already summarizing the chat
+        async with lock:
+            try:
+                if await builtin_compaction_on():
+                    log_notes_once([note("n_builtin_on")])
+                    branch = await self._after_builtin_checkpoint(ctx, branch)
+                if branch is not None:
+                    await self._summarize_if_needed(ctx, branch, key)
+            except StoreUnavailable as exc:  # said now: this line reaches every browser of the chat
+                if exc.fault.key:
+                    await self.services.say(ctx, "summaries_down", done=True, reason=exc.fault)
+            except Exception:
+                log.exception("async_context_compression: background summary failed")
+
+    async def _after_builtin_checkpoint(self, ctx: RequestContext, branch: Branch) -> Optional[Branch]:
+        """The branch from Open WebUI's latest compaction point on (what inlet receives), the core's summary as its
+        base; None when it cannot be followed (a cut between tool rounds, an unreadable database)."""
+        try:
+            found = latest_checkpoint(await _stored_branch(ctx.chat_id, branch.ids))
+        except Exception as exc:
+            log.warning("async_context_compression chat=%s: compaction point unreadable (%s)", ctx.chat_id, exc)
+            return None
+        if found is None:
+            return branch
+        message_id, summary = found
+        if summary is None:
+            log.info("async_context_compression chat=%s: Open WebUI compacted between tool rounds", ctx.chat_id)
+            return None
+        return branch.after(message_id, summary, ctx.user_id, ctx.chat_id)
+
+    # -- one summary --------------------------------------------------------
+    async def _summarize_if_needed(self, ctx: RequestContext, branch: Branch, key: str) -> None:
+        if await self.plan(ctx, branch) is None:
+            if ctx.force_summary:
+                await self.services.say(ctx, "summary_nothing", done=True)
+            return
+        holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
+        # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
+        # never expires under it
+        async with self.store.hold(key, holder) as lease:
+            # not held: another worker has it, or failures back off; planned again under it: another worker may
+            # just have finished
+            plan = await self.plan(ctx, branch) if lease else None
+            if plan is None:
+                return
+            heard, denied = await self.instructions(ctx, branch.ids) if plan.user_instructions else ("", False)
+            plan = replace(plan, user_instructions=heard)
+            try:
+                await self.services.say(ctx, "summarizing", done=False, messages=plan.target - plan.start)
+                record = await self._fold(ctx, branch, plan, lease)
+                if record is None:  # the lease was taken over (after an outage longer than its TTL)
+                    log.info("async_context_compression chat=%s: lease taken over; another worker goes on", ctx.chat_id)
+                    return
+                covered = record.covered_count - record.head_count
+                await self.services.say(ctx, "summary_plain" if denied else "summary_done", done=True, messages=covered)
+                if ctx.settings.show_status:  # the summary's whole text under the reply, as a source entry
+                    source_id = f"acc-summary-{record.covered_count}-{int(record.created_at)}"
+                    await _emit(ctx.emitter, summary_source_event(ctx.language, covered, record.summary, source_id))
+                await self._index_fold(ctx, branch, record)
+            except SummaryError as exc:
+                delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
+                log.warning(
+                    "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
+                    ctx.chat_id or "api",
+                    exc,
+                    delay,
+                )
+                await self.services.say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
+
+    async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
+        """A fold when the next request would be over the trigger and enough is new to be worth a summary call."""
+        s, canon = ctx.settings, branch.messages
+        records = await self.store.find(ctx.user_id, ctx.chat_id, branch.anchor)
+        previous = choose_summary(records, branch.digests, allow_full=True) or branch.base
+        head = previous.head_count if previous else protected_head_end(canon, s.keep_first)
+        start = previous.covered_count if previous else head
+        used = self.next_request_tokens(ctx, canon, previous.summary if previous else None, head, start)
+        coming = used + self._last_turn_tokens(canon, s)  # the next user turn, about as long as the last
+        if not fold_due(s, used, coming) and not ctx.force_summary:
+            return None
+        target = summary_target(canon, head, s.keep_last, floor=start)
+        target = self._tail_for_window(ctx, canon, previous, head, start, target)
+        tail_tokens = self.next_request_tokens(ctx, canon[target:])
+        target = agent_run_target(canon, target, tail_tokens, s.trigger_tokens)
+        if target <= start:
+            return None
+        # what the summarizer would read, counted exactly, off the event loop
+        fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
+        urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
+        if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
+            return None  # too little new to be worth rewriting the summary
+        if s.debug:
+            log.info(
+                "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s",
+                ctx.chat_id,
+                used,
+                s.trigger_tokens,
+                start,
+                target,
+            )
+        return FoldPlan(previous, head, start, target, ctx.user_instructions)
+
+    def _tail_for_window(
+        self,
+        ctx: RequestContext,
+        canon: Messages,
+        previous: Optional[SummaryRecord],
+        head: int,
+        start: int,
+        target: int,
+    ) -> int:
+        """Where the verbatim tail starts: ``target`` (``keep_last``), unless the window is too small for it. Then
+        ``keep_last`` yields: the fold goes deep enough that after it, the head, the summary (as large as the last one
+        plus a tenth of what it folds, at most ``max_summary_tokens``) and the next user turn leave TURNS_AHEAD of the
+        chat's typical turns below the fold deadline; at least the last turn stays verbatim where it fits beside them
+        under the cap (``tail_start_within``)."""
+        s = ctx.settings
+        sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
+        was = (
+            (previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding))
+            if previous
+            else 0
+        )
+        summary = min(s.max_summary_tokens, was + sum(sizes) // 10)
+        taken = self.next_request_tokens(ctx, canon[:head]) + summary + self._last_turn_tokens(canon, s)
+        low_water = fold_deadline(s) - TURNS_AHEAD * typical_turn_tokens(canon, sizes, start)
+        return tail_start_within(canon, sizes, target, low_water - taken, s.max_context - taken)
+
+    def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
+        """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
+        fold deadline by the count without the next turn would let that turn reach the cap before the summary."""
+        last = _last_user_index(canon)
+        return count_request(self.counter, [canon[last]], s.encoding, 0) if last >= 0 else 0
+
+    def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
+        blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
+        return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
+
+    def _worth_folding(
+        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = ""
+    ) -> int:
+        """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
+        rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
+        (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
+        ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
+        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
+        resent = self.counter.text_tokens(instructions, s.summary_encoding)
+        if previous is not None:
+            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
+        deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
+        return max(deep, 2 * resent)
+
+    async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any) -> Optional[SummaryRecord]:
+        """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
+        is saved as coverage only where it ends at a unit's end (a long message's pieces: after the last). None
+        when the chat's lease is lost meanwhile: another worker holds it now, never save over its work."""
+        s = ctx.settings
+        summary = plan.previous.summary if plan.previous else ""
+        # rendering and tokenizing up to the whole stretch: off the event loop
+        fold = (branch, plan.start, plan.target, s, plan.user_instructions, plan.previous)
+        rounds = await asyncio.to_thread(self._rounds, *fold)
+        record, at_coverage = None, True
+        for calls, summary_round in enumerate(rounds):
+            if calls >= _MAX_ROUNDS and record is not None and at_coverage:
+                break  # the rest waits for a later turn (never mid-message: that would start it over)
+            summary = await self.services.ask(ctx, summary, summary_round.texts(), plan.user_instructions)
+            at_coverage = summary_round.covered is not None
+            if not at_coverage:
+                continue  # part of a message: coverage waits for its last piece
+            if getattr(lease, "lost", False):
+                return None  # another worker holds the chat now
+            end = plan.start + summary_round.covered
+            record = SummaryRecord(
+                user_id=ctx.user_id,
+                chat_id=ctx.chat_id,
+                anchor=branch.anchor,
+                head_count=plan.head,
+                covered_count=end,
+                fingerprint=prefix_fingerprint(branch.digests, end),
+                summary=summary,
+                summary_tokens=self.counter.text_tokens(summary, s.summary_encoding),  # what re-sending it costs
+                model=s.summary_model,
+                created_at=time.time(),
+            )
+            await self.store.save(record)
+        if record is None:
+            raise SummaryError(Fault.INTERNAL, "nothing to fold")
+        return record
+
+    def _rounds(
+        self,
+        branch: Branch,
+        start: int,
+        target: int,
+        s: Settings,
+        user_instructions: str = "",
+        previous: Optional[SummaryRecord] = None,
+    ) -> list:
+        """canon[start:target] rendered as one summarizer call where the summary model's window holds it beside the
+        ``previous`` summary and the longest answer; else cut into rounds that fit with room for the longest summary
+        carried from round to round. Coverage stops only at an atomic unit's end (a call and its results together)."""
+        canon, ids = branch.messages, branch.ids
+        blocks = render_for_summary(canon[start:target], ids[start:target])
+        count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
+        # a record saved without its count (Open WebUI's own /compact summary as a base) is counted here
+        previous = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
+        budget = summary_round_budget(
+            s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
+        )
+        # a unit begun before ``start`` (a branch that grew a chain past an old boundary) adds its remaining messages
+        stops = [b - start for a, b in atomic_spans(canon[:target]) if b > start]
+        if previous < s.max_summary_tokens and len(one := plan_rounds(blocks, budget - previous, count, stops)) == 1:
+            return one
+        return plan_rounds(blocks, max(200, budget - s.max_summary_tokens), count, stops)
+
+
+# -- Summaries inside one reply's tool loop --------------------------------------
+# Open WebUI calls the request hook before every model call of a native tool loop; the rounds it adds are not in the
+# chat yet (no stored ids), so a loop summary is keyed by the reply (chat key + reply id) in this worker's memory, counts
+# the reply's own messages after the user's request (whole rounds) and carries the fingerprint of exactly those. A
+# later round applies it when the fingerprint still matches; it is never stored: after the reply, outlet's ordinary
+# fold reads the same results from the stored reply (its ``output``) and covers them by stored ids.
+
+LOOP_MEMORY = 256  # replies whose loop summaries one worker remembers
+
+
+@dataclass(frozen=True)
+class LoopSummary:
+    covered: int  # messages after the user's request, whole rounds
+    fingerprint: str  # prefix_fingerprint of their canonical digests
+    summary: str
+
+
+@dataclass
+class LoopState:
+    """One reply's loop summary, the fold running for it (at most one), and whether folding failed (not retried in
+    this reply: older results are shortened instead)."""
+
+    summary: Optional[LoopSummary] = None
+    running: bool = False
+    failed: bool = False
+
+
+def loop_key(ctx: RequestContext) -> str:
+    return f"{ctx.chat_key()}:{ctx.message_id}"
+
+
+def loop_fingerprint(messages: Messages, start: int, covered: int) -> str:
+    return prefix_fingerprint(canonical_digests(messages[start : start + covered]), covered)
+
+
+class LoopSummaries:
+    """Plans and runs folds of a tool loop's older rounds in the background (through the services' summarizer call)
+    and applies the newest one a later round can use; no round ever waits for one."""
+
+    def __init__(self, services: Services):
+        self.services = services
+        self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
+
+    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
+        """The stored summaries read for the same reply (by inlet or its first call): a loop adds no database reads."""
+        done = self.services.chat(ctx).records
+        if ctx.message_id and done[0] == ctx.message_id:
+            return list(done[1])
+        return await self.services.stored_summaries(ctx, messages)
+
+    def applied(self, ctx: RequestContext, messages: Messages, prefix: int) -> tuple[Messages, int]:
+        """``messages`` with this reply's loop summary in place of the rounds it covers, and where their tail starts
+        (``prefix``, after the summary when one applies: it goes before the head)."""
+        state = self.states.recall(loop_key(ctx)) if ctx.message_id else None
+        done = state.summary if state is not None else None
+        if done is None:
+            return messages, prefix
+        start, end = current_turn_rounds(messages)
+        if start + done.covered > end or loop_fingerprint(messages, start, done.covered) != done.fingerprint:
+            return messages, prefix
+        return apply_loop_summary(messages, done.covered, done.summary), prefix + (1 if prefix > 0 else 0)
+
+    def plan(self, ctx: RequestContext, messages: Messages, tokens: int) -> None:
+        """Starts folding the rounds not yet covered (all but the latest) when the request, its loop summary applied,
+        counts ``tokens`` over the trigger and they are worth a summary call; returns at once."""
+        s = ctx.settings
+        if not ctx.message_id or tokens <= s.trigger_tokens:
+            return
+        state = self.states.setdefault(loop_key(ctx), LoopState())
+        if state.running or state.failed:
+            return
+        start, end = current_turn_rounds(messages)
+        covered = state.summary.covered if state.summary else 0
+        fresh = messages[start + covered : end]
+        if not fresh or count_request(self.services.counter, fresh, s.encoding, 0) < self.worth(s, tokens):
+            return
+        state.running = self.services.spawn(self._fold(ctx, state, messages[start:end], covered))
+
+    @staticmethod
+    def worth(s: Settings, tokens: int) -> int:
+        """Fewest new tokens worth a fold: the stretch from the low water mark to the trigger, as between turns; past
+        ``fold_deadline`` any whole round (the cap is near: shortening would take it otherwise)."""
+        return 1 if tokens > fold_deadline(s) else int(s.trigger_tokens * (1 - s.low_water))
+
+    async def _fold(self, ctx: RequestContext, state: LoopState, rounds: Messages, covered: int) -> None:
+        services, s = self.services, ctx.settings
+        try:
+            await services.say(ctx, "loop_summarizing", done=False, messages=len(rounds) - covered)
+            blocks = await asyncio.to_thread(render_for_summary, rounds[covered:], [None] * (len(rounds) - covered))
+            count = partial(services.counter.text_tokens, encoding=s.summary_encoding)
+            budget = summary_round_budget(
+                s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt
+            )
+            plan = await asyncio.to_thread(plan_rounds, blocks, max(200, budget - s.max_summary_tokens), count)
+            text = state.summary.summary if state.summary else ""
+            for summary_round in plan[:_MAX_ROUNDS]:
+                text = await services.ask(ctx, text, summary_round.texts())
+            if len(plan) > _MAX_ROUNDS:
+                raise SummaryError(Fault.INTERNAL, "too many rounds")
+            state.summary = LoopSummary(len(rounds), loop_fingerprint(rounds, 0, len(rounds)), text)
+            await services.say(ctx, "loop_summary_done", done=True, messages=len(rounds))
+        except SummaryError as exc:
+            state.failed = True
+            log.warning("async_context_compression chat=%s: loop summary failed (%s)", ctx.chat_id or "api", exc)
+            await services.say(ctx, "loop_summary_failed", done=True, reason=exc.fault)
+        except Exception:
+            state.failed = True
+            log.exception("async_context_compression: loop summary failed")
+        finally:
+            state.running = False
 
 
 # -- The request path: inlet, and each model call of a tool loop ------------------
@@ -7161,8 +7180,8 @@ class RequestPath:
     """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
     before each model call of a tool loop), each calling the steps it takes; after the reply, ``outlet``."""
 
-    def __init__(self, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
-        self.summaries, self.tokens, self.windows = summaries, tokens, windows
+    def __init__(self, services: Services, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
+        self.services, self.summaries, self.tokens, self.windows = services, summaries, tokens, windows
         self.sent_in = _BoundedDict(REPLY_WINDOWS)  # reply id -> the window its request's num_ctx set
 
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
@@ -7182,8 +7201,8 @@ class RequestPath:
         reply = reply_room(body, model, window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
-        await self.tokens.refresh(self.summaries.store.read_ratios)
-        await self.tokens.read_unknown(self.summaries.store.read_user_ratios, model_id, user_id)
+        await self.tokens.refresh(self.services.store.read_ratios)
+        await self.tokens.read_unknown(self.services.store.read_user_ratios, model_id, user_id)
         ctx = RequestContext(  # never changed once built: a step that knows more makes a new one (replace)
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -7209,7 +7228,7 @@ class RequestPath:
         turn, on a worker that knew the ratio)."""
         if ctx.budgets is None:
             return ctx
-        scale = self.tokens.scale(ctx.model_id, self.summaries.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
+        scale = self.tokens.scale(ctx.model_id, self.services.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
         return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
@@ -7225,12 +7244,12 @@ class RequestPath:
 
     async def call_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_request(self.summaries.store, model_id, model, body, user_id, connect)
+        return await self.windows.for_request(self.services.store, model_id, model, body, user_id, connect)
 
     async def turn_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
-        store = self.summaries.store
+        store = self.services.store
         return await self.windows.for_turn(store, model_id, model, body, user_id, failed, connect, self.tokens)
 
     def forget_erased(self) -> None:
@@ -7245,37 +7264,37 @@ class RequestPath:
         recall indexes (rebuilt from the next requests' own messages)."""
         self.windows.forget_before(at)
         self.tokens.forget_before(at)
-        self.summaries.recall.indexes.clear()
-        self.summaries.recall.tokens.clear()
+        self.services.recall.indexes.clear()
+        self.services.recall.tokens.clear()
         _quoted.cache_clear()  # quoted passages of every chat, erased ones among them
-        self.summaries.store.forget_unsaved(at)
+        self.services.store.forget_unsaved(at)
 
     async def inlet(self, body: dict, ctx: RequestContext) -> dict:
         """A user's turn; where a request hook follows (0.11.2+: tools, RAG come later), its line completes inlet's."""
-        ctx, draft = await self._summarized(body, ctx, self.summaries.stored_summaries)
+        ctx, draft = await self._summarized(body, ctx, self.services.stored_summaries)
         view, fit = await self._fitted(ctx, draft, draft.view, draft.prefix)
         view = await self._recalled(ctx, draft, view, fit)
         if request_hook_follows():
-            self.summaries.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
+            self.services.chat(ctx).inlet_sent = draft.sent(ctx.settings, fit)
         else:
             self._sent_for_reply(ctx, draft, fit)
         return {**body, "messages": view}
 
     async def loop_call(self, body: dict, ctx: RequestContext) -> dict:
         """A tool loop's model call: capped too, its loop summary used if ready, older rounds folded for later calls."""
-        loops = self.summaries.loops
+        loops = self.services.loops
         ctx, draft = await self._summarized(body, ctx, loops.stored_summaries, refresh=False)
         view, prefix = loops.applied(ctx, draft.view, draft.prefix)
         view, fit = await self._fitted(ctx, draft, view, prefix)
         view = await self._recalled(ctx, draft, view, fit)  # inlet's block, already in the list, is not searched again
         loops.plan(ctx, draft.view, fit.tokens_before)
-        self._sent_for_reply(ctx, draft, fit, self.summaries.chat(ctx).inlet_sent)
+        self._sent_for_reply(ctx, draft, fit, self.services.chat(ctx).inlet_sent)
         return {**body, "messages": view}
 
     async def _summarized(self, body: dict, ctx: RequestContext, read: Callable, refresh: bool = True) -> tuple:
         """(``ctx`` noting Open WebUI's own compaction, the Draft: the list repaired, the chat's summary from ``read``
         applied); Open WebUI's own summary (there, or ``builtin_compaction_on``) is the base of ours, sent once."""
-        counter, s = self.summaries.counter, ctx.settings
+        counter, s = self.services.counter, ctx.settings
         messages, repair = await repair_request(explain_summarize_command(body["messages"]))
         fixed = request_fixed_tokens(counter, body.get("tools"), s.encoding)
         systems, canon = split_system(messages)  # one pass; the filter's helpers below read only these
@@ -7294,7 +7313,7 @@ class RequestPath:
             view, prefix = messages, protected_head_end(messages, s.keep_first)
         view = hide_summarize_commands(view)  # after the lookup: its fingerprints see the chat as stored
         overhead = request_overhead_tokens(counter, systems if record is None else view, fixed, s.encoding)
-        self.summaries.chat(ctx).overhead = overhead
+        self.services.chat(ctx).overhead = overhead
         return ctx, Draft(messages, canon, view, prefix, fixed, repair, record, fault)
 
     async def lookup_summary(self, ctx: RequestContext, messages: Messages, canon: Messages, read=None) -> tuple:
@@ -7303,7 +7322,7 @@ class RequestPath:
         if len(canon) < 3:
             return None, None
         try:
-            records = await (read or self.summaries.stored_summaries)(ctx, messages)
+            records = await (read or self.services.stored_summaries)(ctx, messages)
         except StoreUnavailable as exc:
             return None, exc.fault
         except TimeoutError:
@@ -7318,13 +7337,13 @@ class RequestPath:
             return None, None  # no summary yet: the history needs no fingerprint
         # digests as far as a record can reach, plus one so that choose_summary sees the same limit as with all of them
         reach = max((r.covered_count for r in records if isinstance(r.covered_count, int)), default=0)
-        digests = self.summaries.chat(ctx).digests_of(canon[: max(0, min(len(canon), reach + 1))])
+        digests = self.services.chat(ctx).digests_of(canon[: max(0, min(len(canon), reach + 1))])
         return choose_summary(records, digests), None
 
     async def _fitted(self, ctx: RequestContext, draft: Draft, view: Messages, prefix: int) -> tuple:
         """``view`` fitted under the cap (its tail from ``prefix``), and what fitting did."""
         s = ctx.settings
-        view, fit = await fit_request(self.summaries.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
+        view, fit = await fit_request(self.services.counter, view, s.max_context, prefix, draft.fixed, s.encoding)
         if fit.changed():
             # a guard, not a fix: fitting keeps whole turns of a repaired list (tests/unit/test_properties.py checks
             # its output needs no repair), but a 400 from the provider would cost the user's turn
@@ -7342,13 +7361,13 @@ class RequestPath:
         that message (layer 2b), within the recall share of the cap (a short question: RECALL_QUESTION_SHARE) and the
         room fitting left (``fit`` then counts them, ``draft.recalled`` holds them); unchanged without a summary, or
         when the list carries a block."""
-        s, record, counter = ctx.settings, draft.record, self.summaries.counter
+        s, record, counter = ctx.settings, draft.record, self.services.counter
         room = min(int(s.recall_share * s.max_context), s.max_context - fit.tokens_after - RECALL_SLACK)
         if record is None or room <= 0 or carries_recall(view):
             return view
-        index, allowed = await self.summaries.recall_index(ctx.chat_key(), draft.canon, record)
+        index, allowed = await self.services.recall_index(ctx.chat_key(), draft.canon, record)
         exact = counter.is_exact(s.encoding)
-        known, by_lines = self.summaries.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
+        known, by_lines = self.services.recall.tokens, exact and s.encoding in BY_LINES_ENCODINGS
 
         def count(text: str) -> int:  # as fitting counted the rest: an estimate gets its margin
             key = (s.encoding, exact, text)
@@ -7375,13 +7394,13 @@ class RequestPath:
     def _count_grown(self, encoding: str, before: Message, after: Message, added: Optional[int]) -> None:
         """``after``, ``before`` grown by ``added`` tokens (the recall block), counted from ``before``'s count: the
         request hook, which fits what inlet sent, finds it counted (tokenized whole it took ~2 ms of a question)."""
-        counter = self.summaries.counter
+        counter = self.services.counter
         if added is not None and (tokens := counter.known(before, encoding)) is not None:
             counter.remember(after, encoding, tokens + added)
 
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
-        exact = self.summaries.counter.is_exact(ctx.settings.encoding)
+        exact = self.services.counter.is_exact(ctx.settings.encoding)
         self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound, ctx.user_id)
         self._note_for_window(ctx, fit.tokens_after, exact)
         self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
@@ -7396,7 +7415,7 @@ class RequestPath:
         path = "exact" if exact else "estimate"
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
         if self.windows.note_sent(request, ctx.own_window):
-            self.summaries.spawn(_stored_quietly(self.summaries.store.record_sent(request), "a sent request's record"))
+            self.services.spawn(_stored_quietly(self.services.store.record_sent(request), "a sent request's record"))
 
     async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
         """After the reply: what its usage teaches (``after_reply``), then older turns folded if due (start_if_due)."""
@@ -7409,17 +7428,17 @@ class RequestPath:
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
         record of its request goes, answered (no error stored on it later is the provider's)."""
-        store, reply_id = self.summaries.store, str(body.get("id") or ctx.message_id or "")
+        store, reply_id = self.services.store, str(body.get("id") or ctx.message_id or "")
         reply = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("id") == reply_id), None)
         usage, save = reply.get("usage") if reply is not None else None, store.save_windows
         windows, user = self.windows, ctx.user_id
         cut, recorded = await windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save, user)
         if recorded:
-            self.summaries.spawn(_stored_quietly(store.forget_sent(reply_id), "an answered request's record"))
+            self.services.spawn(_stored_quietly(store.forget_sent(reply_id), "an answered request's record"))
         if cut:
             return  # a cut reply says nothing of the model's tokens
         if learning := self.tokens.after_reply(reply, store.add_ratios, user):
-            self.summaries.spawn(learning)
+            self.services.spawn(learning)
 
 
 async def _stored_quietly(write: Awaitable, what: str) -> None:
@@ -7446,18 +7465,17 @@ class Filter:
 
     def __init__(self):
         self.valves = self.Valves()
-        self.summaries = BackgroundSummarizer(ChatStore(), TokenCounter(), owui_complete)
+        self.services = Services(ChatStore(), TokenCounter(), owui_complete)  # shared by the path and the background
+        self.summaries = BackgroundSummarizer(self.services)
         self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
-        self.retention = RetentionSweeper(self.summaries.store)  # layer 5: what outlives a deletion, in the background
+        self.retention = RetentionSweeper(self.store)  # layer 5: what outlives a deletion, in the background
         self.windows = ModelWindow()  # per model: its window, found or learned from the provider
-        self.path = RequestPath(self.summaries, self.tokens, self.windows)  # inlet and each model call of a loop
+        self.path = RequestPath(self.services, self.summaries, self.tokens, self.windows)  # inlet, each loop call
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
 
-    # the summarizer owns both (tests swap ``summaries.counter`` and ``summaries.store``)
-    counter = property(lambda self: self.summaries.counter)
-    store = property(lambda self: self.summaries.store)
+    counter, store = _shared("counter"), _shared("store")  # tests swap them (also as ``summaries.counter``)
     # the atomic-unit rules under the names the tool-pairing fixes use (layer 1 holds them)
     _get_atomic_groups = staticmethod(get_atomic_groups)
     _align_tail_start_to_atomic_boundary = staticmethod(align_tail_start_to_atomic_boundary)
@@ -7552,8 +7570,8 @@ class Filter:
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
-        if self.summaries.tasks or self.summaries.lines:
-            await asyncio.wait([*self.summaries.tasks, *self.summaries.lines], timeout=timeout)
+        if self.services.tasks or self.summaries.lines:
+            await asyncio.wait([*self.services.tasks, *self.summaries.lines], timeout=timeout)
 
 
 # ---------------------------------------------------------------------------

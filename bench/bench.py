@@ -449,9 +449,9 @@ def table_sizes(f: "acc.Filter") -> dict:
     """Every table the filter keeps between requests, with its bound."""
     sizes = {
         "token count cache": (cache_len(f.counter), f.counter._cache.limit),
-        "state per chat": (len(f.summaries.chats), f.summaries.chats.limit),
+        "state per chat": (len(f.services.chats), f.services.chats.limit),
         "chat locks (weak)": (len(f.summaries.locks), acc.MAX_BACKGROUND_TASKS),
-        "background tasks": (len(f.summaries.tasks), acc.MAX_BACKGROUND_TASKS),
+        "background tasks": (len(f.services.tasks), acc.MAX_BACKGROUND_TASKS),
         "settings warnings": (len(acc._LOGGED_NOTES), acc._LOGGED_NOTES.limit),
     }
     if hasattr(acc, "_DIGESTS"):
@@ -483,7 +483,7 @@ async def many_chats(count: int, checkpoints: int = 8) -> dict:
         messages = make_chat(8 + i % 7, seed=i, scale=0.1)
         await f.inlet(inlet_body(messages, chat_id), user, {"chat_id": chat_id})
         await f.outlet(outlet_body(messages, chat_id), user, {"chat_id": chat_id})
-        if f.summaries.tasks:
+        if f.services.tasks:
             await f.wait_for_background()
         if i + 1 == count:
             tables_at_count = table_sizes(f)

@@ -109,7 +109,7 @@ async def _chat(ratio: float, exact: bool, turns: int, seed: int) -> tuple:
         body = await f.inlet({"model": "m", "messages": [dict(m) for m in stored]}, user, meta, None, None, None, chat)
         body = await f.request({**body, "tools": TOOLS}, user, meta, None, None, chat)
         own = model_tokens(body["messages"], TOOLS, spec)
-        shown = f.summaries.chats[f"bench:{chat}"].last_sent.used
+        shown = f.services.chats[f"bench:{chat}"].last_sent.used
         if i in AFTER:
             errors[i] = (shown - own) / own
         if i >= 1:

@@ -110,6 +110,23 @@ def test_no_definition_names_one_further_down_the_layers():
     assert upward_references(SOURCE) == []
 
 
+def open_webui_readers(source: str) -> set:
+    """The layers whose code imports Open WebUI's modules (``owui_module("...")``), below the shared head."""
+    lines = source.splitlines()
+    heads = layer_heads(lines)
+    return {
+        next(label for start, label in reversed(heads) if start <= number)
+        for number, line in enumerate(lines, 1)
+        if 'owui_module("' in line and number > heads[0][0]
+    }
+
+
+def test_open_webui_is_imported_by_its_adapters_only():
+    """Issue 46: the adapters (layer 7b) hold every call on Open WebUI's modules but the async engine (layer 5) and
+    the output converter (layer 2), which lower layers need."""
+    assert open_webui_readers(SOURCE) == {"2", "5", "7b"}
+
+
 def test_a_parameter_named_like_a_lower_definition_is_no_reference():
     lines = [RULE, "# 1. Low", RULE, "def low(high):", "    return high", "", RULE, "# 2. High", RULE, "def high():"]
     assert upward_references("\n".join(lines) + "\n    return 1\n") == []

@@ -766,7 +766,7 @@ def test_long_turns_in_a_small_window_get_their_summary_before_the_next_turn_rea
     next turn, or that turn meets the cap before the summary (e2e: a marker left out once in 26 turns)."""
     from acc_builders import EstimateOnly, RecordStore
 
-    summaries = acc.BackgroundSummarizer(RecordStore(), EstimateOnly(), None)
+    summaries = acc.BackgroundSummarizer(acc.Services(RecordStore(), EstimateOnly(), None))
     settings = acc.resolve_settings(acc.Filter.Valves(), "q", None, acc.Window(16384, "published"), 2048)
     ctx = acc.RequestContext(user={"id": "u"}, user_id="u", chat_id="c", model_id="q", language="en", settings=settings)
     turn = "Budget cache deploy engine filter gateway handler index. " * 150  # ~1,800 tokens
