@@ -3,12 +3,8 @@ need a database server): PostgreSQL 15 with DATABASE_SCHEMA=owui and a role that
 may create tables only there, as managed databases have it. No permission, the
 store unreachable during a summary, the database restarted mid-chat, Open WebUI
 restarted with cold caches. A deployment of its own (it runs in scripts/test.sh's
-second lane); the other rows are tests/e2e/test_faults.py.
-
-Each test asserts that the chat keeps working (no 400, no failed turn except
-those made while the database itself was down), what reaches the model
-(system prompt, the latest turns verbatim, under the cap) and, through
-``assert_fault_status``, what the status line says.
+third lane); the other rows, and what every test asserts, are in
+tests/e2e/test_faults.py.
 """
 
 from __future__ import annotations
@@ -237,16 +233,22 @@ def test_pg_store_unreachable_during_a_summary(pg, provider):
     assert "the database is unreachable" in pg.server.log_since(log_from)
 
 
+def eight_turns_on(pg, provider, seed: int, title: str) -> Conversation:
+    """A saved chat of three turns, then eight live ones on the PostgreSQL deployment (summaries made by then)."""
+    conv = Conversation(pg.client, provider, seed=seed)
+    conv.add_turns(3)
+    conv.store(title)
+    for _ in range(8):
+        conv.turn()
+    return conv
+
+
 def test_pg_restart_mid_chat_costs_only_the_turns_made_while_down(pg, provider):
     """PostgreSQL stopped and started between turns: a turn made while it is
     down fails in Open WebUI itself; the first turn after it is back works,
     with the summary made before (the pool's dead connections do not poison it)."""
     start = len(provider.requests)
-    conv = Conversation(pg.client, provider, seed=44)
-    conv.add_turns(3)
-    conv.store("fault pg restart")
-    for _ in range(8):
-        conv.turn()
+    conv = eight_turns_on(pg, provider, seed=44, title="fault pg restart")
     assert any(has_summary(r) for r in conv.turns[-1].requests), "no summary before the restart"
     pg.pg_ctl("pause")
     try:
@@ -268,11 +270,7 @@ def test_pg_restart_of_open_webui_with_cold_caches(pg, provider):
     store's schema check start cold): the next turn uses the summary made
     before the restart, and new ones are still made."""
     start = len(provider.requests)
-    conv = Conversation(pg.client, provider, seed=45)
-    conv.add_turns(3)
-    conv.store("fault owui restart")
-    for _ in range(8):
-        conv.turn()
+    conv = eight_turns_on(pg, provider, seed=45, title="fault owui restart")
     before = pg.summaries(conv.chat_id)
     assert before, "no summary before the restart"
     pg.server.stop()
