@@ -206,11 +206,7 @@ class OpenWebUIClient:
             function = self.post("/api/v1/functions/create", form)
         else:
             function = self.post(f"/api/v1/functions/id/{function_id}/update", form)
-        function = self.get_function(function_id) or function
-        if not function.get("is_active"):
-            function = self.post(f"/api/v1/functions/id/{function_id}/toggle")
-        if enable_global is not None and bool(function.get("is_global")) != bool(enable_global):
-            function = self.post(f"/api/v1/functions/id/{function_id}/toggle/global")
+        self.set_function_state(function_id, active=True, is_global=enable_global)
         if valves is not None:
             self.set_valves(function_id, valves, merge=merge_valves)
         return self.get_function(function_id) or function
