@@ -475,6 +475,24 @@ def test_requests_are_copies(provider):
     assert provider.requests == []
 
 
+def test_every_way_of_reading_the_log_gives_copies(provider):
+    for text in ("a", "b", "c"):
+        chat(provider, [U(text)])
+    for read in (lambda log: log[1:][0], lambda log: list(log)[1], lambda log: list(reversed(log))[1]):
+        read(provider.requests)["messages"].append("junk")
+    assert [r["messages"] for r in provider.requests] == [[U("a")], [U("b")], [U("c")]]
+
+
+def test_hold_delays_only_the_turns_that_name_its_text(provider):
+    provider.configure(hold=("Forged.", 1.0))
+    started = time.monotonic()
+    chat(provider, [U("plain")])
+    plain = time.monotonic() - started
+    chat(provider, [U("Forged. held")])
+    held = time.monotonic() - started - plain
+    assert plain < 0.9 <= held, (plain, held)
+
+
 def test_main_serves_until_killed():
     proc = subprocess.Popen(
         [sys.executable, "-m", "devkit.fake_provider", "--port", "0", "--mode", "friendly"],
