@@ -5863,6 +5863,12 @@ def summary_round_budget(
     return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
 
 
+def one_call_room(budget: int, previous: int, max_summary_tokens: int) -> int:
+    """New-message tokens one summarizer call takes beside the ``previous`` summary's tokens (``budget``: a round's,
+    summary_round_budget): a summary at its limit leaves a round's room beside the longest summary, as rounds are cut."""
+    return budget - previous if previous < max_summary_tokens else max(200, budget - max_summary_tokens)
+
+
 # -- the answer ------------------------------------------------------------------
 
 _UNCLOSED_REASONING_RE = re.compile(r"^\s*<(think|thinking|reasoning)>.*", re.DOTALL | re.IGNORECASE)
@@ -6900,7 +6906,8 @@ class BackgroundSummarizer:
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
         urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
-        if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
+        worth = self._worth_folding(s, previous, coming, ctx.user_instructions, coming - used)
+        if not urgent and fresh < worth:
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -6934,10 +6941,17 @@ class BackgroundSummarizer:
             if previous
             else 0
         )
-        summary = min(s.max_summary_tokens, was + sum(sizes) // 10)
-        taken = self.next_request_tokens(ctx, canon[:head]) + summary + self._last_turn_tokens(canon, s)
-        low_water = fold_deadline(s) - TURNS_AHEAD * typical_turn_tokens(canon, sizes, start)
-        return tail_start_within(canon, sizes, target, low_water - taken, s.max_context - taken)
+        fixed = self.next_request_tokens(ctx, canon[:head]) + self._last_turn_tokens(canon, s)
+        typical = typical_turn_tokens(canon, sizes, start)
+
+        def taken(folded_to: int) -> int:  # the head, the next turn, the summary once [start, folded_to) is in it
+            # a turn at least: a last turn kept now beside an unchanged summary must still fit once the one before the
+            # next is folded, else the next fold takes two turns (two summarizer calls in a small window)
+            return fixed + min(s.max_summary_tokens, was + max(typical, sum(sizes[:folded_to])) // 10)
+
+        low_water = fold_deadline(s) - TURNS_AHEAD * typical
+        last = max(target, _last_user_index(canon))
+        return tail_start_within(canon, sizes, target, low_water - taken(len(canon)), s.max_context - taken(last))
 
     def _last_turn_tokens(self, canon: Messages, s: Settings) -> int:
         """The latest user message's tokens: with long turns (a large share of a small window's cap), waiting for the
@@ -6950,18 +6964,23 @@ class BackgroundSummarizer:
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
     def _worth_folding(
-        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = ""
+        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = "", turn: int = 0
     ) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
         rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
-        ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
-        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
-        resent = self.counter.text_tokens(instructions, s.summary_encoding)
-        if previous is not None:
-            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
-        deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
-        return max(deep, 2 * resent)
+        ``fold_deadline`` only the latter, and no more than one call holds less the next ``turn``: waiting longer
+        would end in trimming, which moves the front too, or in a fold of two calls (a 4k summarizer beside a full
+        summary took two turns of 1.3k in two calls every other turn: more calls than one a turn)."""
+        count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
+        resent = count(summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions))
+        was = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
+        if used <= fold_deadline(s):
+            return max(int(s.trigger_tokens * (1 - s.low_water)), 2 * (resent + was))
+        budget = summary_round_budget(
+            s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
+        )
+        return max(1, min(2 * (resent + was), one_call_room(budget, was, s.max_summary_tokens) - turn + 1))
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any) -> Optional[SummaryRecord]:
         """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
