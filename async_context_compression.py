@@ -5863,12 +5863,6 @@ def summary_round_budget(
     return max(1, int(window) - int(max_summary_tokens) - fixed - 200)
 
 
-def one_call_room(budget: int, previous: int, max_summary_tokens: int) -> int:
-    """New-message tokens one summarizer call takes beside the ``previous`` summary's tokens (``budget``: a round's,
-    summary_round_budget): a summary at its limit leaves a round's room beside the longest summary, as rounds are cut."""
-    return budget - previous if previous < max_summary_tokens else max(200, budget - max_summary_tokens)
-
-
 # -- the answer ------------------------------------------------------------------
 
 _UNCLOSED_REASONING_RE = re.compile(r"^\s*<(think|thinking|reasoning)>.*", re.DOTALL | re.IGNORECASE)
@@ -6906,8 +6900,7 @@ class BackgroundSummarizer:
         # what the summarizer would read, counted exactly, off the event loop
         fresh = await asyncio.to_thread(self._rendered_tokens, branch, start, target, s)
         urgent = ctx.force_summary or (s.max_context and coming > s.max_context)
-        worth = self._worth_folding(s, previous, coming, ctx.user_instructions, coming - used)
-        if not urgent and fresh < worth:
+        if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
             log.info(
@@ -6931,9 +6924,9 @@ class BackgroundSummarizer:
     ) -> int:
         """Where the verbatim tail starts: ``target`` (``keep_last``), unless the window is too small for it. Then
         ``keep_last`` yields: the fold goes deep enough that after it, the head, the summary (as large as the last one
-        plus a tenth of what it folds, at most ``max_summary_tokens``) and the next user turn leave TURNS_AHEAD of the
-        chat's typical turns below the fold deadline; at least the last turn stays verbatim where it fits beside them
-        under the cap (``tail_start_within``)."""
+        plus a tenth of what it folds, a turn at least, at most ``max_summary_tokens``) and the next user turn leave
+        TURNS_AHEAD of the chat's typical turns below the fold deadline; at least the last turn stays verbatim where it
+        fits beside them under the cap (``tail_start_within``)."""
         s = ctx.settings
         sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
         was = (
@@ -6964,23 +6957,18 @@ class BackgroundSummarizer:
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
 
     def _worth_folding(
-        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = "", turn: int = 0
+        self, s: Settings, previous: Optional[SummaryRecord], used: int, user_instructions: str = ""
     ) -> int:
         """Fewest new tokens worth a summary call: the stretch from the low water mark to the trigger, so the next
         rewrite is many turns away and the cached prompt prefix changes rarely; and twice what each call re-sends
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
-        ``fold_deadline`` only the latter, and no more than one call holds less the next ``turn``: waiting longer
-        would end in trimming, which moves the front too, or in a fold of two calls (a 4k summarizer beside a full
-        summary took two turns of 1.3k in two calls every other turn: more calls than one a turn)."""
-        count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
-        resent = count(summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions))
-        was = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
-        if used <= fold_deadline(s):
-            return max(int(s.trigger_tokens * (1 - s.low_water)), 2 * (resent + was))
-        budget = summary_round_budget(
-            s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
-        )
-        return max(1, min(2 * (resent + was), one_call_room(budget, was, s.max_summary_tokens) - turn + 1))
+        ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
+        instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
+        resent = self.counter.text_tokens(instructions, s.summary_encoding)
+        if previous is not None:
+            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
+        deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
+        return max(deep, 2 * resent)
 
     async def _fold(self, ctx: RequestContext, branch: Branch, plan: FoldPlan, lease: Any) -> Optional[SummaryRecord]:
         """Fold the plan's messages, every one whole, in as many rounds as the summary model's window needs; a round
