@@ -161,6 +161,27 @@ def test_at_4k_with_long_turns_every_turn_gets_its_summary_in_time(chats):
     assert len(summarized) >= len(turns) - 3, summarized  # from the first fold on, about one per turn
 
 
+def summarizer_calls_per_turn(summaries: FakeProvider, turns: list, first: int = 8) -> float:
+    """The summarizer calls a chat's folds made from its ``first``-th turn on, per turn: a call is the chat's when it
+    carries one of its markers (every marker is drawn anew); from the ``first``-th turn's request on, sent once the
+    folds of the turns before it were saved (live_turn)."""
+    ours = set().union(*(t.expected for t in turns))
+    begun = min(r["time"] for r in turns[first - 1].requests)
+    calls = [r for r in summaries.requests if r["kind"] == "summary" and r["time"] >= begun]
+    return sum(1 for r in calls if request_markers(r) & ours) / (len(turns) - first + 1)
+
+
+def test_from_the_8th_turn_a_fold_takes_one_summarizer_call_a_turn_at_4k_and_one_per_two_turns_at_8k(chats, stack):
+    """Issue 44: the fold depth is reckoned in the model's own tokens (1.1x plus 4 a message for the served models),
+    so a fold is one call where the summarizer's window holds it: at 4k each turn is folded alone (one turn fills the
+    room), at 8k two or three at once."""
+    _, _, summaries = stack
+    rates = {m: summarizer_calls_per_turn(summaries, chats[m][1]) for m in (SET_4K, SERVED_4K, SET_8K, SERVED_8K)}
+    print(f"\n[e2e] summarizer calls per turn from the 8th: {rates}")
+    assert rates[SET_4K] <= 1.0 and rates[SERVED_4K] <= 1.0, rates
+    assert rates[SET_8K] <= 0.5 and rates[SERVED_8K] <= 0.5, rates
+
+
 def test_llama_server_publishing_its_trained_size_rejects_nothing_when_props_answers(chats, stack):
     _, _, openai = stack
     _, turns, _ = chats[LLAMA]
