@@ -2919,6 +2919,10 @@ def period_from_env(name: str, default: float) -> float:
 RATIOS_SETTLE = 5.0  # seconds a sample may take to reach the store (minute E applies those before E - this)
 RATIOS_MINUTE = period_from_env("RATIOS_MINUTE", 60.0)  # seconds of the "minute" every worker applies one snapshot in
 RATIOS_KEPT_FRESH = 180.0  # seconds the store keeps every sample, beyond each model's newest RATIO_SAMPLES
+# A model whose server cuts silently (Ollama drops whole messages and reports what it kept, which reads like a low
+# ratio) is fitted at this ratio until a reply of the user's teaches its own: about the highest of local tokenizers
+# against cl100k, so that first reply is uncut and its ratio true (at 1:1 a 1.4x model was cut on every request).
+SILENT_CUT_RATIO = 1.4
 RATIO_SAFETY = 0.01  # a learned ratio's cap is this much lower: ratios drift as a chat's mix changes
 RATIO_PATHS = ("exact", "estimate")  # 1.4's "replayed" ratios came from usage stored on a chat, which users write
 UNSAVED_KEPT = 64  # rows learned here (ratios, windows) a worker keeps for a store that takes none
@@ -3736,6 +3740,8 @@ class ModelWindow(SharedThroughStore):
         """The model's window for ``user``'s request (``find``), after reading the windows every worker learned when
         due, and asking the model's server (``connect()``: a ServedServer) when due."""
         await self.refresh(store.read_windows)
+        if isinstance(model, dict) and isinstance(model.get("ollama"), dict):  # Open WebUI's own entry, not the body's
+            self.ollama[model_id] = True
         window = self.find(model_id, model, body, user)
         if connect is None or window.source == "settings":
             return window
@@ -7236,6 +7242,8 @@ class RequestPath:
         if ctx.budgets is None:
             return ctx
         scale = self.tokens.scale(ctx.model_id, self.services.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
+        if scale is None and ctx.model_id in self.windows.ollama:
+            scale = SILENT_CUT_RATIO
         return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:

@@ -73,3 +73,13 @@ def test_a_1_3x_model_with_no_ratio_known_is_rejected_once_at_most():
     out = local_backends.rejecting_case()
     assert out.requests >= 10
     assert len(out.cut) <= 1, out.cut
+
+
+@pytest.mark.parametrize("ratio", [1.3, 1.4])
+def test_ollama_counting_high_with_long_turns_is_never_cut(ratio):
+    """Ollama cuts silently and reports what it kept, which reads like a low ratio: a 1.4x model with 1,500-token
+    turns at 4k, fitted at 1:1, was cut on every request and learned 0.77 from the cut replies (14 of 14 cut). Fitted
+    at SILENT_CUT_RATIO until its first reply, the first request included, nothing is cut."""
+    scenario = local_backends.Scenario(ratio=ratio, per_message=4, found="served", saved=4)
+    out = asyncio.run(local_backends.run_case("ollama", 4096, 1500, 3.0, scenario))
+    assert not out.cut, out.cut
