@@ -25,7 +25,7 @@ requirements: tiktoken
 #      WebUI never saves, else SummaryStore, the database: summaries, leases, ratios, windows, requests sent), NullStore
 #      keeps nothing (no database); RetentionSweeper (what outlives a deletion; the erase).
 #   6. Summarizer: prompt, input rendering, the call's form, answer cleaning.
-#   7. Status lines: what one request sent (SentOutcome), said in the user's language.
+#   7. Status lines: what one request sent (SentOutcome), said in the user's language, in each chat's order.
 #   7b. Open WebUI adapters: its version and limits, config, stored chats and users, model access, connections, the
 #      summary call (owui_complete); plain values in and out. Only layers 2 and 5 import Open WebUI before it.
 #   8. Services (what RequestPath and the folds share), BackgroundSummarizer (plan, lease, fold in rounds, save, back
@@ -33,13 +33,14 @@ requirements: tiktoken
 #   9. The Filter: Open WebUI's hooks wired to RequestPath and BackgroundSummarizer, never raising.
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
-# A request travels: Filter.inlet -> RequestPath.context (ModelWindow.for_turn, resolve_settings, ModelTokens.scale;
-# a RequestContext, never changed once built) -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find,
-# choose_summary, apply_summary), fit_request, the recall block in the room left (RequestPath._recalled: layer 2b),
-# all reading the one canonical list on the Draft; Open WebUI's request hook (Filter.request -> RequestPath.loop_call)
-# repeats this before every model call of a tool loop, with the loop's own summary (LoopSummaries). After the reply,
-# Filter.outlet -> RequestPath.outlet: its context, after_reply (ModelWindow and ModelTokens learn from the usage) ->
-# BackgroundSummarizer.start_if_due -> plan / _fold (summarizer, layer 6) -> ChatStore.save.
+# A request travels: Filter.inlet -> RequestPath.context (RequestParams.of reads the posted parameters once, layer 3;
+# ModelWindow.for_turn, resolve_settings, ModelTokens.scale; a RequestContext, never changed once built) ->
+# RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), fit_request,
+# the recall block (layer 2b), all on the Draft's one canonical list -> Services.tell -> StatusLines (layer 7); the
+# request hook (Filter.request -> RequestPath.loop_call) repeats this before each model call of a tool loop, with the
+# loop's own summary (LoopSummaries). After the reply, Filter.outlet -> RequestPath.outlet: its context, its line
+# written, after_reply (usage teaches ModelWindow, ModelTokens) -> BackgroundSummarizer.start_if_due -> plan / _fold
+# (layer 6) -> ChatStore.save.
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
 #   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
@@ -1553,12 +1554,6 @@ def split_system(messages: Messages) -> tuple:
     return parts
 
 
-def canonical_opening(messages: Messages) -> Messages:
-    """The first two canonical messages (a chat's anchor), not the whole list."""
-    canonical = (m for m in messages if not isinstance(m, dict) or m.get("role") != "system")
-    return [m for _, m in zip(range(2), canonical)]
-
-
 def prefix_fingerprint(digests: list, count: int) -> str:
     return hashlib.sha256("|".join(digests[:count]).encode()).hexdigest()
 
@@ -1566,6 +1561,16 @@ def prefix_fingerprint(digests: list, count: int) -> str:
 def conversation_anchor(digests: list) -> str:
     """Identifies a conversation by its opening, so a cloned or imported chat finds its summaries again."""
     return prefix_fingerprint(digests, 2)[:32]
+
+
+def opening_anchor(messages: Messages) -> str:
+    """The anchor of a conversation as it came: its first two non-system messages (not the whole list read); "" for
+    a malformed opening."""
+    canonical = (m for m in messages if not isinstance(m, dict) or m.get("role") != "system")
+    try:
+        return conversation_anchor([canonical_digest(m) for _, m in zip(range(2), canonical) if isinstance(m, dict)])
+    except Exception:
+        return ""
 
 
 def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int = 0) -> int:
@@ -2973,28 +2978,6 @@ def robust_ratio(ratios: Iterable[float], upper: bool = False) -> float:
     return (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2
 
 
-def request_params(body: Any, model: Any) -> list:
-    """Where a request's model parameters are set, first found first: ``options``, top level, the model's settings."""
-    body = body if isinstance(body, dict) else {}
-    info = model.get("info") if isinstance(model, dict) else None
-    sources = (body.get("options"), body, info.get("params") if isinstance(info, dict) else None)
-    return [source for source in sources if isinstance(source, dict)]
-
-
-def asked_reply_tokens(body: Any, model: Any) -> int:
-    """The reply's room that the request or the model's settings ask for, 0 = none."""
-    keys = ("num_predict", "max_tokens", "max_completion_tokens")
-    return next((n for s in request_params(body, model) for key in keys if (n := _positive_int(s, key))), 0)
-
-
-def request_prompt_bound(body: Any, model: Any = None) -> int:
-    """The most prompt tokens (the model's own) the request itself allows, 0 = no bound: Ollama's ``num_ctx`` (in
-    ``options``, top-level, or the model's saved params) less the reply's room, whatever the valves say."""
-    window = next((n for s in request_params(body, model) if (n := _positive_int(s, "num_ctx"))), 0)
-    reply = asked_reply_tokens(body, model)
-    return window - reply if reply < window else window
-
-
 class SharedThroughStore:
     """Rows every worker learns and shares through the store: kept for ``flush``; read by one read at a time. What a
     read returns replaces what was read before; the rows this worker learned and has not saved yet (``unsaved``),
@@ -3320,11 +3303,6 @@ def published_window(entry: Any) -> int:
     return 0
 
 
-def settings_window(body: Any, model: Any = None) -> int:
-    """``num_ctx`` of the request (``options`` or top level) or of the model's settings in Open WebUI, 0 = none."""
-    return next((n for s in request_params(body, model) if (n := _window_number(s.get("num_ctx")))), 0)
-
-
 def _error_texts(error: Any, depth: int = 0) -> list:
     """Every text of a provider's error as Open WebUI keeps it (a string, or the provider's error object)."""
     if isinstance(error, str):
@@ -3636,13 +3614,6 @@ def owui_model_entry(request: Any, model_id: str) -> Any:
         return None
 
 
-def reply_room(body: Any, model: Any, window: int) -> int:
-    """The tokens a reply needs in ``window``: ``max_tokens`` / ``max_completion_tokens`` / ``num_predict`` of the
-    request or of the model's settings, else 1/REPLY_SHARE of the window, at most REPLY_ROOM_MAX."""
-    asked = asked_reply_tokens(body, model)
-    return min(asked, window // 2) if asked else min(window // REPLY_SHARE, REPLY_ROOM_MAX)
-
-
 def reply_missing(messages: Messages) -> bool:
     """Whether the list inlet received follows a reply that may have failed: Open WebUI 0.10 and later leave a failed
     reply out (the list ends in two user messages); 0.9 sends it as an assistant message that says nothing. Only a
@@ -3654,11 +3625,36 @@ def reply_missing(messages: Messages) -> bool:
     return roles == ["user", "user"]
 
 
-def chat_set_window(body: Any, model: Any) -> bool:
-    """Whether the request's ``num_ctx`` (``options`` or top level) is the chat's own: set where the admin's model
-    settings set none or another. Such a window is that chat's: it teaches and unteaches nothing shared (Ollama cuts
-    the chat's prompt at it, which says nothing of what other chats get)."""
-    return bool(asked := settings_window(body)) and asked != settings_window({}, model)  # the model's, read alike
+@dataclass(frozen=True)
+class RequestParams:
+    """A request's model parameters, read once per hook call from what a client posted (``options``, the top level:
+    hostile, each number checked), then the model's settings. ``own_window``: its ``num_ctx`` is the chat's own (the
+    admin's settings set none or another): Ollama cuts that chat's prompt at it, which teaches nothing shared."""
+
+    window: int = 0  # num_ctx, 0 = none
+    own_window: bool = False
+    asked_reply: int = 0  # the reply's room asked for (num_predict, max_tokens, max_completion_tokens), 0 = none
+    prompt_bound: int = 0  # the most prompt tokens (the model's own) it allows whatever the valves say, 0 = no bound
+    after_failure: bool = False  # the list follows a reply that may have failed (reply_missing)
+
+    @classmethod
+    def of(cls, body: Any, model: Any = None) -> "RequestParams":
+        body = body if isinstance(body, dict) else {}
+        info = model.get("info") if isinstance(model, dict) else None
+        posted = [s for s in (body.get("options"), body) if isinstance(s, dict)]
+        saved = [s for s in (info.get("params") if isinstance(info, dict) else None,) if isinstance(s, dict)]
+        asked, preset = (next((n for s in f if (n := _window_number(s.get("num_ctx")))), 0) for f in (posted, saved))
+        keys = ("num_predict", "max_tokens", "max_completion_tokens")
+        reply = next((n for s in posted + saved for key in keys if (n := _positive_int(s, key))), 0)
+        bound = next((n for s in posted + saved if (n := _positive_int(s, "num_ctx"))), 0)
+        failed = isinstance(messages := body.get("messages"), list) and reply_missing(messages)
+        bound = bound - reply if reply < bound else bound  # num_ctx less the reply's room
+        return cls(asked or preset, bool(asked) and asked != preset, reply, bound, failed)
+
+    def reply_room(self, window: int) -> int:
+        """The tokens a reply needs in ``window``: ``max_tokens`` / ``max_completion_tokens`` / ``num_predict`` of the
+        request or of the model's settings, else 1/REPLY_SHARE of the window, at most REPLY_ROOM_MAX."""
+        return min(self.asked_reply, window // 2) if self.asked_reply else min(window // REPLY_SHARE, REPLY_ROOM_MAX)
 
 
 @dataclass(frozen=True)
@@ -3717,7 +3713,7 @@ class ModelWindow(SharedThroughStore):
     from a request the filter sent (``note_sent``, keyed by its reply; recorded in the store when its failed reply's
     error could teach the next turn, on any worker) and the provider's answer to it: the usage of its reply
     (``observe``) or the error Open WebUI stored on its failed reply (``window_from_failed_reply``); never from what a
-    chat's messages say of themselves. A request whose ``num_ctx`` is the chat's own (``chat_set_window``) teaches and
+    chat's messages say of themselves. A request whose ``num_ctx`` is the chat's own (RequestParams) teaches and
     unteaches nothing. A window far below the best known one applies to the teaching user's chats only until another
     user's chats show the same (``learn``)."""
 
@@ -3735,14 +3731,14 @@ class ModelWindow(SharedThroughStore):
         self.guessed = _BoundedDict(models)  # model -> the window guessed before it was loaded (until its first reply)
 
     async def for_request(
-        self, store: Any, model_id: str, model: Any, body: Any, user: str = "", connect=None
+        self, store: Any, model_id: str, model: Any, params: RequestParams, user: str = "", connect=None
     ) -> Window:
         """The model's window for ``user``'s request (``find``), after reading the windows every worker learned when
         due, and asking the model's server (``connect()``: a ServedServer) when due."""
         await self.refresh(store.read_windows)
         if isinstance(model, dict) and isinstance(model.get("ollama"), dict):  # Open WebUI's own entry, not the body's
             self.ollama[model_id] = True
-        window = self.find(model_id, model, body, user)
+        window = self.find(model_id, model, params, user)
         if connect is None or window.source == "settings":
             return window
         asking = self.server.start_if_due(model_id, partial(self._ask, store, model_id, model, connect))
@@ -3750,7 +3746,7 @@ class ModelWindow(SharedThroughStore):
             # nothing firm known: the first request fits what a local server says (the ask takes milliseconds);
             # otherwise the ask runs in the background and the request does not wait for it
             await asyncio.wait({asking}, timeout=SERVED_WAIT)
-            window = self.find(model_id, model, body, user)
+            window = self.find(model_id, model, params, user)
         return window
 
     async def _ask(self, store: Any, model_id: str, model: Any, connect: Callable[[], Awaitable]) -> None:
@@ -3769,18 +3765,18 @@ class ModelWindow(SharedThroughStore):
             log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
 
     async def for_turn(
-        self, store: Any, model_id: str, model: Any, body: dict, user: str, failed: Callable, connect=None, ratios=None
+        self, store: Any, model_id: str, model: Any, params, user: str, failed: Callable, connect=None, ratios=None
     ) -> Window:
         """A turn's window: a model with none known, or only a trained size, reads its own rows (another worker may
         have just learned it); after a failed reply, the window its stored error names is learned first where it is
         evidence (``window_from_failed_reply``), and the ratio of ``user``'s requests where it names the prompt's size
         too (``ratio_from_failed_reply``, into ``ratios``: a ModelTokens): this turn fits, on any worker.
         ``failed()``: (chat id, the failed reply's id, its stored error), ("", "", None) when the turn follows none."""
-        window = await self.for_request(store, model_id, model, body, user, connect)
+        window = await self.for_request(store, model_id, model, params, user, connect)
         if not window.tokens or window.source == "published" and not model_served_published(model):
             await self.refresh_model(store.read_window, model_id)
-            window = self.find(model_id, model, body, user)
-        if window.source == "settings" or not reply_missing(body["messages"]):
+            window = self.find(model_id, model, params, user)
+        if window.source == "settings" or not params.after_failure:
             return window
         try:
             chat_id, reply_id, error = await asyncio.wait_for(failed(), STORE_TIMEOUT)
@@ -3793,7 +3789,7 @@ class ModelWindow(SharedThroughStore):
         published, firm = model_published_window(model), model_served_published(model)
         if tokens and self.learn(model_id, tokens, "error", published, sent.user_id, firm):
             await self.flush(store.save_windows)
-            window = self.find(model_id, model, body, user)
+            window = self.find(model_id, model, params, user)
         taught = ratio_from_failed_reply(sent, chat_id, model_id, error, user) if ratios is not None else None
         if taught is not None:
             await self._learned_ratio(store, ratios, sent, *taught)
@@ -3816,9 +3812,9 @@ class ModelWindow(SharedThroughStore):
         except Exception as exc:  # another worker may learn it once more: one sample more of the same
             log.debug("async_context_compression: a failed reply's record not removed: %s", exc)
 
-    def for_summary(self, summary_model: str, model_id: str, model: Any, body: Any, entry_of: Callable) -> Window:
+    def for_summary(self, summary_model: str, model_id: str, model: Any, params, entry_of: Callable) -> Window:
         entry = model if summary_model == model_id else entry_of(summary_model)
-        return self.find(summary_model, entry, body if entry is model else {})
+        return self.find(summary_model, entry, params if entry is model else RequestParams.of({}, entry))
 
     def note_sent(self, request: SentRequest, own_window: bool) -> Optional[SentRequest]:
         """A request sent for the reply ``request.reply_id`` (each model call of a tool loop again: the last call's
@@ -3870,13 +3866,13 @@ class ModelWindow(SharedThroughStore):
             await self.flush(save)
         return cut, recorded
 
-    def find(self, model_id: str, model: Any, body: Any, user: str = "") -> Window:
+    def find(self, model_id: str, model: Any, params: RequestParams, user: str = "") -> Window:
         """The model's window for ``user``'s chats, most trusted first: settings, then the one its server serves or a
         learned one (they share a row: ``learn`` does not put a learned window over a larger served one), the lower of
         every user's and this user's own, each only while the provider publishes what it did then (a change means the
         model was replaced), then the published one."""
-        if tokens := settings_window(body, model):
-            return Window(tokens, "settings")
+        if params.window:
+            return Window(params.window, "settings")
         published = model_published_window(model)
         held = [w for w in (self.learned.get(model_id), self.pending.get((model_id, user))) if _holds(w, published)]
         if held:
@@ -4597,7 +4593,7 @@ def usage_shown(settings: Settings, used: int) -> bool:
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
     """``settings`` with the token budgets (cap, threshold, trigger) turned from the model's own tokens into counted
     ones (``to_model_tokens`` converts back): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room;
-    None (nothing learned) is 1.0 without it. ``prompt_bound`` (``request_prompt_bound``) lowers cap and trigger."""
+    None (nothing learned) is 1.0 without it. ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
@@ -6240,6 +6236,40 @@ async def _emit_after(previous: Optional[asyncio.Task], emitter: Optional[Callab
     await _emit(emitter, line, done=True)
 
 
+class StatusLines:
+    """Writes each chat's lines in the background, in the order they were said: Open WebUI stores a line in the chat's
+    row under a lock another worker may hold, so no request waits for one (only outlet, for its reply's line)."""
+
+    NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
+
+    def __init__(self, chats: int):
+        self.writing: set = set()  # lines being written (at most one per request in flight)
+        self.last = _BoundedDict(chats)  # chat key -> its last line being written: the next one waits for it
+        self.shown = _BoundedDict(chats)  # chat key -> the reply whose recalled passages were shown (once per reply)
+
+    def sent(self, chat: str, language: str, s: Settings, sent: SentOutcome, emitter, reply_id: str) -> None:
+        """Says what reply ``reply_id``'s request sent (notes on turns 1, 11, 21, ...) and recalled, as it is answered."""
+        if not s.show_status:
+            return
+        due = s.warnings if sent.turn % self.NOTES_EVERY == 1 else ()
+        if line := status_line(language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
+            self.emit(chat, emitter, line)
+        if sent.recalled and reply_id and self.shown.get(chat) != reply_id:
+            self.shown[chat] = reply_id
+            self.emit(chat, emitter, recall_source_event(language, sent.recalled, f"acc-recall-{reply_id}"))
+
+    def emit(self, chat: str, emitter: Optional[Callable], event: Any) -> None:
+        """``event`` emitted after the events of chat key ``chat`` before it, in the background."""
+        self.last[chat] = task = asyncio.ensure_future(_emit_after(self.last.get(chat), emitter, event))
+        self.writing.add(task)
+        task.add_done_callback(self.writing.discard)
+
+    async def written(self, chat: str) -> None:
+        """Once the chat's last line is written (STORE_TIMEOUT at most): a reply's line before anything after it."""
+        if _pending_here(line := self.last.get(chat)):
+            await asyncio.wait([line], timeout=STORE_TIMEOUT)
+
+
 # ---------------------------------------------------------------------------
 # 7b. Open WebUI adapters: what the running Open WebUI offers, read inside its process only
 # ---------------------------------------------------------------------------
@@ -6520,7 +6550,6 @@ MAX_BACKGROUND_TASKS = 64
 BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
-NOTES_EVERY = 10  # settings notes are said on a chat's turn 1, 11, 21, ...
 TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
 
 
@@ -6532,7 +6561,6 @@ class ChatState:
     overhead: int = TOKENS_PER_REQUEST  # what every request carries besides the conversation
     inlet_sent: Optional[SentOutcome] = None  # for the request hook to complete
     last_sent: Optional[SentOutcome] = None  # background lines repeat its figure
-    line: Optional[asyncio.Task] = None  # the last request's status line being written
     records: tuple = ("", ())  # (reply id, the stored summaries read for it): a tool loop's calls read them once
     digests: tuple = ()  # (messages_identity, canonical_digests) of the last two lists looked up: inlet's, the hook's
 
@@ -6544,8 +6572,6 @@ class ChatState:
         digests = known if known is not None else canonical_digests(messages)
         self.digests = ((identity, digests), *((i, d) for i, d in self.digests if i != identity))[:2]
         return digests
-
-    recall_shown: str = ""  # the reply whose recalled passages were shown as a source (once, not per loop call)
 
 
 @dataclass(frozen=True)
@@ -6561,8 +6587,7 @@ class RequestContext:
     emitter: Optional[Callable] = None
     request: Any = None
     message_id: str = ""  # the reply being generated (Open WebUI's metadata), "" for API calls without one
-    prompt_bound: int = 0  # request_prompt_bound() of the request, model tokens; 0 = none
-    own_window: bool = False  # the request's num_ctx is the chat's own (chat_set_window): it teaches nothing shared
+    params: RequestParams = RequestParams()  # its model parameters as posted, read once (prompt_bound, own_window)
     force_summary: bool = False  # the user asked for a summary now (/summarize)
     anchor: str = ""  # the conversation's opening (``opening_anchor``), computed once per request
     user_instructions: str = ""  # what the user asked of the chat's summaries (``standing_summary_instructions``)
@@ -6570,15 +6595,6 @@ class RequestContext:
 
     def chat_key(self) -> str:
         return format_chat_key(self.user_id, self.chat_id, self.anchor)
-
-
-def opening_anchor(messages: Messages) -> str:
-    """The anchor of a conversation as it came: its first two non-system messages; "" for a malformed opening."""
-    try:
-        opening = [m for m in canonical_opening(messages) if isinstance(m, dict)]
-        return conversation_anchor([canonical_digest(m) for m in opening])
-    except Exception:
-        return ""
 
 
 @dataclass(frozen=True)
@@ -6673,6 +6689,7 @@ class Services:
         self.tasks, self.chats = set(), _BoundedDict(PER_CHAT_MEMORY)  # chats: chat key -> ChatState (bounded)
         self.recall = RecallIndexes()  # each chat's folded passages (layer 2b), on this worker
         self.loops = LoopSummaries(self)  # summaries of a reply's own tool rounds, made while its loop runs
+        self.lines = StatusLines(PER_CHAT_MEMORY)  # each chat's status lines, in order (layer 7)
 
     def chat(self, ctx: RequestContext) -> ChatState:
         """The conversation's state, created on first use."""
@@ -6692,9 +6709,9 @@ class Services:
             self.recall.shed()
         return index, allowed
 
-    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
-        """The conversation's stored summaries, remembered for the calls of the same reply's tool loop."""
-        anchor = conversation_anchor([canonical_digest(m) for m in canonical_opening(messages)])
+    async def stored_summaries(self, ctx: RequestContext, canon: Messages) -> list:
+        """The conversation's stored summaries (``canon``: its canonical list), kept for the calls of its tool loop."""
+        anchor = conversation_anchor([canonical_digest(m) for m in canon[:2]])
         records = await asyncio.wait_for(self.store.find(ctx.user_id, ctx.chat_id, anchor), STORE_TIMEOUT)
         self.chat(ctx).records = (ctx.message_id, tuple(records or ()))
         return records
@@ -6708,6 +6725,11 @@ class Services:
         if sent is not None and usage_shown(ctx.settings, sent.used):
             text = status_text(ctx.language, "sent", used=sent.used, cap=sent.cap) + " · " + text
         await _emit(ctx.emitter, text, done=done)
+
+    def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
+        """What a reply's request finally sent: kept for the background lines, said in the chat's order (layer 7)."""
+        self.chat(ctx).last_sent = sent
+        self.lines.sent(ctx.chat_key(), ctx.language, ctx.settings, sent, ctx.emitter, ctx.message_id)
 
     async def ask(self, ctx: RequestContext, summary: str, texts: list, user_instructions: str = "") -> str:
         """The summary model's answer: ``summary`` (may be "") with ``texts`` folded in, as the user asked."""
@@ -6753,28 +6775,6 @@ class BackgroundSummarizer:
         self.services, self.instructions = services, owners_instructions  # whose /summarize instructions count
         self.worker = uuid.uuid4().hex[:12]
         self.locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
-        self.lines: set = set()  # status lines being written (at most one per request in flight)
-
-    def tell(self, ctx: RequestContext, sent: SentOutcome) -> None:
-        """Says what a reply's request finally sent (settings notes on turns 1, 11, 21, ...), while the model answers:
-        Open WebUI stores it in the chat's row under a lock another worker may hold. A chat's lines keep their order."""
-        state, s = self.services.chat(ctx), ctx.settings
-        state.last_sent = sent
-        if not s.show_status:
-            return
-        due = s.warnings if sent.turn % NOTES_EVERY == 1 else ()
-        if line := status_line(ctx.language, replace(sent, notes=(*due, *s.news)), usage_shown(s, sent.used)):
-            self._in_order(state, ctx.emitter, line)
-        if sent.recalled and ctx.message_id and state.recall_shown != ctx.message_id:
-            state.recall_shown = ctx.message_id
-            source = recall_source_event(ctx.language, sent.recalled, f"acc-recall-{ctx.message_id}")
-            self._in_order(state, ctx.emitter, source)
-
-    def _in_order(self, state: ChatState, emitter: Optional[Callable], event: Any) -> None:
-        """``event`` emitted after the chat's events before it, in the background."""
-        state.line = task = asyncio.ensure_future(_emit_after(state.line, emitter, event))
-        self.lines.add(task)
-        task.add_done_callback(self.lines.discard)
 
     async def _index_fold(self, ctx: RequestContext, branch: Branch, record: SummaryRecord) -> None:
         """A saved fold's messages indexed for recall now, so this worker's next request of the chat finds them."""
@@ -6784,10 +6784,6 @@ class BackgroundSummarizer:
             await self.services.recall_index(ctx.chat_key(), branch.messages, record, branch.digests)
         except Exception:
             log.exception("async_context_compression: recall index not extended; the next request will")
-
-    async def line_written(self, ctx: RequestContext) -> None:
-        if _pending_here(line := self.services.chat(ctx).line):
-            await asyncio.wait([line], timeout=STORE_TIMEOUT)
 
     # -- the next request, counted one way --------------------------------
     def next_request_tokens(
@@ -7083,12 +7079,12 @@ class LoopSummaries:
         self.services = services
         self.states = _BoundedDict(LOOP_MEMORY)  # loop_key -> LoopState
 
-    async def stored_summaries(self, ctx: RequestContext, messages: Messages) -> list:
+    async def stored_summaries(self, ctx: RequestContext, canon: Messages) -> list:
         """The stored summaries read for the same reply (by inlet or its first call): a loop adds no database reads."""
         done = self.services.chat(ctx).records
         if ctx.message_id and done[0] == ctx.message_id:
             return list(done[1])
-        return await self.services.stored_summaries(ctx, messages)
+        return await self.services.stored_summaries(ctx, canon)
 
     def applied(self, ctx: RequestContext, messages: Messages, prefix: int) -> tuple[Messages, int]:
         """``messages`` with this reply's loop summary in place of the rounds it covers, and where their tail starts
@@ -7206,12 +7202,13 @@ class RequestPath:
         model_id = str(body.get("model") or (model or {}).get("id") or "")
         chat_id = str(chat_id or metadata.get("chat_id") or body.get("chat_id") or "")
         message_id, user_id = str(metadata.get("message_id") or ""), str(user.get("id") or "anonymous")
-        found = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, user_id, request)
+        params = RequestParams.of(body, model)  # the one read of the request's parameters
+        found = await (find_window or self.call_window)(params, model, model_id, chat_id, metadata, user_id, request)
         window = self.reply_window(message_id, found)
         self.forget_erased()
         entry_of = partial(owui_model_entry, request)
-        summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
-        reply = reply_room(body, model, window.tokens)
+        summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, params, entry_of)
+        reply = params.reply_room(window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
         settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
         await self.tokens.refresh(self.services.store.read_ratios)
@@ -7228,8 +7225,7 @@ class RequestPath:
             emitter=emitter,
             request=request,
             message_id=message_id,
-            prompt_bound=request_prompt_bound(body, model),
-            own_window=chat_set_window(body, model),
+            params=params,
         )
         return self.rescaled(ctx)
 
@@ -7244,7 +7240,7 @@ class RequestPath:
         scale = self.tokens.scale(ctx.model_id, self.services.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
         if scale is None and ctx.model_id in self.windows.ollama:
             scale = SILENT_CUT_RATIO
-        return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.prompt_bound))
+        return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.params.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
         """``window``, or the one the request of reply ``reply_id`` set. Open WebUI puts the model's ``num_ctx`` in
@@ -7257,15 +7253,15 @@ class RequestPath:
             return window
         return self.sent_in.get(reply_id, window) if reply_id else window
 
-    async def call_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
+    async def call_window(self, params, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_request(self.services.store, model_id, model, body, user_id, connect)
+        return await self.windows.for_request(self.services.store, model_id, model, params, user_id, connect)
 
-    async def turn_window(self, body, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
+    async def turn_window(self, params, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
         store = self.services.store
-        return await self.windows.for_turn(store, model_id, model, body, user_id, failed, connect, self.tokens)
+        return await self.windows.for_turn(store, model_id, model, params, user_id, failed, connect, self.tokens)
 
     def forget_erased(self) -> None:
         """Acts on an erase of the stored data, this worker's or another's, once the latest read of the windows told
@@ -7316,7 +7312,7 @@ class RequestPath:
         builtin = any(BUILTIN_SUMMARY_MARK in _text_of(m.get("content")) for m in systems)  # the core's summary
         if builtin or await builtin_compaction_on(refresh=refresh):
             ctx = replace(ctx, settings=replace(s, warnings=(*s.warnings, note("n_builtin_on"))))
-        record, fault = await self.lookup_summary(ctx, messages, canon, read)
+        record, fault = await self.lookup_summary(ctx, canon, read)
         if builtin:  # Open WebUI compacted this chat: its summary is the base of ours
             systems = strip_builtin_summary(systems)
             if record is not None:  # ours was built from the core's: send it once
@@ -7331,13 +7327,13 @@ class RequestPath:
         self.services.chat(ctx).overhead = overhead
         return ctx, Draft(messages, canon, view, prefix, fixed, repair, record, fault)
 
-    async def lookup_summary(self, ctx: RequestContext, messages: Messages, canon: Messages, read=None) -> tuple:
+    async def lookup_summary(self, ctx: RequestContext, canon: Messages, read=None) -> tuple:
         """The stored summary this request can use (``read``: by default the store's) and the fault that kept summaries
-        from being read (None: none); ``canon``: the non-system messages of ``messages``."""
+        from being read (None: none); ``canon``: the request's repaired canonical list."""
         if len(canon) < 3:
             return None, None
         try:
-            records = await (read or self.services.stored_summaries)(ctx, messages)
+            records = await (read or self.services.stored_summaries)(ctx, canon)
         except StoreUnavailable as exc:
             return None, exc.fault
         except TimeoutError:
@@ -7416,9 +7412,11 @@ class RequestPath:
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
         exact = self.services.counter.is_exact(ctx.settings.encoding)
-        self.tokens.note_sent(ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.prompt_bound, ctx.user_id)
+        self.tokens.note_sent(
+            ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.params.prompt_bound, ctx.user_id
+        )
         self._note_for_window(ctx, fit.tokens_after, exact)
-        self.summaries.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
+        self.services.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
 
     def _note_for_window(self, ctx: RequestContext, counted: int, exact: bool) -> None:
         """The request, for what its reply may teach of the window (ModelWindow.note_sent); its record, when its failed
@@ -7429,14 +7427,14 @@ class RequestPath:
         size = sent_size(counted, self.tokens.scale(ctx.model_id, exact, ctx.user_id))
         path = "exact" if exact else "estimate"
         request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
-        if self.windows.note_sent(request, ctx.own_window):
+        if self.windows.note_sent(request, ctx.params.own_window):
             self.services.spawn(_stored_quietly(self.services.store.record_sent(request), "a sent request's record"))
 
     async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
         """After the reply: what its usage teaches (``after_reply``), then older turns folded if due (start_if_due)."""
         ctx = await self.context(valves, body, user, metadata, emitter, model, body.get("chat_id"), request)
         if ctx is not None:
-            await self.summaries.line_written(ctx)  # the reply's line before anything after it
+            await self.services.lines.written(ctx.chat_key())  # the reply's line before anything after it
             await self.after_reply(ctx, body, model)
             self.summaries.start_if_due(self.rescaled(ctx), body["messages"])
 
@@ -7585,8 +7583,8 @@ class Filter:
 
     async def wait_for_background(self, timeout: float = 60.0) -> None:
         """For tests and graceful shutdowns: wait for running summaries and status lines."""
-        if self.services.tasks or self.summaries.lines:
-            await asyncio.wait([*self.services.tasks, *self.summaries.lines], timeout=timeout)
+        if self.services.tasks or self.services.lines.writing:
+            await asyncio.wait([*self.services.tasks, *self.services.lines.writing], timeout=timeout)
 
 
 # ---------------------------------------------------------------------------

@@ -287,5 +287,5 @@ def make_filter(
 async def lines_written(f: acc.Filter) -> None:
     """Waits for the status lines the filter writes while the model answers
     (outlet would wait for them; a test that reads them before outlet waits here)."""
-    if f.summaries.lines:
-        await asyncio.wait(list(f.summaries.lines))
+    if f.services.lines.writing:
+        await asyncio.wait(list(f.services.lines.writing))

@@ -27,7 +27,10 @@ async def test_windows_of_every_users_chats_and_of_one_users_are_read_by_another
     assert [(r[0], r[1], r[2], r[5]) for r in await two.read_window("q")] == [("q", 8192, "served", "")]
     worker = acc.ModelWindow()
     worker.snapshot(await two.read_windows())
-    assert worker.find("q", None, {}, "mallory").tokens == 8192 and worker.find("r", None, {}, "alice").tokens == 2048
+    assert (
+        worker.find("q", None, acc.RequestParams(), "mallory").tokens == 8192
+        and worker.find("r", None, acc.RequestParams(), "alice").tokens == 2048
+    )
 
 
 async def test_learned_windows_age_out_but_the_erase_mark_stays(db):
@@ -80,7 +83,7 @@ async def test_erase_all_leaves_only_its_mark_and_every_worker_forgets_at_its_ne
     await one.add_ratios([("w:1", "q", "exact", 1.3, time.time() - 1, "u1")])
     other = acc.ModelWindow()  # another worker, which read the windows before the erase
     other.snapshot(await two.read_windows())
-    assert other.find("q", None, {}).tokens == 4096
+    assert other.find("q", None, acc.RequestParams()).tokens == 4096
 
     await acc.RetentionSweeper(one).erase_all()
 
@@ -88,12 +91,15 @@ async def test_erase_all_leaves_only_its_mark_and_every_worker_forgets_at_its_ne
         left = [(r["model"], r["source"]) for r in await all_rows(engine, table.name)]
         assert left == ([("", acc.ERASED)] if table.name == acc.WINDOW_TABLE else []), table.name
     other.snapshot(await two.read_windows())
-    assert other.find("q", None, {}) == acc.NO_WINDOW and other.find("q", None, {}, "mallory") == acc.NO_WINDOW
+    assert (
+        other.find("q", None, acc.RequestParams()) == acc.NO_WINDOW
+        and other.find("q", None, acc.RequestParams(), "mallory") == acc.NO_WINDOW
+    )
     assert other.erased_at > 0
     # a worker that had not heard of the erase saves a window it learned before it: no worker applies it
     await two.save_windows([("q", "", window(4096, at=other.erased_at - 1))])
     other.snapshot(await one.read_windows())
-    assert other.find("q", None, {}) == acc.NO_WINDOW
+    assert other.find("q", None, acc.RequestParams()) == acc.NO_WINDOW
 
 
 async def test_a_database_1_4_made_gets_the_new_tables_beside_its_window_table(db):

@@ -206,7 +206,7 @@ def test_summary_lookup_fingerprints_only_what_it_needs_and_chooses_the_same(len
     f = _shared_filter()
     f.summaries.store = RecordStore(records)
     ctx = request_context(f.valves)
-    chosen, fault = asyncio.run(f.path.lookup_summary(ctx, messages, acc.canonical_messages(messages)))
+    chosen, fault = asyncio.run(f.path.lookup_summary(ctx, acc.canonical_messages(messages)))
     assert fault is None
     usable = [r for r in records if acc.summary_tail_joins(canon, r.head_count, r.covered_count)]
     assert chosen is acc.choose_summary(usable, digests)

@@ -150,7 +150,9 @@ def test_a_replayed_outlet_teaches_nothing():
         await _forged(one, "mallory", 1, lambda counted: {"prompt_tokens": counted})  # the real reply: 1.0
         await _outlet(one, "mallory", "c-mallory", "mallory-1", {"prompt_eval_count": 2100})  # posted again
         await _outlet(one, "mallory", "c-mallory", "mallory-1", {"prompt_tokens": 90000})
-        return one.tokens.scale("llama", True, "mallory"), one.windows.find("llama", MODEL, {}, "mallory")
+        return one.tokens.scale("llama", True, "mallory"), one.windows.find(
+            "llama", MODEL, acc.RequestParams.of({}, MODEL), "mallory"
+        )
 
     scale, window = asyncio.run(run())
     assert scale == 1.0 and window == acc.Window(32768, "published")

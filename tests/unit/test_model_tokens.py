@@ -77,16 +77,16 @@ def test_robust_ratio_without_samples_is_one():
 
 
 def test_request_prompt_bound_from_num_ctx_less_the_replys_room():
-    assert acc.request_prompt_bound({"options": {"num_ctx": 8192, "num_predict": 1024}}) == 7168
-    assert acc.request_prompt_bound({"num_ctx": 4096, "max_tokens": 96}) == 4000
-    assert acc.request_prompt_bound({"options": {"num_ctx": 4096}, "max_completion_tokens": 1000}) == 3096
+    assert acc.RequestParams.of({"options": {"num_ctx": 8192, "num_predict": 1024}}).prompt_bound == 7168
+    assert acc.RequestParams.of({"num_ctx": 4096, "max_tokens": 96}).prompt_bound == 4000
+    assert acc.RequestParams.of({"options": {"num_ctx": 4096}, "max_completion_tokens": 1000}).prompt_bound == 3096
     model = {"id": "llama3", "info": {"params": {"num_ctx": 16384, "max_tokens": 2048}}}
-    assert acc.request_prompt_bound({"messages": []}, model) == 14336
-    assert acc.request_prompt_bound({"options": {"num_ctx": 2048, "num_predict": -1}}) == 2048
-    assert acc.request_prompt_bound({"max_tokens": 1000}) == 0  # no window known: the valves decide
-    assert acc.request_prompt_bound({"options": {"num_ctx": 100, "num_predict": 500}}) == 100
-    assert acc.request_prompt_bound(None, {"info": None}) == 0
-    assert acc.request_prompt_bound({"options": {"num_ctx": float("inf")}}) == 0
+    assert acc.RequestParams.of({"messages": []}, model).prompt_bound == 14336
+    assert acc.RequestParams.of({"options": {"num_ctx": 2048, "num_predict": -1}}).prompt_bound == 2048
+    assert acc.RequestParams.of({"max_tokens": 1000}).prompt_bound == 0  # no window known: the valves decide
+    assert acc.RequestParams.of({"options": {"num_ctx": 100, "num_predict": 500}}).prompt_bound == 100
+    assert acc.RequestParams.of(None, {"info": None}).prompt_bound == 0
+    assert acc.RequestParams.of({"options": {"num_ctx": float("inf")}}).prompt_bound == 0
 
 
 # -- one change of units ---------------------------------------------------------

@@ -54,11 +54,13 @@ def test_open_webuis_model_entry_holds_the_providers_entry_and_settings_beat_it(
     model = {"id": "q", "openai": {"id": "q", "max_model_len": 16384}, "info": {"params": {}}}
     assert acc.model_published_window(model) == 16384
     windows = acc.ModelWindow()
-    assert windows.find("q", model, {}) == acc.Window(16384, "published")
+    assert windows.find("q", model, acc.RequestParams.of({}, model)) == acc.Window(16384, "published")
     model["info"]["params"]["num_ctx"] = 8192  # the admin's setting in Open WebUI
-    assert windows.find("q", model, {}) == acc.Window(8192, "settings")
-    assert windows.find("q", model, {"options": {"num_ctx": 4096}}) == acc.Window(4096, "settings")  # the request's
-    assert windows.find("q", {"id": "q", "ollama": {"name": "q", "details": {}}}, {}) == acc.NO_WINDOW
+    assert windows.find("q", model, acc.RequestParams.of({}, model)) == acc.Window(8192, "settings")
+    assert windows.find("q", model, acc.RequestParams.of({"options": {"num_ctx": 4096}}, model)) == acc.Window(
+        4096, "settings"
+    )  # the request's
+    assert windows.find("q", {"id": "q", "ollama": {"name": "q", "details": {}}}, acc.RequestParams()) == acc.NO_WINDOW
 
 
 # -- windows named by rejections -------------------------------------------------------
@@ -167,7 +169,7 @@ def test_a_cut_is_read_per_chat_not_across_chats():
     assert windows.observe("q", 9000, 9100, chat="a", cuts=False) == 0
     assert windows.observe("q", 9010, 9400, chat="b", cuts=False) == 0  # another chat of the same size
     assert windows.observe("q", 9005, 9500, chat="a", cuts=False) == 9005  # pinned in chat a
-    assert windows.find("q", None, {}, "anonymous").tokens == 9005  # the user's whose usage showed it
+    assert windows.find("q", None, acc.RequestParams(), "anonymous").tokens == 9005  # the user's whose usage showed it
 
 
 # -- caps from the window ---------------------------------------------------------------
@@ -188,12 +190,12 @@ def test_the_cap_follows_the_window(admin, window, reply, cap):
 
 
 def test_the_reply_room_is_the_requests_own_or_a_share_of_the_window():
-    assert acc.reply_room({}, None, 16384) == 2048
-    assert acc.reply_room({}, None, 1_000_000) == acc.REPLY_ROOM_MAX
-    assert acc.reply_room({"max_tokens": 1000}, None, 16384) == 1000
-    assert acc.reply_room({"options": {"num_predict": 500}}, None, 16384) == 500
-    assert acc.reply_room({}, {"info": {"params": {"max_tokens": 700}}}, 16384) == 700
-    assert acc.reply_room({"max_tokens": 99999}, None, 16384) == 8192  # at most half the window
+    assert acc.RequestParams.of({}, None).reply_room(16384) == 2048
+    assert acc.RequestParams.of({}, None).reply_room(1_000_000) == acc.REPLY_ROOM_MAX
+    assert acc.RequestParams.of({"max_tokens": 1000}, None).reply_room(16384) == 1000
+    assert acc.RequestParams.of({"options": {"num_predict": 500}}, None).reply_room(16384) == 500
+    assert acc.RequestParams.of({}, {"info": {"params": {"max_tokens": 700}}}).reply_room(16384) == 700
+    assert acc.RequestParams.of({"max_tokens": 99999}, None).reply_room(16384) == 8192  # at most half the window
 
 
 @pytest.mark.parametrize("stored", [{}, {"compression_threshold_tokens": 64000, "max_context_tokens": 128000}])
@@ -223,18 +225,18 @@ def test_a_learned_window_holds_while_the_published_one_stays_the_same():
     windows = acc.ModelWindow()
     published = {"id": "q", "openai": {"max_model_len": 32768}}  # published wrong: the server runs with less
     assert windows.learn("q", 16384, "error", 32768)
-    assert windows.find("q", published, {}) == windows.learned["q"]
+    assert windows.find("q", published, acc.RequestParams.of({}, published)) == windows.learned["q"]
     replaced = {"id": "q", "openai": {"max_model_len": 65536}}  # another model behind the same name
-    assert windows.find("q", replaced, {}) == acc.Window(65536, "published")
+    assert windows.find("q", replaced, acc.RequestParams.of({}, replaced)) == acc.Window(65536, "published")
     assert windows.learn("q", 16384, "error", 32768) is None  # the same again: nothing new
 
 
 def test_learned_windows_age_out(monkeypatch):
     windows = acc.ModelWindow()
     windows.learn("q", 16384, "error")
-    assert windows.find("q", None, {}).tokens == 16384
+    assert windows.find("q", None, acc.RequestParams()).tokens == 16384
     monkeypatch.setattr(acc, "WINDOW_LEARNED_TTL", 0.0)
-    assert windows.find("q", None, {}) == acc.NO_WINDOW
+    assert windows.find("q", None, acc.RequestParams()) == acc.NO_WINDOW
 
 
 def test_a_prompt_larger_than_a_learned_window_forgets_it():
@@ -242,7 +244,9 @@ def test_a_prompt_larger_than_a_learned_window_forgets_it():
     windows.learn("q", 16384, "cut", user="u1")
     windows.unsaved.clear()
     assert windows.observe("q", 20000, 20000, user="u1") == 0
-    assert windows.find("q", None, {}, "u1") == acc.NO_WINDOW and windows.unsaved == [("q", "u1", None)]
+    assert windows.find("q", None, acc.RequestParams(), "u1") == acc.NO_WINDOW and windows.unsaved == [
+        ("q", "u1", None)
+    ]
 
 
 def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read():
@@ -252,14 +256,16 @@ def test_a_window_learned_on_one_worker_is_used_by_another_after_its_next_read()
         await two.refresh(store.read_windows)
         one.learn("q", 16384, "error")
         await store.save_windows(one.unsaved)
-        assert two.find("q", None, {}) == acc.NO_WINDOW  # until it reads the store: the model's row ...
+        assert (
+            two.find("q", None, acc.RequestParams()) == acc.NO_WINDOW
+        )  # until it reads the store: the model's row ...
         await two.refresh_model(store.read_window, "q")
-        assert two.find("q", None, {}).tokens == 16384
+        assert two.find("q", None, acc.RequestParams()).tokens == 16384
         one.learn("r", 8192, "error")
         await store.save_windows(one.unsaved)
         two.read_at -= acc.WINDOWS_REFRESH  # ... or, every WINDOWS_REFRESH, every row
         await two.refresh(store.read_windows)
-        assert two.find("r", None, {}).tokens == 8192
+        assert two.find("r", None, acc.RequestParams()).tokens == 8192
 
     asyncio.run(run())
 
@@ -290,7 +296,7 @@ def test_a_request_that_comes_while_a_read_runs_goes_out_on_what_it_reads():
         assert not second.done()  # waits for the read under way
         release.set()
         await asyncio.gather(first, second)
-        assert two.find("q", None, {}) == acc.NO_WINDOW
+        assert two.find("q", None, acc.RequestParams()) == acc.NO_WINDOW
         await two.refresh(slow_read)  # no read under way: nothing to wait for
 
     asyncio.run(run())
@@ -378,9 +384,11 @@ def test_default_valves_learn_an_ollama_like_cut_once_and_never_cut_again():
     assert replies[-1][0] > 2500  # it grew to the window
     assert len(cut) <= 2, cut  # the first cut (or two, pinned) teaches the window ...
     assert not [n for n in cut if n > cut[0] + 1]  # ... and none comes after
-    assert f.windows.find("llama", None, {}, "u1").tokens == 4096
+    assert f.windows.find("llama", None, acc.RequestParams(), "u1").tokens == 4096
     assert f.summaries.store.rows[("llama", "u1")][1:3] == (4096, "cut")  # shared by the user's chats alone
-    assert f.windows.find("llama", None, {}, "u2") == acc.NO_WINDOW  # usage is the user's to write (issue 42)
+    assert (
+        f.windows.find("llama", None, acc.RequestParams(), "u2") == acc.NO_WINDOW
+    )  # usage is the user's to write (issue 42)
 
 
 def test_default_valves_fit_a_published_window_from_the_first_request():
@@ -392,7 +400,7 @@ def test_default_valves_fit_a_published_window_from_the_first_request():
     model = {"id": "llama", "openai": {"id": "llama", "max_model_len": 4096}}
     replies = _chat(f, spec, 24, model=model, usage_key="prompt_tokens")
     assert replies[-1][0] > 2500
-    assert all(own + acc.reply_room({}, None, 4096) <= 4096 for own, _ in replies[1:]), replies
+    assert all(own + acc.RequestParams.of({}, None).reply_room(4096) <= 4096 for own, _ in replies[1:]), replies
     assert replies[0][0] <= 4096
 
 
@@ -448,9 +456,11 @@ def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypa
     # the filter recorded what it sent, for any worker; its error named the prompt's size too: the record taught the
     # ratio of u1's requests with the window, and went (once per failed reply)
     assert "a9" not in f.summaries.store.sent and f.tokens.scale("llama", True, "u1") is not None
-    assert f.windows.find("llama", None, {}).tokens == 2048
+    assert f.windows.find("llama", None, acc.RequestParams()).tokens == 2048
     assert f.summaries.store.rows[("llama", "")][1:3] == (2048, "error")
-    assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+    assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.RequestParams.of(
+        {}, None
+    ).reply_room(2048)
 
 
 def test_open_webui_0_9s_empty_failed_reply_in_the_list_still_teaches_the_window(monkeypatch):
@@ -458,8 +468,10 @@ def test_open_webui_0_9s_empty_failed_reply_in_the_list_still_teaches_the_window
     rejection learns the window its error names on either shape (the version matrix saw 0.9.0 rejected twice)."""
     f = _window_filter()
     body = _rejected_then_retried(f, monkeypatch, "a9", TOO_LONG, sent_empty=True)
-    assert f.windows.find("llama", None, {}).tokens == 2048
-    assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.reply_room({}, None, 2048)
+    assert f.windows.find("llama", None, acc.RequestParams()).tokens == 2048
+    assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.RequestParams.of(
+        {}, None
+    ).reply_room(2048)
 
 
 def test_a_reply_that_said_something_is_no_failed_reply():
@@ -483,7 +495,7 @@ def test_a_record_the_store_did_not_keep_still_teaches_the_worker_that_sent_it(m
     monkeypatch.setattr(f.summaries.store, "record_sent", lost)
     _rejected_then_retried(f, monkeypatch, "a9", TOO_LONG)
     assert not f.summaries.store.sent  # nothing reached the store
-    assert f.windows.find("llama", None, {}).tokens == 2048
+    assert f.windows.find("llama", None, acc.RequestParams()).tokens == 2048
 
 
 def test_an_erase_forgets_the_workers_own_copy_of_a_sent_record():
@@ -547,7 +559,7 @@ def test_an_error_a_user_wrote_on_a_user_message_teaches_nothing(monkeypatch):
         await f.inlet({"model": "llama", "messages": history}, {"id": "u1"}, meta, None, None, None, "c1")
 
     asyncio.run(run())
-    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
+    assert f.windows.find("llama", None, acc.RequestParams()) == acc.NO_WINDOW and not f.summaries.store.rows
 
 
 def test_an_error_written_on_an_answered_reply_teaches_nothing(monkeypatch):
@@ -575,14 +587,14 @@ def test_an_error_written_on_an_answered_reply_teaches_nothing(monkeypatch):
         await f.inlet({"model": "llama", "messages": turns}, {"id": "u1"}, meta, None, None, None, "c1")
 
     asyncio.run(run())
-    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
+    assert f.windows.find("llama", None, acc.RequestParams()) == acc.NO_WINDOW and not f.summaries.store.rows
 
 
 def test_an_error_naming_a_window_larger_than_what_was_sent_teaches_nothing(monkeypatch):
     f = _window_filter()
     large = {"message": "This model's maximum context length is 1000000 tokens."}  # the request was far smaller
     _rejected_then_retried(f, monkeypatch, "a9", large)
-    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW
+    assert f.windows.find("llama", None, acc.RequestParams()) == acc.NO_WINDOW
 
 
 def test_an_error_of_another_chats_or_models_request_teaches_nothing():
@@ -596,26 +608,30 @@ def test_an_error_of_another_chats_or_models_request_teaches_nothing():
 def test_a_window_far_below_the_known_one_is_one_users_until_another_users_chats_show_it():
     windows, published = acc.ModelWindow(), {"id": "q", "openai": {"max_model_len": 32768}}
     assert windows.learn("q", 256, "error", 32768, user="mallory").tokens == 256
-    assert windows.find("q", published, {}, "alice") == acc.Window(32768, "published")  # alice's chats unchanged
-    assert windows.find("q", published, {}, "mallory").tokens == 256  # mallory's own
+    assert windows.find("q", published, acc.RequestParams.of({}, published), "alice") == acc.Window(
+        32768, "published"
+    )  # alice's chats unchanged
+    assert windows.find("q", published, acc.RequestParams.of({}, published), "mallory").tokens == 256  # mallory's own
     assert windows.learn("q", 8192, "error", 32768, user="alice").tokens == 8192  # another user, another window
-    assert windows.find("q", published, {}, "bob") == acc.Window(32768, "published")
+    assert windows.find("q", published, acc.RequestParams.of({}, published), "bob") == acc.Window(32768, "published")
     assert windows.learn("q", 8000, "cut", 32768, user="bob").tokens == 8000  # a cut: bob's own, always
-    assert windows.find("q", published, {}, "carol") == acc.Window(32768, "published")
+    assert windows.find("q", published, acc.RequestParams.of({}, published), "carol") == acc.Window(32768, "published")
     assert windows.learn("q", 8000, "error", 32768, user="bob").tokens == 8000  # a third agrees with alice: shared
-    assert windows.find("q", published, {}, "carol").tokens == 8000
-    assert windows.find("q", published, {}, "mallory").tokens == 256  # the lowest of its own and every user's
+    assert windows.find("q", published, acc.RequestParams.of({}, published), "carol").tokens == 8000
+    assert (
+        windows.find("q", published, acc.RequestParams.of({}, published), "mallory").tokens == 256
+    )  # the lowest of its own and every user's
     assert windows.learn("q", 20000, "error", 32768, user="dave").tokens == 20000  # not far below: every user's
-    assert windows.find("q", published, {}, "carol").tokens == 20000
+    assert windows.find("q", published, acc.RequestParams.of({}, published), "carol").tokens == 20000
 
 
 def test_one_user_cannot_ratchet_a_learned_window_down():
     windows = acc.ModelWindow()
     windows.learn("q", 16384, "error", user="alice")  # nothing known before: every user's
     assert windows.learn("q", 4096, "error", user="mallory") is not None
-    assert windows.find("q", None, {}, "alice").tokens == 16384
+    assert windows.find("q", None, acc.RequestParams(), "alice").tokens == 16384
     assert windows.learn("q", 4000, "error", user="mallory") is not None  # the same user again: still its own
-    assert windows.find("q", None, {}, "bob").tokens == 16384
+    assert windows.find("q", None, acc.RequestParams(), "bob").tokens == 16384
 
 
 def test_far_below_windows_are_persisted_per_user_and_read_by_every_worker():
@@ -626,7 +642,10 @@ def test_far_below_windows_are_persisted_per_user_and_read_by_every_worker():
         one.learn("q", 2048, "error", user="mallory")
         await one.flush(store.save_windows)
         await two.refresh(store.read_windows)
-        assert two.find("q", None, {}, "bob").tokens == 16384 and two.find("q", None, {}, "mallory").tokens == 2048
+        assert (
+            two.find("q", None, acc.RequestParams(), "bob").tokens == 16384
+            and two.find("q", None, acc.RequestParams(), "mallory").tokens == 2048
+        )
         assert two.learn("q", 2100, "error", user="bob").tokens == 2048  # bob's chats agree, on another worker
         await two.flush(store.save_windows)
         assert sorted(store.rows) == [("q", "")] and store.rows[("q", "")][1] == 2048
@@ -642,16 +661,22 @@ def test_a_removed_or_replaced_row_is_gone_from_every_worker_at_its_next_read():
         one.learn("r", 8192, "error", user="mallory")
         await one.flush(store.save_windows)
         await two.refresh(store.read_windows)
-        assert two.find("q", None, {}).tokens == 4096 and two.find("r", None, {}).tokens == 8192
+        assert (
+            two.find("q", None, acc.RequestParams()).tokens == 4096
+            and two.find("r", None, acc.RequestParams()).tokens == 8192
+        )
         del store.rows[("q", "")]  # forgotten by another worker, or swept
         store.rows[("r", "")] = ("r", 16384, "error", 0, time.time(), "")  # replaced
         two.read_at -= acc.WINDOWS_REFRESH
         await two.refresh(store.read_windows)
-        assert two.find("q", None, {}) == acc.NO_WINDOW and two.find("r", None, {}).tokens == 16384
+        assert (
+            two.find("q", None, acc.RequestParams()) == acc.NO_WINDOW
+            and two.find("r", None, acc.RequestParams()).tokens == 16384
+        )
         two.learn("s", 2048, "error")  # this worker's own, not saved yet, stays
         two.read_at -= acc.WINDOWS_REFRESH
         await two.refresh(store.read_windows)
-        assert two.find("s", None, {}).tokens == 2048
+        assert two.find("s", None, acc.RequestParams()).tokens == 2048
 
     asyncio.run(run())
 
@@ -672,12 +697,12 @@ def test_an_erase_is_acted_on_by_every_worker_at_its_next_read(monkeypatch):
         await two.summaries.store.save(record)
         body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
         await two.inlet(dict(body), {"id": "u1"}, {"chat_id": "c1"}, None)
-        assert two.windows.find("llama", None, {}).tokens == 2048
+        assert two.windows.find("llama", None, acc.RequestParams()).tokens == 2048
         store.rows.clear()  # what erase_all does to the tables, then its mark
         await store.save_windows([("", "", acc.Window(0, acc.ERASED, 0, time.time()))])
         two.windows.read_at -= acc.WINDOWS_REFRESH
         await two.inlet(dict(body), {"id": "u1"}, {"chat_id": "c1"}, None)
-        assert two.windows.find("llama", None, {}) == acc.NO_WINDOW
+        assert two.windows.find("llama", None, acc.RequestParams()) == acc.NO_WINDOW
         assert two.tokens.scale("llama") is None
         assert await two.summaries.store.find("u1", "temporary:t", "") == []
 
@@ -695,7 +720,7 @@ def test_the_erasing_worker_forgets_at_once(monkeypatch):
     f.windows.learn("llama", 2048, "error")
     f.tokens.add("llama", "exact", 1.3)
     asyncio.run(f._erased("acc"))
-    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and f.tokens.scale("llama") is None
+    assert f.windows.find("llama", None, acc.RequestParams()) == acc.NO_WINDOW and f.tokens.scale("llama") is None
     assert switched == ["erase_stored_data"]
 
 
@@ -724,7 +749,7 @@ def test_a_chats_own_num_ctx_teaches_nothing_shared(where):
     of other chats' window."""
     f = _window_filter()
     _ollama_turn(f, "a1", LONG * 30, 2048, where)
-    assert f.windows.find("llama", None, {}) == acc.NO_WINDOW and not f.summaries.store.rows
+    assert f.windows.find("llama", None, acc.RequestParams()) == acc.NO_WINDOW and not f.summaries.store.rows
 
 
 @pytest.mark.parametrize("where", ["options", "top"])
@@ -732,7 +757,7 @@ def test_a_chats_own_larger_num_ctx_makes_no_one_forget_a_window(where):
     f = _window_filter()
     f.windows.learn("llama", 4096, "cut", user="u1")
     _ollama_turn(f, "a1", LONG * 50, 16384, where)  # 6,000 prompt tokens taken, over the learned 4096
-    assert f.windows.find("llama", None, {}, "u1").tokens == 4096
+    assert f.windows.find("llama", None, acc.RequestParams(), "u1").tokens == 4096
 
 
 def test_without_a_chats_own_num_ctx_the_same_turns_teach_and_unteach():
@@ -755,10 +780,19 @@ def test_without_a_chats_own_num_ctx_the_same_turns_teach_and_unteach():
 
 def test_the_admins_num_ctx_is_no_chats_own():
     admin = {"id": "llama", "info": {"params": {"num_ctx": 8192}}}
-    assert not acc.chat_set_window({"options": {"num_ctx": 8192}}, admin)
-    assert acc.chat_set_window({"options": {"num_ctx": 2048}}, admin)
-    assert acc.chat_set_window({"num_ctx": 2048}, {"id": "llama"})
-    assert not acc.chat_set_window({}, admin)
+    assert not acc.RequestParams.of({"options": {"num_ctx": 8192}}, admin).own_window
+    assert acc.RequestParams.of({"options": {"num_ctx": 2048}}, admin).own_window
+    assert acc.RequestParams.of({"num_ctx": 2048}, {"id": "llama"}).own_window
+    assert not acc.RequestParams.of({}, admin).own_window
+
+
+def test_each_hook_call_reads_the_requests_parameters_once(monkeypatch):
+    """Issue 46: inlet, the request hook and outlet each read what the request posted into one RequestParams; the
+    window, the reply's room, the prompt bound and the chat's own window all come from it."""
+    f, reads, of = _window_filter(), [], acc.RequestParams.of
+    monkeypatch.setattr(acc.RequestParams, "of", lambda body, model=None: reads.append(body) or of(body, model))
+    _ollama_turn(f, "a1", "A question.", 4096, "options")
+    assert [b["options"]["num_ctx"] if "options" in b else b.get("id") for b in reads] == [4096, 4096, "a1"]
 
 
 def test_long_turns_in_a_small_window_get_their_summary_before_the_next_turn_reaches_the_cap():

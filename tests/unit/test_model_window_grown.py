@@ -66,4 +66,4 @@ def test_default_valves_learn_an_unpublished_window_from_its_first_rejection_and
     rejected = [n for n, (_, no) in enumerate(sent) if no]
     assert len(rejected) == 1, rejected  # the window's only witness: one rejection, the first ...
     assert all(own <= WINDOW for own, _ in sent[rejected[0] + 1 :]), sent  # ... and every later request fits
-    assert f.windows.find("llama", None, {}).tokens == WINDOW
+    assert f.windows.find("llama", None, acc.RequestParams()).tokens == WINDOW

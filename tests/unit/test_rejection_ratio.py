@@ -106,9 +106,9 @@ def test_a_rejection_naming_both_numbers_teaches_that_users_ratio_and_no_other_u
     assert f.tokens.scale("llama", True, "u2") is None and f.tokens.scale("llama", True, "") is None
     saved = f.summaries.store.ratios
     assert [(row[1], row[2], row[5]) for row in saved] == [("llama", "exact", "u1")]  # saved as u1's alone
-    assert f.windows.find("llama", None, {}, "u1").tokens == 2048  # the window as before
+    assert f.windows.find("llama", None, acc.RequestParams(), "u1").tokens == 2048  # the window as before
     # the turn went out fitted in the model's real tokens: 1.3x of what was counted fits the learned window
-    room = acc.reply_room({}, None, 2048)
+    room = acc.RequestParams.of({}, None).reply_room(2048)
     assert model_tokens(body["messages"], None, SPEC) <= 2048 - room
 
 
@@ -187,7 +187,9 @@ def test_a_second_worker_with_no_ratio_reads_the_users_before_fitting_a_long_req
         return body
 
     body = asyncio.run(run())
-    assert model_tokens(body["messages"], None, SPEC) + acc.reply_room({}, None, 4096) <= 4096  # not sent at 1:1
+    assert (
+        model_tokens(body["messages"], None, SPEC) + acc.RequestParams.of({}, None).reply_room(4096) <= 4096
+    )  # not sent at 1:1
     assert two.tokens.scale("llama", True, "u1") == pytest.approx(1.3, abs=0.01)  # u1's, read before fitting
     assert two.tokens.scale("llama", True, "u2") is None  # u1's ratio is not u2's
     assert store.user_reads.count(("llama", "u2")) == 1  # nothing known for u2: read once this minute, not per request

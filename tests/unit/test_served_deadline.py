@@ -94,7 +94,7 @@ def test_a_hanging_server_costs_a_request_at_most_the_wait_and_holds_no_thread_o
 
     async def one(model: str) -> float:
         began = time.monotonic()
-        await windows.for_request(acc.NullStore(), model, None, {}, "u", connect)
+        await windows.for_request(acc.NullStore(), model, None, acc.RequestParams(), "u", connect)
         return time.monotonic() - began
 
     async def run():

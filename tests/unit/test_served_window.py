@@ -165,20 +165,29 @@ def test_one_ask_in_flight_per_model_again_after_the_period_and_after_the_first_
 
 def test_settings_outrank_the_served_window_which_outranks_learned_and_published_ones():
     windows, llamacpp = acc.ModelWindow(), {"id": "m", "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
-    assert windows.find("m", llamacpp, {}) == acc.Window(131072, "published")  # the trained size
+    assert windows.find("m", llamacpp, acc.RequestParams.of({}, llamacpp)) == acc.Window(
+        131072, "published"
+    )  # the trained size
     windows.learn("m", 16384, "error", 131072, firm=0)  # a trained size is not firm (tests of issue 35)
     assert windows.serve("m", 8192, 131072).source == "served"
-    assert windows.find("m", llamacpp, {}).tokens == 8192  # served over learned and over published
-    assert windows.find("m", llamacpp, {"options": {"num_ctx": 4096}}) == acc.Window(4096, "settings")
+    assert (
+        windows.find("m", llamacpp, acc.RequestParams.of({}, llamacpp)).tokens == 8192
+    )  # served over learned and over published
+    assert windows.find("m", llamacpp, acc.RequestParams.of({"options": {"num_ctx": 4096}}, llamacpp)) == acc.Window(
+        4096, "settings"
+    )
     assert windows.learn("m", 16384, "error", 131072, firm=0) is None  # the server knows better
-    assert windows.find("m", llamacpp, {}).tokens == 8192
+    assert windows.find("m", llamacpp, acc.RequestParams.of({}, llamacpp)).tokens == 8192
     assert windows.learn("m", 6000, "cut", 131072, firm=0, user="u").tokens == 6000  # under served: kept (the user's)
-    assert windows.find("m", llamacpp, {}, "u").tokens == 6000 and windows.find("m", llamacpp, {}).tokens == 8192
+    assert (
+        windows.find("m", llamacpp, acc.RequestParams.of({}, llamacpp), "u").tokens == 6000
+        and windows.find("m", llamacpp, acc.RequestParams.of({}, llamacpp)).tokens == 8192
+    )
     assert windows.serve("m", 8192, 131072) is None  # the same: nothing to save ...
     windows.learned["m"] = acc.replace(windows.learned["m"], learned_at=windows.learned["m"].learned_at - 7200)
     assert windows.serve("m", 8192, 131072) is not None  # ... until its row would age out
     assert windows.serve("m", 0, 131072) is None  # the server said none: the known one stays
-    assert windows.find("m", llamacpp, {}).tokens == 8192
+    assert windows.find("m", llamacpp, acc.RequestParams.of({}, llamacpp)).tokens == 8192
 
 
 def test_a_request_waits_briefly_for_the_first_ask_and_never_for_a_slow_server(monkeypatch):
@@ -189,9 +198,13 @@ def test_a_request_waits_briefly_for_the_first_ask_and_never_for_a_slow_server(m
         return LLAMACPP
 
     async def run(windows):
-        found = [await windows.for_request(acc.NullStore(), "m", model, {}, connect=connect)]
+        found = [
+            await windows.for_request(acc.NullStore(), "m", model, acc.RequestParams.of({}, model), connect=connect)
+        ]
         await asyncio.sleep(0.3)
-        found.append(await windows.for_request(acc.NullStore(), "m", model, {}, connect=connect))
+        found.append(
+            await windows.for_request(acc.NullStore(), "m", model, acc.RequestParams.of({}, model), connect=connect)
+        )
         return found
 
     quick = acc.ModelWindow()
@@ -214,7 +227,9 @@ def test_a_request_never_waits_for_an_ask_where_a_window_is_known(known):
 
     async def run(windows):
         began = time.monotonic()
-        window = await windows.for_request(acc.NullStore(), "m", model, {}, connect=connect)
+        window = await windows.for_request(
+            acc.NullStore(), "m", model, acc.RequestParams.of({}, model), connect=connect
+        )
         return window, time.monotonic() - began, windows.server.running["m"]
 
     windows = acc.ModelWindow()
@@ -232,9 +247,9 @@ def test_an_answer_is_shared_with_every_worker_through_the_store():
         return OLLAMA
 
     async def run():
-        await one.for_request(store, "llama3:latest", None, {}, connect=connect)
+        await one.for_request(store, "llama3:latest", None, acc.RequestParams(), connect=connect)
         await two.refresh_model(store.read_window, "llama3:latest")
-        return two.find("llama3:latest", None, {})
+        return two.find("llama3:latest", None, acc.RequestParams())
 
     assert asyncio.run(run()).tokens == 4096 and store.rows["llama3:latest"][1:3] == (4096, "served")
     assert [n.text("en") for n in acc.window_notes(two.news("m", acc.Window(4096, "served"), "a1"))] == [
@@ -297,7 +312,9 @@ def test_a_cut_reply_teaches_the_window_and_no_ratio_on_either_path_to_ollama():
     assert reply("a1", 3000, {"prompt_eval_count": 3450}) == 0 and "a1" in tokens.counted  # its ratio is learned
     assert reply("a2", 4000, {"prompt_eval_count": 3100, "prompt_tokens": 3100}) == 3100  # Ollama's own API
     assert "a2" not in tokens.counted and tokens.learn("a2", {"prompt_eval_count": 3100}, "u") is None
-    assert windows.find("q", None, {}, "u") == acc.replace(windows.pending[("q", "u")], tokens=3100, source="cut")
+    assert windows.find("q", None, acc.RequestParams(), "u") == acc.replace(
+        windows.pending[("q", "u")], tokens=3100, source="cut"
+    )
     # Ollama's /v1 reports prompt_tokens alone: a cut where its /api/ps answered, else a provider that rejects
     other = acc.ModelWindow()
     assert reply("b1", 4000, {"prompt_tokens": 3100}, other, "d") == 0
@@ -351,7 +368,9 @@ def test_without_an_answer_ollamas_drop_teaches_the_window_within_a_few_turns():
     cut = [n for n, (_, over) in enumerate(replies) if over]
     assert replies[-1][0] > 2500  # it grew to the window
     assert cut and len(cut) <= 3 and cut == list(range(cut[0], cut[0] + len(cut))), cut  # then none after
-    assert 3000 < f.windows.find("llama", None, {}, "u1").tokens <= 4096  # what Ollama kept: a bound of num_ctx
+    assert (
+        3000 < f.windows.find("llama", None, acc.RequestParams(), "u1").tokens <= 4096
+    )  # what Ollama kept: a bound of num_ctx
     assert f.summaries.store.rows[("llama", "u1")][2] == "cut"  # the user's own chats' (issue 42)
 
 
@@ -381,7 +400,7 @@ def test_a_preloaded_ollama_is_never_cut(local_server):
     f, model = _filter(), {"id": "llama:8b", "owned_by": "ollama", "ollama": {"model": "llama:8b", "urls": [0]}}
     replies = _chat(f, spec, 34, model=model, request=object())
     assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
-    assert f.windows.find("llama:8b", model, {}).source == "served"
+    assert f.windows.find("llama:8b", model, acc.RequestParams.of({}, model)).source == "served"
     assert [p["path"] for p in fake.probes] == ["/api/ps"]  # once: not again within SERVED_EVERY
 
 
@@ -391,7 +410,9 @@ def test_llama_server_publishing_its_trained_size_is_never_rejected_where_props_
     f, model = _filter(), {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
     replies = _chat(f, spec, 34, model=model, request=object(), usage_key="prompt_tokens")
     assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
-    assert f.windows.find("m", model, {}) == acc.replace(f.windows.learned["m"], tokens=4096, source="served")
+    assert f.windows.find("m", model, acc.RequestParams.of({}, model)) == acc.replace(
+        f.windows.learned["m"], tokens=4096, source="served"
+    )
 
 
 def test_an_ollama_loaded_by_the_first_request_is_asked_again_after_its_first_reply(local_server):
@@ -408,7 +429,9 @@ def test_an_ollama_loaded_by_the_first_request_is_asked_again_after_its_first_re
     assert replies[-1][0] > 2500 and not [n for n, (_, over) in enumerate(replies) if over]
     before_reply = [("/api/ps", 200), ("/api/show", 200)]  # not loaded yet: the window it will be loaded with
     assert [(p["path"], p["status"]) for p in fake.probes] == [*before_reply, ("/api/ps", 200)]  # then loaded
-    assert f.windows.find("llama:8b", model, {}) == acc.replace(f.windows.learned["llama:8b"], tokens=4096)
+    assert f.windows.find("llama:8b", model, acc.RequestParams.of({}, model)) == acc.replace(
+        f.windows.learned["llama:8b"], tokens=4096
+    )
 
 
 @pytest.mark.parametrize("in_modelfile", [False, True])
@@ -435,15 +458,15 @@ def test_a_model_the_server_does_not_show_is_not_assumed_to_be_an_ollama_one():
 def test_a_guess_is_assumed_only_while_nothing_firm_is_known_and_a_request_waits_only_then():
     windows, model = acc.ModelWindow(), {"id": "m", "ollama": {"model": "m"}}
     windows.guessed["m"] = 4096
-    assert windows.find("m", model, {}) == acc.Window(4096, "guessed")
-    told = acc.window_notes(windows.news("m", windows.find("m", model, {}), "a1"))
+    assert windows.find("m", model, acc.RequestParams.of({}, model)) == acc.Window(4096, "guessed")
+    told = acc.window_notes(windows.news("m", windows.find("m", model, acc.RequestParams.of({}, model)), "a1"))
     assert [n.text("en") for n in told] == [
         "window 4.1k assumed: Ollama's smallest default (the model is not loaded yet)"
     ]
-    assert not acc.firm_window(windows.find("m", model, {}), model)
+    assert not acc.firm_window(windows.find("m", model, acc.RequestParams.of({}, model)), model)
     windows.serve("m", 8192)
-    assert windows.find("m", model, {}).tokens == 8192 and not windows.guessed
-    assert acc.firm_window(windows.find("m", model, {}), model)
+    assert windows.find("m", model, acc.RequestParams.of({}, model)).tokens == 8192 and not windows.guessed
+    assert acc.firm_window(windows.find("m", model, acc.RequestParams.of({}, model)), model)
     trained_only = {"id": "l", "openai": {"id": "l", "meta": {"n_ctx_train": 131072}}}
     assert not acc.firm_window(acc.Window(131072, "published"), trained_only)
     assert acc.firm_window(acc.Window(32768, "published"), {"openai": {"id": "v", "max_model_len": 32768}})
@@ -473,15 +496,15 @@ def test_a_model_known_only_by_its_trained_size_reads_its_row_each_turn():
     store.read_window = counted_read
     llamacpp = {"id": "m", "urlIdx": 0, "openai": {"id": "m", "meta": {"n_ctx_train": 131072}}}
     vllm = {"id": "v", "urlIdx": 0, "openai": {"id": "v", "max_model_len": 32768}}
-    body = {"messages": [{"role": "user", "content": "hi"}]}
+    params = acc.RequestParams.of({"messages": [{"role": "user", "content": "hi"}]})
 
     async def run():
         turn = partial(two.for_turn, store, user="u", failed=None)
-        assert (await turn("m", llamacpp, body)).tokens == 131072
+        assert (await turn("m", llamacpp, params)).tokens == 131072
         one.learn("m", 8192, "error", 131072, firm=0)  # as for_turn learns it: a trained size is not firm
         one.learn("v", 16384, "error", 32768)
         await store.save_windows(one.unsaved)
-        return (await turn("m", llamacpp, body)).tokens, (await turn("v", vllm, body)).tokens
+        return (await turn("m", llamacpp, params)).tokens, (await turn("v", vllm, params)).tokens
 
     assert asyncio.run(run()) == (8192, 32768)  # vLLM's published window is served: read every WINDOWS_REFRESH
     assert reads == ["m", "m"]
