@@ -3,7 +3,7 @@ title: Async Context Compression
 id: async_context_compression
 author: Async Context Compression team
 author_url: https://github.com/async-context-compression
-version: 1.8.0
+version: 1.9.0
 required_open_webui_version: 0.9.0
 license: MIT
 description: Keeps long chats inside the model's context window without ever breaking them: tool-call-safe trimming under a hard token cap, and summaries of older turns made in the background.
