@@ -3754,7 +3754,7 @@ class ModelWindow(SharedThroughStore):
         asked the server itself is no user's to write, so it is every user's."""
         try:
             tokens, path = await self.server.ask(await connect())
-            if path in ("/api/ps", "/api/show", "guess"):
+            if path in ("/api/show", "guess") or path == "/api/ps" and tokens:  # a model the server serves as Ollama
                 self.ollama[model_id] = True
             if path == "guess":  # not evidence of what it serves: this worker's, until the model's first reply
                 if model_id not in self.server.replied:
@@ -7238,8 +7238,9 @@ class RequestPath:
         if ctx.budgets is None:
             return ctx
         scale = self.tokens.scale(ctx.model_id, self.services.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
-        if scale is None and ctx.model_id in self.windows.ollama:
-            scale = SILENT_CUT_RATIO
+        if scale is None and ctx.model_id in self.windows.ollama:  # fitted at it; the figure stays the count
+            provisional = in_counted_units(ctx.budgets, SILENT_CUT_RATIO, ctx.params.prompt_bound)
+            return replace(ctx, settings=replace(provisional, scale=1.0))
         return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.params.prompt_bound))
 
     def reply_window(self, reply_id: str, window: Window) -> Window:
