@@ -3125,9 +3125,7 @@ class ModelTokens(SharedThroughStore):
         same_call = before is not None and (before[:2], before[5]) == ((model, path), user)  # the reply's tool loop
         self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound, user)
 
-    def sent_for(self, reply_id: str, user: str) -> Optional[tuple]:
-        """(model, the last call's count, its path's ratio for ``user``) of the request counted for ``reply_id``, None
-        for none (``forget``: its count goes)."""
+    def sent_for(self, reply_id: str, user: str) -> Optional[tuple]:  # (model, last count, its path's ratio) or None
         counted = self.counted.get(reply_id)
         return None if counted is None else (counted[0], counted[2], self.scale(counted[0], counted[1], user))
 
@@ -3662,8 +3660,8 @@ def chat_set_window(body: Any, model: Any) -> bool:
 class SentRequest:
     """A request the filter sent, recorded in the store so that the turn after its failed reply may learn from the
     error stored on it, on any worker: the reply's id (Open WebUI's ``message_id``), its chat, whose request it was,
-    the model, the most model tokens it can have held (ModelBudget.note_sent), and what the filter counted for it on which
-    path (``counted``, 0 = unknown: a record of 1.7's; the ratio a rejection naming the prompt's size teaches)."""
+    the model, the most model tokens it can have held (ModelBudget.note_sent), and what the filter counted for it on
+    which path (``counted``, 0 = unknown: a record of 1.7's; the ratio a rejection naming the prompt's size teaches)."""
 
     reply_id: str
     chat_id: str
@@ -4604,9 +4602,9 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 
 
 class ModelBudget:
-    """Per worker: a model's window and ratio (layer 3) for each request, and what each reply teaches of them, asked of
-    one object; here, as the caps it turns into counted units are the settings'. ``exact``: whether an encoding is
-    counted exactly now (TokenCounter.is_exact), asked whenever a ratio's path is read or noted."""
+    """Per worker: a model's window and ratio (layer 3) for each request, and what its reply teaches (here: it turns the
+    settings' caps). ``exact``: TokenCounter.is_exact, asked anew where a ratio's path is read or noted (a tokenizer
+    may load mid-request: asked as late as the count it notes)."""
 
     def __init__(self, windows: ModelWindow, tokens: ModelTokens, exact: Callable[[str], bool]):
         self.windows, self.tokens, self.exact = windows, tokens, exact
@@ -4616,9 +4614,8 @@ class ModelBudget:
         return "exact" if self.exact(encoding) else "estimate"
 
     def window(self, reply_id: str, found: Window) -> Window:
-        """``found``, or the one the request of reply ``reply_id`` set: Open WebUI puts the model's ``num_ctx`` in the
-        request's options and gives outlet (same worker), where the summary is planned, neither: without it a small
-        window's chat would be planned in the 128k fallback."""
+        """``found``, or the window the request of ``reply_id`` set (its ``num_ctx``, which Open WebUI never gives
+        outlet): its outlet plans the summary in it (same worker), not in the 128k fallback."""
         if found.source == "settings" and reply_id:
             self.sent_in[reply_id] = found
         return found if found.source == "settings" or not reply_id else self.sent_in.get(reply_id, found)
@@ -4630,25 +4627,21 @@ class ModelBudget:
         return self.counted(own, model_id, user, bound)
 
     def counted(self, own: Settings, model_id: str, user: str, bound: int) -> Settings:
-        """``own`` in counted units at the ratio known now (the one place, see in_counted_units). Outlet asks again once
-        its reply taught the ratio: its summary must weigh the next request as the next inlet will, not at the 1:1 its
-        request was fitted at (a 1.3x model's chat then planned no summary and was trimmed at its next turn)."""
+        """``own`` in counted units at the ratio known now (see in_counted_units). Outlet asks again once its reply taught
+        it, to plan as the next inlet fits, not at its request's 1:1 (a 1.3x model's chat was trimmed unsummarized)."""
         return in_counted_units(own, self.tokens.scale(model_id, self.path(own.encoding), user), bound)
 
-    def note_sent(self, request: SentRequest, encoding: str, bound: int, own_window: bool) -> Optional[SentRequest]:
+    def note_sent(self, request: SentRequest, encoding: str, bound: int, own: bool) -> Optional[SentRequest]:
         """A request's count, for its reply's usage and for what it may teach of the window (ModelWindow.note_sent) at
         the most model tokens it can have held (the count times the scale and SENT_MARGIN, none learned: RATIO_CEILING);
         the record to save when its failed reply could teach the next turn on another worker, else None."""
         path, model, user, counted = self.path(encoding), request.model, request.user_id, request.counted
         self.tokens.note_sent(request.reply_id, model, path, counted, bound, user)
-        scale = self.tokens.scale(model, path, user)
-        size = int(counted * (scale * (1 + SENT_MARGIN) if scale else RATIO_CEILING))
-        sized = replace(request, tokens=size, path=path)
-        return self.windows.note_sent(sized, own_window) if request.reply_id else None
+        size = int(counted * (s * (1 + SENT_MARGIN) if (s := self.tokens.scale(model, path, user)) else RATIO_CEILING))
+        return self.windows.note_sent(replace(request, tokens=size, path=path), own) if request.reply_id else None
 
     async def after_reply(self, store: Any, reply: Any, reply_id: str, model: Any, chat: str, user: str) -> tuple:
-        """(whether the request's record is to go: answered; the save of what its usage taught the ratio, to run in the
-        background, or None): a cut prompt teaches the window (saved before this returns), not the ratio."""
+        """(whether the request's record is to go: answered; the save of the ratio its usage taught, or None)."""
         usage, save = reply.get("usage") if reply is not None else None, store.save_windows
         cut, recorded = await self.windows.after_reply(self.tokens, reply_id, usage, model, chat, save, user)
         if not cut and reply is not None and self.tokens.learn(reply_id, usage, user) is not None:
@@ -5601,7 +5594,7 @@ class RetentionSweeper:
     async def erase_all(self) -> None:
         """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
         forgets this worker's unsaved chats; the tables stay, empty but for the erase's mark: a window row of model ""
-        that every worker acts on at its next read of the windows (RequestPath.forget_erased)."""
+        that every worker acts on at its next read of the windows (ModelBudget.erased_at)."""
         self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
@@ -7245,7 +7238,8 @@ class RequestPath:
         message_id, user_id = str(metadata.get("message_id") or ""), str(user.get("id") or "anonymous")
         found = await (find_window or self.call_window)(body, model, model_id, chat_id, metadata, user_id, request)
         window, windows = self.budget.window(message_id, found), self.budget.windows
-        self.forget_erased()
+        if erased := self.budget.erased_at():  # an erase, this worker's or another's, told by the windows' latest read
+            self.forget_before(erased)  # the ratios and the summaries of unsaved chats kept from before it go too
         entry_of = partial(owui_model_entry, request)
         summary_window = windows.for_summary(summary_model_id(valves, model_id), model_id, model, body, entry_of)
         reply = reply_room(body, model, window.tokens)
@@ -7278,12 +7272,6 @@ class RequestPath:
         connect = partial(owui_served_server, request, model) if request is not None else None
         store, budget = self.services.store, self.budget
         return await budget.windows.for_turn(store, model_id, model, body, user_id, failed, connect, budget.tokens)
-
-    def forget_erased(self) -> None:
-        """Acts on an erase of the stored data, this worker's or another's, once the latest read of the windows told
-        of it (ModelBudget.erased_at): the ratios and the summaries of unsaved chats kept from before it go too."""
-        if erased := self.budget.erased_at():
-            self.forget_before(erased)
 
     def forget_before(self, at: float) -> None:
         """Forgets what this worker learned or kept before ``at``: windows, ratios, summaries of unsaved chats, and the
@@ -7478,10 +7466,9 @@ class Filter:
         self.valves = self.Valves()
         self.services = Services(ChatStore(), TokenCounter(), owui_complete)  # shared by the path and the background
         self.summaries = BackgroundSummarizer(self.services)
-        self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         self.retention = RetentionSweeper(self.store)  # layer 5: what outlives a deletion, in the background
-        self.windows = ModelWindow()  # per model: its window, found or learned from the provider
-        self.budget = ModelBudget(self.windows, self.tokens, lambda encoding: self.counter.is_exact(encoding))
+        self.budget = ModelBudget(ModelWindow(), ModelTokens(), lambda encoding: self.counter.is_exact(encoding))
+        self.tokens, self.windows = self.budget.tokens, self.budget.windows  # its tokens per counted token, its window
         self.path = RequestPath(self.services, self.summaries, self.budget)  # inlet, each loop call
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
@@ -7519,7 +7506,7 @@ class Filter:
 
     async def _erased(self, function_id: Optional[str]) -> None:
         """After the erase: this worker forgets at once what it kept (every other worker at its next read of the
-        windows, RequestPath.forget_erased), then the valve switches itself off."""
+        windows, ModelBudget.erased_at), then the valve switches itself off."""
         self.path.forget_before(time.time())
         await switch_valve_off(function_id, "erase_stored_data")
 
