@@ -17,10 +17,10 @@ requirements: tiktoken
 #   2. Coverage: the canonical view shared by inlet and outlet, fingerprints, /summarize commands.
 #   2b. Recall: the folded messages' passages, indexed per chat, quoted back when the latest message asks about them.
 #   3. Token accounting: tiktoken (loaded off the request path) and the estimator; per model, its own tokens per
-#      counted token (ModelTokens) and its window (ModelWindow), each found for a request, learned after a reply (only
-#      from what the filter saw happen: its own request and the provider's answer) and shared with every worker
-#      through the store (SharedThroughStore).
-#   4. Settings: the valves (their fields: AdminValves, ChatUserValves), resolved per model and request, never raising.
+#      counted token (ModelTokens) and its window (ModelWindow), learned after a reply (only from what the filter saw
+#      happen: its own request and the provider's answer) and shared with every worker (SharedThroughStore).
+#   4. Settings: the valves (their fields: AdminValves, ChatUserValves), resolved per model and request, never raising;
+#      ModelBudget, which a request asks for its model's window and ratio (here: it turns the settings' caps).
 #   5. Summary store: FilterStore, every call the filter makes on its store; ChatStore keeps it (memory for chats Open
 #      WebUI never saves, else SummaryStore, the database: summaries, leases, ratios, windows, requests sent), NullStore
 #      keeps nothing (no database); RetentionSweeper (what outlives a deletion; the erase).
@@ -34,13 +34,13 @@ requirements: tiktoken
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
 # A request travels: Filter.inlet -> RequestPath.context (RequestParams.of reads the posted parameters once, layer 3;
-# ModelWindow.for_turn, resolve_settings, ModelTokens.scale; a RequestContext, never changed once built) ->
-# RequestPath.inlet: repair_request, the stored summary (ChatStore.find, choose_summary, apply_summary), fit_request,
-# the recall block (layer 2b), all on the Draft's one canonical list -> Services.tell -> StatusLines (layer 7); the
-# request hook (Filter.request -> RequestPath.loop_call) repeats this before each model call of a tool loop, with the
-# loop's own summary (LoopSummaries). After the reply, Filter.outlet -> RequestPath.outlet: its context, its line
-# written, after_reply (usage teaches ModelWindow, ModelTokens) -> BackgroundSummarizer.start_if_due -> plan / _fold
-# (layer 6) -> ChatStore.save.
+# the window: ModelWindow.for_turn; resolve_settings; the caps in counted tokens: ModelBudget.for_request; a
+# RequestContext, never changed once built) -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find,
+# choose_summary, apply_summary), fit_request, the recall block (layer 2b), all on the Draft's one canonical list ->
+# Services.tell -> StatusLines (layer 7); the request hook (Filter.request -> RequestPath.loop_call) repeats this
+# before each model call of a tool loop, with the loop's own summary (LoopSummaries). After the reply, Filter.outlet ->
+# RequestPath.outlet: its context, its line written, what its usage teaches (ModelBudget.after_reply) ->
+# BackgroundSummarizer.start_if_due -> plan / _fold (layer 6) -> ChatStore.save.
 #
 # Provider rules cited in docstrings (what a provider answers with HTTP 400; devkit/provider_rules.py checks each one):
 #   OpenAI: O0 malformed list (unknown role, not an object)   O1 tool result with no call right before it
@@ -3059,14 +3059,14 @@ class ModelTokens(SharedThroughStore):
         self.erased_at = 0.0  # samples learned before the stored data was last erased are not applied
         self.read_for = _BoundedDict(models * 8)  # (model, user) -> (minute, its read) of a key known nowhere here
 
-    def scale(self, model: str, exact: bool = True, user: str = "") -> Optional[float]:
-        """Model tokens per counted token for ``user``'s requests: the path's own ratios, else (the estimator errs
-        high) the exact path's, else None (nothing learned from this user's replies)."""
-        table = self.shared if any((model, path, user) in self.shared for path in RATIO_PATHS) else self.own
-        for path in ("exact",) if exact else ("estimate", "exact"):
-            found = table.get((model, path, user))
+    def scale(self, model: str, path: str = "exact", user: str = "") -> Optional[float]:
+        """Model tokens per counted token for ``user``'s requests counted on ``path``: the path's own ratios, else (the
+        estimator errs high) the exact path's, else None (nothing learned from this user's replies)."""
+        table = self.shared if any((model, p, user) in self.shared for p in RATIO_PATHS) else self.own
+        for tried in ("estimate", "exact") if path == "estimate" else ("exact",):
+            found = table.get((model, tried, user))
             if found:
-                return robust_ratio((ratio for _, ratio in found), upper=path == "estimate")
+                return robust_ratio((ratio for _, ratio in found), upper=tried == "estimate")
         return None
 
     def known(self, model: str, user: str) -> bool:
@@ -3103,15 +3103,21 @@ class ModelTokens(SharedThroughStore):
         if any((model, p, user) in self.shared for p in RATIO_PATHS):
             self.shared[(model, path, user)] = self.own[(model, path, user)]
 
-    def note_sent(self, message_id: str, model: str, exact: bool, tokens: int, bound: int = 0, user: str = "") -> None:
-        """The request hook's count for ``user``'s reply ``message_id`` (added up over a tool loop's calls; the last
-        apart)."""
+    def note_sent(self, message_id: str, model: str, path: str, tokens: int, bound: int = 0, user: str = "") -> None:
+        """The request hook's count on ``path`` for ``user``'s reply ``message_id`` (added up over a tool loop's calls;
+        the last apart)."""
         if not message_id or tokens <= 0:
             return
-        path = "exact" if exact else "estimate"
         before = self.counted.get(message_id)
         same_call = before is not None and (before[:2], before[5]) == ((model, path), user)  # the reply's tool loop
         self.counted[message_id] = (model, path, tokens, tokens + (before[3] if same_call else 0), bound, user)
+
+    def sent_for(self, reply_id: str, user: str) -> Optional[tuple]:  # (model, last count, its path's ratio) or None
+        counted = self.counted.get(reply_id)
+        return None if counted is None else (counted[0], counted[2], self.scale(counted[0], counted[1], user))
+
+    def forget(self, reply_id: str) -> None:
+        self.counted.pop(reply_id, None)
 
     def learn(self, message_id: str, usage: Any, user: str = "") -> Optional[tuple]:
         """Relates the reply's usage, as ``user``'s outlet reads it, to what was counted for that user's request; the
@@ -3132,13 +3138,6 @@ class ModelTokens(SharedThroughStore):
             return None
         self.add(model, path, ratio, user)
         return model, path, ratio
-
-    def after_reply(self, reply: Any, save: Any, user: str = "") -> Any:
-        """What a reply teaches ``user``'s requests, to save in the background (None: nothing): its usage against its
-        request's count."""
-        if reply is not None and self.learn(str(reply.get("id")), reply.get("usage"), user) is not None:
-            return self.flush(save)
-        return None
 
     def add(self, model: str, path: str, ratio: float, user: str = "") -> None:
         self._serial += 1
@@ -3661,8 +3660,8 @@ class RequestParams:
 class SentRequest:
     """A request the filter sent, recorded in the store so that the turn after its failed reply may learn from the
     error stored on it, on any worker: the reply's id (Open WebUI's ``message_id``), its chat, whose request it was,
-    the model, the most model tokens it can have held (``sent_size``), and what the filter counted for it on which
-    path (``counted``, 0 = unknown: a record of 1.7's; the ratio a rejection naming the prompt's size teaches)."""
+    the model, the most model tokens it can have held (ModelBudget.note_sent), and what the filter counted for it on
+    which path (``counted``, 0 = unknown: a record of 1.7's; the ratio a rejection naming the prompt's size teaches)."""
 
     reply_id: str
     chat_id: str
@@ -3672,12 +3671,6 @@ class SentRequest:
     created_at: float = 0.0
     counted: int = 0
     path: str = "exact"
-
-
-def sent_size(counted: int, scale: Optional[float]) -> int:
-    """The most model tokens a request counted ``counted`` can have held: its count times the model's learned scale
-    with SENT_MARGIN of room; with none learned yet, times RATIO_CEILING."""
-    return int(counted * (scale * (1 + SENT_MARGIN) if scale else RATIO_CEILING))
 
 
 def window_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id: str, error: Any) -> int:
@@ -3847,21 +3840,20 @@ class ModelWindow(SharedThroughStore):
             return 0, False  # no request sent here for this user's reply
         del self.sent[reply_id]
         _, own_window, recorded, _ = sent
-        counted, reported = tokens.counted.get(reply_id), reported_prompt_tokens(usage)
+        counted, reported = tokens.sent_for(reply_id, user), reported_prompt_tokens(usage)
         if own_window or counted is None or reported is None or reported[1]:
             return 0, recorded
-        model_id, path, last = counted[:3]  # the model the request went to, as the request hook noted it
+        model_id, last, scale = counted  # the model the request went to, as the request hook noted it
         if self.learned.get(model_id, NO_WINDOW).source != "served":
             self.server.after_first_reply(model_id)
         self.guessed.pop(model_id, None)  # loaded now (its server says so) or never listed: usage teaches from here
         before = len(self.unsaved)
         native = isinstance(usage, dict) and bool(_positive_int(usage, "prompt_eval_count"))  # Ollama's own API
         cuts = native or model_id in self.ollama  # Ollama drops messages rather than reject (both paths)
-        scale = tokens.scale(model_id, path == "exact", user)
         published, firm = model_published_window(model), model_served_published(model)
         cut = self.observe(model_id, reported[0], last, scale, published, chat, cuts, user or "anonymous", firm)
         if cut:
-            tokens.counted.pop(reply_id, None)
+            tokens.forget(reply_id)
         if len(self.unsaved) != before:
             await self.flush(save)
         return cut, recorded
@@ -4504,15 +4496,6 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
     return default
 
 
-def window_cap(admin_cap: int, window: int, reply: int) -> int:
-    """The cap on what is sent: the admin's (0 = none set) never above the known ``window`` less the ``reply``'s room
-    (``reply_room``); where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
-    if window > 0:
-        room = max(1, window - reply)
-        return min(admin_cap, room) if admin_cap > 0 else room
-    return admin_cap or WINDOW_FALLBACK_CAP
-
-
 def summary_model_id(valves: Any, model_id: str) -> str:
     """The model that writes summaries: the ``summary_model`` valve, else the chat's own."""
     return _as_text(getattr(valves, "summary_model", "")).strip() or model_id
@@ -4618,6 +4601,73 @@ def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: i
 def to_model_tokens(settings: Settings, counted: int) -> int:
     """A count in the model's own tokens, as the status line states it."""
     return int(round(counted * settings.scale))
+
+
+class ModelBudget:
+    """Per worker: a model's window and ratio (layer 3) for each request, and what its reply teaches (here: it turns the
+    settings' caps). ``exact``: TokenCounter.is_exact, asked anew where a ratio's path is read or noted (a tokenizer
+    may load mid-request: asked as late as the count it notes)."""
+
+    def __init__(self, windows: ModelWindow, tokens: ModelTokens, exact: Callable[[str], bool]):
+        self.windows, self.tokens, self.exact = windows, tokens, exact
+        self.sent_in = _BoundedDict(4096)  # reply id -> the window its request's num_ctx set, for its outlet
+
+    def path(self, encoding: str) -> str:
+        return "exact" if self.exact(encoding) else "estimate"
+
+    def window(self, reply_id: str, found: Window) -> Window:
+        """``found``, or the window the request of ``reply_id`` set (its ``num_ctx``, which Open WebUI never gives
+        outlet): its outlet plans the summary in it (same worker), not in the 128k fallback."""
+        if found.source == "settings" and reply_id:
+            self.sent_in[reply_id] = found
+        return found if found.source == "settings" or not reply_id else self.sent_in.get(reply_id, found)
+
+    async def for_request(self, store: Any, own: Settings, model_id: str, user: str, bound: int) -> Settings:
+        """A request's settings (``own``: in the model's tokens) in counted ones, its ratios read first when due."""
+        await self.tokens.refresh(store.read_ratios)
+        await self.tokens.read_unknown(store.read_user_ratios, model_id, user)
+        return self.counted(own, model_id, user, bound)
+
+    def counted(self, own: Settings, model_id: str, user: str, bound: int) -> Settings:
+        """``own`` in counted units at the ratio known now (see in_counted_units). Outlet asks again once its reply taught
+        it, to plan as the next inlet fits, not at its request's 1:1 (a 1.3x model's chat was trimmed unsummarized)."""
+        scale = self.tokens.scale(model_id, self.path(own.encoding), user)
+        if scale is None and model_id in self.windows.ollama:  # fitted at SILENT_CUT_RATIO; the figure stays the count
+            return replace(in_counted_units(own, SILENT_CUT_RATIO, bound), scale=1.0)
+        return in_counted_units(own, scale, bound)
+
+    def note_sent(self, request: SentRequest, encoding: str, bound: int, own: bool) -> Optional[SentRequest]:
+        """A request's count, for its reply's usage and for what it may teach of the window (ModelWindow.note_sent) at
+        the most model tokens it can have held (the count times the scale and SENT_MARGIN, none learned: RATIO_CEILING);
+        the record to save when its failed reply could teach the next turn on another worker, else None."""
+        path, model, user, counted = self.path(encoding), request.model, request.user_id, request.counted
+        self.tokens.note_sent(request.reply_id, model, path, counted, bound, user)
+        size = int(counted * (s * (1 + SENT_MARGIN) if (s := self.tokens.scale(model, path, user)) else RATIO_CEILING))
+        return self.windows.note_sent(replace(request, tokens=size, path=path), own) if request.reply_id else None
+
+    async def after_reply(self, store: Any, reply: Any, reply_id: str, model: Any, chat: str, user: str) -> tuple:
+        """(whether the request's record is to go: answered; the save of the ratio its usage taught, or None)."""
+        usage, save = reply.get("usage") if reply is not None else None, store.save_windows
+        cut, recorded = await self.windows.after_reply(self.tokens, reply_id, usage, model, chat, save, user)
+        if not cut and reply is not None and self.tokens.learn(reply_id, usage, user) is not None:
+            return recorded, self.tokens.flush(store.add_ratios)
+        return recorded, None
+
+    def erased_at(self) -> float:  # the erase the latest read of the windows told of, if the ratios predate it
+        return self.windows.erased_at if self.windows.erased_at > self.tokens.erased_at else 0.0
+
+    def forget_before(self, at: float) -> None:
+        self.windows.forget_before(at)
+        self.tokens.forget_before(at)
+
+
+def window_cap(admin_cap: int, window: int, reply: int) -> int:
+    """The cap on what is sent: the admin's (0 = none set) never above the known ``window`` less the ``reply``'s room
+    (``reply_room``); where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
+    if window > 0:
+        room = max(1, window - reply)
+        return min(admin_cap, room) if admin_cap > 0 else room
+    return admin_cap or WINDOW_FALLBACK_CAP
 
 
 # ---------------------------------------------------------------------------
@@ -5549,7 +5599,7 @@ class RetentionSweeper:
     async def erase_all(self) -> None:
         """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
         forgets this worker's unsaved chats; the tables stay, empty but for the erase's mark: a window row of model ""
-        that every worker acts on at its next read of the windows (RequestPath.forget_erased)."""
+        that every worker acts on at its next read of the windows (ModelBudget.erased_at)."""
         self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
@@ -7182,16 +7232,12 @@ class Draft:
         )
 
 
-REPLY_WINDOWS = 4096  # replies whose request's own window (its num_ctx) their outlet plans in
-
-
 class RequestPath:
     """A request's way to the model from two entries, ``inlet`` (a user's turn) and ``loop_call`` (the request hook,
     before each model call of a tool loop), each calling the steps it takes; after the reply, ``outlet``."""
 
-    def __init__(self, services: Services, summaries: BackgroundSummarizer, tokens: ModelTokens, windows: ModelWindow):
-        self.services, self.summaries, self.tokens, self.windows = services, summaries, tokens, windows
-        self.sent_in = _BoundedDict(REPLY_WINDOWS)  # reply id -> the window its request's num_ctx set
+    def __init__(self, services: Services, summaries: BackgroundSummarizer, budget: ModelBudget):
+        self.services, self.summaries, self.budget = services, summaries, budget
 
     async def context(self, valves, body, user, metadata, emitter, model, chat_id, request=None, find_window=None):
         """What a hook call knows of its request (a RequestContext), None when the user switched the filter off."""
@@ -7204,15 +7250,14 @@ class RequestPath:
         message_id, user_id = str(metadata.get("message_id") or ""), str(user.get("id") or "anonymous")
         params = RequestParams.of(body, model)  # the one read of the request's parameters
         found = await (find_window or self.call_window)(params, model, model_id, chat_id, metadata, user_id, request)
-        window = self.reply_window(message_id, found)
-        self.forget_erased()
+        window, windows = self.budget.window(message_id, found), self.budget.windows
+        if erased := self.budget.erased_at():  # an erase, this worker's or another's, told by the windows' latest read
+            self.forget_before(erased)  # the ratios and the summaries of unsaved chats kept from before it go too
         entry_of = partial(owui_model_entry, request)
-        summary_window = self.windows.for_summary(summary_model_id(valves, model_id), model_id, model, params, entry_of)
+        summary_window = windows.for_summary(summary_model_id(valves, model_id), model_id, model, params, entry_of)
         reply = params.reply_room(window.tokens)
         settings = resolve_settings(valves, model_id, user_valves, window, reply, summary_window.tokens)
-        settings = replace(settings, news=window_notes(self.windows.news(model_id, window, message_id)))
-        await self.tokens.refresh(self.services.store.read_ratios)
-        await self.tokens.read_unknown(self.services.store.read_user_ratios, model_id, user_id)
+        settings = replace(settings, news=window_notes(windows.news(model_id, window, message_id)))
         ctx = RequestContext(  # never changed once built: a step that knows more makes a new one (replace)
             anchor="" if chat_id else opening_anchor(body["messages"]),  # a list: the callers checked
             user=user,
@@ -7227,55 +7272,23 @@ class RequestPath:
             message_id=message_id,
             params=params,
         )
-        return self.rescaled(ctx)
-
-    def rescaled(self, ctx: RequestContext) -> RequestContext:
-        """``ctx`` with its budgets turned from the model's own tokens into counted ones at the model's ratio as known
-        now (the one place, see in_counted_units). Outlet asks again after its reply taught the ratio (the model's
-        first reply on this worker): the summary it plans must weigh the next request as the next inlet will, not at
-        the 1:1 its request was fitted at (a 1.3x model's chat then planned no summary and was trimmed at its next
-        turn, on a worker that knew the ratio)."""
-        if ctx.budgets is None:
-            return ctx
-        scale = self.tokens.scale(ctx.model_id, self.services.counter.is_exact(ctx.budgets.encoding), ctx.user_id)
-        if scale is None and ctx.model_id in self.windows.ollama:  # fitted at it; the figure stays the count
-            provisional = in_counted_units(ctx.budgets, SILENT_CUT_RATIO, ctx.params.prompt_bound)
-            return replace(ctx, settings=replace(provisional, scale=1.0))
-        return replace(ctx, settings=in_counted_units(ctx.budgets, scale, ctx.params.prompt_bound))
-
-    def reply_window(self, reply_id: str, window: Window) -> Window:
-        """``window``, or the one the request of reply ``reply_id`` set. Open WebUI puts the model's ``num_ctx`` in
-        the request's options (its model entry keeps no params) and gives outlet neither, so the window a request's
-        own settings named is remembered for its reply's outlet (same worker: both run in the request's handler),
-        where the summary is planned: without it a small window's chat would be planned in the 128k fallback."""
-        if window.source == "settings":
-            if reply_id:
-                self.sent_in[reply_id] = window
-            return window
-        return self.sent_in.get(reply_id, window) if reply_id else window
+        counted = await self.budget.for_request(self.services.store, settings, model_id, user_id, params.prompt_bound)
+        return replace(ctx, settings=counted)
 
     async def call_window(self, params, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         connect = partial(owui_served_server, request, model) if request is not None else None
-        return await self.windows.for_request(self.services.store, model_id, model, params, user_id, connect)
+        return await self.budget.windows.for_request(self.services.store, model_id, model, params, user_id, connect)
 
     async def turn_window(self, params, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
-        store = self.services.store
-        return await self.windows.for_turn(store, model_id, model, params, user_id, failed, connect, self.tokens)
-
-    def forget_erased(self) -> None:
-        """Acts on an erase of the stored data, this worker's or another's, once the latest read of the windows told
-        of it (ModelWindow.snapshot; the windows learned before it are forgotten there): the ratios and the summaries
-        of unsaved chats this worker kept from before it go too."""
-        if self.windows.erased_at > self.tokens.erased_at:
-            self.forget_before(self.windows.erased_at)
+        store, budget = self.services.store, self.budget
+        return await budget.windows.for_turn(store, model_id, model, params, user_id, failed, connect, budget.tokens)
 
     def forget_before(self, at: float) -> None:
         """Forgets what this worker learned or kept before ``at``: windows, ratios, summaries of unsaved chats, and the
         recall indexes (rebuilt from the next requests' own messages)."""
-        self.windows.forget_before(at)
-        self.tokens.forget_before(at)
+        self.budget.forget_before(at)
         self.services.recall.indexes.clear()
         self.services.recall.tokens.clear()
         _quoted.cache_clear()  # quoted passages of every chat, erased ones among them
@@ -7412,24 +7425,11 @@ class RequestPath:
 
     def _sent_for_reply(self, ctx: RequestContext, draft: Draft, fit: FitReport, inlet: Optional[SentOutcome] = None):
         """What was finally sent for the reply (completing ``inlet``'s): for outlet to relate to its usage, and said."""
-        exact = self.services.counter.is_exact(ctx.settings.encoding)
-        self.tokens.note_sent(
-            ctx.message_id, ctx.model_id, exact, fit.tokens_after, ctx.params.prompt_bound, ctx.user_id
-        )
-        self._note_for_window(ctx, fit.tokens_after, exact)
-        self.services.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
-
-    def _note_for_window(self, ctx: RequestContext, counted: int, exact: bool) -> None:
-        """The request, for what its reply may teach of the window (ModelWindow.note_sent); its record, when its failed
-        reply could teach the next turn on another worker, saved in the background."""
-        if not ctx.message_id:
-            return
         chat = ctx.chat_id if is_saved_chat_id(ctx.chat_id) else ""  # Open WebUI stores no error of an unsaved chat
-        size = sent_size(counted, self.tokens.scale(ctx.model_id, exact, ctx.user_id))
-        path = "exact" if exact else "estimate"
-        request = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, size, time.time(), counted, path)
-        if self.windows.note_sent(request, ctx.params.own_window):
-            self.services.spawn(_stored_quietly(self.services.store.record_sent(request), "a sent request's record"))
+        sent = SentRequest(ctx.message_id, chat, ctx.user_id, ctx.model_id, 0, time.time(), fit.tokens_after)
+        if record := self.budget.note_sent(sent, ctx.settings.encoding, ctx.params.prompt_bound, ctx.params.own_window):
+            self.services.spawn(_stored_quietly(self.services.store.record_sent(record), "a sent request's record"))
+        self.services.tell(ctx, draft.sent(ctx.settings, fit).after(inlet))
 
     async def outlet(self, valves, body: dict, user, metadata, emitter, model, request=None) -> None:
         """After the reply: what its usage teaches (``after_reply``), then older turns folded if due (start_if_due)."""
@@ -7437,21 +7437,19 @@ class RequestPath:
         if ctx is not None:
             await self.services.lines.written(ctx.chat_key())  # the reply's line before anything after it
             await self.after_reply(ctx, body, model)
-            self.summaries.start_if_due(self.rescaled(ctx), body["messages"])
+            bound = ctx.params.prompt_bound
+            settings = self.budget.counted(ctx.budgets, ctx.model_id, ctx.user_id, bound)  # as taught now
+            self.summaries.start_if_due(replace(ctx, settings=settings), body["messages"])
 
     async def after_reply(self, ctx: RequestContext, body: dict, model: Any) -> None:
         """What the reply's usage teaches of the model's window and of its tokens (the latter in the background); the
         record of its request goes, answered (no error stored on it later is the provider's)."""
         store, reply_id = self.services.store, str(body.get("id") or ctx.message_id or "")
         reply = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("id") == reply_id), None)
-        usage, save = reply.get("usage") if reply is not None else None, store.save_windows
-        windows, user = self.windows, ctx.user_id
-        cut, recorded = await windows.after_reply(self.tokens, reply_id, usage, model, ctx.chat_key(), save, user)
+        recorded, learning = await self.budget.after_reply(store, reply, reply_id, model, ctx.chat_key(), ctx.user_id)
         if recorded:
             self.services.spawn(_stored_quietly(store.forget_sent(reply_id), "an answered request's record"))
-        if cut:
-            return  # a cut reply says nothing of the model's tokens
-        if learning := self.tokens.after_reply(reply, store.add_ratios, user):
+        if learning:
             self.services.spawn(learning)
 
 
@@ -7481,10 +7479,10 @@ class Filter:
         self.valves = self.Valves()
         self.services = Services(ChatStore(), TokenCounter(), owui_complete)  # shared by the path and the background
         self.summaries = BackgroundSummarizer(self.services)
-        self.tokens = ModelTokens()  # per model: its tokens per counted token, learned from usage
         self.retention = RetentionSweeper(self.store)  # layer 5: what outlives a deletion, in the background
-        self.windows = ModelWindow()  # per model: its window, found or learned from the provider
-        self.path = RequestPath(self.services, self.summaries, self.tokens, self.windows)  # inlet, each loop call
+        self.budget = ModelBudget(ModelWindow(), ModelTokens(), lambda encoding: self.counter.is_exact(encoding))
+        self.tokens, self.windows = self.budget.tokens, self.budget.windows  # its tokens per counted token, its window
+        self.path = RequestPath(self.services, self.summaries, self.budget)  # inlet, each loop call
         log_notes_once(open_webui_limits())  # once per process: what this Open WebUI version lacks
         for name in _ENCODINGS:
             self.counter.start_loading(name)
@@ -7521,7 +7519,7 @@ class Filter:
 
     async def _erased(self, function_id: Optional[str]) -> None:
         """After the erase: this worker forgets at once what it kept (every other worker at its next read of the
-        windows, RequestPath.forget_erased), then the valve switches itself off."""
+        windows, ModelBudget.erased_at), then the valve switches itself off."""
         self.path.forget_before(time.time())
         await switch_valve_off(function_id, "erase_stored_data")
 

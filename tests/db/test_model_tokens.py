@@ -24,8 +24,8 @@ async def test_ratios_saved_by_one_worker_are_read_by_another(db):
     assert sorted(r[0] for r in read) == ["w1:0", "w1:1", "w1:2"]
     tokens = acc.ModelTokens()
     tokens.snapshot(read, minute=1)
-    assert tokens.scale("llama", True, "u1") == pytest.approx(1.301)
-    assert tokens.scale("qwen", True, "u1") is None and tokens.scale("llama", True, "u2") is None  # one user's
+    assert tokens.scale("llama", "exact", "u1") == pytest.approx(1.301)
+    assert tokens.scale("qwen", "exact", "u1") is None and tokens.scale("llama", "exact", "u2") is None  # one user's
 
 
 async def test_each_model_and_path_keeps_its_newest_samples(db):
@@ -64,10 +64,10 @@ async def test_the_filter_saves_and_refreshes_through_the_store(db):
     other = acc.Filter()  # another worker: applies it from the next minute's snapshot on, as every worker does
     other.summaries.store = db.store(db.engine())
     await other.inlet({"model": "llama", "messages": msgs}, {"id": "u2"}, {}, None)
-    assert other.tokens.scale("llama", True, "u1") is None  # this minute's snapshot predates the sample
+    assert other.tokens.scale("llama", "exact", "u1") is None  # this minute's snapshot predates the sample
     await other.tokens.refresh(other.store.read_ratios, time.time() + 60 + acc.RATIOS_SETTLE)
-    assert other.tokens.scale("llama", True, "u1") == pytest.approx(1.4, rel=0.01)
-    assert other.tokens.scale("llama", True, "u2") is None  # usage is the user's to write: u1's alone (issue 42)
+    assert other.tokens.scale("llama", "exact", "u1") == pytest.approx(1.4, rel=0.01)
+    assert other.tokens.scale("llama", "exact", "u2") is None  # usage is the user's to write: u1's alone (issue 42)
 
 
 async def test_a_database_of_the_previous_version_upgrades_keeping_what_is_still_trustworthy(db):
@@ -96,5 +96,5 @@ async def test_a_database_of_the_previous_version_upgrades_keeping_what_is_still
     tokens, windows = acc.ModelTokens(), acc.ModelWindow()
     tokens.snapshot(await store.read_ratios(), minute=1)
     windows.snapshot(await store.read_windows())
-    assert tokens.scale("llama", True, "") is None and tokens.scale("llama", True, "u1") == pytest.approx(1.3)
+    assert tokens.scale("llama", "exact", "") is None and tokens.scale("llama", "exact", "u1") == pytest.approx(1.3)
     assert "llama" not in windows.learned and windows.learned["qwen"].tokens == 8192

@@ -197,4 +197,4 @@ async def test_one_users_ratios_of_one_model_are_read_alone(db):
     assert await store.read_user_ratios("q", "carol") == []
     tokens = acc.ModelTokens()
     await tokens.read_unknown(store.read_user_ratios, "q", "alice")
-    assert tokens.scale("q", True, "alice") == pytest.approx(1.3) and tokens.scale("q", True, "bob") is None
+    assert tokens.scale("q", "exact", "alice") == pytest.approx(1.3) and tokens.scale("q", "exact", "bob") is None

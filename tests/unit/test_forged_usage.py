@@ -128,7 +128,7 @@ async def _mallorys_own_ratio() -> float:
     one, _ = _workers(SharedStore())
     for n in range(3):
         await _forged(one, "mallory", n, lambda counted: {"prompt_tokens": int(counted * 2.5)})
-    return one.tokens.scale("llama", True, "mallory")
+    return one.tokens.scale("llama", "exact", "mallory")
 
 
 def test_an_outlet_for_another_users_reply_teaches_nothing():
@@ -150,7 +150,7 @@ def test_a_replayed_outlet_teaches_nothing():
         await _forged(one, "mallory", 1, lambda counted: {"prompt_tokens": counted})  # the real reply: 1.0
         await _outlet(one, "mallory", "c-mallory", "mallory-1", {"prompt_eval_count": 2100})  # posted again
         await _outlet(one, "mallory", "c-mallory", "mallory-1", {"prompt_tokens": 90000})
-        return one.tokens.scale("llama", True, "mallory"), one.windows.find(
+        return one.tokens.scale("llama", "exact", "mallory"), one.windows.find(
             "llama", MODEL, acc.RequestParams.of({}, MODEL), "mallory"
         )
 

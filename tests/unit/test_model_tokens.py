@@ -140,7 +140,7 @@ def test_usage_shown_compares_the_figure_with_the_cap_it_is_shown_against():
 def test_a_reply_relates_to_what_was_counted_for_it():
     t = acc.ModelTokens()
     assert t.scale("llama") is None
-    t.note_sent("r1", "llama", True, 1000)
+    t.note_sent("r1", "llama", "exact", 1000)
     assert t.learn("r1", {"prompt_tokens": 1300}) == ("llama", "exact", pytest.approx(1.3))
     assert t.scale("llama") == pytest.approx(1.3)
     assert t.scale("other") is None
@@ -152,35 +152,35 @@ def test_a_reply_relates_to_what_was_counted_for_it():
 def test_a_tool_loop_relates_the_last_call_or_the_sum():
     t = acc.ModelTokens()
     for tokens in (1000, 1200, 1500):
-        t.note_sent("r", "m", True, tokens)
+        t.note_sent("r", "m", "exact", tokens)
     assert t.learn("r", {"prompt_tokens": 1950, "input_tokens": 4810})[2] == pytest.approx(1.3)
     for tokens in (1000, 1500):
-        t.note_sent("q", "m", True, tokens)
+        t.note_sent("q", "m", "exact", tokens)
     assert t.learn("q", {"input_tokens": 3000})[2] == pytest.approx(1.2)
 
 
 def test_a_reply_at_the_requests_own_bound_may_have_been_cut():
     t = acc.ModelTokens()
-    t.note_sent("r", "m", True, 5000, bound=4096)
+    t.note_sent("r", "m", "exact", 5000, bound=4096)
     assert t.learn("r", {"prompt_eval_count": 4096}) is None
-    t.note_sent("s", "m", True, 3000, bound=4096)
+    t.note_sent("s", "m", "exact", 3000, bound=4096)
     assert t.learn("s", {"prompt_eval_count": 3600}) is not None
 
 
 def test_the_estimator_has_its_own_ratio_and_falls_back_to_the_exact_one():
     t = acc.ModelTokens()
-    t.note_sent("a", "m", True, 1000)
+    t.note_sent("a", "m", "exact", 1000)
     t.learn("a", {"prompt_tokens": 1300})
-    assert t.scale("m", exact=False) == pytest.approx(1.3)  # errs high: caps earlier, never later
-    t.note_sent("b", "m", False, 1000)
+    assert t.scale("m", "estimate") == pytest.approx(1.3)  # errs high: caps earlier, never later
+    t.note_sent("b", "m", "estimate", 1000)
     t.learn("b", {"prompt_tokens": 900})
-    assert t.scale("m", exact=False) == pytest.approx(0.9)
-    t.note_sent("c", "m", False, 1000)
+    assert t.scale("m", "estimate") == pytest.approx(0.9)
+    t.note_sent("c", "m", "estimate", 1000)
     t.learn("c", {"prompt_tokens": 1000})
-    t.note_sent("d", "m", False, 1000)
+    t.note_sent("d", "m", "estimate", 1000)
     t.learn("d", {"prompt_tokens": 5000})  # an outlier
-    assert t.scale("m", exact=False) == pytest.approx(1.0)  # the second highest: never the outlier
-    assert t.scale("m", exact=True) == pytest.approx(1.3)
+    assert t.scale("m", "estimate") == pytest.approx(1.0)  # the second highest: never the outlier
+    assert t.scale("m", "exact") == pytest.approx(1.3)
 
 
 def test_a_minutes_snapshot_holds_the_stores_samples_created_before_it():
@@ -197,13 +197,13 @@ def test_a_minutes_snapshot_holds_the_stores_samples_created_before_it():
 def test_tables_are_bounded():
     t = acc.ModelTokens(models=4, replies=8)
     for i in range(50):
-        t.note_sent(f"r{i}", f"m{i}", True, 1000)
+        t.note_sent(f"r{i}", f"m{i}", "exact", 1000)
         t.add(f"m{i}", "exact", 1.1)
     assert len(t.counted) == 8 and len(t.own) == 4 * 8 and len(t.unsaved) <= 64
 
 
 def _learned(t: acc.ModelTokens, store: "_Store", model: str, ratio: float, reply: str) -> None:
-    t.note_sent(reply, model, True, 1000)
+    t.note_sent(reply, model, "exact", 1000)
     assert t.learn(reply, {"prompt_tokens": round(1000 * ratio)}) is not None
     store.rows += t.unsaved  # what ModelTokens.flush writes
     t.unsaved = []
@@ -282,13 +282,13 @@ def test_usage_stored_on_a_chats_earlier_replies_teaches_no_ratio():
         await f.wait_for_background(10)
 
     asyncio.run(run())
-    assert f.tokens.scale("llama", exact=False) is None and not f.store.rows
+    assert f.tokens.scale("llama", "estimate") is None and not f.store.rows
 
 
 def test_ratios_of_1_4s_replayed_path_in_the_store_are_not_applied():
     t = acc.ModelTokens()
     t.snapshot([("w:1", "llama", "replayed", 2.5, 0.0)], minute=1)
-    assert t.scale("llama") is None and t.scale("llama", exact=False) is None
+    assert t.scale("llama") is None and t.scale("llama", "estimate") is None
 
 
 # -- the Filter: a chat growing past a 1.3x model's window --------------------------

@@ -455,7 +455,7 @@ def test_inlet_after_a_rejected_reply_learns_the_window_its_error_names(monkeypa
     body = _rejected_then_retried(f, monkeypatch, "a9", TOO_LONG)
     # the filter recorded what it sent, for any worker; its error named the prompt's size too: the record taught the
     # ratio of u1's requests with the window, and went (once per failed reply)
-    assert "a9" not in f.summaries.store.sent and f.tokens.scale("llama", True, "u1") is not None
+    assert "a9" not in f.summaries.store.sent and f.tokens.scale("llama", "exact", "u1") is not None
     assert f.windows.find("llama", None, acc.RequestParams()).tokens == 2048
     assert f.summaries.store.rows[("llama", "")][1:3] == (2048, "error")
     assert sum(f.counter.measure(body["messages"], "cl100k_base", True)) <= 2048 - acc.RequestParams.of(
@@ -687,7 +687,7 @@ def test_an_erase_is_acted_on_by_every_worker_at_its_next_read(monkeypatch):
     one, two = acc.Filter(), acc.Filter()
     store = SharedStore()
     one.summaries.store = two.summaries.store = store
-    two.path.tokens.add("llama", "exact", 1.3)
+    two.tokens.add("llama", "exact", 1.3)
     two.summaries.store = acc.ChatStore(engine_getter=lambda: None)
     two.summaries.store.database = store  # its database is the shared stand-in; its memory its own
 

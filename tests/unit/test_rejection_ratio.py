@@ -102,8 +102,8 @@ def test_the_prompt_size_each_providers_rejection_names_is_read(error, prompt):
 def test_a_rejection_naming_both_numbers_teaches_that_users_ratio_and_no_other_users(monkeypatch):
     f = _worker(SharedStore())
     body = _rejected_then_next_turn(f, monkeypatch, lambda store: _too_long(store.sent["a9"], 1.3))
-    assert f.tokens.scale("llama", True, "u1") == pytest.approx(1.3, abs=0.01)
-    assert f.tokens.scale("llama", True, "u2") is None and f.tokens.scale("llama", True, "") is None
+    assert f.tokens.scale("llama", "exact", "u1") == pytest.approx(1.3, abs=0.01)
+    assert f.tokens.scale("llama", "exact", "u2") is None and f.tokens.scale("llama", "exact", "") is None
     saved = f.summaries.store.ratios
     assert [(row[1], row[2], row[5]) for row in saved] == [("llama", "exact", "u1")]  # saved as u1's alone
     assert f.windows.find("llama", None, acc.RequestParams(), "u1").tokens == 2048  # the window as before
@@ -131,11 +131,11 @@ def test_forged_error_text_on_a_reply_the_filter_did_not_send_teaches_no_ratio(m
               "(8488 in the messages, 512 in the completion)."}  # fmt: skip
     f = _worker(SharedStore())
     _rejected_then_next_turn(f, monkeypatch, lambda store: forged, failed_id="a7")
-    assert not f.summaries.store.ratios and f.tokens.scale("llama", True, "u1") is None
+    assert not f.summaries.store.ratios and f.tokens.scale("llama", "exact", "u1") is None
     g = _worker(SharedStore())
     _rejected_then_next_turn(g, monkeypatch, lambda store: forged, user="u1", next_user="u2")
     assert not g.summaries.store.ratios
-    assert g.tokens.scale("llama", True, "u1") is None and g.tokens.scale("llama", True, "u2") is None
+    assert g.tokens.scale("llama", "exact", "u1") is None and g.tokens.scale("llama", "exact", "u2") is None
 
 
 def test_a_record_without_a_count_teaches_the_window_only():
@@ -172,7 +172,7 @@ def test_a_second_worker_with_no_ratio_reads_the_users_before_fitting_a_long_req
     store = SharedStore()
     one, two = _worker(store), _worker(store)
     _answered(one, store, "u1", "r1", 1.3)
-    assert one.tokens.scale("llama", True, "u1") == pytest.approx(1.3, abs=0.01)
+    assert one.tokens.scale("llama", "exact", "u1") == pytest.approx(1.3, abs=0.01)
     assert [row[5] for row in store.ratios] == ["u1"] and store.user_reads == [("llama", "u1")]  # one's, before it
     store.user_reads.clear()
     long_chat = _history(30) + [{"role": "user", "content": f"Q30 {LONG}"}]  # over the window at 1:1 and 1.3x
@@ -190,8 +190,8 @@ def test_a_second_worker_with_no_ratio_reads_the_users_before_fitting_a_long_req
     assert (
         model_tokens(body["messages"], None, SPEC) + acc.RequestParams.of({}, None).reply_room(4096) <= 4096
     )  # not sent at 1:1
-    assert two.tokens.scale("llama", True, "u1") == pytest.approx(1.3, abs=0.01)  # u1's, read before fitting
-    assert two.tokens.scale("llama", True, "u2") is None  # u1's ratio is not u2's
+    assert two.tokens.scale("llama", "exact", "u1") == pytest.approx(1.3, abs=0.01)  # u1's, read before fitting
+    assert two.tokens.scale("llama", "exact", "u2") is None  # u1's ratio is not u2's
     assert store.user_reads.count(("llama", "u2")) == 1  # nothing known for u2: read once this minute, not per request
     assert store.user_reads.count(("llama", "u1")) == 1
 
@@ -208,12 +208,12 @@ def test_a_keys_read_is_done_once_a_minute_and_a_failing_store_costs_no_request(
 
     async def run():
         await t.read_unknown(broken, "m", "u1", now=60.0)
-        assert t.scale("m", True, "u1") is None
+        assert t.scale("m", "exact", "u1") is None
         await t.read_unknown(read, "m", "u1", now=61.0)  # the same minute: not read again
-        assert reads == [] and t.scale("m", True, "u1") is None
+        assert reads == [] and t.scale("m", "exact", "u1") is None
         await t.read_unknown(read, "m", "u1", now=121.0)
         await t.read_unknown(read, "m", "u1", now=181.0)  # known now: no read at all
-        assert reads == [("m", "u1")] and t.scale("m", True, "u1") == pytest.approx(1.25)
-        assert t.scale("m", True, "someone else") is None
+        assert reads == [("m", "u1")] and t.scale("m", "exact", "u1") == pytest.approx(1.25)
+        assert t.scale("m", "exact", "someone else") is None
 
     asyncio.run(run())
