@@ -34,7 +34,7 @@ requirements: tiktoken
 #   Appendix: STATUS_TEXTS, MESSAGE_NOUNS and PASSAGE_NOUNS, per UI language.
 #
 # A request travels: Filter.inlet -> RequestPath.context (RequestParams.of reads the posted parameters once, layer 3;
-# the window: ModelWindow.for_turn; resolve_settings; the caps in counted tokens: ModelBudget.for_request; a
+# the window: ModelBudget.for_turn; resolve_settings; the caps in counted tokens: ModelBudget.for_request; a
 # RequestContext, never changed once built) -> RequestPath.inlet: repair_request, the stored summary (ChatStore.find,
 # choose_summary, apply_summary), fit_request, the recall block (layer 2b), all on the Draft's one canonical list ->
 # Services.tell -> StatusLines (layer 7); the request hook (Filter.request -> RequestPath.loop_call) repeats this
@@ -3758,52 +3758,36 @@ class ModelWindow(SharedThroughStore):
             log.debug("async_context_compression: %s's server not asked: %s", model_id, exc)
 
     async def for_turn(
-        self, store: Any, model_id: str, model: Any, params, user: str, failed: Callable, connect=None, ratios=None
-    ) -> Window:
-        """A turn's window: a model with none known, or only a trained size, reads its own rows (another worker may
-        have just learned it); after a failed reply, the window its stored error names is learned first where it is
-        evidence (``window_from_failed_reply``), and the ratio of ``user``'s requests where it names the prompt's size
-        too (``ratio_from_failed_reply``, into ``ratios``: a ModelTokens): this turn fits, on any worker.
-        ``failed()``: (chat id, the failed reply's id, its stored error), ("", "", None) when the turn follows none."""
+        self, store: Any, model_id: str, model: Any, params, user: str, failed: Callable, connect=None
+    ) -> tuple:
+        """(a turn's window, what a failed reply taught of the ratio): a model with none known, or only a trained size,
+        reads its own rows (another worker may have just learned it); after a failed reply, the window its stored error
+        names is learned first where it is evidence (``window_from_failed_reply``), and where it names the prompt's size
+        too, (its request, path, ratio) of ``user``'s requests (``ratio_from_failed_reply``; its record goes here, once),
+        else None: this turn fits, on any worker. ``failed()``: (chat id, the failed reply's id, its stored error),
+        ("", "", None) when the turn follows none."""
         window = await self.for_request(store, model_id, model, params, user, connect)
         if not window.tokens or window.source == "published" and not model_served_published(model):
             await self.refresh_model(store.read_window, model_id)
             window = self.find(model_id, model, params, user)
         if window.source == "settings" or not params.after_failure:
-            return window
+            return window, None
         try:
             chat_id, reply_id, error = await asyncio.wait_for(failed(), STORE_TIMEOUT)
             sent = await asyncio.wait_for(store.read_sent(reply_id), STORE_TIMEOUT) if reply_id else None
         except Exception as exc:
             log.warning("async_context_compression: the failed reply or its request not read: %r", exc)
-            return window
+            return window, None
         sent = sent or self.sent_here(reply_id)
         tokens = window_from_failed_reply(sent, chat_id, model_id, error)
         published, firm = model_published_window(model), model_served_published(model)
         if tokens and self.learn(model_id, tokens, "error", published, sent.user_id, firm):
             await self.flush(store.save_windows)
             window = self.find(model_id, model, params, user)
-        taught = ratio_from_failed_reply(sent, chat_id, model_id, error, user) if ratios is not None else None
-        if taught is not None:
-            await self._learned_ratio(store, ratios, sent, *taught)
-        return window
-
-    async def _learned_ratio(self, store: Any, ratios: ModelTokens, sent: SentRequest, path: str, ratio: float):
-        """Once per failed reply: its record goes, here and in the store, as its ratio is learned and saved."""
+        if (taught := ratio_from_failed_reply(sent, chat_id, model_id, error, user)) is None:
+            return window, None
         self.sent.pop(sent.reply_id, None)
-        ratios.learn_rejected(sent.model, path, ratio, sent.user_id)
-        log.warning(
-            "async_context_compression: %s counts %.2f tokens per counted token for user %s's requests, "
-            "learned from the provider's error",
-            sent.model,
-            ratio,
-            sent.user_id,
-        )
-        await ratios.flush(store.add_ratios)
-        try:
-            await asyncio.wait_for(store.forget_sent(sent.reply_id), STORE_TIMEOUT)
-        except Exception as exc:  # another worker may learn it once more: one sample more of the same
-            log.debug("async_context_compression: a failed reply's record not removed: %s", exc)
+        return window, (sent, *taught)
 
     def for_summary(self, summary_model: str, model_id: str, model: Any, params, entry_of: Callable) -> Window:
         entry = model if summary_model == model_id else entry_of(summary_model)
@@ -4652,6 +4636,29 @@ class ModelBudget:
         if not cut and reply is not None and self.tokens.learn(reply_id, usage, user) is not None:
             return recorded, self.tokens.flush(store.add_ratios)
         return recorded, None
+
+    async def for_turn(self, store: Any, model_id: str, model: Any, params, user: str, failed, connect=None) -> Window:
+        """A turn's window (ModelWindow.for_turn); the ratio a failed reply's error named is learned and saved."""
+        window, taught = await self.windows.for_turn(store, model_id, model, params, user, failed, connect)
+        if taught is not None:
+            await self._learned_ratio(store, *taught)
+        return window
+
+    async def _learned_ratio(self, store: Any, sent: SentRequest, path: str, ratio: float) -> None:
+        """Once per failed reply: its ratio learned and saved, its record gone from the store."""
+        self.tokens.learn_rejected(sent.model, path, ratio, sent.user_id)
+        log.warning(
+            "async_context_compression: %s counts %.2f tokens per counted token for user %s's requests, "
+            "learned from the provider's error",
+            sent.model,
+            ratio,
+            sent.user_id,
+        )
+        await self.tokens.flush(store.add_ratios)
+        try:
+            await asyncio.wait_for(store.forget_sent(sent.reply_id), STORE_TIMEOUT)
+        except Exception as exc:  # another worker may learn it once more: one sample more of the same
+            log.debug("async_context_compression: a failed reply's record not removed: %s", exc)
 
     def erased_at(self) -> float:  # the erase the latest read of the windows told of, if the ratios predate it
         return self.windows.erased_at if self.windows.erased_at > self.tokens.erased_at else 0.0
@@ -7282,8 +7289,7 @@ class RequestPath:
     async def turn_window(self, params, model: Any, model_id: str, chat_id: str, metadata: dict, user_id: str, request):
         failed = partial(failed_reply, chat_id, str(metadata.get("user_message_id") or ""))
         connect = partial(owui_served_server, request, model) if request is not None else None
-        store, budget = self.services.store, self.budget
-        return await budget.windows.for_turn(store, model_id, model, params, user_id, failed, connect, budget.tokens)
+        return await self.budget.for_turn(self.services.store, model_id, model, params, user_id, failed, connect)
 
     def forget_before(self, at: float) -> None:
         """Forgets what this worker learned or kept before ``at``: windows, ratios, summaries of unsaved chats, and the

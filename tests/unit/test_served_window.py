@@ -11,7 +11,6 @@ import json
 import time
 import types
 import urllib.request
-from functools import partial
 
 import pytest
 
@@ -498,8 +497,10 @@ def test_a_model_known_only_by_its_trained_size_reads_its_row_each_turn():
     vllm = {"id": "v", "urlIdx": 0, "openai": {"id": "v", "max_model_len": 32768}}
     params = acc.RequestParams.of({"messages": [{"role": "user", "content": "hi"}]})
 
+    async def turn(model_id, entry, request):  # the window; for_turn also gives what a failed reply taught
+        return (await two.for_turn(store, model_id, entry, request, user="u", failed=None))[0]
+
     async def run():
-        turn = partial(two.for_turn, store, user="u", failed=None)
         assert (await turn("m", llamacpp, params)).tokens == 131072
         one.learn("m", 8192, "error", 131072, firm=0)  # as for_turn learns it: a trained size is not firm
         one.learn("v", 16384, "error", 32768)
