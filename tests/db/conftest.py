@@ -11,10 +11,12 @@ is like a separate Open WebUI worker's engine); all are disposed at the end.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -113,7 +115,51 @@ def make_database(kind: str, tmp_path, request) -> Database:
         return Database(kind, f"sqlite+aiosqlite:///{path}", {"timeout": 10})
     url = request.getfixturevalue("pg_url")
     schema = _new_pg_schema(url)
-    return Database(kind, url, {"options": f"-csearch_path={schema}"}, schema)
+    # the schema's name also names its connections, so the end of the test can find those left open
+    return Database(kind, url, {"options": f"-csearch_path={schema}", "application_name": schema}, schema)
+
+
+LEFTOVER_WAIT = 15.0  # seconds a test's leftover background task gets to end once cancelled
+
+
+async def _end_leftover_tasks(database: Database) -> None:
+    """Ends what a test left running on its loop (a retention sweep, a lease heartbeat), within bounds.
+
+    pytest-asyncio's runner cancels leftover tasks too, but waits for them without a limit: a task cancelled inside a
+    PostgreSQL query waits for the server to confirm the cancel, and one CI run hung 15 minutes there, after its test
+    had passed. Here the wait is bounded; then the schema's connections still open are ended on the server, which
+    ends any such wait; a task that still does not end is named with its stack."""
+    me = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not me and not task.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=LEFTOVER_WAIT)
+    try:
+        await asyncio.wait_for(database.dispose(), LEFTOVER_WAIT)
+    except TimeoutError:
+        warnings.warn("disposing the test's engines took over 15 s", RuntimeWarning, stacklevel=1)
+    if database.kind == "postgres" and database.schema:
+        _end_schema_connections(database)
+    stuck = [task for task in left if not task.done()]
+    if stuck:
+        await asyncio.wait(stuck, timeout=LEFTOVER_WAIT)
+    for task in (task for task in stuck if not task.done()):
+        warnings.warn(f"a task outlived its test: {task!r}", RuntimeWarning, stacklevel=1)
+        task.print_stack()
+
+
+def _end_schema_connections(database: Database) -> None:
+    import psycopg
+
+    query = (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s AND pid <> pg_backend_pid()"
+    )
+    try:
+        with psycopg.connect(libpq_dsn(database.url), autocommit=True, connect_timeout=10) as conn:
+            conn.execute(query, (database.schema,))
+    except psycopg.Error as exc:  # the server of a test that stopped it
+        warnings.warn(f"could not end the test schema's connections: {exc}", RuntimeWarning, stacklevel=1)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -122,7 +168,7 @@ async def db(request, tmp_path):
     try:
         yield database
     finally:
-        await database.dispose()
+        await _end_leftover_tasks(database)
 
 
 @pytest.fixture
