@@ -2526,19 +2526,19 @@ _LEAD_HANGUL = bytes(range(0xEA, 0xEE))  # U+A000-U+DFFF, mostly Hangul syllable
 
 
 def _estimator_features(text: str) -> tuple:
-    """How many characters of each class ``_ESTIMATOR`` weighs, from C-speed
-    byte operations on the UTF-8 text (UTF-8 lead bytes tell the classes)."""
+    """How many characters of each class ``_ESTIMATOR`` weighs, by C-speed byte operations (UTF-8 lead bytes tell)."""
     data = text.encode("utf-8", "surrogatepass")
     size = len(data)
     letters = size - len(data.translate(None, _LETTER_BYTES))
     upper = size - len(data.translate(None, _UPPER_BYTES))
     digits = size - len(data.translate(None, _DIGIT_BYTES))
     spaces, newlines, backslashes = data.count(b" "), data.count(b"\n"), data.count(b"\\")
-    if size == len(text):  # ASCII only
-        punctuation = size - letters - digits - spaces - newlines - backslashes
-        return (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes, 0, 0, 0, 0, 0, 0, 0)
-    non_ascii_bytes = len(data.translate(None, _ASCII_BYTES))
+    non_ascii_bytes = 0 if size == len(text) else len(data.translate(None, _ASCII_BYTES))
     ascii_chars = size - non_ascii_bytes
+    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
+    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
+    if not non_ascii_bytes:  # ASCII only
+        return (*ascii_counts, 0, 0, 0, 0, 0, 0, 0)
     non_ascii = len(text) - ascii_chars
     two = size - len(data.translate(None, _LEAD_2BYTE))
     cyrillic = size - len(data.translate(None, _LEAD_CYRILLIC))
@@ -2547,8 +2547,6 @@ def _estimator_features(text: str) -> tuple:
     hangul = size - len(data.translate(None, _LEAD_HANGUL))
     four = max(0, non_ascii_bytes - 3 * non_ascii + two)
     three = max(0, non_ascii - two - four)
-    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
-    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
     other_three = max(0, three - symbols - kana - hangul)  # CJK ideographs, Indic, Thai
     return (*ascii_counts, two - cyrillic, cyrillic, symbols, other_three, kana, hangul, four)
 
@@ -2882,8 +2880,7 @@ async def fit_request(
         if size is not None:
             return size
         if exact:  # a copy cut the same in an earlier round of a loop is known (a read: the thread never writes)
-            entry = counter._cache.get(_cache_key(message, encoding))
-            size = entry[1] if entry is not None and entry[1] is not None else None
+            size = counter.known(message, encoding)
             if size is None:
                 size = counter.measure([message], encoding, True)[0]
                 counted[id(message)] = (message, size)
@@ -2895,7 +2892,7 @@ async def fit_request(
         return fit_to_budget(messages, token_of, cap, prefix, fixed)
     out, report = await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # off the loop
     for message, size in counted.values():  # merged on the loop: count_request says tokens_after of the list sent,
-        counter._entry(message, encoding)[1] = size  # and the next round of a loop counts the same cuts no more
+        counter.remember(message, encoding, size)  # and the next round of a loop counts the same cuts no more
     return out, report
 
 
@@ -3201,11 +3198,7 @@ PUBLISHED_WINDOW_FIELDS = tuple(
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
-
-
-# seconds between reads of the learned windows every worker shares (a model with none known here reads its own row
-# in every inlet: another worker may have just learned it from a rejection)
-WINDOWS_REFRESH = period_from_env("WINDOWS_REFRESH", 10.0)
+WINDOWS_REFRESH = period_from_env("WINDOWS_REFRESH", 10.0)  # seconds between reads of the windows every worker shares
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
@@ -3214,8 +3207,7 @@ CUT_SHARE_MODEL = 0.7  # ... or of the model's (chats differ by language: Llama 
 CUT_SCALE_UNKNOWN = 0.8  # the ratio taken before any is learned: about the lowest of local tokenizers vs cl100k
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
-# seconds between asks of a model's server (a model may be reloaded with another context)
-SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)
+SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)  # seconds between asks (a reload may change a model's context)
 SERVED_TIMEOUT = 2.0  # seconds one ask may take in all, body included (a local server answers at once, or is loading)
 SERVED_THREADS = 2  # threads of a worker's asks (its own pool: a hanging server never holds Open WebUI's threads)
 SERVED_WAIT = 1.0  # seconds a request with no firm window known waits for an ask under way
@@ -3306,13 +3298,10 @@ def _error_texts(error: Any, depth: int = 0) -> list:
     """Every text of a provider's error as Open WebUI keeps it (a string, or the provider's error object)."""
     if isinstance(error, str):
         return [error]
-    if depth > 4:
+    if depth > 4 or not isinstance(error, (dict, list)):
         return []
-    if isinstance(error, dict):
-        return [t for value in error.values() for t in _error_texts(value, depth + 1)]
-    if isinstance(error, list):
-        return [t for value in error for t in _error_texts(value, depth + 1)]
-    return []
+    values = error.values() if isinstance(error, dict) else error
+    return [t for value in values for t in _error_texts(value, depth + 1)]
 
 
 def _number_in_error(error: Any, field: str, patterns: tuple) -> int:
@@ -3392,17 +3381,9 @@ def server_root(url: Any) -> str:
     return root if root.startswith(("http://", "https://")) else ""
 
 
-def _tagged(model: str) -> str:
-    return model if ":" in model else model + ":latest"  # Ollama's name of a model named without a tag
-
-
-def _same_model(listed: Any, name: str) -> bool:
-    return isinstance(listed, str) and _tagged(listed) == _tagged(name)
-
-
-def _listed(answer: Any, key: str) -> Optional[list]:
-    items = answer.get(key) if isinstance(answer, dict) else None
-    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else None
+def _tagged(model: Any) -> Any:
+    """Ollama's name of a model named without a tag; anything else (not a name) as it is."""
+    return model + ":latest" if isinstance(model, str) and ":" not in model else model
 
 
 def served_window(path: str, answer: Any, name: str) -> Optional[int]:
@@ -3415,10 +3396,10 @@ def served_window(path: str, answer: Any, name: str) -> Optional[int]:
         "/api/ps": ("models", ("name", "model"), "context_length"),
         "/api/v0/models": ("data", ("id",), "loaded_context_length"),
     }[path]
-    entries = _listed(answer, key)
-    if entries is None:
+    entries = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(entries, list):
         return None
-    found = (e for e in entries if any(_same_model(e.get(n), name) for n in names))
+    found = (e for e in entries if isinstance(e, dict) and any(_tagged(e.get(n)) == _tagged(name) for n in names))
     return next((_window_number(e.get(field_name)) for e in found), 0)
 
 
@@ -3433,11 +3414,8 @@ def ollama_load_window(answer: Any) -> tuple[int, bool]:
         if name == "num_ctx" and (tokens := _window_number(value.strip())):
             return tokens, False
     info = answer.get("model_info")
-    trained = (
-        [_window_number(v) for k, v in info.items() if str(k).endswith(".context_length")]
-        if isinstance(info, dict)
-        else []
-    )
+    info = info if isinstance(info, dict) else {}
+    trained = [_window_number(v) for k, v in info.items() if str(k).endswith(".context_length")]
     return min([OLLAMA_DEFAULT_WINDOW, *(t for t in trained if t)]), True
 
 
@@ -3862,9 +3840,7 @@ class ModelWindow(SharedThroughStore):
         if not window.tokens or window.source == "settings":
             return ()
         key = (model_id, window.tokens, window.source)
-        if self.told.setdefault(key, reply_id) != reply_id:
-            return ()
-        return ((model_id, window),)
+        return ((model_id, window),) if self.told.setdefault(key, reply_id) == reply_id else ()
 
     def learn(
         self, model_id: str, tokens: int, source: str, published: int = 0, user: str = "", firm: Optional[int] = None
@@ -3881,11 +3857,9 @@ class ModelWindow(SharedThroughStore):
             return None
         user = user or "anonymous"  # as RequestPath names a request without a user
         learned = self.learned.get(model_id)
-        if source == "cut":
-            served = _holds(learned, published) and learned.source == "served" and tokens >= learned.tokens
-            return None if served else self._hold(model_id, user, Window(tokens, source, published, time.time()))
         best = max(published if firm is None else firm, learned.tokens if _holds(learned, published) else 0)
-        if tokens < WINDOW_FAR_BELOW * best:
+        whose = user if source == "cut" else ""
+        if not whose and tokens < WINDOW_FAR_BELOW * best:
             agree = [
                 key
                 for key, w in self.pending.items()
@@ -3902,7 +3876,7 @@ class ModelWindow(SharedThroughStore):
                     self.keep((model_id, key[1], None))
         if _holds(learned, published) and learned.source == "served" and tokens >= learned.tokens:
             return None  # the server serves no less: what it said stands
-        return self._hold(model_id, "", Window(tokens, source, published, time.time()))
+        return self._hold(model_id, whose, Window(tokens, source, published, time.time()))
 
     def _hold(self, model_id: str, user: str, window: Window) -> Optional[Window]:
         """``window`` learned for ``user``'s chats alone ("": every user's), kept for the store; None if known
