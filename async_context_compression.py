@@ -2479,9 +2479,7 @@ IMAGE_TOKENS_UNKNOWN = 765  # a 1024x1024 image at high detail
 LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
 LOAD_EXIT_WAIT_SECONDS = 10.0  # how long a stopping process waits for an encoding load in progress
 
-_O200K_MODELS = re.compile(
-    r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
-)
+_O200K_MODELS = re.compile(r"(?i)gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)")
 _ENCODINGS = ("cl100k_base", "o200k_base")
 # Encodings that cut a text into pieces after the last line break of each run of them, before a word or a bracket
 # (tests/unit/test_recall.py checks it): a recall block counts as its parts do (``block_tokens``). o200k_base's pieces
@@ -2598,8 +2596,7 @@ def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
 
 
 def image_tokens(url: str, detail: str = "auto") -> int:
-    """OpenAI's published rule: 85 tokens, plus 170 per 512-px tile after
-    scaling into 2048x2048 and the short side to 768 (high detail)."""
+    """OpenAI's rule: 85 tokens, plus 170 per 512-px tile once scaled into 2048x2048 and the short side to 768."""
     if detail == "low":
         return 85
     size = _image_dimensions(url) if isinstance(url, str) else None
@@ -2637,8 +2634,7 @@ class TokenCounter:
 
     # -- encodings, loaded off the request path --
     def start_loading(self, encoding: str) -> None:
-        """Load an encoding in a background thread, once at a time, and after
-        a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
+        """In a background thread, once at a time; a failed load (offline) is not retried for LOAD_RETRY_SECONDS."""
         with self._lock:
             skip = encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS
             if skip or time.monotonic() < self._retry_at.get(encoding, 0.0):  # or its last load failed lately
@@ -2766,8 +2762,7 @@ class TokenCounter:
 
 
 def _cache_key(message: Message, encoding: str) -> tuple:
-    """What a message's count for ``encoding`` depends on, each text as its
-    hash and length (so the cache keeps no large string alive)."""
+    """What a message's count depends on, each text as its hash and length (the cache keeps no large string alive)."""
     content = message.get("content")
     tool_result = bool(message.get("tool_call_id"))
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
@@ -2836,8 +2831,7 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 
 
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
-    """What every request of a chat sends besides its conversation: ``fixed``
-    and the system prompts, but not this filter's summary (the planner's)."""
+    """``fixed`` and the system prompts every request of a chat sends, not this filter's summary (the planner's)."""
     systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system" and not is_summary_message(m)]
     return count_request(counter, systems, encoding, fixed)
 
@@ -2955,8 +2949,7 @@ def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
 
 
 def sample_ratio(reported: int, counted: int) -> Optional[float]:
-    """Model tokens per counted token of one request, clamped to
-    [RATIO_FLOOR, RATIO_CEILING]; None for a request too small to tell."""
+    """Model tokens per counted token of a request, clamped to [RATIO_FLOOR, RATIO_CEILING]; None if too small."""
     if counted < RATIO_MIN_TOKENS or reported <= 0:
         return None
     return min(max(reported / counted, RATIO_FLOOR), RATIO_CEILING)
@@ -3420,8 +3413,7 @@ def ollama_load_window(answer: Any) -> tuple[int, bool]:
 
 
 class _DeadlineSocket(socket.socket):
-    """A socket whose every read ends by one ``deadline`` (time.monotonic()): a server that sends a byte a second
-    meets no per-read timeout, but meets this."""
+    """Its reads all end by one ``deadline`` (monotonic): a byte a second outruns a per-read timeout, never this."""
 
     deadline = math.inf
 
@@ -3860,14 +3852,9 @@ class ModelWindow(SharedThroughStore):
         best = max(published if firm is None else firm, learned.tokens if _holds(learned, published) else 0)
         whose = user if source == "cut" else ""
         if not whose and tokens < WINDOW_FAR_BELOW * best:
-            agree = [
-                key
-                for key, w in self.pending.items()
-                if key[0] == model_id
-                and key[1] != user
-                and _holds(w, published)
-                and abs(w.tokens - tokens) <= WINDOW_AGREE * w.tokens
-            ]
+            others = [(key, w) for key, w in self.pending.items() if key[0] == model_id and key[1] != user]
+            held = [(key, w) for key, w in others if _holds(w, published)]
+            agree = [key for key, w in held if abs(w.tokens - tokens) <= WINDOW_AGREE * w.tokens]
             if not agree:
                 return self._hold(model_id, user, Window(tokens, source, published, time.time()))
             tokens = min(tokens, *(self.pending[key].tokens for key in agree))
@@ -3879,8 +3866,7 @@ class ModelWindow(SharedThroughStore):
         return self._hold(model_id, whose, Window(tokens, source, published, time.time()))
 
     def _hold(self, model_id: str, user: str, window: Window) -> Optional[Window]:
-        """``window`` learned for ``user``'s chats alone ("": every user's), kept for the store; None if known
-        already."""
+        """``window`` learned for ``user``'s chats alone ("": every user's), kept for the store; None if known."""
         table, key = (self.pending, (model_id, user)) if user else (self.learned, model_id)
         known = table.get(key)
         if known is not None and known.tokens == window.tokens and known.published == window.published:
