@@ -3644,11 +3644,10 @@ class SentRequest:
 
 
 def window_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id: str, error: Any) -> int:
-    """The window a failed reply's stored error teaches, 0 = none. Open WebUI stores a provider's rejection on the
-    reply the request was for, but a chat's messages are its users' to write (imported, updated, or a
-    ``user_message`` with an ``error`` key, stored as sent): the error is evidence only on a reply the filter recorded
-    sending (``sent``: this chat's, this model's, unanswered, since an answered reply's record goes) larger than the
-    window the error names."""
+    """The window a failed reply's stored error teaches, 0 = none. Open WebUI stores a provider's rejection on the reply
+    it was for, but a chat's messages are its users' to write (imported, updated, or a ``user_message`` with an
+    ``error`` key, stored as sent): the error is evidence only on a reply the filter recorded sending (``sent``: this
+    chat's and model's, unanswered: an answered reply's record goes) larger than the window the error names."""
     if sent is None or (sent.chat_id, sent.model) != (chat_id, model_id):
         return 0
     tokens = window_from_error(error)
@@ -3669,16 +3668,15 @@ def ratio_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id:
 
 class ModelWindow(SharedThroughStore):
     """Per worker: the windows served or learned (this worker's, and every worker's as the store had them at the last
-    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), the requests
-    sent here whose replies may teach, and which windows were told.
+    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), the requests sent
+    here whose replies may teach, and which windows were told.
 
-    Who may teach or unteach a window every user's chats get: only what the filter saw happen. A window is learned
-    from a request the filter sent (``note_sent``, keyed by its reply; recorded in the store when its failed reply's
-    error could teach the next turn, on any worker) and the provider's answer to it: the usage of its reply
-    (``observe``) or the error Open WebUI stored on its failed reply (``window_from_failed_reply``); never from what a
-    chat's messages say of themselves. A request whose ``num_ctx`` is the chat's own (RequestParams) teaches and
-    unteaches nothing. A window far below the best known one applies to the teaching user's chats only until another
-    user's chats show the same (``learn``)."""
+    Who may teach or unteach a window every user's chats get: only what the filter saw happen, a request it sent
+    (``note_sent``, keyed by its reply; recorded in the store for the next turn on any worker) and the provider's
+    answer: its reply's usage (``observe``) or the error Open WebUI stored on its failed reply
+    (``window_from_failed_reply``); never what a chat's messages say of themselves. A request whose ``num_ctx`` is the
+    chat's own (RequestParams) teaches and unteaches nothing. A window far below the best known one is the teaching
+    user's chats' only, until another user's chats show the same (``learn``)."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         super().__init__()
@@ -3933,11 +3931,10 @@ class ModelWindow(SharedThroughStore):
 
     def snapshot(self, rows: Iterable, model: Optional[str] = None, began: float = 0.0) -> None:
         """The store's rows (model, tokens, source, published, learned_at, user: "" for every user's) replace what was
-        read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this
-        read on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of
-        model "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
-        (``forget_before``), rows saved late by a worker that had not heard of it too. A cut of every user's is not
-        applied: only an earlier version saved one, learned from usage a client can write (outlet's body)."""
+        read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this read
+        on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of model
+        "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
+        (``forget_before``), rows saved late by a worker that had not heard of it too."""
         rows = [
             (str(m), t, src, pub, float(at or 0.0), str(rest[0]) if rest else "") for m, t, src, pub, at, *rest in rows
         ]
@@ -3960,7 +3957,9 @@ class ModelWindow(SharedThroughStore):
                 table.pop(key, None)
             elif model is None or m == model:
                 table[key] = window
-        self.learned, self.pending = _refilled(self.learned, learned), _refilled(self.pending, pending)
+        self.learned, self.pending = _BoundedDict(self.learned.limit), _BoundedDict(self.pending.limit)
+        self.learned.update(learned)
+        self.pending.update(pending)
 
     def forget_before(self, at: float) -> None:
         """After an erase at ``at``: every window learned before it is gone, and so is what was kept of chats."""
@@ -3994,12 +3993,6 @@ class ModelWindow(SharedThroughStore):
 def _holds(window: Optional[Window], published: int) -> bool:
     """Whether a learned ``window`` still holds: the provider publishes what it did then, and it is not too old."""
     return window is not None and window.published == published and time.time() - window.learned_at < WINDOW_LEARNED_TTL
-
-
-def _refilled(table: _BoundedDict, items: dict) -> _BoundedDict:
-    fresh = _BoundedDict(table.limit)
-    fresh.update(items)
-    return fresh
 
 
 # ---------------------------------------------------------------------------
