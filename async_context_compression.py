@@ -2493,17 +2493,14 @@ BY_LINES_ENCODINGS = frozenset({"cl100k_base"})
 # bench/corpus.py (English, CJK, code, JSON, tool output, 17 other languages): estimates err high, no fitted text
 # (counted as a message) needs more than 7% over its estimate, no held-out one more than 11.3% (docs/en/benchmarks.md).
 # English pays with a high median: letters also cover Dutch or Indonesian (~45% more tokens per letter). o200k has no
-# row (its file is not available offline): cl100k's is conservative for it (as many tokens for English and code, fewer
-# for CJK).
+# row (no file offline): cl100k's is conservative for it (as many tokens for English and code, fewer for CJK).
 _ESTIMATOR = {
     "cl100k_base": (
         *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
         *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329, 3.436),  # non-ASCII, in the order above; per text
     ),
 }
-# The margin adds room for text unlike the corpus; strings of random letters
-# or punctuation, and languages with long words it lacks, can still need more.
-ESTIMATE_MARGIN = 0.15
+ESTIMATE_MARGIN = 0.15  # room for text unlike the corpus (random letters or long-word languages can need more)
 
 
 def encoding_for_model(model_id: str, override: str = "") -> str:
@@ -3704,8 +3701,7 @@ class ModelWindow(SharedThroughStore):
             return window
         asking = self.server.start_if_due(model_id, partial(self._ask, store, model_id, model, connect))
         if asking is not None and not firm_window(window, model):
-            # nothing firm known: the first request fits what a local server says (the ask takes milliseconds);
-            # otherwise the ask runs in the background and the request does not wait for it
+            # nothing firm known: the first request fits what a local server says (the ask takes milliseconds)
             await asyncio.wait({asking}, timeout=SERVED_WAIT)
             window = self.find(model_id, model, params, user)
         return window
@@ -3976,8 +3972,7 @@ class ModelWindow(SharedThroughStore):
 
     async def refresh_model(self, read_one: Callable, model_id: str) -> None:
         """The model's own rows, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
-        began = time.monotonic()
-        await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, began)
+        await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, time.monotonic())
 
     async def refresh(self, read: Callable, every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows, awaited (at most STORE_TIMEOUT) by every
