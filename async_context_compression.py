@@ -3366,8 +3366,7 @@ class ServedServer:
 
 def server_root(url: Any) -> str:
     """A connection's base URL without its OpenAI ``/v1`` (where the servers' own paths are), "" = not HTTP."""
-    root = str(url or "").strip().rstrip("/")
-    root = root[:-3] if root.endswith("/v1") else root
+    root = str(url or "").strip().rstrip("/").removesuffix("/v1")
     return root if root.startswith(("http://", "https://")) else ""
 
 
