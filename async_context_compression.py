@@ -2479,9 +2479,7 @@ IMAGE_TOKENS_UNKNOWN = 765  # a 1024x1024 image at high detail
 LOAD_RETRY_SECONDS = 300.0  # after a failed encoding load, estimates until then
 LOAD_EXIT_WAIT_SECONDS = 10.0  # how long a stopping process waits for an encoding load in progress
 
-_O200K_MODELS = re.compile(
-    r"gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)", re.IGNORECASE
-)
+_O200K_MODELS = re.compile(r"(?i)gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|(^|[/:._-])o[1-9](\b|-|$)")
 _ENCODINGS = ("cl100k_base", "o200k_base")
 # Encodings that cut a text into pieces after the last line break of each run of them, before a word or a bracket
 # (tests/unit/test_recall.py checks it): a recall block counts as its parts do (``block_tokens``). o200k_base's pieces
@@ -2495,17 +2493,14 @@ BY_LINES_ENCODINGS = frozenset({"cl100k_base"})
 # bench/corpus.py (English, CJK, code, JSON, tool output, 17 other languages): estimates err high, no fitted text
 # (counted as a message) needs more than 7% over its estimate, no held-out one more than 11.3% (docs/en/benchmarks.md).
 # English pays with a high median: letters also cover Dutch or Indonesian (~45% more tokens per letter). o200k has no
-# row (its file is not available offline): cl100k's is conservative for it (as many tokens for English and code, fewer
-# for CJK).
+# row (no file offline): cl100k's is conservative for it (as many tokens for English and code, fewer for CJK).
 _ESTIMATOR = {
     "cl100k_base": (
         *(0.306, 1.113, 0.855, 0.027, 0.602, 0.538, 2.31),  # ASCII
         *(1.415, 0.695, 2.189, 1.27, 0.989, 1.421, 2.329, 3.436),  # non-ASCII, in the order above; per text
     ),
 }
-# The margin adds room for text unlike the corpus; strings of random letters
-# or punctuation, and languages with long words it lacks, can still need more.
-ESTIMATE_MARGIN = 0.15
+ESTIMATE_MARGIN = 0.15  # room for text unlike the corpus (random letters or long-word languages can need more)
 
 
 def encoding_for_model(model_id: str, override: str = "") -> str:
@@ -2526,19 +2521,19 @@ _LEAD_HANGUL = bytes(range(0xEA, 0xEE))  # U+A000-U+DFFF, mostly Hangul syllable
 
 
 def _estimator_features(text: str) -> tuple:
-    """How many characters of each class ``_ESTIMATOR`` weighs, from C-speed
-    byte operations on the UTF-8 text (UTF-8 lead bytes tell the classes)."""
+    """How many characters of each class ``_ESTIMATOR`` weighs, by C-speed byte operations (UTF-8 lead bytes tell)."""
     data = text.encode("utf-8", "surrogatepass")
     size = len(data)
     letters = size - len(data.translate(None, _LETTER_BYTES))
     upper = size - len(data.translate(None, _UPPER_BYTES))
     digits = size - len(data.translate(None, _DIGIT_BYTES))
     spaces, newlines, backslashes = data.count(b" "), data.count(b"\n"), data.count(b"\\")
-    if size == len(text):  # ASCII only
-        punctuation = size - letters - digits - spaces - newlines - backslashes
-        return (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes, 0, 0, 0, 0, 0, 0, 0)
-    non_ascii_bytes = len(data.translate(None, _ASCII_BYTES))
+    non_ascii_bytes = 0 if size == len(text) else len(data.translate(None, _ASCII_BYTES))
     ascii_chars = size - non_ascii_bytes
+    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
+    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
+    if not non_ascii_bytes:  # ASCII only
+        return (*ascii_counts, 0, 0, 0, 0, 0, 0, 0)
     non_ascii = len(text) - ascii_chars
     two = size - len(data.translate(None, _LEAD_2BYTE))
     cyrillic = size - len(data.translate(None, _LEAD_CYRILLIC))
@@ -2547,8 +2542,6 @@ def _estimator_features(text: str) -> tuple:
     hangul = size - len(data.translate(None, _LEAD_HANGUL))
     four = max(0, non_ascii_bytes - 3 * non_ascii + two)
     three = max(0, non_ascii - two - four)
-    punctuation = ascii_chars - letters - digits - spaces - newlines - backslashes
-    ascii_counts = (letters - upper, upper, digits, spaces, newlines, punctuation, backslashes)
     other_three = max(0, three - symbols - kana - hangul)  # CJK ideographs, Indic, Thai
     return (*ascii_counts, two - cyrillic, cyrillic, symbols, other_three, kana, hangul, four)
 
@@ -2600,8 +2593,7 @@ def _image_dimensions(url: str) -> Optional[tuple[int, int]]:
 
 
 def image_tokens(url: str, detail: str = "auto") -> int:
-    """OpenAI's published rule: 85 tokens, plus 170 per 512-px tile after
-    scaling into 2048x2048 and the short side to 768 (high detail)."""
+    """OpenAI's rule: 85 tokens, plus 170 per 512-px tile once scaled into 2048x2048 and the short side to 768."""
     if detail == "low":
         return 85
     size = _image_dimensions(url) if isinstance(url, str) else None
@@ -2639,8 +2631,7 @@ class TokenCounter:
 
     # -- encodings, loaded off the request path --
     def start_loading(self, encoding: str) -> None:
-        """Load an encoding in a background thread, once at a time, and after
-        a failure (offline, no cached file) not again for LOAD_RETRY_SECONDS."""
+        """In a background thread, once at a time; a failed load (offline) is not retried for LOAD_RETRY_SECONDS."""
         with self._lock:
             skip = encoding in self._encodings or encoding in self._loading or encoding not in _ENCODINGS
             if skip or time.monotonic() < self._retry_at.get(encoding, 0.0):  # or its last load failed lately
@@ -2768,8 +2759,7 @@ class TokenCounter:
 
 
 def _cache_key(message: Message, encoding: str) -> tuple:
-    """What a message's count for ``encoding`` depends on, each text as its
-    hash and length (so the cache keeps no large string alive)."""
+    """What a message's count depends on, each text as its hash and length (the cache keeps no large string alive)."""
     content = message.get("content")
     tool_result = bool(message.get("tool_call_id"))
     if isinstance(content, str) and not message.get("tool_calls") and not message.get("name"):
@@ -2838,8 +2828,7 @@ def count_request(counter: TokenCounter, messages: Messages, encoding: str, fixe
 
 
 def request_overhead_tokens(counter: TokenCounter, messages: Messages, fixed: int, encoding: str) -> int:
-    """What every request of a chat sends besides its conversation: ``fixed``
-    and the system prompts, but not this filter's summary (the planner's)."""
+    """``fixed`` and the system prompts every request of a chat sends, not this filter's summary (the planner's)."""
     systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system" and not is_summary_message(m)]
     return count_request(counter, systems, encoding, fixed)
 
@@ -2882,8 +2871,7 @@ async def fit_request(
         if size is not None:
             return size
         if exact:  # a copy cut the same in an earlier round of a loop is known (a read: the thread never writes)
-            entry = counter._cache.get(_cache_key(message, encoding))
-            size = entry[1] if entry is not None and entry[1] is not None else None
+            size = counter.known(message, encoding)
             if size is None:
                 size = counter.measure([message], encoding, True)[0]
                 counted[id(message)] = (message, size)
@@ -2895,7 +2883,7 @@ async def fit_request(
         return fit_to_budget(messages, token_of, cap, prefix, fixed)
     out, report = await asyncio.to_thread(fit_to_budget, messages, token_of, cap, prefix, fixed)  # off the loop
     for message, size in counted.values():  # merged on the loop: count_request says tokens_after of the list sent,
-        counter._entry(message, encoding)[1] = size  # and the next round of a loop counts the same cuts no more
+        counter.remember(message, encoding, size)  # and the next round of a loop counts the same cuts no more
     return out, report
 
 
@@ -2958,8 +2946,7 @@ def reported_prompt_tokens(usage: Any) -> Optional[tuple[int, bool]]:
 
 
 def sample_ratio(reported: int, counted: int) -> Optional[float]:
-    """Model tokens per counted token of one request, clamped to
-    [RATIO_FLOOR, RATIO_CEILING]; None for a request too small to tell."""
+    """Model tokens per counted token of a request, clamped to [RATIO_FLOOR, RATIO_CEILING]; None if too small."""
     if counted < RATIO_MIN_TOKENS or reported <= 0:
         return None
     return min(max(reported / counted, RATIO_FLOOR), RATIO_CEILING)
@@ -3201,11 +3188,7 @@ PUBLISHED_WINDOW_FIELDS = tuple(
 )
 WINDOW_MIN, WINDOW_MAX = 256, 100_000_000  # a number outside is not a window
 WINDOW_LEARNED_TTL = 7 * 86_400.0  # seconds a learned window holds without being learned again
-
-
-# seconds between reads of the learned windows every worker shares (a model with none known here reads its own row
-# in every inlet: another worker may have just learned it from a rejection)
-WINDOWS_REFRESH = period_from_env("WINDOWS_REFRESH", 10.0)
+WINDOWS_REFRESH = period_from_env("WINDOWS_REFRESH", 10.0)  # seconds between reads of the windows every worker shares
 REPLY_SHARE = 8  # without max_tokens / num_predict, a reply gets 1/8 of the window ...
 REPLY_ROOM_MAX = 8192  # ... at most this many tokens
 WINDOW_FALLBACK_CAP = 128_000  # the cap where no window is known and the admin set none (1.3's default)
@@ -3214,8 +3197,7 @@ CUT_SHARE_MODEL = 0.7  # ... or of the model's (chats differ by language: Llama 
 CUT_SCALE_UNKNOWN = 0.8  # the ratio taken before any is learned: about the lowest of local tokenizers vs cl100k
 CUT_GROWTH = 1.01  # two replies reporting the same prompt (within 0.2%) for prompts this much apart: cut
 CUT_MIN = 2048  # Ollama's smallest default num_ctx: a lower report is rather a count without its cached prefix
-# seconds between asks of a model's server (a model may be reloaded with another context)
-SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)
+SERVED_EVERY = period_from_env("SERVED_EVERY", 300.0)  # seconds between asks (a reload may change a model's context)
 SERVED_TIMEOUT = 2.0  # seconds one ask may take in all, body included (a local server answers at once, or is loading)
 SERVED_THREADS = 2  # threads of a worker's asks (its own pool: a hanging server never holds Open WebUI's threads)
 SERVED_WAIT = 1.0  # seconds a request with no firm window known waits for an ask under way
@@ -3306,13 +3288,10 @@ def _error_texts(error: Any, depth: int = 0) -> list:
     """Every text of a provider's error as Open WebUI keeps it (a string, or the provider's error object)."""
     if isinstance(error, str):
         return [error]
-    if depth > 4:
+    if depth > 4 or not isinstance(error, (dict, list)):
         return []
-    if isinstance(error, dict):
-        return [t for value in error.values() for t in _error_texts(value, depth + 1)]
-    if isinstance(error, list):
-        return [t for value in error for t in _error_texts(value, depth + 1)]
-    return []
+    values = error.values() if isinstance(error, dict) else error
+    return [t for value in values for t in _error_texts(value, depth + 1)]
 
 
 def _number_in_error(error: Any, field: str, patterns: tuple) -> int:
@@ -3387,22 +3366,13 @@ class ServedServer:
 
 def server_root(url: Any) -> str:
     """A connection's base URL without its OpenAI ``/v1`` (where the servers' own paths are), "" = not HTTP."""
-    root = str(url or "").strip().rstrip("/")
-    root = root[:-3] if root.endswith("/v1") else root
+    root = str(url or "").strip().rstrip("/").removesuffix("/v1")
     return root if root.startswith(("http://", "https://")) else ""
 
 
-def _tagged(model: str) -> str:
-    return model if ":" in model else model + ":latest"  # Ollama's name of a model named without a tag
-
-
-def _same_model(listed: Any, name: str) -> bool:
-    return isinstance(listed, str) and _tagged(listed) == _tagged(name)
-
-
-def _listed(answer: Any, key: str) -> Optional[list]:
-    items = answer.get(key) if isinstance(answer, dict) else None
-    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else None
+def _tagged(model: Any) -> Any:
+    """Ollama's name of a model named without a tag; anything else (not a name) as it is."""
+    return model + ":latest" if isinstance(model, str) and ":" not in model else model
 
 
 def served_window(path: str, answer: Any, name: str) -> Optional[int]:
@@ -3415,10 +3385,10 @@ def served_window(path: str, answer: Any, name: str) -> Optional[int]:
         "/api/ps": ("models", ("name", "model"), "context_length"),
         "/api/v0/models": ("data", ("id",), "loaded_context_length"),
     }[path]
-    entries = _listed(answer, key)
-    if entries is None:
+    entries = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(entries, list):
         return None
-    found = (e for e in entries if any(_same_model(e.get(n), name) for n in names))
+    found = (e for e in entries if isinstance(e, dict) and any(_tagged(e.get(n)) == _tagged(name) for n in names))
     return next((_window_number(e.get(field_name)) for e in found), 0)
 
 
@@ -3433,17 +3403,13 @@ def ollama_load_window(answer: Any) -> tuple[int, bool]:
         if name == "num_ctx" and (tokens := _window_number(value.strip())):
             return tokens, False
     info = answer.get("model_info")
-    trained = (
-        [_window_number(v) for k, v in info.items() if str(k).endswith(".context_length")]
-        if isinstance(info, dict)
-        else []
-    )
+    info = info if isinstance(info, dict) else {}
+    trained = [_window_number(v) for k, v in info.items() if str(k).endswith(".context_length")]
     return min([OLLAMA_DEFAULT_WINDOW, *(t for t in trained if t)]), True
 
 
 class _DeadlineSocket(socket.socket):
-    """A socket whose every read ends by one ``deadline`` (time.monotonic()): a server that sends a byte a second
-    meets no per-read timeout, but meets this."""
+    """Its reads all end by one ``deadline`` (monotonic): a byte a second outruns a per-read timeout, never this."""
 
     deadline = math.inf
 
@@ -3674,11 +3640,10 @@ class SentRequest:
 
 
 def window_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id: str, error: Any) -> int:
-    """The window a failed reply's stored error teaches, 0 = none. Open WebUI stores a provider's rejection on the
-    reply the request was for, but a chat's messages are its users' to write (imported, updated, or a
-    ``user_message`` with an ``error`` key, stored as sent): the error is evidence only on a reply the filter recorded
-    sending (``sent``: this chat's, this model's, unanswered, since an answered reply's record goes) larger than the
-    window the error names."""
+    """The window a failed reply's stored error teaches, 0 = none. Open WebUI stores a provider's rejection on the reply
+    it was for, but a chat's messages are its users' to write (imported, updated, or a ``user_message`` with an
+    ``error`` key, stored as sent): the error is evidence only on a reply the filter recorded sending (``sent``: this
+    chat's and model's, unanswered: an answered reply's record goes) larger than the window the error names."""
     if sent is None or (sent.chat_id, sent.model) != (chat_id, model_id):
         return 0
     tokens = window_from_error(error)
@@ -3699,16 +3664,15 @@ def ratio_from_failed_reply(sent: Optional[SentRequest], chat_id: str, model_id:
 
 class ModelWindow(SharedThroughStore):
     """Per worker: the windows served or learned (this worker's, and every worker's as the store had them at the last
-    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), the requests
-    sent here whose replies may teach, and which windows were told.
+    read, WINDOWS_REFRESH apart), the asks of the models' servers, the last usage per chat (for cuts), the requests sent
+    here whose replies may teach, and which windows were told.
 
-    Who may teach or unteach a window every user's chats get: only what the filter saw happen. A window is learned
-    from a request the filter sent (``note_sent``, keyed by its reply; recorded in the store when its failed reply's
-    error could teach the next turn, on any worker) and the provider's answer to it: the usage of its reply
-    (``observe``) or the error Open WebUI stored on its failed reply (``window_from_failed_reply``); never from what a
-    chat's messages say of themselves. A request whose ``num_ctx`` is the chat's own (RequestParams) teaches and
-    unteaches nothing. A window far below the best known one applies to the teaching user's chats only until another
-    user's chats show the same (``learn``)."""
+    Who may teach or unteach a window every user's chats get: only what the filter saw happen, a request it sent
+    (``note_sent``, keyed by its reply; recorded in the store for the next turn on any worker) and the provider's
+    answer: its reply's usage (``observe``) or the error Open WebUI stored on its failed reply
+    (``window_from_failed_reply``); never what a chat's messages say of themselves. A request whose ``num_ctx`` is the
+    chat's own (RequestParams) teaches and unteaches nothing. A window far below the best known one is the teaching
+    user's chats' only, until another user's chats show the same (``learn``)."""
 
     def __init__(self, models: int = 512, replies: int = 4096):
         super().__init__()
@@ -3736,8 +3700,7 @@ class ModelWindow(SharedThroughStore):
             return window
         asking = self.server.start_if_due(model_id, partial(self._ask, store, model_id, model, connect))
         if asking is not None and not firm_window(window, model):
-            # nothing firm known: the first request fits what a local server says (the ask takes milliseconds);
-            # otherwise the ask runs in the background and the request does not wait for it
+            # nothing firm known: the first request fits what a local server says (the ask takes milliseconds)
             await asyncio.wait({asking}, timeout=SERVED_WAIT)
             window = self.find(model_id, model, params, user)
         return window
@@ -3862,9 +3825,7 @@ class ModelWindow(SharedThroughStore):
         if not window.tokens or window.source == "settings":
             return ()
         key = (model_id, window.tokens, window.source)
-        if self.told.setdefault(key, reply_id) != reply_id:
-            return ()
-        return ((model_id, window),)
+        return ((model_id, window),) if self.told.setdefault(key, reply_id) == reply_id else ()
 
     def learn(
         self, model_id: str, tokens: int, source: str, published: int = 0, user: str = "", firm: Optional[int] = None
@@ -3881,19 +3842,12 @@ class ModelWindow(SharedThroughStore):
             return None
         user = user or "anonymous"  # as RequestPath names a request without a user
         learned = self.learned.get(model_id)
-        if source == "cut":
-            served = _holds(learned, published) and learned.source == "served" and tokens >= learned.tokens
-            return None if served else self._hold(model_id, user, Window(tokens, source, published, time.time()))
         best = max(published if firm is None else firm, learned.tokens if _holds(learned, published) else 0)
-        if tokens < WINDOW_FAR_BELOW * best:
-            agree = [
-                key
-                for key, w in self.pending.items()
-                if key[0] == model_id
-                and key[1] != user
-                and _holds(w, published)
-                and abs(w.tokens - tokens) <= WINDOW_AGREE * w.tokens
-            ]
+        whose = user if source == "cut" else ""
+        if not whose and tokens < WINDOW_FAR_BELOW * best:
+            others = [(key, w) for key, w in self.pending.items() if key[0] == model_id and key[1] != user]
+            held = [(key, w) for key, w in others if _holds(w, published)]
+            agree = [key for key, w in held if abs(w.tokens - tokens) <= WINDOW_AGREE * w.tokens]
             if not agree:
                 return self._hold(model_id, user, Window(tokens, source, published, time.time()))
             tokens = min(tokens, *(self.pending[key].tokens for key in agree))
@@ -3902,11 +3856,10 @@ class ModelWindow(SharedThroughStore):
                     self.keep((model_id, key[1], None))
         if _holds(learned, published) and learned.source == "served" and tokens >= learned.tokens:
             return None  # the server serves no less: what it said stands
-        return self._hold(model_id, "", Window(tokens, source, published, time.time()))
+        return self._hold(model_id, whose, Window(tokens, source, published, time.time()))
 
     def _hold(self, model_id: str, user: str, window: Window) -> Optional[Window]:
-        """``window`` learned for ``user``'s chats alone ("": every user's), kept for the store; None if known
-        already."""
+        """``window`` learned for ``user``'s chats alone ("": every user's), kept for the store; None if known."""
         table, key = (self.pending, (model_id, user)) if user else (self.learned, model_id)
         known = table.get(key)
         if known is not None and known.tokens == window.tokens and known.published == window.published:
@@ -3973,11 +3926,10 @@ class ModelWindow(SharedThroughStore):
 
     def snapshot(self, rows: Iterable, model: Optional[str] = None, began: float = 0.0) -> None:
         """The store's rows (model, tokens, source, published, learned_at, user: "" for every user's) replace what was
-        read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this
-        read on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of
-        model "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
-        (``forget_before``), rows saved late by a worker that had not heard of it too. A cut of every user's is not
-        applied: only an earlier version saved one, learned from usage a client can write (outlet's body)."""
+        read before, of every model or of ``model``: a row removed or replaced in the store is gone here from this read
+        on. This worker's own learning stays on top: not saved yet, or saved after the read ``began``. The row of model
+        "" (source ERASED) says when the stored data was last erased: what was learned before is forgotten
+        (``forget_before``), rows saved late by a worker that had not heard of it too."""
         rows = [
             (str(m), t, src, pub, float(at or 0.0), str(rest[0]) if rest else "") for m, t, src, pub, at, *rest in rows
         ]
@@ -4000,7 +3952,9 @@ class ModelWindow(SharedThroughStore):
                 table.pop(key, None)
             elif model is None or m == model:
                 table[key] = window
-        self.learned, self.pending = _refilled(self.learned, learned), _refilled(self.pending, pending)
+        self.learned, self.pending = _BoundedDict(self.learned.limit), _BoundedDict(self.pending.limit)
+        self.learned.update(learned)
+        self.pending.update(pending)
 
     def forget_before(self, at: float) -> None:
         """After an erase at ``at``: every window learned before it is gone, and so is what was kept of chats."""
@@ -4017,8 +3971,7 @@ class ModelWindow(SharedThroughStore):
 
     async def refresh_model(self, read_one: Callable, model_id: str) -> None:
         """The model's own rows, for a model with no window known here (awaited at most STORE_TIMEOUT)."""
-        began = time.monotonic()
-        await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, began)
+        await self._applied(lambda: asyncio.wait_for(read_one(model_id), STORE_TIMEOUT), model_id, time.monotonic())
 
     async def refresh(self, read: Callable, every: float = WINDOWS_REFRESH) -> None:
         """At most every ``every`` seconds one read of the shared windows, awaited (at most STORE_TIMEOUT) by every
@@ -4034,12 +3987,6 @@ class ModelWindow(SharedThroughStore):
 def _holds(window: Optional[Window], published: int) -> bool:
     """Whether a learned ``window`` still holds: the provider publishes what it did then, and it is not too old."""
     return window is not None and window.published == published and time.time() - window.learned_at < WINDOW_LEARNED_TTL
-
-
-def _refilled(table: _BoundedDict, items: dict) -> _BoundedDict:
-    fresh = _BoundedDict(table.limit)
-    fresh.update(items)
-    return fresh
 
 
 # ---------------------------------------------------------------------------
