@@ -4084,6 +4084,8 @@ class Settings:
 _SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
 _TOKEN_LIMIT = 1_000_000_000
 SUMMARY_STYLES = ("concise", "balanced", "faithful")
+# Keys of the summary call that the filter sets itself.
+_OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
 
 # Ranges of the numeric valves; a value outside is corrected per request.
 _VALVE_BOUNDS: dict = {
@@ -4105,15 +4107,13 @@ _VALVE_BOUNDS: dict = {
 
 @dataclass(frozen=True)
 class Note:
-    """Something the admin should know about the settings: ``key`` names a text of STATUS_TEXTS, ``values`` fill
-    it. Shown in the log in English (``str``) and in the status line in the user's language (``text``)."""
+    """Something the admin should know about the settings: a STATUS_TEXTS ``key`` and the ``values`` that fill it."""
 
     key: str
     values: tuple = ()
 
     def text(self, language: str = "en") -> str:
-        """The note in ``language`` (English where its text is missing or broken); never raises. A note's values are
-        numbers and short texts (``note``): filled in as they are, with none of a status line's formatting."""
+        """In ``language`` (English where its text is missing or broken), values as they are; never raises."""
         values = dict(self.values)
         english = STATUS_TEXTS["en"]
         for template in ((STATUS_TEXTS.get(language) or english).get(self.key), english.get(self.key)):
@@ -4146,8 +4146,12 @@ LEGACY_VALVES: dict = {
     "tool_trim_threshold_chars": None,
 }
 _LEGACY_STYLES = {"aggressive": "concise", "balanced": "balanced", "faithful": "faithful"}
+_LEGACY_SEPARATORS = re.compile(r"[,;\n]")
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
+_INFINITE = (float("inf"), float("-inf"))
+_FIELD_TYPES: dict = {}
+_LOGGED_NOTES = _BoundedDict(256)
 
 
 def _as_bool(value: Any, strict: bool = True) -> bool:
@@ -4167,7 +4171,7 @@ def _as_number(value: Any, kind: type) -> Any:
     if isinstance(value, int) and kind is int:
         return value
     number = float(value.strip()) if isinstance(value, str) else float(value)
-    if number != number or number in (float("inf"), float("-inf")):
+    if number != number or number in _INFINITE:
         raise ValueError(value)
     return int(round(number)) if kind is int else number
 
@@ -4191,9 +4195,6 @@ def _legacy_value(name: str, value: Any) -> Any:
     return value
 
 
-_LOGGED_NOTES = _BoundedDict(256)
-
-
 def log_notes_once(notes: Iterable[Note]) -> None:
     """Each distinct Note once per process (valves are rebuilt per request); never raises (runs in validation)."""
     try:
@@ -4203,10 +4204,6 @@ def log_notes_once(notes: Iterable[Note]) -> None:
                 log.warning("async_context_compression settings: %s", item)
     except Exception:  # e.g. a concurrent eviction from another thread
         pass
-
-
-_FIELD_TYPES: dict = {}
-_INFINITE = (float("inf"), float("-inf"))
 
 
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
@@ -4271,12 +4268,9 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
     return instance
 
 
-_LEGACY_SEPARATORS = re.compile(r"[,;\n]")
-
-
 def _legacy_threshold_entry(entry: str) -> Optional[tuple]:
-    """(model, threshold, cap) of one ``model:threshold:max`` entry (the model's id may contain colons), None if not
-    that. Split, not matched: the pattern it replaces backtracked cubically over a run of spaces."""
+    """(model, threshold, cap) of one ``model:threshold:max`` entry (ids may contain colons), else None. Split, not
+    matched: the pattern it replaced backtracked cubically over a run of spaces."""
     model, *numbers = [part.strip() for part in entry.rsplit(":", 2)]
     if not model or len(numbers) != 2 or not all(n.isdecimal() for n in numbers):
         return None
@@ -4293,8 +4287,7 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
 
 
 def _json_object(raw: Any, name: str) -> tuple[dict, list]:
-    """A valve holding a JSON object, typed as text or already an object: (the object, []), ({}, []) when unset,
-    ({}, [a Note]) when the valve ``name`` cannot be read."""
+    """A valve holding a JSON object (as text or an object): (it, []), ({}, []) unset, ({}, [a Note]) unreadable."""
     if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
     try:
@@ -4307,8 +4300,8 @@ def _json_object(raw: Any, name: str) -> tuple[dict, list]:
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
-    """The ``model_thresholds`` valve: a JSON object mapping a model id (or a prefix ending in ``*``) to overrides,
-    or the older filter's ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
+    """The ``model_thresholds`` valve: JSON mapping a model id (or a ``prefix*``) to overrides, or the older filter's
+    ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
     legacy = _legacy_thresholds(raw) if isinstance(raw, str) else None  # never matches JSON text
     table, problems = (legacy, []) if legacy else _json_object(raw, "model_thresholds")
     clean = {}
@@ -4328,10 +4321,6 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     return clean, problems
 
 
-# Keys of the summary call that the filter sets itself.
-_OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
-
-
 def model_overrides(table: dict, model_id: str) -> dict:
     """A model's overrides: its own entry, else the longest matching ``prefix*`` entry's."""
     if model_id in table:
@@ -4341,9 +4330,9 @@ def model_overrides(table: dict, model_id: str) -> dict:
 
 
 class _TolerantValves(BaseModel):
-    """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
+    """Values stored by any version, or the older filter of the same id, are carried over or ignored."""
 
-    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
+    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance
 
     @model_validator(mode="wrap")
     @classmethod
@@ -4444,7 +4433,7 @@ class ChatUserValves(_TolerantValves):
 
 @lru_cache(maxsize=64)
 def _valve_defaults(cls: type) -> dict:
-    """The valves' defaults (the admin's valves' for objects that lack some)."""
+    """The valves' defaults (the admin's where ``cls`` lacks a field)."""
     fields = {**AdminValves.model_fields, **(getattr(cls, "model_fields", None) or {})}
     return {n: f.default for n, f in fields.items()}
 
@@ -4493,10 +4482,9 @@ def resolve_settings(
     reply: int = 0,
     summary_window: int = 0,
 ) -> Settings:
-    """Effective settings for one request: impossible combinations and values out of range are corrected to a safe
-    value and explained in ``warnings`` (Notes), after those of the valves themselves. ``window``: the model's
-    (``ModelWindow.find``), ``reply``: its reply's room there (``reply_room``), ``summary_window``: the summary
-    model's window as found (0 = unknown); the caps follow from them (``window_cap``)."""
+    """Effective settings for one request: impossible combinations and values out of range corrected to a safe value
+    and explained in ``warnings`` (Notes), after the valves' own. ``window``: the model's (``ModelWindow.find``),
+    ``reply``: its reply's room (``reply_room``), ``summary_window``: the summary model's (0 = unknown)."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
@@ -4551,16 +4539,16 @@ def resolve_settings(
 
 
 def usage_shown(settings: Settings, used: int) -> bool:
-    """Whether the status line shows the usage of a request of ``used`` tokens: from ``status_usage_threshold`` of
-    the cap on (always when it is 0; never without a cap, where there is no share to reach)."""
+    """Whether the status line shows a request's usage: from ``status_usage_threshold`` of the cap on (always at 0;
+    never without a cap, where there is no share to reach)."""
     share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
     return share <= 0 or (cap > 0 and used >= share * cap)
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` with the token budgets (cap, threshold, trigger) turned from the model's own tokens into counted
-    ones (``to_model_tokens`` converts back): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room;
-    None (nothing learned) is 1.0 without it. ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
+    """``settings`` with cap, threshold and trigger turned from the model's tokens into counted ones (back:
+    ``to_model_tokens``): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room; None (nothing
+    learned) is 1.0 without it. ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
@@ -4588,9 +4576,8 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 
 
 class ModelBudget:
-    """Per worker: a model's window and ratio (layer 3) for each request, and what its reply teaches (here: it turns the
-    settings' caps). ``exact``: TokenCounter.is_exact, asked anew where a ratio's path is read or noted (a tokenizer
-    may load mid-request: asked as late as the count it notes)."""
+    """Per worker: a model's window and ratio (layer 3) for each request, and what its reply teaches. ``exact``:
+    TokenCounter.is_exact, asked as late as each count it notes (a tokenizer may load mid-request)."""
 
     def __init__(self, windows: ModelWindow, tokens: ModelTokens, exact: Callable[[str], bool]):
         self.windows, self.tokens, self.exact = windows, tokens, exact
@@ -4600,8 +4587,8 @@ class ModelBudget:
         return "exact" if self.exact(encoding) else "estimate"
 
     def window(self, reply_id: str, found: Window) -> Window:
-        """``found``, or the window the request of ``reply_id`` set (its ``num_ctx``, which Open WebUI never gives
-        outlet): its outlet plans the summary in it (same worker), not in the 128k fallback."""
+        """``found``, or the window ``reply_id``'s request set (``num_ctx``, which Open WebUI never gives outlet): its
+        outlet plans the summary in it (same worker), not in the 128k fallback."""
         if found.source == "settings" and reply_id:
             self.sent_in[reply_id] = found
         return found if found.source == "settings" or not reply_id else self.sent_in.get(reply_id, found)
@@ -4613,17 +4600,17 @@ class ModelBudget:
         return self.counted(own, model_id, user, bound)
 
     def counted(self, own: Settings, model_id: str, user: str, bound: int) -> Settings:
-        """``own`` in counted units at the ratio known now (see in_counted_units). Outlet asks again once its reply taught
-        it, to plan as the next inlet fits, not at its request's 1:1 (a 1.3x model's chat was trimmed unsummarized)."""
+        """``own`` in counted units at the ratio known now. Outlet asks again once its reply taught it, to plan as the
+        next inlet fits, not at its request's 1:1 (a 1.3x model's chat was trimmed unsummarized)."""
         scale = self.tokens.scale(model_id, self.path(own.encoding), user)
         if scale is None and model_id in self.windows.ollama:  # fitted at SILENT_CUT_RATIO; the figure stays the count
             return replace(in_counted_units(own, SILENT_CUT_RATIO, bound), scale=1.0)
         return in_counted_units(own, scale, bound)
 
     def note_sent(self, request: SentRequest, encoding: str, bound: int, own: bool) -> Optional[SentRequest]:
-        """A request's count, for its reply's usage and for what it may teach of the window (ModelWindow.note_sent) at
-        the most model tokens it can have held (the count times the scale and SENT_MARGIN, none learned: RATIO_CEILING);
-        the record to save when its failed reply could teach the next turn on another worker, else None."""
+        """A request's count, for its reply's usage and what it may teach of the window (ModelWindow.note_sent) at the
+        most model tokens it can have held (count x scale x SENT_MARGIN; none learned: RATIO_CEILING); the record to
+        save when its failed reply could teach the next turn on another worker, else None."""
         path, model, user, counted = self.path(encoding), request.model, request.user_id, request.counted
         self.tokens.note_sent(request.reply_id, model, path, counted, bound, user)
         size = int(counted * (s * (1 + SENT_MARGIN) if (s := self.tokens.scale(model, path, user)) else RATIO_CEILING))
@@ -4669,8 +4656,8 @@ class ModelBudget:
 
 
 def window_cap(admin_cap: int, window: int, reply: int) -> int:
-    """The cap on what is sent: the admin's (0 = none set) never above the known ``window`` less the ``reply``'s room
-    (``reply_room``); where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
+    """The cap on what is sent: the admin's (0 = none) never above the known ``window`` less the ``reply``'s room;
+    where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
     if window > 0:
         room = max(1, window - reply)
         return min(admin_cap, room) if admin_cap > 0 else room
@@ -4680,22 +4667,18 @@ def window_cap(admin_cap: int, window: int, reply: int) -> int:
 # ---------------------------------------------------------------------------
 # 5. Summary store: Open WebUI's async database
 # ---------------------------------------------------------------------------
-# Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
-# an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off),
-# ModelTokens' ratios, ModelWindow's windows (every user's, and one user's alone) and the requests it may learn from
-# after a failed reply. Tables added by a later version are created beside those a deployment has (``create_all``
-# makes only what is missing). Every call goes through the async engine: the event loop never waits on the database.
+# Tables of the filter's own, created on first use (``create_all`` makes only what is missing): summaries (several
+# per chat, so another branch can fall back to an older still-valid one), leases (one row per chat while a worker
+# summarizes it, or while failures back off), ratios, windows and requests sent. Every call goes through the async
+# engine: the event loop never waits on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
 RATIO_TABLE = "acc_user_tokens"  # the ratios of ModelTokens, each one user's, shared by every worker and replica
 WINDOW_TABLE = "acc_model_window"  # the windows ModelWindow learned, one row per model, shared like the ratios
-USER_WINDOW_TABLE = (
-    "acc_user_window"  # windows far below the best known: one user's chats' alone, until another's agree
-)
+USER_WINDOW_TABLE = "acc_user_window"  # windows far below the best known: one user's alone, until another's agree
 SENT_TABLE = "acc_sent_request"  # requests sent, for the turn after a failed reply on any worker (SENT_KEPT)
-# Columns added to a table an earlier version made (``create_all`` makes only missing tables): added on first use,
-# each with a server default, so the rows a worker of the earlier version still writes fit
+# Columns added to an earlier version's table on first use, each with a server default: its workers' rows still fit
 ADDED_COLUMNS = {SENT_TABLE: ("counted", "path")}
 WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
@@ -4721,16 +4704,14 @@ STALE_LEASE = 3600.0  # seconds after its expiry an API conversation's lease goe
 
 
 def is_saved_chat_id(chat_id: Any) -> bool:
-    """Whether Open WebUI keeps the chat ``chat_id`` in its database: not a temporary chat (``temporary:``, older
-    ``local:``) nor a channel (``channel:``). "" (an API call without a chat) counts as saved: its summaries are kept,
-    for API_RETENTION_DAYS."""
+    """Whether Open WebUI keeps the chat in its database: not a temporary chat nor a channel. "" (an API call without
+    a chat) counts as saved: its summaries are kept, for API_RETENTION_DAYS."""
     return not (isinstance(chat_id, str) and chat_id.startswith(NON_SAVED_CHAT_ID_PREFIXES))
 
 
 class Fault(Enum):
-    """Why summaries failed, in one vocabulary for the store, the summarizer, the status line and the log: each
-    member carries its short log text, the status-text key that says it (layer 7; "": nothing worth telling the
-    user) and, for the store, the log line that explains it."""
+    """Why summaries failed, one vocabulary for the store, the summarizer, the status line and the log: a short log
+    text, the status-text key (layer 7; "": nothing worth telling the user) and, for the store, the log line."""
 
     TIMEOUT = ("timeout", "r_timeout")
     MODEL_ERROR = ("model error", "r_model_error")
@@ -4787,8 +4768,8 @@ class StoreUnavailable(RuntimeError):
 
 @lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
-    """SQLAlchemy Core tables on a metadata of their own, in ``schema`` like Open WebUI's own
-    (``MetaData(schema=DATABASE_SCHEMA)``). Imported lazily: without SQLAlchemy the filter runs without a store."""
+    """SQLAlchemy Core tables on a metadata of their own, in ``schema`` like Open WebUI's (``DATABASE_SCHEMA``).
+    Imported lazily: without SQLAlchemy the filter runs without a store."""
     from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
     metadata = MetaData(schema=schema)
@@ -4866,8 +4847,8 @@ def _tables(schema: Optional[str] = None) -> dict:
 
 
 def _add_missing_columns(conn: Any, metadata: Any) -> None:
-    """The ADDED_COLUMNS a table made by an earlier version lacks, added with their server defaults (a race with
-    another worker adding the same fails, and is tried again as a table's creation is)."""
+    """The ADDED_COLUMNS an earlier version's table lacks (a race with another worker adding the same fails, and is
+    tried again as a table's creation is)."""
     from sqlalchemy import inspect as schema_of
     from sqlalchemy.schema import CreateColumn
 
@@ -4886,10 +4867,9 @@ def _add_missing_columns(conn: Any, metadata: Any) -> None:
 def _owui_async_engine() -> Any:
     """Open WebUI's async engine (None outside it), looked up once: a failed import is slow."""
     try:
-        async_engine = owui_module("open_webui.internal.db").async_engine
+        return owui_module("open_webui.internal.db").async_engine
     except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
         return None
-    return async_engine
 
 
 # How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of the message. SQLSTATEs:
@@ -4939,10 +4919,9 @@ def classify_store_error(exc: BaseException) -> Optional[Fault]:
 
 
 class LeaseHold:
-    """``async with store.hold(scope, holder) as held:`` takes the chat's lease (``held`` is false when another
-    worker has it or failures back off), renews it every ``renew_every`` seconds while the block runs (``lost``
-    turns true when a heartbeat finds it taken over or gone), and releases it at the end, unless ``back_off``
-    turned it into a back-off hold. A killed holder's lease frees within ``ttl``."""
+    """``async with store.hold(scope, holder) as held:`` takes the chat's lease (``held`` false: another worker has
+    it, or failures back off), renews it every ``renew_every`` seconds (``lost``: a heartbeat found it taken over or
+    gone), releases it at the end unless ``back_off`` made it a back-off hold. A dead holder's frees within ``ttl``."""
 
     def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
         self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
@@ -4989,9 +4968,8 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class EphemeralSummaries:
-    """SummaryStore's summaries and leases for the chats Open WebUI never saves (``is_saved_chat_id`` false), in this
-    worker's memory only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten first), gone with the
-    worker. Another worker serving the same temporary chat has none of them: it summarizes again, or caps."""
+    """Summaries and leases of the chats Open WebUI never saves, in this worker's memory only (EPHEMERAL_CHATS, least
+    recently used forgotten first). Another worker serving the same temporary chat summarizes again, or caps."""
 
     def __init__(self, chats: int = EPHEMERAL_CHATS):
         self.records = _BoundedDict(chats)  # (user_id, chat_id) -> [SummaryRecord], oldest first
@@ -5050,10 +5028,8 @@ class EphemeralSummaries:
 
 class SummaryStore:
     """Summaries, leases, ratios, windows and requests sent in the host's database through an async SQLAlchemy engine
-    (Open WebUI's own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come
-    out as StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked
-    database is retried a few times first, a dropped connection once. The tables are made by the first call that
-    succeeds."""
+    (Open WebUI's own by default), one short transaction per ``run``. Errors come out as StoreUnavailable with a Fault
+    (``fault``: the latest failed operation's, None after a success). The first call that succeeds makes the tables."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -5066,8 +5042,8 @@ class SummaryStore:
         self.fault: Optional[Fault] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (from its loaded settings,
-        else from the environment it reads it from); none on SQLite, which has no schemas."""
+        """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (its loaded settings, else the
+        environment); none on SQLite."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
         schema = self._schema_setting
@@ -5119,8 +5095,7 @@ class SummaryStore:
 
     async def _add_columns(self, engine: Any, metadata: Any) -> None:
         """ADDED_COLUMNS, in a transaction of their own: a role that may not alter the tables (not their owner) keeps
-        the store; only the records that need the new columns fail (the turn after a rejection then learns nothing
-        from another worker's record), and the warning says so."""
+        the store; only the records that need them fail (learned nothing from another worker), and the log says so."""
         try:
             async with engine.begin() as conn:
                 await conn.run_sync(_add_missing_columns, metadata)
@@ -5137,8 +5112,8 @@ class SummaryStore:
         return sqlalchemy, self._t[name]
 
     async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
-        waits, a dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
+        """``operation(conn)`` in one transaction: a locked or busy database is tried again after jittered waits, a
+        dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
@@ -5202,8 +5177,8 @@ class SummaryStore:
 
     # -- what ModelTokens and ModelWindow learned, shared by every worker ----------
     async def add_ratios(self, rows: list) -> None:
-        """Samples (key, model, path, ratio, created_at, user), one transaction; each model, path and user keeps its
-        RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
+        """Samples (key, model, path, ratio, created_at, user); each model, path and user keeps its RATIO_SAMPLES
+        newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
         if not rows:
             return
         sa, t = await self.table("ratio")
@@ -5237,9 +5212,9 @@ class SummaryStore:
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     async def save_windows(self, rows: list) -> None:
-        """(model, user, Window) as learned, or (model, user, None) to forget one, one transaction: a model keeps one
-        row of every user's window (user "", WINDOW_TABLE) and one per user whose chats alone a window holds for
-        (USER_WINDOW_TABLE); rows older than WINDOW_LEARNED_TTL go, but the erase's mark (model "")."""
+        """(model, user, Window) as learned, or (model, user, None) to forget one: one row per model of every user's
+        (user "", WINDOW_TABLE) and per user (USER_WINDOW_TABLE); rows older than WINDOW_LEARNED_TTL go, but the
+        erase's mark (model "")."""
         if not rows:
             return
         sa, shared = await self.table("window")
@@ -5287,8 +5262,7 @@ class SummaryStore:
 
     # -- the requests sent, for the turn after a failed reply ------------------------------
     async def record_sent(self, request: SentRequest) -> None:
-        """A request the filter sent (ModelWindow.note_sent), the last word per reply; records older than SENT_KEPT
-        go in the same transaction."""
+        """A request sent (ModelWindow.note_sent), the last word per reply; records older than SENT_KEPT go with it."""
         sa, t = await self.table("sent")
         values = dict(request.__dict__, reply_id=request.reply_id[:255], created_at=request.created_at or time.time())
 
@@ -5316,8 +5290,8 @@ class SummaryStore:
         return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Atomically take the chat's lease, or fail when a live one (or a failure back-off) is held: one upsert
-        (one transaction) on SQLite and PostgreSQL; the primary key makes it safe across workers and replicas."""
+        """Atomically take the chat's lease, or fail when a live one (or a back-off) is held: one upsert on SQLite and
+        PostgreSQL; the primary key makes it safe across workers and replicas."""
         sa, t = await self.table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
@@ -5384,8 +5358,8 @@ class SummaryStore:
 
 @runtime_checkable
 class FilterStore(Protocol):
-    """Every call the filter makes on its store, and no more: ChatStore in Open WebUI, NullStore where there is no
-    database. A read that answers None read nothing (a store that keeps nothing): what a worker learned stays."""
+    """Every call the filter makes on its store, and no more: ChatStore, or NullStore where there is no database. A
+    read that answers None read nothing: what a worker learned stays."""
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list: ...
     async def save(self, record: SummaryRecord) -> None: ...
@@ -5410,9 +5384,8 @@ class FilterStore(Protocol):
 
 
 class ChatStore:
-    """The filter's store (a FilterStore): each chat's summaries and leases in the database (a SummaryStore) or, for a
-    chat Open WebUI never saves, in this worker's memory (EphemeralSummaries), as ``of_chat`` picks; the rest is the
-    database's."""
+    """The filter's store: each chat's summaries and leases in the database (SummaryStore) or, for a chat Open WebUI
+    never saves, in this worker's memory (EphemeralSummaries); the rest is the database's."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self.database, self.ephemeral = SummaryStore(engine_getter, schema), EphemeralSummaries()
@@ -5464,8 +5437,7 @@ class ChatStore:
 
 
 class NullStore(FilterStore):
-    """A FilterStore that keeps nothing (no database): finds no summary, grants no lease, reads None (every read and
-    write not written here is the contract's own body, which does nothing)."""
+    """Keeps nothing: finds no summary, grants no lease, reads None (the contract's bodies, which do nothing)."""
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         return []
@@ -5513,8 +5485,8 @@ async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: in
 
 
 async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
-    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (and API conversations'
-    STALE_LEASE after their expiry); the sweep's own lease (no ':') stays. (last scope or None at the end, count)."""
+    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (API conversations':
+    STALE_LEASE after expiry), not the sweep's own (no ':'). (last scope or None at the end, count)."""
     query = sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after)
     rows = (await conn.execute(query.order_by(t.c.scope).limit(batch))).all()
     leases = {r.scope: (*parse_chat_key(r.scope), r.expires_at) for r in rows if ":" in r.scope}
@@ -5531,8 +5503,8 @@ async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str,
 
 
 async def _sweep_learning(conn: Any, sa: Any, tables: list, owui: dict) -> int:
-    """Deletes the windows and ratios held for the chats of users gone from Open WebUI, and the records of sent
-    requests of users gone or older than SENT_KEPT (small tables: one statement each); the number of rows removed."""
+    """Deletes the windows, ratios and sent requests of users gone, and sent requests older than SENT_KEPT (small
+    tables: one statement each); the number of rows removed."""
     (user_window, sent, ratio), users = tables, sa.select(owui["user"].c.id)
     dead = (
         (user_window, user_window.c.user_id.not_in(users)),
@@ -5551,10 +5523,9 @@ def retention_sweep_every() -> float:
 
 
 class RetentionSweeper:
-    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep (``sweep_orphans``) about every
-    ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one worker of one
-    replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted chat's or
-    user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
+    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep about every ``every`` seconds,
+    in the background; the RETENTION_SCOPE lease lets one worker sweep at a time, and rests half a period after each
+    sweep so the others skip it: a deleted chat's or user's rows go within two periods. Also erases all (``erase``)."""
 
     def __init__(self, store: FilterStore, every: Optional[float] = None):
         self.store = store
@@ -5582,11 +5553,10 @@ class RetentionSweeper:
         return removed
 
     async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
-        """Deletes the summaries and leases of chats and users gone from Open WebUI's tables (same database and schema;
-        chats it never saves are never there) and API conversations' summaries created before ``api_before``; returns
-        how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart: a large
-        instance is never locked for long, a failure (StoreUnavailable) loses only orphans. Deletes nothing when Open
-        WebUI's user table is empty: that is the wrong database, not an instance."""
+        """Deletes the rows of chats and users gone from Open WebUI's tables (same database and schema) and API
+        summaries created before ``api_before``; how many rows went. Batches of ``batch`` rows, one short transaction
+        each, ``pause`` seconds apart: a large instance is never locked for long. Nothing when Open WebUI's user table
+        is empty: that is the wrong database, not an instance."""
         sa, t = await self.store.table("summary")
         lease = (await self.store.table("lease"))[1]
         owui = {n: sa.table(n, sa.column("id"), schema=t.schema) for n in ("chat", "user")}  # Open WebUI's: their ids
@@ -5604,9 +5574,8 @@ class RetentionSweeper:
         return removed + await self.store.run(partial(_sweep_learning, sa=sa, tables=learning, owui=owui))
 
     async def erase_all(self) -> None:
-        """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
-        forgets this worker's unsaved chats; the tables stay, empty but for the erase's mark: a window row of model ""
-        that every worker acts on at its next read of the windows (ModelBudget.erased_at)."""
+        """Deletes every row of the filter's tables and forgets this worker's unsaved chats; the tables stay, empty but
+        for the erase's mark: a window row of model "" every worker acts on at its next read (ModelBudget.erased_at)."""
         self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
@@ -5614,9 +5583,8 @@ class RetentionSweeper:
         await self.store.save_windows([("", "", Window(0, ERASED, 0, time.time()))])
 
     def erase(self, done: Callable[[], Awaitable[Any]]) -> None:
-        """Erases everything the filter stores in the background, then awaits ``done`` (resets the valve); one erase
-        at a time per worker. A failure is logged as a store fault and leaves ``done`` undone: the next request tries
-        again."""
+        """Erases all the filter stores in the background, then awaits ``done`` (resets the valve); one at a time per
+        worker. A failure is logged as a store fault and leaves ``done`` undone: the next request tries again."""
         if self.erasing is None or self.erasing.done():
             self.erasing = asyncio.ensure_future(self._erase(done))
 
@@ -5633,8 +5601,8 @@ class RetentionSweeper:
 
 
 async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], every: float) -> None:
-    """A worker's sweeps, a jittered ``every`` apart (the first soon after start); ends when the sweeper is gone (the
-    filter was replaced or removed). Holds only a weak reference between sweeps."""
+    """A worker's sweeps, a jittered ``every`` apart; ends when the sweeper (a weak reference) is gone: the filter was
+    replaced or removed."""
     await asyncio.sleep(random.uniform(0.2, 0.5) * min(every, 30.0))
     while (sweeper := sweeper_ref()) is not None:
         try:
@@ -5648,8 +5616,8 @@ async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], eve
 
 
 def choose_summary(records: Iterable, digests: list, allow_full: bool = False) -> Optional[SummaryRecord]:
-    """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim
-    tail after it (``allow_full`` False); outlet, which sees the reply just made, accepts full coverage."""
+    """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim tail
+    after it; outlet (``allow_full``), which sees the reply just made, accepts full coverage."""
     limit = len(digests) if allow_full else len(digests) - 1
     in_range = (r for r in records if 0 <= r.head_count < r.covered_count <= limit)
     valid = [r for r in in_range if prefix_fingerprint(digests, r.covered_count) == r.fingerprint]
