@@ -4300,8 +4300,7 @@ def _json_object(raw: Any, name: str) -> tuple[dict, list]:
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
-    """The ``model_thresholds`` valve: JSON mapping a model id (or a ``prefix*``) to overrides, or the older filter's
-    ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
+    """``model_thresholds``: JSON (model id or ``prefix*`` -> overrides) or the older ``model:threshold:max`` list."""
     legacy = _legacy_thresholds(raw) if isinstance(raw, str) else None  # never matches JSON text
     table, problems = (legacy, []) if legacy else _json_object(raw, "model_thresholds")
     clean = {}
@@ -4539,8 +4538,7 @@ def resolve_settings(
 
 
 def usage_shown(settings: Settings, used: int) -> bool:
-    """Whether the status line shows a request's usage: from ``status_usage_threshold`` of the cap on (always at 0;
-    never without a cap, where there is no share to reach)."""
+    """Whether the status line shows usage: from ``status_usage_threshold`` of the cap (0: always; no cap: never)."""
     share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
     return share <= 0 or (cap > 0 and used >= share * cap)
 
@@ -4576,8 +4574,8 @@ def to_model_tokens(settings: Settings, counted: int) -> int:
 
 
 class ModelBudget:
-    """Per worker: a model's window and ratio (layer 3) for each request, and what its reply teaches. ``exact``:
-    TokenCounter.is_exact, asked as late as each count it notes (a tokenizer may load mid-request)."""
+    """Per worker: a model's window and ratio (layer 3) per request, and what its reply teaches. ``exact``: is_exact,
+    asked as late as each count it notes (a tokenizer may load mid-request)."""
 
     def __init__(self, windows: ModelWindow, tokens: ModelTokens, exact: Callable[[str], bool]):
         self.windows, self.tokens, self.exact = windows, tokens, exact
@@ -4587,8 +4585,7 @@ class ModelBudget:
         return "exact" if self.exact(encoding) else "estimate"
 
     def window(self, reply_id: str, found: Window) -> Window:
-        """``found``, or the window ``reply_id``'s request set (``num_ctx``, which Open WebUI never gives outlet): its
-        outlet plans the summary in it (same worker), not in the 128k fallback."""
+        """``found``, or the ``num_ctx`` ``reply_id``'s request set (outlet never gets it), not the 128k fallback."""
         if found.source == "settings" and reply_id:
             self.sent_in[reply_id] = found
         return found if found.source == "settings" or not reply_id else self.sent_in.get(reply_id, found)
@@ -4656,8 +4653,7 @@ class ModelBudget:
 
 
 def window_cap(admin_cap: int, window: int, reply: int) -> int:
-    """The cap on what is sent: the admin's (0 = none) never above the known ``window`` less the ``reply``'s room;
-    where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
+    """The admin's cap (0 = none) never above the ``window`` less the ``reply``'s room; else WINDOW_FALLBACK_CAP."""
     if window > 0:
         room = max(1, window - reply)
         return min(admin_cap, room) if admin_cap > 0 else room
@@ -4704,8 +4700,7 @@ STALE_LEASE = 3600.0  # seconds after its expiry an API conversation's lease goe
 
 
 def is_saved_chat_id(chat_id: Any) -> bool:
-    """Whether Open WebUI keeps the chat in its database: not a temporary chat nor a channel. "" (an API call without
-    a chat) counts as saved: its summaries are kept, for API_RETENTION_DAYS."""
+    """Not a temporary chat nor a channel; "" (an API call) counts as saved: kept for API_RETENTION_DAYS."""
     return not (isinstance(chat_id, str) and chat_id.startswith(NON_SAVED_CHAT_ID_PREFIXES))
 
 
@@ -4768,8 +4763,7 @@ class StoreUnavailable(RuntimeError):
 
 @lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
-    """SQLAlchemy Core tables on a metadata of their own, in ``schema`` like Open WebUI's (``DATABASE_SCHEMA``).
-    Imported lazily: without SQLAlchemy the filter runs without a store."""
+    """Our tables, in ``schema`` like Open WebUI's; imported lazily: without SQLAlchemy the filter runs storeless."""
     from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
     metadata = MetaData(schema=schema)
@@ -4847,8 +4841,7 @@ def _tables(schema: Optional[str] = None) -> dict:
 
 
 def _add_missing_columns(conn: Any, metadata: Any) -> None:
-    """The ADDED_COLUMNS an earlier version's table lacks (a race with another worker adding the same fails, and is
-    tried again as a table's creation is)."""
+    """The ADDED_COLUMNS an earlier version's table lacks (a race with another worker fails, and is tried again)."""
     from sqlalchemy import inspect as schema_of
     from sqlalchemy.schema import CreateColumn
 
@@ -4968,8 +4961,7 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class EphemeralSummaries:
-    """Summaries and leases of the chats Open WebUI never saves, in this worker's memory only (EPHEMERAL_CHATS, least
-    recently used forgotten first). Another worker serving the same temporary chat summarizes again, or caps."""
+    """Summaries and leases of unsaved chats, in this worker's memory only: another worker summarizes again, or caps."""
 
     def __init__(self, chats: int = EPHEMERAL_CHATS):
         self.records = _BoundedDict(chats)  # (user_id, chat_id) -> [SummaryRecord], oldest first
@@ -5042,8 +5034,7 @@ class SummaryStore:
         self.fault: Optional[Fault] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (its loaded settings, else the
-        environment); none on SQLite."""
+        """The one given, else Open WebUI's DATABASE_SCHEMA (loaded, else from the environment); none on SQLite."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
         schema = self._schema_setting
@@ -5112,8 +5103,7 @@ class SummaryStore:
         return sqlalchemy, self._t[name]
 
     async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """``operation(conn)`` in one transaction: a locked or busy database is tried again after jittered waits, a
-        dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
+        """``operation(conn)`` in one transaction; retried when busy, once on a dropped connection or dropped tables."""
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
@@ -5177,8 +5167,7 @@ class SummaryStore:
 
     # -- what ModelTokens and ModelWindow learned, shared by every worker ----------
     async def add_ratios(self, rows: list) -> None:
-        """Samples (key, model, path, ratio, created_at, user); each model, path and user keeps its RATIO_SAMPLES
-        newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
+        """Each model, path and user keeps its RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and younger."""
         if not rows:
             return
         sa, t = await self.table("ratio")
@@ -5242,8 +5231,7 @@ class SummaryStore:
         return await self._window_rows(lambda query, t: query.where(t.c.model == model[:255]))
 
     async def read_windows(self) -> list:
-        """Every worker's learned windows: (model, tokens, source, published, learned_at, user), user "" for every
-        user's; the erase's mark (model "") first."""
+        """(model, tokens, source, published, learned_at, user: "" for all), the erase's mark (model "") first."""
         newest = lambda query, t: query.order_by((t.c.model == "").desc(), t.c.learned_at.desc())  # noqa: E731
         return await self._window_rows(lambda query, t: newest(query, t).limit(WINDOW_ROWS_READ))
 
@@ -5290,8 +5278,7 @@ class SummaryStore:
         return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Atomically take the chat's lease, or fail when a live one (or a back-off) is held: one upsert on SQLite and
-        PostgreSQL; the primary key makes it safe across workers and replicas."""
+        """Take the lease unless a live one (or a back-off) is held: one upsert; its key is safe across workers."""
         sa, t = await self.table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
@@ -5358,8 +5345,7 @@ class SummaryStore:
 
 @runtime_checkable
 class FilterStore(Protocol):
-    """Every call the filter makes on its store, and no more: ChatStore, or NullStore where there is no database. A
-    read that answers None read nothing: what a worker learned stays."""
+    """Every call the filter makes on its store, and no more. A read answering None read nothing: keep what is known."""
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list: ...
     async def save(self, record: SummaryRecord) -> None: ...
@@ -5384,8 +5370,7 @@ class FilterStore(Protocol):
 
 
 class ChatStore:
-    """The filter's store: each chat's summaries and leases in the database (SummaryStore) or, for a chat Open WebUI
-    never saves, in this worker's memory (EphemeralSummaries); the rest is the database's."""
+    """Each chat's summaries and leases in the database or, for an unsaved chat, memory; the rest in the database."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self.database, self.ephemeral = SummaryStore(engine_getter, schema), EphemeralSummaries()
@@ -5503,8 +5488,7 @@ async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str,
 
 
 async def _sweep_learning(conn: Any, sa: Any, tables: list, owui: dict) -> int:
-    """Deletes the windows, ratios and sent requests of users gone, and sent requests older than SENT_KEPT (small
-    tables: one statement each); the number of rows removed."""
+    """Deletes the rows of users gone and sent requests older than SENT_KEPT (small tables: one statement each)."""
     (user_window, sent, ratio), users = tables, sa.select(owui["user"].c.id)
     dead = (
         (user_window, user_window.c.user_id.not_in(users)),
@@ -5583,8 +5567,7 @@ class RetentionSweeper:
         await self.store.save_windows([("", "", Window(0, ERASED, 0, time.time()))])
 
     def erase(self, done: Callable[[], Awaitable[Any]]) -> None:
-        """Erases all the filter stores in the background, then awaits ``done`` (resets the valve); one at a time per
-        worker. A failure is logged as a store fault and leaves ``done`` undone: the next request tries again."""
+        """Erases in the background, then awaits ``done`` (resets the valve); if it fails, the next request retries."""
         if self.erasing is None or self.erasing.done():
             self.erasing = asyncio.ensure_future(self._erase(done))
 
@@ -5601,8 +5584,7 @@ class RetentionSweeper:
 
 
 async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], every: float) -> None:
-    """A worker's sweeps, a jittered ``every`` apart; ends when the sweeper (a weak reference) is gone: the filter was
-    replaced or removed."""
+    """A worker's sweeps, a jittered ``every`` apart, until the sweeper (weakly held) goes with its filter."""
     await asyncio.sleep(random.uniform(0.2, 0.5) * min(every, 30.0))
     while (sweeper := sweeper_ref()) is not None:
         try:
@@ -5616,8 +5598,7 @@ async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], eve
 
 
 def choose_summary(records: Iterable, digests: list, allow_full: bool = False) -> Optional[SummaryRecord]:
-    """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim tail
-    after it; outlet (``allow_full``), which sees the reply just made, accepts full coverage."""
+    """The most advanced summary whose covered prefix starts this branch; only outlet (``allow_full``) takes it all."""
     limit = len(digests) if allow_full else len(digests) - 1
     in_range = (r for r in records if 0 <= r.head_count < r.covered_count <= limit)
     valid = [r for r in in_range if prefix_fingerprint(digests, r.covered_count) == r.fingerprint]
