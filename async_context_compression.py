@@ -4045,11 +4045,10 @@ def _refilled(table: _BoundedDict, items: dict) -> _BoundedDict:
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
-# Valves are accepted from anything stored: this filter's values of any version, the older community filter's of
-# the same id, and values typed in the admin UI. Open WebUI builds Valves(**stored) before every hook, where a raise
-# fails the chat, and refuses a save with only a generic toast. So a value is kept as typed where its type allows
-# (corrected per request, and explained in the status line and the log), or replaced by the default with a Note;
-# nothing is refused.
+# Valves are accepted from anything stored (ours of any version, the older community filter's of the same id, values
+# typed in the admin UI): Open WebUI builds Valves(**stored) before every hook, where a raise fails the chat, and
+# refuses a save with only a generic toast. So a value is kept as typed where its type allows (corrected and explained
+# per request), or replaced by the default with a Note; nothing is refused.
 
 
 @dataclass(frozen=True)
@@ -4207,8 +4206,7 @@ def log_notes_once(notes: Iterable[Note]) -> None:
 
 
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
-    """The Valves' and UserValves' wrap validator, never raising: stored values of any version (ours, or the older
-    filter's of the same id) become an instance of the right types; Notes in ``_notes`` say what was changed."""
+    """The valves' wrap validator, never raising: any stored values become an instance; ``_notes`` say what changed."""
     if isinstance(data, model):
         return data
     fields = model.model_fields
@@ -4481,9 +4479,8 @@ def resolve_settings(
     reply: int = 0,
     summary_window: int = 0,
 ) -> Settings:
-    """Effective settings for one request: impossible combinations and values out of range corrected to a safe value
-    and explained in ``warnings`` (Notes), after the valves' own. ``window``: the model's (``ModelWindow.find``),
-    ``reply``: its reply's room (``reply_room``), ``summary_window``: the summary model's (0 = unknown)."""
+    """One request's settings: values out of range or impossible together made safe and explained in ``warnings``.
+    ``window``: the model's, ``reply``: its reply's room (``reply_room``), ``summary_window``: 0 = unknown."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
@@ -4544,9 +4541,8 @@ def usage_shown(settings: Settings, used: int) -> bool:
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` with cap, threshold and trigger turned from the model's tokens into counted ones (back:
-    ``to_model_tokens``): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room; None (nothing
-    learned) is 1.0 without it. ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
+    """``settings``' budgets in counted tokens: divided by ``scale`` with RATIO_SAFETY of room (None: nothing learned,
+    1.0 without it); ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
@@ -4605,9 +4601,8 @@ class ModelBudget:
         return in_counted_units(own, scale, bound)
 
     def note_sent(self, request: SentRequest, encoding: str, bound: int, own: bool) -> Optional[SentRequest]:
-        """A request's count, for its reply's usage and what it may teach of the window (ModelWindow.note_sent) at the
-        most model tokens it can have held (count x scale x SENT_MARGIN; none learned: RATIO_CEILING); the record to
-        save when its failed reply could teach the next turn on another worker, else None."""
+        """A request's count, for its reply's usage and the window (at count x scale x SENT_MARGIN, none learned:
+        RATIO_CEILING); the record to save when its failed reply could teach another worker's next turn, else None."""
         path, model, user, counted = self.path(encoding), request.model, request.user_id, request.counted
         self.tokens.note_sent(request.reply_id, model, path, counted, bound, user)
         size = int(counted * (s * (1 + SENT_MARGIN) if (s := self.tokens.scale(model, path, user)) else RATIO_CEILING))
@@ -5019,9 +5014,8 @@ class EphemeralSummaries:
 
 
 class SummaryStore:
-    """Summaries, leases, ratios, windows and requests sent in the host's database through an async SQLAlchemy engine
-    (Open WebUI's own by default), one short transaction per ``run``. Errors come out as StoreUnavailable with a Fault
-    (``fault``: the latest failed operation's, None after a success). The first call that succeeds makes the tables."""
+    """The host's database through an async SQLAlchemy engine, one short transaction per ``run``; errors come out as
+    StoreUnavailable (``fault``: the latest failed operation's, None after a success)."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -5085,8 +5079,7 @@ class SummaryStore:
         return engine
 
     async def _add_columns(self, engine: Any, metadata: Any) -> None:
-        """ADDED_COLUMNS, in a transaction of their own: a role that may not alter the tables (not their owner) keeps
-        the store; only the records that need them fail (learned nothing from another worker), and the log says so."""
+        """In a transaction of their own: a role that may not alter the tables keeps the store, without sent records."""
         try:
             async with engine.begin() as conn:
                 await conn.run_sync(_add_missing_columns, metadata)
@@ -5201,8 +5194,7 @@ class SummaryStore:
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     async def save_windows(self, rows: list) -> None:
-        """(model, user, Window) as learned, or (model, user, None) to forget one: one row per model of every user's
-        (user "", WINDOW_TABLE) and per user (USER_WINDOW_TABLE); rows older than WINDOW_LEARNED_TTL go, but the
+        """(model, user "" for every user's, Window or None to forget); rows older than WINDOW_LEARNED_TTL go, but the
         erase's mark (model "")."""
         if not rows:
             return
@@ -5470,8 +5462,7 @@ async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: in
 
 
 async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
-    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (API conversations':
-    STALE_LEASE after expiry), not the sweep's own (no ':'). (last scope or None at the end, count)."""
+    """As ``_sweep_summary_batch`` for leases (API conversations': STALE_LEASE after expiry; not the sweep's own)."""
     query = sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after)
     rows = (await conn.execute(query.order_by(t.c.scope).limit(batch))).all()
     leases = {r.scope: (*parse_chat_key(r.scope), r.expires_at) for r in rows if ":" in r.scope}
@@ -5507,9 +5498,8 @@ def retention_sweep_every() -> float:
 
 
 class RetentionSweeper:
-    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep about every ``every`` seconds,
-    in the background; the RETENTION_SCOPE lease lets one worker sweep at a time, and rests half a period after each
-    sweep so the others skip it: a deleted chat's or user's rows go within two periods. Also erases all (``erase``)."""
+    """Keeps the store to what Open WebUI still has: one worker at a time (RETENTION_SCOPE, resting half a period
+    after each sweep) sweeps about every ``every`` seconds: a deleted chat's or user's rows go within two periods."""
 
     def __init__(self, store: FilterStore, every: Optional[float] = None):
         self.store = store
@@ -5537,10 +5527,8 @@ class RetentionSweeper:
         return removed
 
     async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
-        """Deletes the rows of chats and users gone from Open WebUI's tables (same database and schema) and API
-        summaries created before ``api_before``; how many rows went. Batches of ``batch`` rows, one short transaction
-        each, ``pause`` seconds apart: a large instance is never locked for long. Nothing when Open WebUI's user table
-        is empty: that is the wrong database, not an instance."""
+        """Deletes the rows of chats and users gone and API summaries older than ``api_before``, in short transactions
+        ``pause`` apart (a large instance is never locked long); nothing if Open WebUI has no users (wrong database)."""
         sa, t = await self.store.table("summary")
         lease = (await self.store.table("lease"))[1]
         owui = {n: sa.table(n, sa.column("id"), schema=t.schema) for n in ("chat", "user")}  # Open WebUI's: their ids
@@ -5558,8 +5546,7 @@ class RetentionSweeper:
         return removed + await self.store.run(partial(_sweep_learning, sa=sa, tables=learning, owui=owui))
 
     async def erase_all(self) -> None:
-        """Deletes every row of the filter's tables and forgets this worker's unsaved chats; the tables stay, empty but
-        for the erase's mark: a window row of model "" every worker acts on at its next read (ModelBudget.erased_at)."""
+        """Empties the filter's tables and this worker's unsaved chats, but for the erase's mark every worker reads."""
         self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
