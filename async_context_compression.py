@@ -5341,7 +5341,6 @@ class FilterStore(Protocol):
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list: ...
     async def save(self, record: SummaryRecord) -> None: ...
-    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold: ...
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool: ...
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool: ...
     async def release(self, scope: str, holder: str) -> None: ...
@@ -5359,6 +5358,8 @@ class FilterStore(Protocol):
     async def read_ratios(self) -> Optional[list]: ...
     async def read_user_ratios(self, model: str, user: str) -> Optional[list]: ...
     def forget_unsaved(self, before: float) -> None: ...  # this worker's summaries of unsaved chats (inf: and leases)
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
+        return LeaseHold(self, scope, holder, ttl, renew_every)
 
 
 class ChatStore:
@@ -5418,9 +5419,6 @@ class NullStore(FilterStore):
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         return []
-
-    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
-        return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         return False
