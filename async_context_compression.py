@@ -4319,7 +4319,6 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
 
 
 def model_overrides(table: dict, model_id: str) -> dict:
-    """A model's overrides: its own entry, else the longest matching ``prefix*`` entry's."""
     if model_id in table:
         return table[model_id]
     prefixes = [p for p in table if p.endswith("*") and model_id.startswith(p[:-1])]
@@ -4467,7 +4466,6 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
 
 
 def summary_model_id(valves: Any, model_id: str) -> str:
-    """The model that writes summaries: the ``summary_model`` valve, else the chat's own."""
     return _as_text(getattr(valves, "summary_model", "")).strip() or model_id
 
 
@@ -4565,7 +4563,6 @@ def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: i
 
 
 def to_model_tokens(settings: Settings, counted: int) -> int:
-    """A count in the model's own tokens, as the status line states it."""
     return int(round(counted * settings.scale))
 
 
@@ -5301,7 +5298,6 @@ class SummaryStore:
         return await self.run(op)
 
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no longer ours."""
         sa, t = await self.table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
         result = await self.run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
@@ -5437,7 +5433,6 @@ class NullStore(FilterStore):
 
 
 async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
-    """Which of ``ids`` ``table`` (Open WebUI's chat or user table) still holds."""
     if not ids:
         return set()
     return set((await conn.execute(sa.select(table.c.id).where(table.c.id.in_(sorted(ids))))).scalars())
