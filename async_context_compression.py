@@ -4904,9 +4904,8 @@ def classify_store_error(exc: BaseException) -> Optional[Fault]:
 
 
 class LeaseHold:
-    """``async with store.hold(scope, holder) as held:`` takes the chat's lease (``held`` false: another worker has
-    it, or failures back off), renews it every ``renew_every`` seconds (``lost``: a heartbeat found it taken over or
-    gone), releases it at the end unless ``back_off`` made it a back-off hold. A dead holder's frees within ``ttl``."""
+    """``async with store.hold(scope, holder) as held:`` takes the lease (false: held elsewhere, or backing off), renews
+    it every ``renew_every`` s (``lost``: taken over or gone), releases it unless ``back_off`` made it a back-off."""
 
     def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
         self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
@@ -5191,8 +5190,7 @@ class SummaryStore:
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     async def save_windows(self, rows: list) -> None:
-        """(model, user "" for every user's, Window or None to forget); rows older than WINDOW_LEARNED_TTL go, but the
-        erase's mark (model "")."""
+        """(model, user: "" for all, Window or None to forget); rows past WINDOW_LEARNED_TTL go, not the erase mark."""
         if not rows:
             return
         sa, shared = await self.table("window")
