@@ -5537,7 +5537,7 @@ class RetentionSweeper:
         return removed + await self.store.run(partial(_sweep_learning, sa=sa, tables=learning, owui=owui))
 
     async def erase_all(self) -> None:
-        """Empties the filter's tables and this worker's unsaved chats, but for the erase's mark every worker reads."""
+        """Empties the filter's tables but for the erase's mark (ModelBudget.erased_at), and forgets unsaved chats."""
         self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
