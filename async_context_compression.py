@@ -3992,11 +3992,10 @@ def _holds(window: Optional[Window], published: int) -> bool:
 # ---------------------------------------------------------------------------
 # 4. Settings: valves resolved for one model, never raising
 # ---------------------------------------------------------------------------
-# Valves are accepted from anything stored: this filter's values of any version, the older community filter's of
-# the same id, and values typed in the admin UI. Open WebUI builds Valves(**stored) before every hook, where a raise
-# fails the chat, and refuses a save with only a generic toast. So a value is kept as typed where its type allows
-# (corrected per request, and explained in the status line and the log), or replaced by the default with a Note;
-# nothing is refused.
+# Valves are accepted from anything stored (ours of any version, the older community filter's of the same id, values
+# typed in the admin UI): Open WebUI builds Valves(**stored) before every hook, where a raise fails the chat, and
+# refuses a save with only a generic toast. So a value is kept as typed where its type allows (corrected and explained
+# per request), or replaced by the default with a Note; nothing is refused.
 
 
 @dataclass(frozen=True)
@@ -4031,6 +4030,8 @@ class Settings:
 _SETTING_KEYS = ("compression_threshold_tokens", "max_context_tokens", "summary_model_max_context")
 _TOKEN_LIMIT = 1_000_000_000
 SUMMARY_STYLES = ("concise", "balanced", "faithful")
+# Keys of the summary call that the filter sets itself.
+_OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
 
 # Ranges of the numeric valves; a value outside is corrected per request.
 _VALVE_BOUNDS: dict = {
@@ -4052,15 +4053,13 @@ _VALVE_BOUNDS: dict = {
 
 @dataclass(frozen=True)
 class Note:
-    """Something the admin should know about the settings: ``key`` names a text of STATUS_TEXTS, ``values`` fill
-    it. Shown in the log in English (``str``) and in the status line in the user's language (``text``)."""
+    """Something the admin should know about the settings: a STATUS_TEXTS ``key`` and the ``values`` that fill it."""
 
     key: str
     values: tuple = ()
 
     def text(self, language: str = "en") -> str:
-        """The note in ``language`` (English where its text is missing or broken); never raises. A note's values are
-        numbers and short texts (``note``): filled in as they are, with none of a status line's formatting."""
+        """In ``language`` (English where its text is missing or broken), values as they are; never raises."""
         values = dict(self.values)
         english = STATUS_TEXTS["en"]
         for template in ((STATUS_TEXTS.get(language) or english).get(self.key), english.get(self.key)):
@@ -4093,8 +4092,12 @@ LEGACY_VALVES: dict = {
     "tool_trim_threshold_chars": None,
 }
 _LEGACY_STYLES = {"aggressive": "concise", "balanced": "balanced", "faithful": "faithful"}
+_LEGACY_SEPARATORS = re.compile(r"[,;\n]")
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0", ""})
+_INFINITE = (float("inf"), float("-inf"))
+_FIELD_TYPES: dict = {}
+_LOGGED_NOTES = _BoundedDict(256)
 
 
 def _as_bool(value: Any, strict: bool = True) -> bool:
@@ -4114,7 +4117,7 @@ def _as_number(value: Any, kind: type) -> Any:
     if isinstance(value, int) and kind is int:
         return value
     number = float(value.strip()) if isinstance(value, str) else float(value)
-    if number != number or number in (float("inf"), float("-inf")):
+    if number != number or number in _INFINITE:
         raise ValueError(value)
     return int(round(number)) if kind is int else number
 
@@ -4138,9 +4141,6 @@ def _legacy_value(name: str, value: Any) -> Any:
     return value
 
 
-_LOGGED_NOTES = _BoundedDict(256)
-
-
 def log_notes_once(notes: Iterable[Note]) -> None:
     """Each distinct Note once per process (valves are rebuilt per request); never raises (runs in validation)."""
     try:
@@ -4152,13 +4152,8 @@ def log_notes_once(notes: Iterable[Note]) -> None:
         pass
 
 
-_FIELD_TYPES: dict = {}
-_INFINITE = (float("inf"), float("-inf"))
-
-
 def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
-    """The Valves' and UserValves' wrap validator, never raising: stored values of any version (ours, or the older
-    filter's of the same id) become an instance of the right types; Notes in ``_notes`` say what was changed."""
+    """The valves' wrap validator, never raising: any stored values become an instance; ``_notes`` say what changed."""
     if isinstance(data, model):
         return data
     fields = model.model_fields
@@ -4218,12 +4213,9 @@ def validate_valves(model: Any, data: Any, handler: Callable) -> Any:
     return instance
 
 
-_LEGACY_SEPARATORS = re.compile(r"[,;\n]")
-
-
 def _legacy_threshold_entry(entry: str) -> Optional[tuple]:
-    """(model, threshold, cap) of one ``model:threshold:max`` entry (the model's id may contain colons), None if not
-    that. Split, not matched: the pattern it replaces backtracked cubically over a run of spaces."""
+    """(model, threshold, cap) of one ``model:threshold:max`` entry (ids may contain colons), else None. Split, not
+    matched: the pattern it replaced backtracked cubically over a run of spaces."""
     model, *numbers = [part.strip() for part in entry.rsplit(":", 2)]
     if not model or len(numbers) != 2 or not all(n.isdecimal() for n in numbers):
         return None
@@ -4240,8 +4232,7 @@ def _legacy_thresholds(text: str) -> Optional[dict]:
 
 
 def _json_object(raw: Any, name: str) -> tuple[dict, list]:
-    """A valve holding a JSON object, typed as text or already an object: (the object, []), ({}, []) when unset,
-    ({}, [a Note]) when the valve ``name`` cannot be read."""
+    """A valve holding a JSON object (as text or an object): (it, []), ({}, []) unset, ({}, [a Note]) unreadable."""
     if raw in (None, "", {}) or (isinstance(raw, str) and not raw.strip()):
         return {}, []
     try:
@@ -4254,8 +4245,7 @@ def _json_object(raw: Any, name: str) -> tuple[dict, list]:
 
 
 def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
-    """The ``model_thresholds`` valve: a JSON object mapping a model id (or a prefix ending in ``*``) to overrides,
-    or the older filter's ``model:threshold:max`` list. Returns (table, Notes on what was ignored)."""
+    """``model_thresholds``: JSON (model id or ``prefix*`` -> overrides) or the older ``model:threshold:max`` list."""
     legacy = _legacy_thresholds(raw) if isinstance(raw, str) else None  # never matches JSON text
     table, problems = (legacy, []) if legacy else _json_object(raw, "model_thresholds")
     clean = {}
@@ -4275,12 +4265,7 @@ def parse_model_thresholds(raw: Any) -> tuple[dict, list]:
     return clean, problems
 
 
-# Keys of the summary call that the filter sets itself.
-_OWN_CALL_KEYS = frozenset({"model", "messages", "stream", "max_tokens", "temperature", "metadata"})
-
-
 def model_overrides(table: dict, model_id: str) -> dict:
-    """A model's overrides: its own entry, else the longest matching ``prefix*`` entry's."""
     if model_id in table:
         return table[model_id]
     prefixes = [p for p in table if p.endswith("*") and model_id.startswith(p[:-1])]
@@ -4288,9 +4273,9 @@ def model_overrides(table: dict, model_id: str) -> dict:
 
 
 class _TolerantValves(BaseModel):
-    """Values stored by any version, or the older filter of the same id, are carried over or ignored (layer 4)."""
+    """Values stored by any version, or the older filter of the same id, are carried over or ignored."""
 
-    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance (layer 4)
+    _notes: ClassVar[tuple] = ()  # Notes on what was corrected, set per instance
 
     @model_validator(mode="wrap")
     @classmethod
@@ -4391,7 +4376,7 @@ class ChatUserValves(_TolerantValves):
 
 @lru_cache(maxsize=64)
 def _valve_defaults(cls: type) -> dict:
-    """The valves' defaults (the admin's valves' for objects that lack some)."""
+    """The valves' defaults (the admin's where ``cls`` lacks a field)."""
     fields = {**AdminValves.model_fields, **(getattr(cls, "model_fields", None) or {})}
     return {n: f.default for n, f in fields.items()}
 
@@ -4428,7 +4413,6 @@ def _choice(valves: Any, name: str, choices: tuple, notes: list) -> str:
 
 
 def summary_model_id(valves: Any, model_id: str) -> str:
-    """The model that writes summaries: the ``summary_model`` valve, else the chat's own."""
     return _as_text(getattr(valves, "summary_model", "")).strip() or model_id
 
 
@@ -4440,10 +4424,8 @@ def resolve_settings(
     reply: int = 0,
     summary_window: int = 0,
 ) -> Settings:
-    """Effective settings for one request: impossible combinations and values out of range are corrected to a safe
-    value and explained in ``warnings`` (Notes), after those of the valves themselves. ``window``: the model's
-    (``ModelWindow.find``), ``reply``: its reply's room there (``reply_room``), ``summary_window``: the summary
-    model's window as found (0 = unknown); the caps follow from them (``window_cap``)."""
+    """One request's settings: values out of range or impossible together made safe and explained in ``warnings``.
+    ``window``: the model's, ``reply``: its reply's room (``reply_room``), ``summary_window``: 0 = unknown."""
     warnings = [*(getattr(valves, "_notes", None) or ()), *(getattr(user_valves, "_notes", None) or ())]
     table, problems = parse_model_thresholds(getattr(valves, "model_thresholds", ""))
     warnings.extend(problems)
@@ -4498,16 +4480,14 @@ def resolve_settings(
 
 
 def usage_shown(settings: Settings, used: int) -> bool:
-    """Whether the status line shows the usage of a request of ``used`` tokens: from ``status_usage_threshold`` of
-    the cap on (always when it is 0; never without a cap, where there is no share to reach)."""
+    """Whether the status line shows usage: from ``status_usage_threshold`` of the cap (0: always; no cap: never)."""
     share, cap = settings.status_usage_threshold, settings.model_cap or settings.max_context
     return share <= 0 or (cap > 0 and used >= share * cap)
 
 
 def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: int = 0) -> Settings:
-    """``settings`` with the token budgets (cap, threshold, trigger) turned from the model's own tokens into counted
-    ones (``to_model_tokens`` converts back): divided by ``scale`` (``ModelTokens.scale``) with RATIO_SAFETY of room;
-    None (nothing learned) is 1.0 without it. ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
+    """``settings``' budgets in counted tokens: divided by ``scale`` with RATIO_SAFETY of room (None: nothing learned,
+    1.0 without it); ``prompt_bound`` (RequestParams.prompt_bound) lowers cap and trigger."""
     cap, trigger = settings.max_context, settings.trigger_tokens
     if prompt_bound > 0 and (cap <= 0 or prompt_bound < cap):
         trigger = int(trigger * prompt_bound / cap) if cap > 0 else min(trigger, int(prompt_bound * 0.75))
@@ -4530,14 +4510,12 @@ def in_counted_units(settings: Settings, scale: Optional[float], prompt_bound: i
 
 
 def to_model_tokens(settings: Settings, counted: int) -> int:
-    """A count in the model's own tokens, as the status line states it."""
     return int(round(counted * settings.scale))
 
 
 class ModelBudget:
-    """Per worker: a model's window and ratio (layer 3) for each request, and what its reply teaches (here: it turns the
-    settings' caps). ``exact``: TokenCounter.is_exact, asked anew where a ratio's path is read or noted (a tokenizer
-    may load mid-request: asked as late as the count it notes)."""
+    """Per worker: a model's window and ratio (layer 3) per request, and what its reply teaches. ``exact``: is_exact,
+    asked as late as each count it notes (a tokenizer may load mid-request)."""
 
     def __init__(self, windows: ModelWindow, tokens: ModelTokens, exact: Callable[[str], bool]):
         self.windows, self.tokens, self.exact = windows, tokens, exact
@@ -4547,8 +4525,7 @@ class ModelBudget:
         return "exact" if self.exact(encoding) else "estimate"
 
     def window(self, reply_id: str, found: Window) -> Window:
-        """``found``, or the window the request of ``reply_id`` set (its ``num_ctx``, which Open WebUI never gives
-        outlet): its outlet plans the summary in it (same worker), not in the 128k fallback."""
+        """``found``, or the ``num_ctx`` ``reply_id``'s request set (outlet never gets it), not the 128k fallback."""
         if found.source == "settings" and reply_id:
             self.sent_in[reply_id] = found
         return found if found.source == "settings" or not reply_id else self.sent_in.get(reply_id, found)
@@ -4560,17 +4537,16 @@ class ModelBudget:
         return self.counted(own, model_id, user, bound)
 
     def counted(self, own: Settings, model_id: str, user: str, bound: int) -> Settings:
-        """``own`` in counted units at the ratio known now (see in_counted_units). Outlet asks again once its reply taught
-        it, to plan as the next inlet fits, not at its request's 1:1 (a 1.3x model's chat was trimmed unsummarized)."""
+        """``own`` in counted units at the ratio known now. Outlet asks again once its reply taught it, to plan as the
+        next inlet fits, not at its request's 1:1 (a 1.3x model's chat was trimmed unsummarized)."""
         scale = self.tokens.scale(model_id, self.path(own.encoding), user)
         if scale is None and model_id in self.windows.ollama:  # fitted at SILENT_CUT_RATIO; the figure stays the count
             return replace(in_counted_units(own, SILENT_CUT_RATIO, bound), scale=1.0)
         return in_counted_units(own, scale, bound)
 
     def note_sent(self, request: SentRequest, encoding: str, bound: int, own: bool) -> Optional[SentRequest]:
-        """A request's count, for its reply's usage and for what it may teach of the window (ModelWindow.note_sent) at
-        the most model tokens it can have held (the count times the scale and SENT_MARGIN, none learned: RATIO_CEILING);
-        the record to save when its failed reply could teach the next turn on another worker, else None."""
+        """A request's count, for its reply's usage and the window (at count x scale x SENT_MARGIN, none learned:
+        RATIO_CEILING); the record to save when its failed reply could teach another worker's next turn, else None."""
         path, model, user, counted = self.path(encoding), request.model, request.user_id, request.counted
         self.tokens.note_sent(request.reply_id, model, path, counted, bound, user)
         size = int(counted * (s * (1 + SENT_MARGIN) if (s := self.tokens.scale(model, path, user)) else RATIO_CEILING))
@@ -4616,8 +4592,7 @@ class ModelBudget:
 
 
 def window_cap(admin_cap: int, window: int, reply: int) -> int:
-    """The cap on what is sent: the admin's (0 = none set) never above the known ``window`` less the ``reply``'s room
-    (``reply_room``); where the admin set none, that; where no window is known, the admin's or WINDOW_FALLBACK_CAP."""
+    """The admin's cap (0 = none) never above the ``window`` less the ``reply``'s room; else WINDOW_FALLBACK_CAP."""
     if window > 0:
         room = max(1, window - reply)
         return min(admin_cap, room) if admin_cap > 0 else room
@@ -4627,22 +4602,18 @@ def window_cap(admin_cap: int, window: int, reply: int) -> int:
 # ---------------------------------------------------------------------------
 # 5. Summary store: Open WebUI's async database
 # ---------------------------------------------------------------------------
-# Tables of the filter's own, created on first use: summaries (several per chat, so another branch can fall back to
-# an older still-valid one), leases (one row per chat while a worker summarizes it, or while failures back off),
-# ModelTokens' ratios, ModelWindow's windows (every user's, and one user's alone) and the requests it may learn from
-# after a failed reply. Tables added by a later version are created beside those a deployment has (``create_all``
-# makes only what is missing). Every call goes through the async engine: the event loop never waits on the database.
+# Tables of the filter's own, created on first use (``create_all`` makes only what is missing): summaries (several
+# per chat, so another branch can fall back to an older still-valid one), leases (one row per chat while a worker
+# summarizes it, or while failures back off), ratios, windows and requests sent. Every call goes through the async
+# engine: the event loop never waits on the database.
 
 SUMMARY_TABLE = "acc_chat_summary"
 LEASE_TABLE = "acc_summary_lease"
 RATIO_TABLE = "acc_user_tokens"  # the ratios of ModelTokens, each one user's, shared by every worker and replica
 WINDOW_TABLE = "acc_model_window"  # the windows ModelWindow learned, one row per model, shared like the ratios
-USER_WINDOW_TABLE = (
-    "acc_user_window"  # windows far below the best known: one user's chats' alone, until another's agree
-)
+USER_WINDOW_TABLE = "acc_user_window"  # windows far below the best known: one user's alone, until another's agree
 SENT_TABLE = "acc_sent_request"  # requests sent, for the turn after a failed reply on any worker (SENT_KEPT)
-# Columns added to a table an earlier version made (``create_all`` makes only missing tables): added on first use,
-# each with a server default, so the rows a worker of the earlier version still writes fit
+# Columns added to an earlier version's table on first use, each with a server default: its workers' rows still fit
 ADDED_COLUMNS = {SENT_TABLE: ("counted", "path")}
 WINDOW_ROWS_READ = 2000  # newest rows read per refresh
 RATIO_ROWS_READ = 4000  # newest rows read per refresh (every model's last RATIO_SAMPLES fit many times)
@@ -4668,16 +4639,13 @@ STALE_LEASE = 3600.0  # seconds after its expiry an API conversation's lease goe
 
 
 def is_saved_chat_id(chat_id: Any) -> bool:
-    """Whether Open WebUI keeps the chat ``chat_id`` in its database: not a temporary chat (``temporary:``, older
-    ``local:``) nor a channel (``channel:``). "" (an API call without a chat) counts as saved: its summaries are kept,
-    for API_RETENTION_DAYS."""
+    """Not a temporary chat nor a channel; "" (an API call) counts as saved: kept for API_RETENTION_DAYS."""
     return not (isinstance(chat_id, str) and chat_id.startswith(NON_SAVED_CHAT_ID_PREFIXES))
 
 
 class Fault(Enum):
-    """Why summaries failed, in one vocabulary for the store, the summarizer, the status line and the log: each
-    member carries its short log text, the status-text key that says it (layer 7; "": nothing worth telling the
-    user) and, for the store, the log line that explains it."""
+    """Why summaries failed, one vocabulary for the store, the summarizer, the status line and the log: a short log
+    text, the status-text key (layer 7; "": nothing worth telling the user) and, for the store, the log line."""
 
     TIMEOUT = ("timeout", "r_timeout")
     MODEL_ERROR = ("model error", "r_model_error")
@@ -4734,8 +4702,7 @@ class StoreUnavailable(RuntimeError):
 
 @lru_cache(maxsize=8)  # one per schema
 def _tables(schema: Optional[str] = None) -> dict:
-    """SQLAlchemy Core tables on a metadata of their own, in ``schema`` like Open WebUI's own
-    (``MetaData(schema=DATABASE_SCHEMA)``). Imported lazily: without SQLAlchemy the filter runs without a store."""
+    """Our tables, in ``schema`` like Open WebUI's; imported lazily: without SQLAlchemy the filter runs storeless."""
     from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
     metadata = MetaData(schema=schema)
@@ -4813,8 +4780,7 @@ def _tables(schema: Optional[str] = None) -> dict:
 
 
 def _add_missing_columns(conn: Any, metadata: Any) -> None:
-    """The ADDED_COLUMNS a table made by an earlier version lacks, added with their server defaults (a race with
-    another worker adding the same fails, and is tried again as a table's creation is)."""
+    """The ADDED_COLUMNS an earlier version's table lacks (a race with another worker fails, and is tried again)."""
     from sqlalchemy import inspect as schema_of
     from sqlalchemy.schema import CreateColumn
 
@@ -4833,10 +4799,9 @@ def _add_missing_columns(conn: Any, metadata: Any) -> None:
 def _owui_async_engine() -> Any:
     """Open WebUI's async engine (None outside it), looked up once: a failed import is slow."""
     try:
-        async_engine = owui_module("open_webui.internal.db").async_engine
+        return owui_module("open_webui.internal.db").async_engine
     except (Exception, SystemExit):  # Open WebUI's env raises SystemExit outside its server
         return None
-    return async_engine
 
 
 # How each store fault shows: PostgreSQL SQLSTATEs (by prefix) and words of the message. SQLSTATEs:
@@ -4886,10 +4851,8 @@ def classify_store_error(exc: BaseException) -> Optional[Fault]:
 
 
 class LeaseHold:
-    """``async with store.hold(scope, holder) as held:`` takes the chat's lease (``held`` is false when another
-    worker has it or failures back off), renews it every ``renew_every`` seconds while the block runs (``lost``
-    turns true when a heartbeat finds it taken over or gone), and releases it at the end, unless ``back_off``
-    turned it into a back-off hold. A killed holder's lease frees within ``ttl``."""
+    """``async with store.hold(scope, holder) as held:`` takes the lease (false: held elsewhere, or backing off), renews
+    it every ``renew_every`` s (``lost``: taken over or gone), releases it unless ``back_off`` made it a back-off."""
 
     def __init__(self, store: Any, scope: str, holder: str, ttl: float, renew_every: float):
         self.store, self.scope, self.holder, self.ttl, self.renew_every = store, scope, holder, ttl, renew_every
@@ -4936,9 +4899,7 @@ async def _keep_newest(conn: Any, sa: Any, table: Any, same: Iterable, keep: int
 
 
 class EphemeralSummaries:
-    """SummaryStore's summaries and leases for the chats Open WebUI never saves (``is_saved_chat_id`` false), in this
-    worker's memory only: bounded (EPHEMERAL_CHATS chats, the least recently used forgotten first), gone with the
-    worker. Another worker serving the same temporary chat has none of them: it summarizes again, or caps."""
+    """Summaries and leases of unsaved chats, in this worker's memory only: another worker summarizes again, or caps."""
 
     def __init__(self, chats: int = EPHEMERAL_CHATS):
         self.records = _BoundedDict(chats)  # (user_id, chat_id) -> [SummaryRecord], oldest first
@@ -4996,11 +4957,8 @@ class EphemeralSummaries:
 
 
 class SummaryStore:
-    """Summaries, leases, ratios, windows and requests sent in the host's database through an async SQLAlchemy engine
-    (Open WebUI's own by default; its DATABASE_SCHEMA on PostgreSQL), one short transaction per ``run``. Errors come
-    out as StoreUnavailable with a Fault (``fault``: the latest failed operation's, None after a success); a locked
-    database is retried a few times first, a dropped connection once. The tables are made by the first call that
-    succeeds."""
+    """The host's database through an async SQLAlchemy engine, one short transaction per ``run``; errors come out as
+    StoreUnavailable (``fault``: the latest failed operation's, None after a success)."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self._engine_getter = engine_getter
@@ -5013,8 +4971,7 @@ class SummaryStore:
         self.fault: Optional[Fault] = None
 
     def schema_for(self, engine: Any) -> Optional[str]:
-        """The schema of our tables: the one given, else Open WebUI's DATABASE_SCHEMA (from its loaded settings,
-        else from the environment it reads it from); none on SQLite, which has no schemas."""
+        """The one given, else Open WebUI's DATABASE_SCHEMA (loaded, else from the environment); none on SQLite."""
         if getattr(getattr(engine, "dialect", None), "name", "") == "sqlite":
             return None
         schema = self._schema_setting
@@ -5065,9 +5022,7 @@ class SummaryStore:
         return engine
 
     async def _add_columns(self, engine: Any, metadata: Any) -> None:
-        """ADDED_COLUMNS, in a transaction of their own: a role that may not alter the tables (not their owner) keeps
-        the store; only the records that need the new columns fail (the turn after a rejection then learns nothing
-        from another worker's record), and the warning says so."""
+        """In a transaction of their own: a role that may not alter the tables keeps the store, without sent records."""
         try:
             async with engine.begin() as conn:
                 await conn.run_sync(_add_missing_columns, metadata)
@@ -5084,8 +5039,7 @@ class SummaryStore:
         return sqlalchemy, self._t[name]
 
     async def run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """``operation(conn)`` in one transaction: a locked or busy database is tried again after short jittered
-        waits, a dropped connection once (the pool then has fresh ones); dropped tables are made again, once."""
+        """``operation(conn)`` in one transaction; retried when busy, once on a dropped connection or dropped tables."""
         engine = await self._engine()
         busy = reconnects = recreated = 0
         while True:
@@ -5149,8 +5103,7 @@ class SummaryStore:
 
     # -- what ModelTokens and ModelWindow learned, shared by every worker ----------
     async def add_ratios(self, rows: list) -> None:
-        """Samples (key, model, path, ratio, created_at, user), one transaction; each model, path and user keeps its
-        RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and every younger one."""
+        """Each model, path and user keeps its RATIO_SAMPLES newest rows older than RATIOS_KEPT_FRESH, and younger."""
         if not rows:
             return
         sa, t = await self.table("ratio")
@@ -5184,9 +5137,7 @@ class SummaryStore:
         return [tuple(row) for row in await self.run(lambda conn: conn.execute(query))]
 
     async def save_windows(self, rows: list) -> None:
-        """(model, user, Window) as learned, or (model, user, None) to forget one, one transaction: a model keeps one
-        row of every user's window (user "", WINDOW_TABLE) and one per user whose chats alone a window holds for
-        (USER_WINDOW_TABLE); rows older than WINDOW_LEARNED_TTL go, but the erase's mark (model "")."""
+        """(model, user: "" for all, Window or None to forget); rows past WINDOW_LEARNED_TTL go, not the erase mark."""
         if not rows:
             return
         sa, shared = await self.table("window")
@@ -5214,8 +5165,7 @@ class SummaryStore:
         return await self._window_rows(lambda query, t: query.where(t.c.model == model[:255]))
 
     async def read_windows(self) -> list:
-        """Every worker's learned windows: (model, tokens, source, published, learned_at, user), user "" for every
-        user's; the erase's mark (model "") first."""
+        """(model, tokens, source, published, learned_at, user: "" for all), the erase's mark (model "") first."""
         newest = lambda query, t: query.order_by((t.c.model == "").desc(), t.c.learned_at.desc())  # noqa: E731
         return await self._window_rows(lambda query, t: newest(query, t).limit(WINDOW_ROWS_READ))
 
@@ -5234,8 +5184,7 @@ class SummaryStore:
 
     # -- the requests sent, for the turn after a failed reply ------------------------------
     async def record_sent(self, request: SentRequest) -> None:
-        """A request the filter sent (ModelWindow.note_sent), the last word per reply; records older than SENT_KEPT
-        go in the same transaction."""
+        """A request sent (ModelWindow.note_sent), the last word per reply; records older than SENT_KEPT go with it."""
         sa, t = await self.table("sent")
         values = dict(request.__dict__, reply_id=request.reply_id[:255], created_at=request.created_at or time.time())
 
@@ -5263,8 +5212,7 @@ class SummaryStore:
         return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Atomically take the chat's lease, or fail when a live one (or a failure back-off) is held: one upsert
-        (one transaction) on SQLite and PostgreSQL; the primary key makes it safe across workers and replicas."""
+        """Take the lease unless a live one (or a back-off) is held: one upsert; its key is safe across workers."""
         sa, t = await self.table("lease")
         from sqlalchemy.dialects import postgresql, sqlite
 
@@ -5295,7 +5243,6 @@ class SummaryStore:
         return await self.run(op)
 
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
-        """Push our lease's expiry ``ttl`` seconds ahead; False when it is no longer ours."""
         sa, t = await self.table("lease")
         ours = sa.update(t).where(t.c.scope == scope, t.c.holder == holder)
         result = await self.run(lambda conn: conn.execute(ours.values(expires_at=time.time() + ttl)))
@@ -5331,12 +5278,10 @@ class SummaryStore:
 
 @runtime_checkable
 class FilterStore(Protocol):
-    """Every call the filter makes on its store, and no more: ChatStore in Open WebUI, NullStore where there is no
-    database. A read that answers None read nothing (a store that keeps nothing): what a worker learned stays."""
+    """Every call the filter makes on its store, and no more. A read answering None read nothing: keep what is known."""
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list: ...
     async def save(self, record: SummaryRecord) -> None: ...
-    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold: ...
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool: ...
     async def renew(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool: ...
     async def release(self, scope: str, holder: str) -> None: ...
@@ -5354,12 +5299,12 @@ class FilterStore(Protocol):
     async def read_ratios(self) -> Optional[list]: ...
     async def read_user_ratios(self, model: str, user: str) -> Optional[list]: ...
     def forget_unsaved(self, before: float) -> None: ...  # this worker's summaries of unsaved chats (inf: and leases)
+    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
+        return LeaseHold(self, scope, holder, ttl, renew_every)
 
 
 class ChatStore:
-    """The filter's store (a FilterStore): each chat's summaries and leases in the database (a SummaryStore) or, for a
-    chat Open WebUI never saves, in this worker's memory (EphemeralSummaries), as ``of_chat`` picks; the rest is the
-    database's."""
+    """Each chat's summaries and leases in the database or, for an unsaved chat, memory; the rest in the database."""
 
     def __init__(self, engine_getter: Callable[[], Any] = _owui_async_engine, schema: Any = ...):
         self.database, self.ephemeral = SummaryStore(engine_getter, schema), EphemeralSummaries()
@@ -5411,14 +5356,10 @@ class ChatStore:
 
 
 class NullStore(FilterStore):
-    """A FilterStore that keeps nothing (no database): finds no summary, grants no lease, reads None (every read and
-    write not written here is the contract's own body, which does nothing)."""
+    """Keeps nothing: finds no summary, grants no lease, reads None (the contract's bodies, which do nothing)."""
 
     async def find(self, user_id: str, chat_id: str, anchor: str, limit: int = 16) -> list:
         return []
-
-    def hold(self, scope: str, holder: str, ttl: float = LEASE_TTL, renew_every: float = LEASE_RENEW) -> LeaseHold:
-        return LeaseHold(self, scope, holder, ttl, renew_every)
 
     async def try_claim(self, scope: str, holder: str, ttl: float = LEASE_TTL) -> bool:
         return False
@@ -5437,7 +5378,6 @@ class NullStore(FilterStore):
 
 
 async def _live_ids(conn: Any, sa: Any, table: Any, ids: set) -> set:
-    """Which of ``ids`` ``table`` (Open WebUI's chat or user table) still holds."""
     if not ids:
         return set()
     return set((await conn.execute(sa.select(table.c.id).where(table.c.id.in_(sorted(ids))))).scalars())
@@ -5460,8 +5400,7 @@ async def _sweep_summary_batch(conn: Any, sa: Any, t: Any, owui: dict, after: in
 
 
 async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str, batch: int, now: float):
-    """Deletes the leases of gone chats and users among ``batch`` rows after scope ``after`` (and API conversations'
-    STALE_LEASE after their expiry); the sweep's own lease (no ':') stays. (last scope or None at the end, count)."""
+    """As ``_sweep_summary_batch`` for leases (API conversations': STALE_LEASE after expiry; not the sweep's own)."""
     query = sa.select(t.c.scope, t.c.expires_at).where(t.c.scope > after)
     rows = (await conn.execute(query.order_by(t.c.scope).limit(batch))).all()
     leases = {r.scope: (*parse_chat_key(r.scope), r.expires_at) for r in rows if ":" in r.scope}
@@ -5478,8 +5417,7 @@ async def _sweep_lease_batch(conn: Any, sa: Any, t: Any, owui: dict, after: str,
 
 
 async def _sweep_learning(conn: Any, sa: Any, tables: list, owui: dict) -> int:
-    """Deletes the windows and ratios held for the chats of users gone from Open WebUI, and the records of sent
-    requests of users gone or older than SENT_KEPT (small tables: one statement each); the number of rows removed."""
+    """Deletes the rows of users gone and sent requests older than SENT_KEPT (small tables: one statement each)."""
     (user_window, sent, ratio), users = tables, sa.select(owui["user"].c.id)
     dead = (
         (user_window, user_window.c.user_id.not_in(users)),
@@ -5498,10 +5436,8 @@ def retention_sweep_every() -> float:
 
 
 class RetentionSweeper:
-    """Keeps the store to what Open WebUI still has: every worker's loop tries a sweep (``sweep_orphans``) about every
-    ``every`` seconds, in the background, never on a request's path; the RETENTION_SCOPE lease lets one worker of one
-    replica sweep at a time, and rests half a period after each sweep so the others skip it. A deleted chat's or
-    user's rows are gone within two periods. Also erases everything when the admin asks (``erase``)."""
+    """Keeps the store to what Open WebUI still has: one worker at a time (RETENTION_SCOPE, resting half a period
+    after each sweep) sweeps about every ``every`` seconds: a deleted chat's or user's rows go within two periods."""
 
     def __init__(self, store: FilterStore, every: Optional[float] = None):
         self.store = store
@@ -5529,11 +5465,8 @@ class RetentionSweeper:
         return removed
 
     async def sweep_orphans(self, api_before: float, batch: int = SWEEP_BATCH, pause: float = SWEEP_PAUSE) -> int:
-        """Deletes the summaries and leases of chats and users gone from Open WebUI's tables (same database and schema;
-        chats it never saves are never there) and API conversations' summaries created before ``api_before``; returns
-        how many rows went. Batches of ``batch`` rows, one short transaction each, ``pause`` seconds apart: a large
-        instance is never locked for long, a failure (StoreUnavailable) loses only orphans. Deletes nothing when Open
-        WebUI's user table is empty: that is the wrong database, not an instance."""
+        """Deletes the rows of chats and users gone and API summaries older than ``api_before``, in short transactions
+        ``pause`` apart (a large instance is never locked long); nothing if Open WebUI has no users (wrong database)."""
         sa, t = await self.store.table("summary")
         lease = (await self.store.table("lease"))[1]
         owui = {n: sa.table(n, sa.column("id"), schema=t.schema) for n in ("chat", "user")}  # Open WebUI's: their ids
@@ -5551,9 +5484,7 @@ class RetentionSweeper:
         return removed + await self.store.run(partial(_sweep_learning, sa=sa, tables=learning, owui=owui))
 
     async def erase_all(self) -> None:
-        """Deletes every row of every table of the filter's (each table this version defines, whatever its name) and
-        forgets this worker's unsaved chats; the tables stay, empty but for the erase's mark: a window row of model ""
-        that every worker acts on at its next read of the windows (ModelBudget.erased_at)."""
+        """Empties the filter's tables but for the erase's mark (ModelBudget.erased_at), and forgets unsaved chats."""
         self.store.forget_unsaved(math.inf)
         sa, t = await self.store.table("summary")
         for table in reversed(t.metadata.sorted_tables):
@@ -5561,9 +5492,7 @@ class RetentionSweeper:
         await self.store.save_windows([("", "", Window(0, ERASED, 0, time.time()))])
 
     def erase(self, done: Callable[[], Awaitable[Any]]) -> None:
-        """Erases everything the filter stores in the background, then awaits ``done`` (resets the valve); one erase
-        at a time per worker. A failure is logged as a store fault and leaves ``done`` undone: the next request tries
-        again."""
+        """Erases in the background, then awaits ``done`` (resets the valve); if it fails, the next request retries."""
         if self.erasing is None or self.erasing.done():
             self.erasing = asyncio.ensure_future(self._erase(done))
 
@@ -5580,8 +5509,7 @@ class RetentionSweeper:
 
 
 async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], every: float) -> None:
-    """A worker's sweeps, a jittered ``every`` apart (the first soon after start); ends when the sweeper is gone (the
-    filter was replaced or removed). Holds only a weak reference between sweeps."""
+    """A worker's sweeps, a jittered ``every`` apart, until the sweeper (weakly held) goes with its filter."""
     await asyncio.sleep(random.uniform(0.2, 0.5) * min(every, 30.0))
     while (sweeper := sweeper_ref()) is not None:
         try:
@@ -5595,8 +5523,7 @@ async def _sweep_loop(sweeper_ref: Callable[[], Optional[RetentionSweeper]], eve
 
 
 def choose_summary(records: Iterable, digests: list, allow_full: bool = False) -> Optional[SummaryRecord]:
-    """The most advanced summary whose covered prefix is exactly the start of this branch. Inlet needs a verbatim
-    tail after it (``allow_full`` False); outlet, which sees the reply just made, accepts full coverage."""
+    """The most advanced summary whose covered prefix starts this branch; only outlet (``allow_full``) takes it all."""
     limit = len(digests) if allow_full else len(digests) - 1
     in_range = (r for r in records if 0 <= r.head_count < r.covered_count <= limit)
     valid = [r for r in in_range if prefix_fingerprint(digests, r.covered_count) == r.fingerprint]
