@@ -1490,9 +1490,8 @@ def _call_identity(name: str, arguments: str) -> str:
 
 
 def canonical_digest(message: Message) -> str:
-    """What identifies a message across inlet and outlet: its role and visible text (reasoning blocks and image parts
-    excluded, since the two views render them differently), plus the tools it calls with their arguments (ids are
-    left out, as in 1.5: the two views need not carry the same ones). A message without calls keeps 1.5's digest."""
+    """What identifies a message across inlet and outlet: its role, visible text (reasoning and images excluded: the
+    two views render them differently) and tool calls (ids left out: the views need not carry the same ones)."""
     role, content = message.get("role"), message.get("content")
     called = [_call_arguments(c) for c in _tool_calls(message)] if "tool_calls" in message else []
     calls = tuple((name, hash(arguments), len(arguments)) for name, arguments in called) if called else ()  # no text
@@ -1513,8 +1512,7 @@ def canonical_digest(message: Message) -> str:
 
 
 def canonical_digests(messages: Messages) -> list:
-    """``canonical_digest`` of each message; a text without tool calls digested before (most of a long chat, on every
-    request) read from the cache in one step."""
+    """``canonical_digest`` of each message; a cached text without tool calls (most of a long chat) in one step."""
     out, cached, touch = [], _DIGESTS.get, _DIGESTS.move_to_end
     for message in messages:
         role, content = message.get("role"), message.get("content")
@@ -1528,9 +1526,8 @@ def canonical_digests(messages: Messages) -> list:
 
 
 def messages_identity(messages: Messages) -> Optional[int]:
-    """A hash of the roles, contents and tool calls of ``messages`` (all that their canonical digests read), made
-    without a Python step per message; None where one of them is no plain dict of text (parts, calls): then only
-    digesting tells. String hashes are seeded per process, so no user can aim at a collision."""
+    """A hash of all the canonical digests of ``messages`` read, without a Python step per message; None where one is
+    no plain dict of text. String hashes are seeded per process, so no user can aim at a collision."""
     try:
         fields = (tuple(map(dict.get, messages, repeat(name))) for name in ("role", "content", "tool_calls"))
         return hash((len(messages), *fields))
@@ -1580,8 +1577,7 @@ def summary_target(canon: Messages, head_count: int, keep_last: int, floor: int 
 
 
 def typical_turn_tokens(canon: Messages, sizes: list, lo: int, recent: int = 5) -> int:
-    """The median tokens (``sizes``: each message's) of the last ``recent`` turns from ``lo`` on: what the next will
-    about cost."""
+    """The median tokens (``sizes``: each message's) of the last ``recent`` turns from ``lo`` on: the next one's cost."""
     starts = [i for i in range(lo, len(canon)) if _role(canon[i]) == "user"][-recent:]
     spans = sorted(sum(sizes[a:b]) for a, b in zip(starts, [*starts[1:], len(canon)]))
     return spans[len(spans) // 2] if spans else 0
@@ -1589,9 +1585,8 @@ def typical_turn_tokens(canon: Messages, sizes: list, lo: int, recent: int = 5) 
 
 def tail_start_within(canon: Messages, sizes: list, target: int, room: int, least_room: int) -> int:
     """Where the verbatim tail starts when ``keep_last`` yields to a small window (``sizes``: each message's tokens).
-    Invariant: the tail costs at most ``room`` tokens if any user turn's start from ``target`` on allows it (the
-    earliest that does: as much verbatim as fits); else it is the last turn (the reply the next message answers),
-    unless that one alone costs over ``least_room`` (a turn does not fit beside the next): then nothing is kept."""
+    Invariant: at the earliest user turn's start (or ``target``) whose tail costs at most ``room``; else the last turn
+    (the reply the next message answers), unless it alone costs over ``least_room``: then nothing is kept."""
     tails, total = {}, 0
     for i in range(len(canon) - 1, target - 1, -1):
         total += sizes[i]
@@ -1638,9 +1633,8 @@ def strip_builtin_summary(messages: Messages) -> Messages:
 
 def latest_checkpoint(stored: Messages) -> Optional[tuple]:
     """Where Open WebUI's own compaction cut the branch (``stored``, root first; inlet receives from there on): ``(id,
-    summary)`` of the last message with a ``contextSummary`` (``/compact``: the latest reply, else the first kept
-    user message), ``(id, None)`` for a cut between tool rounds (not followed inside a reply), None if the core never
-    compacted."""
+    summary)`` of the last message with a ``contextSummary`` (``/compact``: the latest reply, else the first kept user
+    message), ``(id, None)`` for a cut between tool rounds (not followed inside a reply), None if it never did."""
     for message in reversed(stored):
         if not isinstance(message, dict):
             continue
@@ -1674,11 +1668,10 @@ def standing_summary_instructions(stored: Messages, owner_id: Optional[str] = No
     writing in a shared chat never steer them (a stored message without ``user_id`` is the owner's, as Open WebUI
     reads it)."""
     for message in reversed(stored):
-        if _role(message) != "user" or owner_id not in (None, message.get("user_id") or owner_id):
-            continue
-        said = summarize_command_instructions(message.get("content"))
-        if said:
-            return said
+        if _role(message) == "user" and owner_id in (None, message.get("user_id") or owner_id):
+            said = summarize_command_instructions(message.get("content"))
+            if said:
+                return said
     return ""
 
 
@@ -1694,12 +1687,11 @@ def hide_summarize_commands(messages: Messages) -> Messages:
     """The list with every user summarize command replaced by a note that one was given: its instructions are for
     the summarizer, never a user turn of the chat model. Applied after the summary lookup (whose fingerprints see the
     chat as stored). Invariant: same length and roles; the list itself when it holds no command."""
-    if not any(_role(m) == "user" and is_summarize_command(m.get("content")) for m in messages):
-        return messages
-    return [
+    hidden = [
         {**m, "content": SUMMARIZE_COMMAND_PAST} if _role(m) == "user" and is_summarize_command(m.get("content")) else m
         for m in messages
     ]
+    return hidden if any(h is not m for h, m in zip(hidden, messages)) else messages
 
 
 def asked_for_summary(stored: Messages) -> bool:
@@ -1781,11 +1773,8 @@ _WORD_CHAR = rf"(?:[^\W{_UNSPACED}{_HAN}]|[{_MARKS}])"
 _TERM_RE = re.compile(rf"([{_UNSPACED}{_HAN}]+)|({_WORD_CHAR}+(?:(?:[-.:/@'’]|(?<=\d),(?=\d)){_WORD_CHAR}+)*)")
 _TERM_PART_RE = re.compile(r"[-.:/@'’_]")
 _HAN_RE = re.compile(f"[{_HAN}]")
-_PASSAGE_BREAKS = (  # where a passage may end, most preferred first: paragraph, sentence or line, word
-    re.compile(r"\n\s*\n"),
-    re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n"),
-    re.compile(r"\s+"),
-)
+# Where a passage may end, most preferred first: paragraph, sentence or line, word
+_PASSAGE_BREAKS = tuple(map(re.compile, (r"\n\s*\n", r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n", r"\s+")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1850,8 +1839,7 @@ _STOP_TERMS = frozenset(_word_form(w) for w in _STOP_WORDS)
 def _passage_end(text: str, start: int, limit: int) -> int:
     """Where the passage from ``start`` ends: at most ``limit`` UTF-8 bytes on, at the latest break of the most
     preferred kind leaving it a quarter full, else where the bytes run out."""
-    window = text[start : start + limit]
-    chars = len(window.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore"))
+    chars = len(text[start : start + limit].encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore"))
     if start + chars >= len(text):
         return len(text)
     low, high = start + max(1, chars // 4), start + chars
@@ -1938,32 +1926,30 @@ def said_when(message: Message, before: str = "") -> str:
     else a date its text opens with, else ``before`` (the latest date line of an earlier message)."""
     stamp = message.get("timestamp")
     if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and 0 < stamp < 1e14:
-        seconds = stamp / 1000 if stamp > 1e11 else stamp
-        return time.strftime("%d %b %Y", time.gmtime(seconds))
+        return time.strftime("%d %b %Y", time.gmtime(stamp / 1000 if stamp > 1e11 else stamp))
     match = _DATE_RE.search(_text_of(message.get("content"))[:_DATE_CHARS])
     return match.group(1) if match else before
 
 
 class RecallIndex:
-    """BM25 over the passages of one chat's folded messages (every branch's: the caller names the messages a search
-    may return). Extended as folds happen, never rebuilt; past ``limit`` passages the earliest-added messages leave.
-    The postings are one sorted array of 8-byte keys (term hash, passage id, term frequency), not a dict per term.
-    ``extend`` may run in a worker thread, one at a time, outside the lock a search holds but for the swap of the
-    new state in."""
+    """BM25 over the passages of one chat's folded messages (every branch's: a search names those it may return).
+    Extended as folds happen, never rebuilt; past ``limit`` passages the earliest-added messages leave. Postings are
+    one sorted array of 8-byte keys, not a dict per term. ``extend`` may run in a worker thread, one at a time,
+    outside the lock a search holds but for the swap of the new state in."""
 
     def __init__(self, limit: int = RECALL_CHAT_PASSAGES):
         self.limit = limit
         self._lock = threading.Lock()  # held by a search, and by an extension only to swap its new state in
         self.building: Optional[asyncio.Future] = None  # the extension running on the event loop, if any
         self._messages: OrderedDict = OrderedDict()  # digest -> its passages' ids, earliest added first
-        self._passages: dict = {}  # id -> (Passage, length in terms)
+        self._passages: dict = {}  # id -> (Passage, length in terms, ``_sentence_terms``)
         self._keys = array("Q")  # sorted: term hash << 32 | passage id << 8 | term frequency (at most 255)
         self._next_id = 0
         self._total_length = 0
         # messages that left to keep the bound: still "in" (indexing them again would push out others, every request)
         self._left = _BoundedDict(max(1, limit // 4))
-        # (a summary's fingerprint, its head) -> the folded messages it stands for (``folded_turns``), which that
-        # fingerprint fixes: a request with the same summary finds them here instead of digesting the branch again
+        # (a summary's fingerprint, its head) -> its folded messages (``folded_turns``), which the fingerprint fixes:
+        # a request with the same summary finds them here instead of digesting the branch again
         self.folded = _BoundedDict(RECALL_BRANCHES)
 
     def __len__(self) -> int:
