@@ -1602,9 +1602,8 @@ def tail_start_within(canon: Messages, sizes: list, target: int, room: int, leas
 
 
 def strip_builtin_summary(messages: Messages) -> Messages:
-    """The messages without Open WebUI's own summary, which the core appends to system texts after its mark: each
-    text cut there, a system message left empty dropped, so this filter's summary (built from the core's) is not
-    sent twice. Others stay the same objects."""
+    """The messages without Open WebUI's own summary (appended to system texts after its mark): each text cut there, a
+    system message left empty dropped, so this filter's summary (built from it) is not sent twice; others kept as is."""
 
     def cut(text: str) -> str:
         at = text.find(BUILTIN_SUMMARY_MARK)
@@ -1648,8 +1647,7 @@ def latest_checkpoint(stored: Messages) -> Optional[tuple]:
 
 
 def summarize_command_instructions(content: Any) -> Optional[str]:
-    """What a summarize command asks of the summary (``/summarize keep the budget`` -> "keep the budget"; "" for the
-    command alone), None when ``content`` is no summarize command."""
+    """``/summarize keep it short`` -> "keep it short"; "" for the command alone, None for no summarize command."""
     if isinstance(content, str) and content[:1] != "/" and not (content[:1].isspace() and content.lstrip()[:1] == "/"):
         return None  # every command begins with a slash: decided without building the text of every message
     match = _SUMMARIZE_COMMAND_RE.fullmatch(_text_of(content).lstrip())
@@ -1662,11 +1660,10 @@ def is_summarize_command(content: Any) -> bool:
 
 
 def standing_summary_instructions(stored: Messages, owner_id: Optional[str] = None) -> str:
-    """The instructions every rewrite of this branch's summary follows: the latest summarize command's that gave
-    any (a bare command keeps them), "" when none did. Read from the branch itself, so a clone or another replica
-    finds the same ones and the store needs no column. With ``owner_id`` only the owner's commands count: others
-    writing in a shared chat never steer them (a stored message without ``user_id`` is the owner's, as Open WebUI
-    reads it)."""
+    """The instructions every rewrite of this branch's summary follows: the latest summarize command's that gave any (a
+    bare command keeps them), "" when none did. Read from the branch itself, so a clone or another replica finds the
+    same ones and the store needs no column. With ``owner_id`` only the owner's commands count: others writing in a
+    shared chat never steer them (a stored message without ``user_id`` is the owner's, as Open WebUI reads it)."""
     for message in reversed(stored):
         if _role(message) == "user" and owner_id in (None, message.get("user_id") or owner_id):
             said = summarize_command_instructions(message.get("content"))
@@ -1788,9 +1785,8 @@ class Passage:
 
 def recall_terms(text: str) -> list:
     """Invariant: the relevance terms of ``text`` in order, repeats kept (term frequencies). Words and numbers of any
-    script, lowercased (NFKC: full-width digits are digits), numbers without group commas; an identifier
-    (``ORD-4471``, ``v2.3.1``) whole and each part of 2+ characters; unspaced scripts as character bigrams, and Han
-    characters (words of their own) and runs of one character alone too."""
+    script, NFKC-lowercased, numbers without group commas; an identifier (``ORD-4471``, ``v2.3.1``) whole and each part
+    of 2+ characters; unspaced scripts as bigrams, and Han characters and one-character runs alone too."""
     return [term for group in _term_groups(text) for term in group]
 
 
@@ -1851,8 +1847,7 @@ def _passage_end(text: str, start: int, limit: int) -> int:
 
 
 def split_passages(text: str, limit: int = PASSAGE_BYTES) -> list:
-    """Invariant: ``text`` cut into verbatim pieces, none empty, each at most ``limit`` UTF-8 bytes, where a
-    paragraph, else a sentence or line, else a word ends."""
+    """Invariant: ``text`` as verbatim pieces, none empty, each at most ``limit`` UTF-8 bytes, cut at the best break."""
     text = text.strip()
     pieces, start = [], 0
     while start < len(text):
@@ -1870,9 +1865,8 @@ def _quotable_text(message: Message) -> str:
 
 
 def folded_turns(canon: Messages, head_count: int, covered_count: int, digests: Optional[list] = None) -> dict:
-    """Invariant: the digest of each folded message of this branch, ``canon[head_count:covered_count]`` (exactly what
-    it may recall) -> its first turn (the 1-based number of the user message it is or follows; 1 before the first).
-    ``digests``: the canonical digests of ``canon`` if already made."""
+    """Invariant: each folded message of this branch, ``canon[head_count:covered_count]`` (exactly what it may recall):
+    its digest (``digests``: made already) -> its first turn (the user message it is or follows, 1-based; 1 before)."""
     turns: dict = {}
     turn = 0
     for i, message in enumerate(canon[: max(0, covered_count)]):
@@ -1964,8 +1958,7 @@ class RecallIndex:
         return digest in self._messages or digest in self._left
 
     def extend(self, passages: Iterable[Passage]) -> int:
-        """Indexes the passages of messages not indexed yet (by digest); returns how many were added. All at once:
-        ``extend_yielding`` is the event loop's way."""
+        """Indexes new messages' passages at once (``extend_yielding``: on the event loop); returns how many."""
         steps = self.extend_steps(passages)
         while True:
             try:
@@ -1974,9 +1967,8 @@ class RecallIndex:
                 return done.value
 
     def extend_steps(self, passages: Iterable[Passage]) -> Iterator[None]:
-        """``extend`` as steps of bounded work (a few passages tokenized, one run of keys sorted, one slice merged),
-        yielding between them. The new state is swapped in at the end, in one step: a search between steps reads the
-        index as it was. One extension at a time (``building``)."""
+        """``extend`` as steps of bounded work, yielding between them; the new state swapped in at the end, in one step
+        (a search between steps reads the index as it was). One extension at a time (``building``)."""
         fresh = []
         for n, passage in enumerate(passages):
             if passage.digest not in self:
@@ -2042,9 +2034,8 @@ class RecallIndex:
         return spans
 
     def _scores(self, spans: dict, weights: dict, allowed: dict, floor: float = 0.0) -> tuple:
-        """(BM25 score, matched terms) of each allowed passage, the rarest terms' postings read first (``_read_first``);
-        none once no passage can reach ``floor`` (a term adds under BM25_K1 + 1 times its weight): most ordinary
-        messages stop there, past their rare words."""
+        """(BM25 score, matched terms) of each allowed passage, rarest terms read first (``_read_first``); none once no
+        passage can reach ``floor`` (a term adds under BM25_K1 + 1 times its weight): most ordinary talk stops there."""
         scores, matched, top = defaultdict(float), defaultdict(set), 0.0
         average, passages, scales = self._total_length / len(self._passages), self._passages, {}
         k1, b, saturated, ids = BM25_K1, BM25_B, BM25_K1 + 1, _PASSAGE_IDS - 1  # names read once: ~1,000 postings
@@ -2113,8 +2104,7 @@ class RecallIndex:
 
 
 def _best_first(scores: dict, among: Optional[Iterable] = None) -> list:
-    """Invariant: the keys ``among`` (all of ``scores``'), as ordered by ``(-score, key)``, without a tuple made per
-    key (a search orders ~1,000 passages)."""
+    """Invariant: the keys ``among`` (all of ``scores``') as ordered by ``(-score, key)``, without a tuple per key."""
     return sorted(sorted(scores if among is None else among), key=scores.__getitem__, reverse=True)
 
 
@@ -2134,10 +2124,8 @@ def _named_terms(query: str) -> set:
 
 
 def _spread(hits: list, scores: dict, day: Callable) -> list:
-    """Invariant: ``hits`` as (hit, its score times RECALL_SPREAD per better hit of the same day or turn), best
-    first."""
-    seen: Counter = Counter()
-    out = {}
+    """Invariant: ``hits`` as (hit, its score times RECALL_SPREAD per better hit of its day or turn), best first."""
+    seen, out = Counter(), {}
     for p in _best_first(scores, hits):  # a day's n-th best is discounted n times, whatever comes
         out[p] = scores[p] * RECALL_SPREAD ** seen[day(p)]
         seen[day(p)] += 1
@@ -2145,8 +2133,7 @@ def _spread(hits: list, scores: dict, day: Callable) -> list:
 
 
 def _sentence_terms(text: str) -> array:
-    """The term hashes of each sentence (or line) of ``text``, a 0 after each: made at indexing (off the event loop),
-    so a search weighs proximity without reading text."""
+    """The term hashes of each sentence (or line) of ``text``, a 0 after each: proximity without reading text."""
     out = array("I")
     for sentence in _PASSAGE_BREAKS[1].split(text):
         out.extend(dict.fromkeys(map(_term_hash, recall_terms(sentence))))
@@ -2213,8 +2200,7 @@ def _term_hash(term: str) -> int:
 
 class RecallIndexes:
     """Each chat's RecallIndex (key: user and chat), at most ``chats`` indexes and ``total`` passages, the least
-    recently used leaving first. One per worker, on the event loop (an index's ``extend`` in a thread: ``shed``
-    after it)."""
+    recently used leaving first. One per worker, on the event loop (after an index's ``extend`` in a thread: shed)."""
 
     def __init__(self, chats: int = RECALL_CHATS, total: int = RECALL_TOTAL_PASSAGES, per_chat: int = 0):
         self.indexes = _BoundedDict(chats)
@@ -2291,8 +2277,7 @@ def placed_tokens(content: Any, block: int, count: Callable[[str], int]) -> Opti
 
 def pick_passages(hits: list, budget: int, count: Callable[[str], int], by_lines: bool = False) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each taken when the block
-    still fits with it, until no passage could fit or RECALL_MISSES in a row did not. ``by_lines``: as
-    ``block_tokens``."""
+    still fits with it, until no passage could fit or RECALL_MISSES in a row did not (``by_lines``: as above)."""
     chosen: list = []
     used = count(recall_block([hits[0]])) - count(_quoted(hits[0])) if hits else 0  # the frame: preamble, tags
     misses = 0
@@ -2312,9 +2297,8 @@ def pick_passages(hits: list, budget: int, count: Callable[[str], int], by_lines
 
 def place_recall(messages: Messages, block: str) -> Messages:
     """Invariant: ``block`` closes the latest user message's content (after its text, or as a text part): no message
-    added, no role moved, so every provider rule holds; the list itself when the block is empty or no user message
-    can take it. Placed last, it leaves all a provider caches as it was: the next request, which sends this message
-    without the block, shares every token before it."""
+    added, no role moved, so every provider rule holds; the list itself when no user message can take it. Placed last,
+    it leaves all a provider caches as it was: the next request, sending this message without it, shares every token."""
     i = _last_user_index(messages)
     if not block or not messages or _role(messages[i]) != "user":
         return messages
@@ -2376,8 +2360,7 @@ async def _digests_yielding(messages: Messages) -> list:
 
 
 def asks_a_question(text: str) -> bool:
-    """Whether a message is one short question ("When did Caroline go to the support group?", "柏林的密码是多少？"),
-    as a user asking about the past writes."""
+    """Whether a message is one short question ("When did Caroline go to the support group?", "柏林的密码是多少？")."""
     text = text.strip()
     if not text or len(text) > RECALL_QUESTION_CHARS or _SENTENCE_END_RE.search(text[:-1]):
         return False
@@ -2386,8 +2369,7 @@ def asks_a_question(text: str) -> bool:
 
 
 def _follows_up(question: str, before: str) -> bool:
-    """Whether most of ``question``'s words (but function words) are in ``before``, the message it answers: it asks
-    about what was just said, not the past."""
+    """Whether most words of ``question`` but function words are in ``before``: it asks about that, not the past."""
     asked = {t for t in recall_terms(question) if t not in _STOP_TERMS}
     said = set(recall_terms(before[-RECALL_QUERY_CHARS:]))
     return bool(asked) and len(asked & said) >= RECALL_FOLLOW_UP * len(asked)
@@ -2408,7 +2390,7 @@ def with_recall(
 ) -> tuple[Messages, list]:
     """The request with the passages of the ``allowed`` folded messages its latest user message is about quoted after
     its text, within ``budget`` tokens (``free``, the room left under the cap, for one short question); and those
-    passages (none: the list itself). ``by_lines``: as ``block_tokens``."""
+    passages (none: the list itself). ``by_lines``: as ``block_tokens``'s."""
     i = _last_user_index(messages)
     if budget <= 0 or not allowed or not messages or _role(messages[i]) != "user" or carries_recall(messages):
         return messages, []
