@@ -1341,22 +1341,18 @@ def _with_text(message: Message, text: str) -> Message:
 # exactly that prefix.
 
 # A model's reasoning in its text: from each opening to the first closing of its kind after it (ASCII case ignored)
-_REASONING_BLOCKS = tuple(
-    (opening.encode(), closing.encode())
-    for opening, closing in (
-        ("<think>", "</think>"),
-        ("<thinking>", "</thinking>"),
-        ("<reasoning>", "</reasoning>"),
-        ('<details type="reasoning"', "</details>"),
-    )
+_REASONING_BLOCKS = (
+    (b"<think>", b"</think>"),
+    (b"<thinking>", b"</thinking>"),
+    (b"<reasoning>", b"</reasoning>"),
+    (b'<details type="reasoning"', b"</details>"),
 )
 
 
 def strip_reasoning_blocks(text: str) -> str:
-    """Invariant: ``text`` without its reasoning blocks (the earliest opening with a closing after it first, an
-    unclosed one kept). Linear: message text is hostile, and the lazy pattern this replaces was quadratic on an
-    unclosed opening repeated (``"<think>" * 20000``: 15 s). On the UTF-8 bytes, whose ``lower`` folds ASCII only
-    and keeps every offset (the tags are ASCII, and no ASCII byte is part of another character's bytes)."""
+    """Invariant: ``text`` without its reasoning blocks (the earliest opening with a closing after it first, an unclosed
+    one kept). Linear: text is hostile, and the lazy pattern this replaces took 15 s on ``"<think>" * 20000``. On the
+    UTF-8 bytes: their ``lower`` folds ASCII only and keeps offsets (no ASCII byte is part of another character)."""
     if "<" not in text:
         return text
     raw = text.encode("utf-8", "surrogatepass")
@@ -1880,8 +1876,7 @@ def recall_passages(
     canon: Messages, head_count: int, covered_count: int, digests: Optional[list] = None, known: Any = ()
 ) -> list:
     """Invariant: the passages of the folded messages ``canon[head_count:covered_count]``, in order, a message said
-    twice only once; none of a summarize command or of a message whose digest is in ``known`` (indexed already).
-    ``digests``: as ``folded_turns``'s (then nothing shared is touched: it may run in a worker thread)."""
+    twice once; none of a summarize command or a digest in ``known``. Given ``digests``, it may run in a thread."""
     return list(iter_passages(canon, head_count, covered_count, digests, known))
 
 
@@ -1926,10 +1921,9 @@ def said_when(message: Message, before: str = "") -> str:
 
 
 class RecallIndex:
-    """BM25 over the passages of one chat's folded messages (every branch's: a search names those it may return).
-    Extended as folds happen, never rebuilt; past ``limit`` passages the earliest-added messages leave. Postings are
-    one sorted array of 8-byte keys, not a dict per term. ``extend`` may run in a worker thread, one at a time,
-    outside the lock a search holds but for the swap of the new state in."""
+    """BM25 over the passages of one chat's folded messages (every branch's: a search names those it may return),
+    extended as folds happen; past ``limit`` passages the earliest-added messages leave. Postings: one sorted array of
+    8-byte keys, not a dict per term. ``extend`` may run in a thread, taking the lock only to swap its state in."""
 
     def __init__(self, limit: int = RECALL_CHAT_PASSAGES):
         self.limit = limit
@@ -2264,9 +2258,8 @@ def block_tokens(passages: list, count: Callable[[str], int], by_lines: bool = F
 
 
 def placed_tokens(content: Any, block: int, count: Callable[[str], int]) -> Optional[int]:
-    """Invariant: the tokens ``place_recall`` adds to a message with ``content`` by a block of ``block`` tokens, for a
-    ``count`` as ``block_tokens``'s ``by_lines``; None where not known without counting the message again (a text
-    ending in a space, or whose last line is longer than a passage)."""
+    """Invariant: the tokens ``place_recall`` adds to ``content`` with a ``block``-token block (``count``: by_lines);
+    None where unknown without counting the message again (a text ending in a space, or a last line over a passage)."""
     if isinstance(content, list):
         return block
     tail = content[content.rfind("\n") + 1 :] if isinstance(content, str) else ""
