@@ -1651,7 +1651,6 @@ def summarize_command_instructions(content: Any) -> Optional[str]:
 
 
 def is_summarize_command(content: Any) -> bool:
-    """A user message that asks this filter for a summary now (with or without instructions)."""
     return summarize_command_instructions(content) is not None
 
 
@@ -1677,9 +1676,9 @@ def explain_summarize_command(messages: Messages) -> Messages:
 
 
 def hide_summarize_commands(messages: Messages) -> Messages:
-    """The list with every user summarize command replaced by a note that one was given: its instructions are for
-    the summarizer, never a user turn of the chat model. Applied after the summary lookup (whose fingerprints see the
-    chat as stored). Invariant: same length and roles; the list itself when it holds no command."""
+    """The list with every user summarize command replaced by a note that one was given: its instructions are for the
+    summarizer, never a user turn of the chat model. Invariant: same length and roles; the list itself when it holds no
+    command."""
     hidden = [
         {**m, "content": SUMMARIZE_COMMAND_PAST} if _role(m) == "user" and is_summarize_command(m.get("content")) else m
         for m in messages
@@ -1936,15 +1935,13 @@ class RecallIndex:
         self._total_length = 0
         # messages that left to keep the bound: still "in" (indexing them again would push out others, every request)
         self._left = _BoundedDict(max(1, limit // 4))
-        # (a summary's fingerprint, its head) -> its folded messages (``folded_turns``), which the fingerprint fixes:
-        # a request with the same summary finds them here instead of digesting the branch again
+        # (a summary's fingerprint, its head) -> its folded messages (``folded_turns``): the branch digested once
         self.folded = _BoundedDict(RECALL_BRANCHES)
 
     def __len__(self) -> int:
         return len(self._passages)
 
     def held(self) -> int:
-        """Entries held: passages, messages that left, and the summaries' folded messages."""
         return len(self._passages) + len(self._left) + sum(len(folded) for folded in self.folded.values())
 
     def __contains__(self, digest: str) -> bool:
