@@ -2290,24 +2290,18 @@ def place_recall(messages: Messages, block: str) -> Messages:
     added, no role moved, so every provider rule holds; the list itself when no user message can take it. Placed last,
     it leaves all a provider caches as it was: the next request, sending this message without it, shares every token."""
     i = _last_user_index(messages)
-    if not block or not messages or _role(messages[i]) != "user":
+    content = messages[i].get("content") if messages and _role(messages[i]) == "user" else None
+    if not block or not isinstance(content, (str, list)):
         return messages
-    content = messages[i].get("content")
-    if isinstance(content, str):
-        content = f"{content}\n\n{block}"
-    elif isinstance(content, list):
-        content = [*content, {"type": "text", "text": block}]
-    else:
-        return messages
+    content = f"{content}\n\n{block}" if isinstance(content, str) else [*content, {"type": "text", "text": block}]
     return [*messages[:i], {**messages[i], "content": content}, *messages[i + 1 :]]
 
 
 def carries_recall(messages: Messages) -> bool:
     """Whether the latest user message already ends with a recall block (a tool loop's call sends inlet's list)."""
     i = _last_user_index(messages)
-    return (
-        bool(messages) and _role(messages[i]) == "user" and _text_of(messages[i].get("content")).endswith(RECALL_CLOSE)
-    )
+    said = _text_of(messages[i].get("content")) if messages and _role(messages[i]) == "user" else ""
+    return said.endswith(RECALL_CLOSE)
 
 
 def recall_query(text: str, limit: int = RECALL_QUERY_CHARS) -> str:
