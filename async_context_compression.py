@@ -1335,10 +1335,9 @@ def _with_text(message: Message, text: str) -> Message:
 # ---------------------------------------------------------------------------
 # 2. Coverage: one canonical view for inlet and outlet
 # ---------------------------------------------------------------------------
-# Inlet receives the active branch already expanded (assistant tool_calls + tool messages, no ids); outlet receives
-# stored messages whose tool calls are folded into ``output``. Both become the same canonical list: expanded,
-# repaired, system messages left out. A summary's progress is a count of canonical messages plus a fingerprint of
-# exactly that prefix.
+# Inlet receives the active branch already expanded (assistant tool_calls + tool messages, no ids); outlet, stored
+# messages whose tool calls are folded into ``output``. Both become one canonical list: expanded, repaired, system
+# messages left out. A summary's progress is a count of canonical messages plus a fingerprint of exactly that prefix.
 
 # A model's reasoning in its text: from each opening to the first closing of its kind after it (ASCII case ignored)
 _REASONING_BLOCKS = (
