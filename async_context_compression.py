@@ -1861,8 +1861,7 @@ def _quotable_text(message: Message) -> str:
 def folded_turns(canon: Messages, head_count: int, covered_count: int, digests: Optional[list] = None) -> dict:
     """Invariant: each folded message of this branch, ``canon[head_count:covered_count]`` (exactly what it may recall):
     its digest (``digests``: made already) -> its first turn (the user message it is or follows, 1-based; 1 before)."""
-    turns: dict = {}
-    turn = 0
+    turns, turn = {}, 0
     for i, message in enumerate(canon[: max(0, covered_count)]):
         turn += _role(message) == "user"
         if i >= head_count:
@@ -2267,9 +2266,8 @@ def placed_tokens(content: Any, block: int, count: Callable[[str], int]) -> Opti
 def pick_passages(hits: list, budget: int, count: Callable[[str], int], by_lines: bool = False) -> list:
     """Invariant: the hits (best first) whose block counts at most ``budget`` by ``count``: each taken when the block
     still fits with it, until no passage could fit or RECALL_MISSES in a row did not (``by_lines``: as above)."""
-    chosen: list = []
+    chosen, misses = [], 0
     used = count(recall_block([hits[0]])) - count(_quoted(hits[0])) if hits else 0  # the frame: preamble, tags
-    misses = 0
     for hit in hits:
         if budget - used < RECALL_LEAST_PASSAGE or misses >= RECALL_MISSES:
             break
@@ -2332,8 +2330,7 @@ async def extend_yielding(index: RecallIndex, passages: Iterable[Passage]) -> in
 
 async def _digests_yielding(messages: Messages) -> list:
     """The canonical digests of ``messages``, in slices as ``extend_yielding``'s (4,000 took ~70 ms at once)."""
-    out: list = []
-    started = time.perf_counter()
+    out, started = [], time.perf_counter()
     for at in range(0, len(messages), RECALL_DIGESTS_STEP):
         out += canonical_digests(messages[at : at + RECALL_DIGESTS_STEP])
         if time.perf_counter() - started > RECALL_SLICE:
