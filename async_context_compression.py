@@ -5789,8 +5789,7 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
                 lo = mid
             else:
                 hi = mid - 1
-        # ... ended after a paragraph break, a line break or whitespace in
-        # its second half where there is one, else a hard cut
+        # ... ended after a paragraph break, a line break or whitespace in its second half if any, else a hard cut
         paragraph, line = rest.rfind("\n\n", lo // 2, lo), rest.rfind("\n", lo // 2, lo)
         if paragraph >= 0:
             cut = paragraph + 2
@@ -5839,8 +5838,7 @@ def plan_rounds(
                 current.append(RoundPiece(i, 1, 1, blocks[i]))
                 used += costs[i]
                 continue
-            # a block too large for a round of its own: in pieces, each
-            # piece's marker counted in its round
+            # a block too large for a round of its own: in pieces, each piece's marker counted in its round
             label = blocks[i].split("\n", 1)[0].strip()
             label = label[:-1] if label.endswith(":") else label[:80]
             marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
@@ -5887,12 +5885,7 @@ def summary_instructions(
 
 
 def build_summarizer_messages(
-    previous: str,
-    blocks: list,
-    max_tokens: int,
-    style: str = "balanced",
-    prompt: str = "",
-    user_instructions: str = "",
+    previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = "", user_instructions: str = ""
 ) -> Messages:
     """The admin's instructions as the system message (``summary_instructions``), then one user message: the
     previous summary, the new blocks (or a round's texts) and last the user's own instructions, at most
@@ -5968,7 +5961,6 @@ def _said(item: Any) -> tuple[str, bool]:
 
 
 def _output_said(output: Any) -> tuple[str, bool]:
-    """``_said`` of a Responses ``output`` list."""
     said = [_said(item) for item in output] if isinstance(output, list) else []
     return "".join(text for text, _ in said), any(reasoning for _, reasoning in said)
 
@@ -6141,33 +6133,30 @@ def messages_phrase(language: str, n: int, nouns: Optional[dict] = None) -> str:
     return forms[form].format(n=n)
 
 
-def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
-    """A source entry ("Conversation summary (19 messages)") under the reply after which the summary was written,
-    opening to its whole text as Markdown; Open WebUI keeps ``sources``, never sending them to the model."""
-    name = status_text(language, "summary_source", messages=messages)
+def _source_event(source_id: str, name: str, documents: list, names: list) -> dict:
+    """A source entry ``name`` under a reply, opening to each of ``documents`` under its name in ``names``; Open WebUI
+    keeps ``sources``, never sending them to the model."""
+    metadata = [{"source": source_id, "name": each} for each in names]
     return {
         "type": "source",
-        "data": {
-            "source": {"id": source_id, "name": name},
-            "document": [summary],
-            "metadata": [{"source": source_id, "name": name}],
-        },
+        "data": {"source": {"id": source_id, "name": name}, "document": documents, "metadata": metadata},
     }
+
+
+def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
+    """The "Conversation summary (19 messages)" entry under the reply after which the summary was written, opening to
+    its whole text as Markdown."""
+    name = status_text(language, "summary_source", messages=messages)
+    return _source_event(source_id, name, [summary], [name])
 
 
 def recall_source_event(language: str, passages: Iterable, source_id: str) -> dict:
-    """A source entry ("Recalled from earlier turns (2 passages)") under the reply the passages were quoted for,
-    opening to each passage verbatim under its turn; like the summary's, never sent to the model."""
+    """The "Recalled from earlier turns (2 passages)" entry under the reply the passages were quoted for, opening to
+    each passage verbatim under its turn."""
     passages = sorted(passages, key=lambda p: p.turn)
     name = status_text(language, "recall_source", passages=len(passages))
-    return {
-        "type": "source",
-        "data": {
-            "source": {"id": source_id, "name": name},
-            "document": [p.text for p in passages],
-            "metadata": [{"source": source_id, "name": status_text(language, "turn", turn=p.turn)} for p in passages],
-        },
-    }
+    turns = [status_text(language, "turn", turn=p.turn) for p in passages]
+    return _source_event(source_id, name, [p.text for p in passages], turns)
 
 
 def listed(language: str, items: list) -> str:
@@ -6193,10 +6182,8 @@ def status_text(language: str, key: str, **values: Any) -> str:
         for name, value in values.items():
             if isinstance(value, Note):
                 value = value.text(language)
-            elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
-                value = messages_phrase(language, value)
-            elif name == "passages" and isinstance(value, int) and not isinstance(value, bool):
-                value = messages_phrase(language, value, PASSAGE_NOUNS)
+            elif name in ("messages", "passages") and isinstance(value, int) and not isinstance(value, bool):
+                value = messages_phrase(language, value, PASSAGE_NOUNS if name == "passages" else None)
             elif name == "turns" and isinstance(value, (list, tuple)):
                 value = listed(language, list(value))
             elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
@@ -6432,7 +6419,6 @@ async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
     if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
         return "", "", None
     Chats = owui_module("open_webui.models.chats").Chats
-
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     parent = (stored.get(user_message_id) or {}).get("parentId")
     reply = stored.get(parent) if parent else None
@@ -6448,7 +6434,6 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
     if not chat_id:
         return []
     Chats = owui_module("open_webui.models.chats").Chats
-
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
 
@@ -6460,7 +6445,6 @@ async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
     model, serving every chat), so this one decides whether a user's instructions may steer it."""
     BYPASS_MODEL_ACCESS_CONTROL = owui_module("open_webui.env").BYPASS_MODEL_ACCESS_CONTROL
     check_model_access = owui_module("open_webui.utils.models").check_model_access
-
     admins_bypass = getattr(sys.modules.get("open_webui.config"), "BYPASS_ADMIN_ACCESS_CONTROL", True)
     if BYPASS_MODEL_ACCESS_CONTROL or (getattr(account, "role", None) == "admin" and admins_bypass):
         return True
@@ -6504,13 +6488,9 @@ async def owui_connection(request: Any, kind: str, index: int) -> tuple:
     it may ask Redis)."""
     try:
         if kind == "ollama":
-            get_ollama_connection = owui_module("open_webui.routers.ollama").get_ollama_connection
-
-            url, config, key = await get_ollama_connection(index)
+            url, config, key = await owui_module("open_webui.routers.ollama").get_ollama_connection(index)
             return url, key, config
-        get_openai_connection = owui_module("open_webui.routers.openai").get_openai_connection
-
-        return await get_openai_connection(index)
+        return await owui_module("open_webui.routers.openai").get_openai_connection(index)
     except (ImportError, AttributeError):  # 0.9 .. 0.11
         return await asyncio.to_thread(_app_state_connection, request, kind, index)
 
@@ -6532,8 +6512,14 @@ async def owui_owners_instructions(request: Any, chat_id: str, user_id: str, sai
     """(the chat owner's /summarize instructions on the branch ``ids``, whether they were left out because the owner
     may not use ``model``); ``said``: the requester's (``user_id``), the one writer of a chat Open WebUI does not save."""
     Users = owui_module("open_webui.models.users").Users
-
-    owner, said = await _chat_owner_instructions(chat_id, user_id, said, ids)
+    owner = user_id
+    if chat_id and is_saved_chat_id(chat_id):  # outlet's messages do not name their authors, stored ones do
+        chat = await owui_module("open_webui.models.chats").Chats.get_chat_by_id(chat_id)
+        if chat is None:
+            raise LookupError("the chat is not found")
+        stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
+        owner = chat.user_id
+        said = standing_summary_instructions([stored[i] for i in dict.fromkeys(ids) if i in stored], owner)
     if not said:
         return "", False
     account = await Users.get_user_by_id(owner)
@@ -6541,22 +6527,6 @@ async def owui_owners_instructions(request: Any, chat_id: str, user_id: str, sai
         raise LookupError(f"the chat's owner {owner} not found")
     allowed = await owui_may_use_model(request, account, model)
     return (said, False) if allowed else ("", True)
-
-
-async def _chat_owner_instructions(chat_id: str, user_id: str, said: str, ids: list) -> tuple[str, str]:
-    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
-    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
-    call) has one writer, the requester."""
-    if not (chat_id and is_saved_chat_id(chat_id)):
-        return user_id, said
-    Chats = owui_module("open_webui.models.chats").Chats
-
-    chat = await Chats.get_chat_by_id(chat_id)
-    if chat is None:
-        raise LookupError("the chat is not found")
-    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
-    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
-    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
 
 
 async def owui_complete(
@@ -6580,8 +6550,7 @@ async def owui_complete(
     direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
     if isinstance(direct_model, dict) and direct_model.get("id") == model:
         raise SummaryError(
-            Fault.DIRECT,
-            "a browser-side model cannot be called in the background; set summary_model to a server model",
+            Fault.DIRECT, "a browser-side model cannot be called in the background; set summary_model to a server model"
         )
     account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
     if account is None:
@@ -6749,7 +6718,6 @@ class Services:
         self.lines = StatusLines(PER_CHAT_MEMORY)  # each chat's status lines, in order (layer 7)
 
     def chat(self, ctx: RequestContext) -> ChatState:
-        """The conversation's state, created on first use."""
         return self.chats.setdefault(ctx.chat_key(), ChatState())
 
     async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
