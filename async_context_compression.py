@@ -6577,6 +6577,7 @@ BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
+PLAN_LOG = "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s"
 
 
 @dataclass
@@ -6631,9 +6632,7 @@ class Branch:
     ids: list
     digests: list
     anchor: str
-    # Open WebUI's own summary of what precedes ``messages`` (after /compact): the previous summary of a branch
-    # with none of this filter's yet
-    base: Optional[SummaryRecord] = None
+    base: Optional[SummaryRecord] = None  # Open WebUI's own summary before ``messages`` (/compact) while ours is none
 
     @classmethod
     def of(cls, canon: Messages, ids: list) -> "Branch":
@@ -6707,8 +6706,7 @@ def _shared(name: str) -> property:
 
 
 class Services:
-    """What one worker's request path and background folds share, built once by the Filter: the store, the counter,
-    the summary model's call, each chat's state, the recall indexes, the loop summaries, the background tasks."""
+    """What one worker's request path and background folds share, built once by the Filter."""
 
     def __init__(self, store: FilterStore, counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store, self.counter, self.complete = store, counter, complete
@@ -6875,8 +6873,7 @@ class BackgroundSummarizer:
                 await self.services.say(ctx, "summary_nothing", done=True)
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
-        # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
-        # never expires under it
+        # a short lease renewed while the work runs: a killed worker's frees within LEASE_TTL, a live one's never ends
         async with self.store.hold(key, holder) as lease:
             # not held: another worker has it, or failures back off; planned again under it: another worker may
             # just have finished
@@ -6930,14 +6927,7 @@ class BackgroundSummarizer:
         if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
-            log.info(
-                "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s",
-                ctx.chat_id,
-                used,
-                s.trigger_tokens,
-                start,
-                target,
-            )
+            log.info(PLAN_LOG, ctx.chat_id, used, s.trigger_tokens, start, target)
         return FoldPlan(previous, head, start, target, ctx.user_instructions)
 
     def _tail_for_window(
@@ -6956,11 +6946,7 @@ class BackgroundSummarizer:
         fits beside them under the cap (``tail_start_within``)."""
         s = ctx.settings
         sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
-        was = (
-            (previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding))
-            if previous
-            else 0
-        )
+        was = self._summary_tokens(previous, s)
         fixed = self.next_request_tokens(ctx, canon[:head]) + self._last_turn_tokens(canon, s)
         typical = typical_turn_tokens(canon, sizes, start)
 
@@ -6979,6 +6965,11 @@ class BackgroundSummarizer:
         last = _last_user_index(canon)
         return count_request(self.counter, [canon[last]], s.encoding, 0) if last >= 0 else 0
 
+    def _summary_tokens(self, record: Optional[SummaryRecord], s: Settings) -> int:
+        """What re-sending ``record``'s summary costs (0 without one); a record saved without its count (Open WebUI's
+        own /compact summary as a base) is counted here."""
+        return (record.summary_tokens or self.counter.text_tokens(record.summary, s.summary_encoding)) if record else 0
+
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
@@ -6991,9 +6982,7 @@ class BackgroundSummarizer:
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
         ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
-        resent = self.counter.text_tokens(instructions, s.summary_encoding)
-        if previous is not None:
-            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
+        resent = self.counter.text_tokens(instructions, s.summary_encoding) + self._summary_tokens(previous, s)
         deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
         return max(deep, 2 * resent)
 
@@ -7049,8 +7038,7 @@ class BackgroundSummarizer:
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
-        # a record saved without its count (Open WebUI's own /compact summary as a base) is counted here
-        previous = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
+        previous = self._summary_tokens(previous, s)
         budget = summary_round_budget(
             s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
         )
