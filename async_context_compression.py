@@ -6896,12 +6896,8 @@ class BackgroundSummarizer:
                 await self._index_fold(ctx, branch, record)
             except SummaryError as exc:
                 delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
-                log.warning(
-                    "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
-                    ctx.chat_id or "api",
-                    exc,
-                    delay,
-                )
+                chat = ctx.chat_id or "api"
+                log.warning("async_context_compression chat=%s: summary failed (%s); retry in %.0fs", chat, exc, delay)
                 await self.services.say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
