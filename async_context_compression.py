@@ -6117,8 +6117,7 @@ def window_notes(news: Iterable) -> tuple:
 
 
 def messages_phrase(language: str, n: int, nouns: Optional[dict] = None) -> str:
-    """``n`` with the word for messages (or for the ``nouns`` given) in the right plural form (CLDR's rules for these
-    languages)."""
+    """``n`` with the word for messages (or for the ``nouns`` given) in the right plural form (CLDR's rules)."""
     nouns = nouns or MESSAGE_NOUNS
     language = language if language in nouns else "en"
     forms, m = nouns[language], abs(n)
@@ -6412,10 +6411,9 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
 
 async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
     """(chat id, reply id, error) of the failed reply the user message ``user_message_id`` follows (its parent), ("",
-    "", None) when it follows none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request
-    was for (``metadata.message_id``; utils/middleware.py and main.py: ``{"error": {"content": <the provider's error
-    text or object>}}``). An error on a user message is never a provider's: Open WebUI stores every key of a
-    ``user_message`` as sent."""
+    "", None) when none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request was for
+    (``metadata.message_id``; utils/middleware.py, main.py: ``{"error": {"content": <the provider's error text or
+    object>}}``). An error on a user message is never a provider's: Open WebUI stores a ``user_message`` as sent."""
     if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
         return "", "", None
     Chats = owui_module("open_webui.models.chats").Chats
@@ -6484,8 +6482,7 @@ async def owui_served_server(request: Any, model: Any) -> Optional[ServedServer]
 
 async def owui_connection(request: Any, kind: str, index: int) -> tuple:
     """(base URL, key, API config) of Open WebUI's ``kind`` connection ``index``: 0.12 reads its config rows
-    (``get_ollama_connection``, ``get_openai_connection``); before, ``app.state.config`` holds them (read in a thread:
-    it may ask Redis)."""
+    (``get_ollama_connection``, ``get_openai_connection``); older: ``app.state.config`` (in a thread: may ask Redis)."""
     try:
         if kind == "ollama":
             url, config, key = await owui_module("open_webui.routers.ollama").get_ollama_connection(index)
