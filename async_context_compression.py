@@ -5578,8 +5578,7 @@ def split_text(text: str, budget_tokens: int, count: Callable[[str], int]) -> li
                 lo = mid
             else:
                 hi = mid - 1
-        # ... ended after a paragraph break, a line break or whitespace in
-        # its second half where there is one, else a hard cut
+        # ... ended after a paragraph break, a line break or whitespace in its second half if any, else a hard cut
         paragraph, line = rest.rfind("\n\n", lo // 2, lo), rest.rfind("\n", lo // 2, lo)
         if paragraph >= 0:
             cut = paragraph + 2
@@ -5628,8 +5627,7 @@ def plan_rounds(
                 current.append(RoundPiece(i, 1, 1, blocks[i]))
                 used += costs[i]
                 continue
-            # a block too large for a round of its own: in pieces, each
-            # piece's marker counted in its round
+            # a block too large for a round of its own: in pieces, each piece's marker counted in its round
             label = blocks[i].split("\n", 1)[0].strip()
             label = label[:-1] if label.endswith(":") else label[:80]
             marker = count(f"(part 99999 of 99999) {label} continued:\n") + _ROUND_SEPARATOR_TOKENS
@@ -5676,12 +5674,7 @@ def summary_instructions(
 
 
 def build_summarizer_messages(
-    previous: str,
-    blocks: list,
-    max_tokens: int,
-    style: str = "balanced",
-    prompt: str = "",
-    user_instructions: str = "",
+    previous: str, blocks: list, max_tokens: int, style: str = "balanced", prompt: str = "", user_instructions: str = ""
 ) -> Messages:
     """The admin's instructions as the system message (``summary_instructions``), then one user message: the
     previous summary, the new blocks (or a round's texts) and last the user's own instructions, at most
@@ -5757,7 +5750,6 @@ def _said(item: Any) -> tuple[str, bool]:
 
 
 def _output_said(output: Any) -> tuple[str, bool]:
-    """``_said`` of a Responses ``output`` list."""
     said = [_said(item) for item in output] if isinstance(output, list) else []
     return "".join(text for text, _ in said), any(reasoning for _, reasoning in said)
 
@@ -5914,8 +5906,7 @@ def window_notes(news: Iterable) -> tuple:
 
 
 def messages_phrase(language: str, n: int, nouns: Optional[dict] = None) -> str:
-    """``n`` with the word for messages (or for the ``nouns`` given) in the right plural form (CLDR's rules for these
-    languages)."""
+    """``n`` with the word for messages (or for the ``nouns`` given) in the right plural form (CLDR's rules)."""
     nouns = nouns or MESSAGE_NOUNS
     language = language if language in nouns else "en"
     forms, m = nouns[language], abs(n)
@@ -5930,33 +5921,30 @@ def messages_phrase(language: str, n: int, nouns: Optional[dict] = None) -> str:
     return forms[form].format(n=n)
 
 
-def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
-    """A source entry ("Conversation summary (19 messages)") under the reply after which the summary was written,
-    opening to its whole text as Markdown; Open WebUI keeps ``sources``, never sending them to the model."""
-    name = status_text(language, "summary_source", messages=messages)
+def _source_event(source_id: str, name: str, documents: list, names: list) -> dict:
+    """A source entry ``name`` under a reply, opening to each of ``documents`` under its name in ``names``; Open WebUI
+    keeps ``sources``, never sending them to the model."""
+    metadata = [{"source": source_id, "name": each} for each in names]
     return {
         "type": "source",
-        "data": {
-            "source": {"id": source_id, "name": name},
-            "document": [summary],
-            "metadata": [{"source": source_id, "name": name}],
-        },
+        "data": {"source": {"id": source_id, "name": name}, "document": documents, "metadata": metadata},
     }
+
+
+def summary_source_event(language: str, messages: int, summary: str, source_id: str) -> dict:
+    """The "Conversation summary (19 messages)" entry under the reply after which the summary was written, opening to
+    its whole text as Markdown."""
+    name = status_text(language, "summary_source", messages=messages)
+    return _source_event(source_id, name, [summary], [name])
 
 
 def recall_source_event(language: str, passages: Iterable, source_id: str) -> dict:
-    """A source entry ("Recalled from earlier turns (2 passages)") under the reply the passages were quoted for,
-    opening to each passage verbatim under its turn; like the summary's, never sent to the model."""
+    """The "Recalled from earlier turns (2 passages)" entry under the reply the passages were quoted for, opening to
+    each passage verbatim under its turn."""
     passages = sorted(passages, key=lambda p: p.turn)
     name = status_text(language, "recall_source", passages=len(passages))
-    return {
-        "type": "source",
-        "data": {
-            "source": {"id": source_id, "name": name},
-            "document": [p.text for p in passages],
-            "metadata": [{"source": source_id, "name": status_text(language, "turn", turn=p.turn)} for p in passages],
-        },
-    }
+    turns = [status_text(language, "turn", turn=p.turn) for p in passages]
+    return _source_event(source_id, name, [p.text for p in passages], turns)
 
 
 def listed(language: str, items: list) -> str:
@@ -5982,10 +5970,8 @@ def status_text(language: str, key: str, **values: Any) -> str:
         for name, value in values.items():
             if isinstance(value, Note):
                 value = value.text(language)
-            elif name == "messages" and isinstance(value, int) and not isinstance(value, bool):
-                value = messages_phrase(language, value)
-            elif name == "passages" and isinstance(value, int) and not isinstance(value, bool):
-                value = messages_phrase(language, value, PASSAGE_NOUNS)
+            elif name in ("messages", "passages") and isinstance(value, int) and not isinstance(value, bool):
+                value = messages_phrase(language, value, PASSAGE_NOUNS if name == "passages" else None)
             elif name == "turns" and isinstance(value, (list, tuple)):
                 value = listed(language, list(value))
             elif name in ("used", "cap") and isinstance(value, int) and not key.startswith("n_"):
@@ -6214,14 +6200,12 @@ async def switch_valve_off(function_id: Optional[str], name: str) -> None:
 
 async def failed_reply(chat_id: str, user_message_id: str) -> tuple:
     """(chat id, reply id, error) of the failed reply the user message ``user_message_id`` follows (its parent), ("",
-    "", None) when it follows none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request
-    was for (``metadata.message_id``; utils/middleware.py and main.py: ``{"error": {"content": <the provider's error
-    text or object>}}``). An error on a user message is never a provider's: Open WebUI stores every key of a
-    ``user_message`` as sent."""
+    "", None) when none. Open WebUI 0.12.4 saves a provider's rejection on the assistant message the request was for
+    (``metadata.message_id``; utils/middleware.py, main.py: ``{"error": {"content": <the provider's error text or
+    object>}}``). An error on a user message is never a provider's: Open WebUI stores a ``user_message`` as sent."""
     if not chat_id or not user_message_id or not is_saved_chat_id(chat_id):
         return "", "", None
     Chats = owui_module("open_webui.models.chats").Chats
-
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     parent = (stored.get(user_message_id) or {}).get("parentId")
     reply = stored.get(parent) if parent else None
@@ -6237,7 +6221,6 @@ async def _stored_branch(chat_id: str, ids: list) -> Messages:
     if not chat_id:
         return []
     Chats = owui_module("open_webui.models.chats").Chats
-
     stored = await Chats.get_messages_map_by_chat_id(chat_id) or {}
     return [stored[mid] for mid in dict.fromkeys(ids) if mid in stored]
 
@@ -6249,7 +6232,6 @@ async def owui_may_use_model(request: Any, account: Any, model_id: str) -> bool:
     model, serving every chat), so this one decides whether a user's instructions may steer it."""
     BYPASS_MODEL_ACCESS_CONTROL = owui_module("open_webui.env").BYPASS_MODEL_ACCESS_CONTROL
     check_model_access = owui_module("open_webui.utils.models").check_model_access
-
     admins_bypass = getattr(sys.modules.get("open_webui.config"), "BYPASS_ADMIN_ACCESS_CONTROL", True)
     if BYPASS_MODEL_ACCESS_CONTROL or (getattr(account, "role", None) == "admin" and admins_bypass):
         return True
@@ -6289,17 +6271,12 @@ async def owui_served_server(request: Any, model: Any) -> Optional[ServedServer]
 
 async def owui_connection(request: Any, kind: str, index: int) -> tuple:
     """(base URL, key, API config) of Open WebUI's ``kind`` connection ``index``: 0.12 reads its config rows
-    (``get_ollama_connection``, ``get_openai_connection``); before, ``app.state.config`` holds them (read in a thread:
-    it may ask Redis)."""
+    (``get_ollama_connection``, ``get_openai_connection``); older: ``app.state.config`` (in a thread: may ask Redis)."""
     try:
         if kind == "ollama":
-            get_ollama_connection = owui_module("open_webui.routers.ollama").get_ollama_connection
-
-            url, config, key = await get_ollama_connection(index)
+            url, config, key = await owui_module("open_webui.routers.ollama").get_ollama_connection(index)
             return url, key, config
-        get_openai_connection = owui_module("open_webui.routers.openai").get_openai_connection
-
-        return await get_openai_connection(index)
+        return await owui_module("open_webui.routers.openai").get_openai_connection(index)
     except (ImportError, AttributeError):  # 0.9 .. 0.11
         return await asyncio.to_thread(_app_state_connection, request, kind, index)
 
@@ -6321,8 +6298,14 @@ async def owui_owners_instructions(request: Any, chat_id: str, user_id: str, sai
     """(the chat owner's /summarize instructions on the branch ``ids``, whether they were left out because the owner
     may not use ``model``); ``said``: the requester's (``user_id``), the one writer of a chat Open WebUI does not save."""
     Users = owui_module("open_webui.models.users").Users
-
-    owner, said = await _chat_owner_instructions(chat_id, user_id, said, ids)
+    owner = user_id
+    if chat_id and is_saved_chat_id(chat_id):  # outlet's messages do not name their authors, stored ones do
+        chat = await owui_module("open_webui.models.chats").Chats.get_chat_by_id(chat_id)
+        if chat is None:
+            raise LookupError("the chat is not found")
+        stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
+        owner = chat.user_id
+        said = standing_summary_instructions([stored[i] for i in dict.fromkeys(ids) if i in stored], owner)
     if not said:
         return "", False
     account = await Users.get_user_by_id(owner)
@@ -6330,22 +6313,6 @@ async def owui_owners_instructions(request: Any, chat_id: str, user_id: str, sai
         raise LookupError(f"the chat's owner {owner} not found")
     allowed = await owui_may_use_model(request, account, model)
     return (said, False) if allowed else ("", True)
-
-
-async def _chat_owner_instructions(chat_id: str, user_id: str, said: str, ids: list) -> tuple[str, str]:
-    """(the chat owner's id, the owner's standing instructions on the branch ``ids``), read from the stored chat:
-    outlet's messages do not name their authors, stored ones do. A chat Open WebUI does not save (temporary, an API
-    call) has one writer, the requester."""
-    if not (chat_id and is_saved_chat_id(chat_id)):
-        return user_id, said
-    Chats = owui_module("open_webui.models.chats").Chats
-
-    chat = await Chats.get_chat_by_id(chat_id)
-    if chat is None:
-        raise LookupError("the chat is not found")
-    stored = ((chat.chat or {}).get("history") or {}).get("messages") or {}
-    branch = [stored[i] for i in dict.fromkeys(ids) if i in stored]
-    return chat.user_id, standing_summary_instructions(branch, chat.user_id)
 
 
 async def owui_complete(
@@ -6369,8 +6336,7 @@ async def owui_complete(
     direct_model = getattr(state, "model", None) if getattr(state, "direct", False) else None
     if isinstance(direct_model, dict) and direct_model.get("id") == model:
         raise SummaryError(
-            Fault.DIRECT,
-            "a browser-side model cannot be called in the background; set summary_model to a server model",
+            Fault.DIRECT, "a browser-side model cannot be called in the background; set summary_model to a server model"
         )
     account = await Users.get_user_by_id(user.get("id")) if isinstance(user, dict) else None
     if account is None:
@@ -6397,6 +6363,7 @@ BACKOFF_BASE, BACKOFF_CEILING = 30.0, 1800.0
 _MAX_ROUNDS = 8
 PER_CHAT_MEMORY = 4096  # chats remembered by each bounded per-chat table
 TURNS_AHEAD = 3  # after a fold, room for this many more of the chat's turns before the next one is due
+PLAN_LOG = "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s"
 
 
 @dataclass
@@ -6451,9 +6418,7 @@ class Branch:
     ids: list
     digests: list
     anchor: str
-    # Open WebUI's own summary of what precedes ``messages`` (after /compact): the previous summary of a branch
-    # with none of this filter's yet
-    base: Optional[SummaryRecord] = None
+    base: Optional[SummaryRecord] = None  # Open WebUI's own summary before ``messages`` (/compact) while ours is none
 
     @classmethod
     def of(cls, canon: Messages, ids: list) -> "Branch":
@@ -6527,8 +6492,7 @@ def _shared(name: str) -> property:
 
 
 class Services:
-    """What one worker's request path and background folds share, built once by the Filter: the store, the counter,
-    the summary model's call, each chat's state, the recall indexes, the loop summaries, the background tasks."""
+    """What one worker's request path and background folds share, built once by the Filter."""
 
     def __init__(self, store: FilterStore, counter: TokenCounter, complete: Callable[..., Awaitable[str]]):
         self.store, self.counter, self.complete = store, counter, complete
@@ -6538,7 +6502,6 @@ class Services:
         self.lines = StatusLines(PER_CHAT_MEMORY)  # each chat's status lines, in order (layer 7)
 
     def chat(self, ctx: RequestContext) -> ChatState:
-        """The conversation's state, created on first use."""
         return self.chats.setdefault(ctx.chat_key(), ChatState())
 
     async def recall_index(self, key: str, canon: Messages, record: Any, digests: Optional[list] = None) -> tuple:
@@ -6696,8 +6659,7 @@ class BackgroundSummarizer:
                 await self.services.say(ctx, "summary_nothing", done=True)
             return
         holder = f"{self.worker}:{uuid.uuid4().hex[:8]}"
-        # a short lease, renewed while the work runs: a killed worker's lease frees within LEASE_TTL, a live one's
-        # never expires under it
+        # a short lease renewed while the work runs: a killed worker's frees within LEASE_TTL, a live one's never ends
         async with self.store.hold(key, holder) as lease:
             # not held: another worker has it, or failures back off; planned again under it: another worker may
             # just have finished
@@ -6720,12 +6682,8 @@ class BackgroundSummarizer:
                 await self._index_fold(ctx, branch, record)
             except SummaryError as exc:
                 delay = await self.store.back_off(key, holder, exc.fault.text, BACKOFF_BASE, BACKOFF_CEILING)
-                log.warning(
-                    "async_context_compression chat=%s: summary failed (%s); retry in %.0fs",
-                    ctx.chat_id or "api",
-                    exc,
-                    delay,
-                )
+                chat = ctx.chat_id or "api"
+                log.warning("async_context_compression chat=%s: summary failed (%s); retry in %.0fs", chat, exc, delay)
                 await self.services.say(ctx, "summary_failed", done=True, reason=exc.fault, retry=f"{delay:.0f}s")
 
     async def plan(self, ctx: RequestContext, branch: Branch) -> Optional[FoldPlan]:
@@ -6751,14 +6709,7 @@ class BackgroundSummarizer:
         if not urgent and fresh < self._worth_folding(s, previous, coming, ctx.user_instructions):
             return None  # too little new to be worth rewriting the summary
         if s.debug:
-            log.info(
-                "async_context_compression plan chat=%s: next request %s > trigger %s; fold %s..%s",
-                ctx.chat_id,
-                used,
-                s.trigger_tokens,
-                start,
-                target,
-            )
+            log.info(PLAN_LOG, ctx.chat_id, used, s.trigger_tokens, start, target)
         return FoldPlan(previous, head, start, target, ctx.user_instructions)
 
     def _tail_for_window(
@@ -6777,11 +6728,7 @@ class BackgroundSummarizer:
         fits beside them under the cap (``tail_start_within``)."""
         s = ctx.settings
         sizes = [0] * start + [count_request(self.counter, [m], s.encoding, 0) for m in canon[start:]]
-        was = (
-            (previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding))
-            if previous
-            else 0
-        )
+        was = self._summary_tokens(previous, s)
         fixed = self.next_request_tokens(ctx, canon[:head]) + self._last_turn_tokens(canon, s)
         typical = typical_turn_tokens(canon, sizes, start)
 
@@ -6800,6 +6747,11 @@ class BackgroundSummarizer:
         last = _last_user_index(canon)
         return count_request(self.counter, [canon[last]], s.encoding, 0) if last >= 0 else 0
 
+    def _summary_tokens(self, record: Optional[SummaryRecord], s: Settings) -> int:
+        """What re-sending ``record``'s summary costs (0 without one); a record saved without its count (Open WebUI's
+        own /compact summary as a base) is counted here."""
+        return (record.summary_tokens or self.counter.text_tokens(record.summary, s.summary_encoding)) if record else 0
+
     def _rendered_tokens(self, branch: Branch, start: int, target: int, s: Settings) -> int:
         blocks = render_for_summary(branch.messages[start:target], branch.ids[start:target])
         return sum(self.counter.text_tokens(block, s.summary_encoding) for block in blocks)
@@ -6812,9 +6764,7 @@ class BackgroundSummarizer:
         (instructions, previous summary), so the summarizer reads at most ~1.5x the chat over its life. Past
         ``fold_deadline`` only the latter: waiting longer would end in trimming, which moves the front too."""
         instructions = summary_instructions(s.max_summary_tokens, s.summary_style, s.summary_prompt, user_instructions)
-        resent = self.counter.text_tokens(instructions, s.summary_encoding)
-        if previous is not None:
-            resent += previous.summary_tokens or self.counter.text_tokens(previous.summary, s.summary_encoding)
+        resent = self.counter.text_tokens(instructions, s.summary_encoding) + self._summary_tokens(previous, s)
         deep = int(s.trigger_tokens * (1 - s.low_water)) if used <= fold_deadline(s) else 0
         return max(deep, 2 * resent)
 
@@ -6870,8 +6820,7 @@ class BackgroundSummarizer:
         canon, ids = branch.messages, branch.ids
         blocks = render_for_summary(canon[start:target], ids[start:target])
         count = partial(self.counter.text_tokens, encoding=s.summary_encoding)
-        # a record saved without its count (Open WebUI's own /compact summary as a base) is counted here
-        previous = (previous.summary_tokens or count(previous.summary)) if previous is not None else 0
+        previous = self._summary_tokens(previous, s)
         budget = summary_round_budget(
             s.summary_window, s.max_summary_tokens, count, s.summary_style, s.summary_prompt, user_instructions
         )
