@@ -159,7 +159,7 @@ def owui_module(name: str) -> Any:
 # ---------------------------------------------------------------------------
 
 _MAX_TOOL_CALL_ID = 40
-_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")  # a ``name`` (O8); a function name too, with at most 64 chars (O6)
+_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")  # a ``name`` (O8), a tool-call id (A6); a function name too, at most 64 (O6)
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
 _MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
@@ -548,30 +548,38 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
+def _ids_ok(view: TranscriptView, ok: Callable[[str], bool]) -> bool:
+    """Whether ``ok`` accepts every tool-call id, on the results and on the calls."""
+    return all(ok(m["tool_call_id"]) for m in view.tools) and all(
+        ok(c["id"]) for _, m in view.callers for c in m["tool_calls"]
+    )
+
+
+def _renamed_ids(messages: Messages, ok: Callable[[str], bool], rename: Callable[[str], str]) -> tuple[Messages, int]:
+    """``messages`` with every id ``ok`` rejects, on results and calls alike, as ``rename(id)``; and how many."""
+    out, renamed = [], 0
+    for message in messages:
+        if message["role"] == "tool" and not ok(message["tool_call_id"]):
+            message = {**message, "tool_call_id": rename(message["tool_call_id"])}
+            renamed += 1
+        out.append(message)
+    out, in_calls = _fix_calls(out, lambda c: ok(c["id"]), lambda c: {**c, "id": rename(c["id"])})
+    return out, renamed + in_calls
+
+
 def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _short_id_ok(call: dict) -> bool:
-    return len(call["id"]) <= _MAX_TOOL_CALL_ID
+def _short_id_ok(call_id: str) -> bool:
+    return len(call_id) <= _MAX_TOOL_CALL_ID
 
 
-@_repair_step(
-    lambda view: (
-        any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools)
-        or not all(_short_id_ok(c) for _, m in view.callers for c in m["tool_calls"])
-    )
-)
+@_repair_step(lambda view: not _ids_ok(view, _short_id_ok))
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The same deterministic short id is used on both
     sides of a pair, so pairing and prompt caches survive."""
-    out = []
-    for message in messages:
-        if message["role"] == "tool" and len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
-            message = {**message, "tool_call_id": _short_call_id(message["tool_call_id"])}
-            report.shortened_ids += 1
-        out.append(message)
-    out, shortened = _fix_calls(out, _short_id_ok, lambda c: {**c, "id": _short_call_id(c["id"])})
+    out, shortened = _renamed_ids(messages, _short_id_ok, _short_call_id)
     report.shortened_ids += shortened
     return out
 
@@ -579,8 +587,9 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
 _FOREIGN_ID_DIGEST = 10  # hex characters of the original id's hash in its replacement: 40 bits tell ids apart
 
 
-def _id_alphabet_ok(call_id: str) -> bool:
-    return _NAME_RE.fullmatch(call_id) is not None
+@lru_cache(maxsize=1024)
+def _name_ok(name: str) -> bool:  # cached: every request checks the id and the name of every call in the chat
+    return bool(_NAME_RE.fullmatch(name))
 
 
 def _native_call_id(call_id: str) -> str:
@@ -591,24 +600,13 @@ def _native_call_id(call_id: str) -> str:
     return f"{readable}_{digest}"
 
 
-@_repair_step(
-    lambda view: (
-        not all(_id_alphabet_ok(m["tool_call_id"]) for m in view.tools)
-        or not all(_id_alphabet_ok(c["id"]) for _, m in view.callers for c in m["tool_calls"])
-    )
-)
+@_repair_step(lambda view: not _ids_ok(view, _name_ok))
 def replace_foreign_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A6): tool-call ids match ``^[a-zA-Z0-9_-]+$``. Other models and gateways write ids such as
     ``functions.bash:0``; a chat switched to Claude through a gateway is rejected for them. Each is replaced on both
     sides of its pair by the same deterministic id (``functions_bash_0_`` and a hash), so pairing survives and every
     turn sends the ids it sent before (a warm prompt cache); ids already valid are left alone."""
-    out = []
-    for message in messages:
-        if message["role"] == "tool" and not _id_alphabet_ok(message["tool_call_id"]):
-            message = {**message, "tool_call_id": _native_call_id(message["tool_call_id"])}
-            report.renamed_foreign_ids += 1
-        out.append(message)
-    out, renamed = _fix_calls(out, lambda c: _id_alphabet_ok(c["id"]), lambda c: {**c, "id": _native_call_id(c["id"])})
+    out, renamed = _renamed_ids(messages, _name_ok, _native_call_id)
     report.renamed_foreign_ids += renamed
     return out
 
@@ -657,11 +655,6 @@ def _safe_name(name: Any) -> str:
 
 def _function_of(call: dict) -> dict:
     return call["function"] if isinstance(call.get("function"), dict) else {}
-
-
-@lru_cache(maxsize=1024)
-def _name_ok(name: str) -> bool:  # cached: every request checks the name of every call in the chat
-    return bool(_NAME_RE.fullmatch(name))
 
 
 def _name_field_ok(name: Any) -> bool:
@@ -1233,12 +1226,7 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
         if body_keep >= len(body):
             return message
         return {**message, "content": build_summary_message(clip_text(body, body_keep))["content"]}
-    clipped = clip_text(text, keep)
-    content = message.get("content")
-    if isinstance(content, list):
-        others = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
-        return {**message, "content": [{"type": "text", "text": clipped}, *others]}
-    return {**message, "content": clipped}
+    return _with_text(message, clip_text(text, keep))
 
 
 # -- What gives way, in which order (the shortening policy) ---------------------
@@ -1252,18 +1240,14 @@ OLD_RESULT_FLOOR_TOKENS = 96  # ... then, if still over, down to this many token
 
 def tool_result_levels(cap: int) -> tuple[int, int]:
     """Invariant: the sizes (whole message, tokens) an older tool result is cut to, in turn, depend on ``cap`` alone."""
-    floor = OLD_RESULT_FLOOR_TOKENS
-    return max(floor, cap // OLD_RESULT_SHARE if cap > 0 else floor), floor
+    return max(OLD_RESULT_FLOOR_TOKENS, cap // OLD_RESULT_SHARE), OLD_RESULT_FLOOR_TOKENS
 
 
 def latest_round_start(messages: Messages) -> int:
     """Index of the current turn's latest ``assistant(tool_calls)`` (its results are the latest round), or the list's
     length when the current turn (after the last user message) has none."""
     last_user = _last_user_index(messages)
-    for i in range(len(messages) - 1, last_user, -1):
-        if _is_tool_call_turn(messages[i]):
-            return i
-    return len(messages)
+    return next((i for i in range(len(messages) - 1, last_user, -1) if _is_tool_call_turn(messages[i])), len(messages))
 
 
 def give_way_order(messages: Messages) -> list[tuple[str, list]]:
