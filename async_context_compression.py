@@ -253,7 +253,7 @@ def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
 
 
 def get_atomic_groups(messages: Messages) -> list[list[int]]:
-    """Indices grouped into units that must be kept or dropped together."""
+    """The indices of each unit of ``atomic_spans``."""
     return [list(range(start, end)) for start, end in atomic_spans(messages)]
 
 
@@ -451,11 +451,10 @@ def _without_calls(assistant: Message) -> Message:
 
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Its calls (which never finished)
-    go together with their results, partial ones too; the text it showed stays as a plain reply, since the user saw it
-    (drop_empty_messages decides about a turn that showed none). The other messages of its span (a user's message
-    typed meanwhile) stay. Replaying an aborted call is what caused endless 400 loops elsewhere, so nothing is
-    invented."""
+    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Its calls (never finished) go with
+    their results, partial ones too; the text it showed stays as a plain reply, since the user saw it
+    (drop_empty_messages decides about one that showed none), as do the other messages of its span (a user's message
+    typed meanwhile). Replaying an aborted call caused endless 400 loops elsewhere, so nothing is invented."""
     out: Messages = []
     ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
     for i, message in enumerate(messages):
@@ -792,9 +791,8 @@ def _says_something(message: Message) -> bool:
 
 
 def _empty_messages(messages: Messages) -> list:
-    """For each message whether drop_empty_messages removes it: an assistant reply with no calls and nothing said; a
-    user message that says nothing, unless it is the latest (the request itself) or the first of the conversation
-    (without it an assistant would open the chat: Anthropic A5, Gemini G1)."""
+    """For each message whether drop_empty_messages removes it. The first user message stays even empty: without it an
+    assistant would open the chat (Anthropic A5, Gemini G1)."""
     first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), -1)
     last_user = _last_user_index(messages)
     return [
@@ -903,10 +901,9 @@ def current_turn_rounds(messages: Messages) -> tuple[int, int]:
 
 
 def apply_loop_summary(messages: Messages, covered: int, summary_text: str) -> Messages:
-    """Invariant: the current turn's first ``covered`` messages after the last user message (whole tool rounds, so the
-    next one is a call turn right after the user's request) are replaced by ``summary_text`` as a summary message
-    placed after the leading system messages (an order every provider accepts); the list is unchanged when they are
-    not whole rounds before the latest one."""
+    """Invariant: the current turn's first ``covered`` messages (whole tool rounds before its latest, so a call turn
+    still follows the user's request) become ``summary_text`` in a summary message after the leading system messages (an
+    order every provider accepts); otherwise the list is unchanged."""
     start, end = current_turn_rounds(messages)
     if covered <= 0 or start + covered > end or not _is_tool_call_turn(messages[start + covered]):
         return messages
@@ -1109,9 +1106,8 @@ def _original_of(originals: dict, message: Message) -> Message:
 
 
 def _loop_results_give_way(messages, sizes, token_of, total, cap, report) -> tuple:
-    """(messages, sizes, originals): the latest user turn's tool results before its latest round cut, oldest first,
-    to their first size, then again to the floor, while over ``cap`` (``report`` counts each message once; every cut
-    from the original); ``originals`` as ``_shrink_if_over`` takes it."""
+    """(messages, sizes, originals): the latest user turn's tool results before its latest round cut while over ``cap``,
+    oldest first, to their first size, then to the floor (each counted once in ``report``, cut from its original)."""
     messages, sizes, originals = list(messages), list(sizes), {}
     last_user, latest = _last_user_index(messages), latest_round_start(messages)
     results = [i for i in range(last_user + 1, latest) if _role(messages[i]) == "tool"]
