@@ -253,7 +253,6 @@ def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
 
 
 def get_atomic_groups(messages: Messages) -> list[list[int]]:
-    """The indices of each unit of ``atomic_spans``."""
     return [list(range(start, end)) for start, end in atomic_spans(messages)]
 
 
@@ -371,8 +370,6 @@ _REPAIR_STEPS: list[RepairStep] = []
 
 
 def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
-    """Registers the decorated fix, with its check ``broken``, as the next step."""
-
     def register(fix: Callable[[Messages, RepairReport], Messages]) -> Callable:
         _REPAIR_STEPS.append(RepairStep(broken, fix))
         return fix
@@ -847,8 +844,7 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
 
 
 async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
-    """``repair_transcript`` for the request path: a list of more than REPAIR_ON_LOOP_MESSAGES messages (a chat of
-    thousands) is repaired in a worker thread, so the event loop serves other requests meanwhile."""
+    """``repair_transcript``, in a worker thread past REPAIR_ON_LOOP_MESSAGES messages (the loop serves others)."""
     if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
         return await asyncio.to_thread(repair_transcript, messages)
     return repair_transcript(messages)
@@ -1152,7 +1148,6 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
 
 
 def _first_kept(messages, keep, indices):
-    """The message at the first of ``indices`` that is kept (None: none is)."""
     return next((messages[i] for i in indices if keep[i]), None)
 
 
