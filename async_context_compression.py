@@ -159,7 +159,7 @@ def owui_module(name: str) -> Any:
 # ---------------------------------------------------------------------------
 
 _MAX_TOOL_CALL_ID = 40
-_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")  # a ``name`` (O8); a function name too, with at most 64 chars (O6)
+_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")  # a ``name`` (O8), a tool-call id (A6); a function name too, at most 64 (O6)
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # what OpenAI accepts (O0)
 _MISPLACED_IMAGE_MARKER = "[image omitted: only user messages may carry images]"
@@ -253,7 +253,6 @@ def atomic_spans(messages: Messages) -> Iterable[tuple[int, int]]:
 
 
 def get_atomic_groups(messages: Messages) -> list[list[int]]:
-    """Indices grouped into units that must be kept or dropped together."""
     return [list(range(start, end)) for start, end in atomic_spans(messages)]
 
 
@@ -371,8 +370,6 @@ _REPAIR_STEPS: list[RepairStep] = []
 
 
 def _repair_step(broken: Callable[[TranscriptView], bool]) -> Callable:
-    """Registers the decorated fix, with its check ``broken``, as the next step."""
-
     def register(fix: Callable[[Messages, RepairReport], Messages]) -> Callable:
         _REPAIR_STEPS.append(RepairStep(broken, fix))
         return fix
@@ -451,11 +448,10 @@ def _without_calls(assistant: Message) -> Message:
 
 @_repair_step(lambda view: any(m["role"] == "assistant" and _is_errored_assistant(m) for _, m in view.callers))
 def drop_errored_tool_turns(messages: Messages, report: RepairReport) -> Messages:
-    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Its calls (which never finished)
-    go together with their results, partial ones too; the text it showed stays as a plain reply, since the user saw it
-    (drop_empty_messages decides about a turn that showed none). The other messages of its span (a user's message
-    typed meanwhile) stay. Replaying an aborted call is what caused endless 400 loops elsewhere, so nothing is
-    invented."""
+    """Invariant: no assistant turn that ended in error or abort keeps tool calls. Its calls (never finished) go with
+    their results, partial ones too; the text it showed stays as a plain reply, since the user saw it
+    (drop_empty_messages decides about one that showed none), as do the other messages of its span (a user's message
+    typed meanwhile). Replaying an aborted call caused endless 400 loops elsewhere, so nothing is invented."""
     out: Messages = []
     ids, end = set(), 0  # the calls of the errored turn whose span ends at ``end``
     for i, message in enumerate(messages):
@@ -548,30 +544,38 @@ def pair_tool_results(messages: Messages, report: RepairReport) -> Messages:
     return out
 
 
+def _ids_ok(view: TranscriptView, ok: Callable[[str], bool]) -> bool:
+    """Whether ``ok`` accepts every tool-call id, on the results and on the calls."""
+    return all(ok(m["tool_call_id"]) for m in view.tools) and all(
+        ok(c["id"]) for _, m in view.callers for c in m["tool_calls"]
+    )
+
+
+def _renamed_ids(messages: Messages, ok: Callable[[str], bool], rename: Callable[[str], str]) -> tuple[Messages, int]:
+    """``messages`` with every id ``ok`` rejects, on results and calls alike, as ``rename(id)``; and how many."""
+    out, renamed = [], 0
+    for message in messages:
+        if message["role"] == "tool" and not ok(message["tool_call_id"]):
+            message = {**message, "tool_call_id": rename(message["tool_call_id"])}
+            renamed += 1
+        out.append(message)
+    out, in_calls = _fix_calls(out, lambda c: ok(c["id"]), lambda c: {**c, "id": rename(c["id"])})
+    return out, renamed + in_calls
+
+
 def _short_call_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
-def _short_id_ok(call: dict) -> bool:
-    return len(call["id"]) <= _MAX_TOOL_CALL_ID
+def _short_id_ok(call_id: str) -> bool:
+    return len(call_id) <= _MAX_TOOL_CALL_ID
 
 
-@_repair_step(
-    lambda view: (
-        any(len(m["tool_call_id"]) > _MAX_TOOL_CALL_ID for m in view.tools)
-        or not all(_short_id_ok(c) for _, m in view.callers for c in m["tool_calls"])
-    )
-)
+@_repair_step(lambda view: not _ids_ok(view, _short_id_ok))
 def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (OpenAI O6): tool-call ids are at most 40 characters. The same deterministic short id is used on both
     sides of a pair, so pairing and prompt caches survive."""
-    out = []
-    for message in messages:
-        if message["role"] == "tool" and len(message["tool_call_id"]) > _MAX_TOOL_CALL_ID:
-            message = {**message, "tool_call_id": _short_call_id(message["tool_call_id"])}
-            report.shortened_ids += 1
-        out.append(message)
-    out, shortened = _fix_calls(out, _short_id_ok, lambda c: {**c, "id": _short_call_id(c["id"])})
+    out, shortened = _renamed_ids(messages, _short_id_ok, _short_call_id)
     report.shortened_ids += shortened
     return out
 
@@ -579,8 +583,9 @@ def shorten_long_tool_call_ids(messages: Messages, report: RepairReport) -> Mess
 _FOREIGN_ID_DIGEST = 10  # hex characters of the original id's hash in its replacement: 40 bits tell ids apart
 
 
-def _id_alphabet_ok(call_id: str) -> bool:
-    return _NAME_RE.fullmatch(call_id) is not None
+@lru_cache(maxsize=1024)
+def _name_ok(name: str) -> bool:  # cached: every request checks the id and the name of every call in the chat
+    return bool(_NAME_RE.fullmatch(name))
 
 
 def _native_call_id(call_id: str) -> str:
@@ -591,24 +596,13 @@ def _native_call_id(call_id: str) -> str:
     return f"{readable}_{digest}"
 
 
-@_repair_step(
-    lambda view: (
-        not all(_id_alphabet_ok(m["tool_call_id"]) for m in view.tools)
-        or not all(_id_alphabet_ok(c["id"]) for _, m in view.callers for c in m["tool_calls"])
-    )
-)
+@_repair_step(lambda view: not _ids_ok(view, _name_ok))
 def replace_foreign_tool_call_ids(messages: Messages, report: RepairReport) -> Messages:
     """Invariant (Anthropic A6): tool-call ids match ``^[a-zA-Z0-9_-]+$``. Other models and gateways write ids such as
     ``functions.bash:0``; a chat switched to Claude through a gateway is rejected for them. Each is replaced on both
     sides of its pair by the same deterministic id (``functions_bash_0_`` and a hash), so pairing survives and every
     turn sends the ids it sent before (a warm prompt cache); ids already valid are left alone."""
-    out = []
-    for message in messages:
-        if message["role"] == "tool" and not _id_alphabet_ok(message["tool_call_id"]):
-            message = {**message, "tool_call_id": _native_call_id(message["tool_call_id"])}
-            report.renamed_foreign_ids += 1
-        out.append(message)
-    out, renamed = _fix_calls(out, lambda c: _id_alphabet_ok(c["id"]), lambda c: {**c, "id": _native_call_id(c["id"])})
+    out, renamed = _renamed_ids(messages, _name_ok, _native_call_id)
     report.renamed_foreign_ids += renamed
     return out
 
@@ -657,11 +651,6 @@ def _safe_name(name: Any) -> str:
 
 def _function_of(call: dict) -> dict:
     return call["function"] if isinstance(call.get("function"), dict) else {}
-
-
-@lru_cache(maxsize=1024)
-def _name_ok(name: str) -> bool:  # cached: every request checks the name of every call in the chat
-    return bool(_NAME_RE.fullmatch(name))
 
 
 def _name_field_ok(name: Any) -> bool:
@@ -799,9 +788,8 @@ def _says_something(message: Message) -> bool:
 
 
 def _empty_messages(messages: Messages) -> list:
-    """For each message whether drop_empty_messages removes it: an assistant reply with no calls and nothing said; a
-    user message that says nothing, unless it is the latest (the request itself) or the first of the conversation
-    (without it an assistant would open the chat: Anthropic A5, Gemini G1)."""
+    """For each message whether drop_empty_messages removes it. The first user message stays even empty: without it an
+    assistant would open the chat (Anthropic A5, Gemini G1)."""
     first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), -1)
     last_user = _last_user_index(messages)
     return [
@@ -856,8 +844,7 @@ def repair_transcript(messages: Messages) -> tuple[Messages, RepairReport]:
 
 
 async def repair_request(messages: Messages) -> tuple[Messages, RepairReport]:
-    """``repair_transcript`` for the request path: a list of more than REPAIR_ON_LOOP_MESSAGES messages (a chat of
-    thousands) is repaired in a worker thread, so the event loop serves other requests meanwhile."""
+    """``repair_transcript``, in a worker thread past REPAIR_ON_LOOP_MESSAGES messages (the loop serves others)."""
     if isinstance(messages, list) and len(messages) > REPAIR_ON_LOOP_MESSAGES:
         return await asyncio.to_thread(repair_transcript, messages)
     return repair_transcript(messages)
@@ -910,10 +897,9 @@ def current_turn_rounds(messages: Messages) -> tuple[int, int]:
 
 
 def apply_loop_summary(messages: Messages, covered: int, summary_text: str) -> Messages:
-    """Invariant: the current turn's first ``covered`` messages after the last user message (whole tool rounds, so the
-    next one is a call turn right after the user's request) are replaced by ``summary_text`` as a summary message
-    placed after the leading system messages (an order every provider accepts); the list is unchanged when they are
-    not whole rounds before the latest one."""
+    """Invariant: the current turn's first ``covered`` messages (whole tool rounds before its latest, so a call turn
+    still follows the user's request) become ``summary_text`` in a summary message after the leading system messages (an
+    order every provider accepts); otherwise the list is unchanged."""
     start, end = current_turn_rounds(messages)
     if covered <= 0 or start + covered > end or not _is_tool_call_turn(messages[start + covered]):
         return messages
@@ -1116,9 +1102,8 @@ def _original_of(originals: dict, message: Message) -> Message:
 
 
 def _loop_results_give_way(messages, sizes, token_of, total, cap, report) -> tuple:
-    """(messages, sizes, originals): the latest user turn's tool results before its latest round cut, oldest first,
-    to their first size, then again to the floor, while over ``cap`` (``report`` counts each message once; every cut
-    from the original); ``originals`` as ``_shrink_if_over`` takes it."""
+    """(messages, sizes, originals): the latest user turn's tool results before its latest round cut while over ``cap``,
+    oldest first, to their first size, then to the floor (each counted once in ``report``, cut from its original)."""
     messages, sizes, originals = list(messages), list(sizes), {}
     last_user, latest = _last_user_index(messages), latest_round_start(messages)
     results = [i for i in range(last_user + 1, latest) if _role(messages[i]) == "tool"]
@@ -1163,7 +1148,6 @@ def _drop_turns(messages, sizes, keep, turns, total, cap, report) -> int:
 
 
 def _first_kept(messages, keep, indices):
-    """The message at the first of ``indices`` that is kept (None: none is)."""
     return next((messages[i] for i in indices if keep[i]), None)
 
 
@@ -1233,12 +1217,7 @@ def _shortened(message: Message, tokens: int, target_tokens: int) -> Message:
         if body_keep >= len(body):
             return message
         return {**message, "content": build_summary_message(clip_text(body, body_keep))["content"]}
-    clipped = clip_text(text, keep)
-    content = message.get("content")
-    if isinstance(content, list):
-        others = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
-        return {**message, "content": [{"type": "text", "text": clipped}, *others]}
-    return {**message, "content": clipped}
+    return _with_text(message, clip_text(text, keep))
 
 
 # -- What gives way, in which order (the shortening policy) ---------------------
@@ -1252,18 +1231,14 @@ OLD_RESULT_FLOOR_TOKENS = 96  # ... then, if still over, down to this many token
 
 def tool_result_levels(cap: int) -> tuple[int, int]:
     """Invariant: the sizes (whole message, tokens) an older tool result is cut to, in turn, depend on ``cap`` alone."""
-    floor = OLD_RESULT_FLOOR_TOKENS
-    return max(floor, cap // OLD_RESULT_SHARE if cap > 0 else floor), floor
+    return max(OLD_RESULT_FLOOR_TOKENS, cap // OLD_RESULT_SHARE), OLD_RESULT_FLOOR_TOKENS
 
 
 def latest_round_start(messages: Messages) -> int:
     """Index of the current turn's latest ``assistant(tool_calls)`` (its results are the latest round), or the list's
     length when the current turn (after the last user message) has none."""
     last_user = _last_user_index(messages)
-    for i in range(len(messages) - 1, last_user, -1):
-        if _is_tool_call_turn(messages[i]):
-            return i
-    return len(messages)
+    return next((i for i in range(len(messages) - 1, last_user, -1) if _is_tool_call_turn(messages[i])), len(messages))
 
 
 def give_way_order(messages: Messages) -> list[tuple[str, list]]:
